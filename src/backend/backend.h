@@ -1,0 +1,88 @@
+/* The narrow interface between the model and the hardware.  Every pointer
+ * passed to an op is backend memory (allocated with `alloc`); the model never
+ * dereferences it.  Conventions shared by all ops:
+ *   - tensors are row-major float32, rows = tokens (b * seq_len + t);
+ *   - parameter gradients are ACCUMULATED (+=), so gradient accumulation over
+ *     micro-batches needs no extra buffers; activation gradients are written;
+ *   - weights use the PyTorch nn.Linear layout [out_features, in_features]. */
+#ifndef OLMOC_BACKEND_H
+#define OLMOC_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct olmo_attn_shape {
+    int batch, seq_len;
+    int n_heads, n_kv_heads, head_dim;
+    int window;  /* sliding window in tokens (query sees keys q-window+1..q); 0 = full causal */
+    float scale; /* softmax scale, 1/sqrt(head_dim) */
+};
+
+struct olmo_backend {
+    const char *name;
+
+    void *(*alloc)(size_t bytes); /* zero-filled; NULL on failure (error set) */
+    void (*free)(void *p);
+    void (*to_device)(void *dst, const void *src, size_t bytes);
+    void (*to_host)(void *dst, const void *src, size_t bytes);
+    void (*zero)(void *p, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes); /* device to device */
+
+    /* c = alpha * op(a) @ op(b) + beta * c; op(a) is m x k, op(b) is k x n. */
+    void (*gemm)(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a, int lda,
+                 const float *b, int ldb, float beta, float *c, int ldc);
+
+    void (*embedding_fwd)(float *out, const float *table, const int32_t *tokens, int n, int dim);
+    void (*embedding_bwd)(float *dtable, const float *dout, const int32_t *tokens, int n, int dim);
+
+    /* y = x / rms(x) * w over the last dim; rstd[n] is kept for backward. */
+    void (*rmsnorm_fwd)(float *y, float *rstd, const float *x, const float *w, int n, int dim, float eps);
+    /* dx may alias dy. */
+    void (*rmsnorm_bwd)(float *dx, float *dw, const float *dy, const float *x, const float *w,
+                        const float *rstd, int n, int dim);
+
+    /* In-place rotary embedding (rotate-half convention) of rows laid out as
+     * [n_rows, heads, head_dim]; row r is at position r % seq_len.
+     * cos/sin are [seq_len, head_dim/2]. */
+    void (*rope_fwd)(float *x, const float *cos, const float *sin, int n_rows, int seq_len, int heads,
+                     int head_dim);
+    void (*rope_bwd)(float *dx, const float *cos, const float *sin, int n_rows, int seq_len, int heads,
+                     int head_dim);
+
+    /* Causal (optionally sliding-window, optionally intra-document) softmax
+     * attention.  q/out: [batch*seq, n_heads*head_dim]; k, v: [batch*seq,
+     * n_kv_heads*head_dim]; lse: [batch, n_heads, seq] log-sum-exp of the
+     * scaled scores, saved so backward recomputes probabilities instead of
+     * storing seq^2 of them.  doc_ids [batch*seq] or NULL: keys of another
+     * document are masked out. */
+    void (*attention_fwd)(float *out, float *lse, const float *q, const float *k, const float *v,
+                          const int32_t *doc_ids, const struct olmo_attn_shape *shape);
+    void (*attention_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                          const float *lse, const float *q, const float *k, const float *v,
+                          const int32_t *doc_ids, const struct olmo_attn_shape *shape);
+
+    /* s = silu(g) * u, elementwise. */
+    void (*swiglu_fwd)(float *s, const float *g, const float *u, size_t n);
+    void (*swiglu_bwd)(float *dg, float *du, const float *ds, const float *g, const float *u, size_t n);
+
+    void (*add)(float *y, const float *a, const float *b, size_t n); /* y = a + b (y may alias a) */
+
+    /* Cross-entropy with optional z-loss, computed row-wise over logits
+     * [n, vocab].  Targets < 0 are ignored.  Overwrites logits with
+     * d(total)/d(logits) where total = grad_scale * sum_rows(ce + z_mult*lse^2).
+     * Returns the unscaled sums of ce and of lse^2 through ce_sum / z_sum. */
+    void (*cross_entropy)(float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
+                          float z_mult, double *ce_sum, double *z_sum);
+
+    double (*sum_squares)(const float *x, size_t n);
+    void (*scale)(float *x, size_t n, float s);
+
+    /* One decoupled-weight-decay Adam step (PyTorch AdamW semantics), step >= 1. */
+    void (*adamw)(float *param, const float *grad, float *m, float *v, size_t n, double lr, float beta1,
+                  float beta2, float eps, double weight_decay, long step);
+};
+
+const struct olmo_backend *olmo_backend_cpu(void);
+
+#endif

@@ -1,0 +1,6 @@
+#ifndef OLMOC_COMMANDS_H
+#define OLMOC_COMMANDS_H
+
+int cmd_train(int argc, char **argv);
+
+#endif

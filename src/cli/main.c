@@ -1,0 +1,38 @@
+/* olmoc: one command-line front for every job. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+
+struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+};
+
+static const struct command commands[] = {
+    {"train", cmd_train, "train an Olmo 3 model from a YAML config"},
+};
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: olmoc COMMAND [ARGS...]\n\nOlmo 3 pre-training in C.\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\nRun 'olmoc COMMAND --help' for a command's options.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "olmoc: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,70 @@
+/* Run configuration: the model shape plus the training recipe, read from
+ * YAML (libyaml) and overridable with `--set section.key=value`. */
+#ifndef OLMOC_CONFIG_H
+#define OLMOC_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+enum olmo_schedule_kind { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT };
+
+struct olmo_model_config {
+    int vocab_size;
+    int d_model;
+    int n_layers;
+    int n_heads;
+    int n_kv_heads;
+    int mlp_hidden;
+    double rope_theta;
+    int sliding_window;        /* keys visible per query in sliding layers, self included */
+    int full_attention_every;  /* layer i is full attention when (i+1) % this == 0 */
+    bool full_attention_last;  /* the last layer is always full (OLMo-core: force_full_attention_on_last_layer) */
+    double rms_norm_eps;
+    double init_std;           /* truncated normal, cut at +-3 std */
+    int eos_token_id;
+    int pad_token_id;
+};
+
+struct olmo_train_config {
+    int seq_len;
+    int micro_batch;
+    int grad_accum;
+    long steps;
+    uint64_t seed;
+    bool intra_doc_masking;
+    double z_loss;
+    double clip_grad_norm; /* <= 0 disables clipping */
+    /* optimizer (AdamW) */
+    double lr, beta1, beta2, eps, weight_decay, embedding_weight_decay;
+    /* learning-rate schedule */
+    enum olmo_schedule_kind schedule;
+    long warmup_steps;
+    double alpha_f;        /* final lr = alpha_f * lr */
+    long schedule_steps;   /* length of the schedule; 0 = train.steps */
+    int log_every;
+};
+
+struct olmo_data_config {
+    char train_path[1024]; /* token file; empty = synthetic tokens */
+    char out_dir[1024];
+};
+
+struct olmo_config {
+    struct olmo_model_config model;
+    struct olmo_train_config train;
+    struct olmo_data_config data;
+};
+
+void olmo_config_defaults(struct olmo_config *cfg);
+/* Loads YAML over the defaults; unknown keys, wrong types and bad shapes are errors. */
+int olmo_config_load(struct olmo_config *cfg, const char *path);
+/* Applies one "section.key=value" override. */
+int olmo_config_set(struct olmo_config *cfg, const char *assignment);
+/* Checks cross-field consistency (head_dim integral and even, GQA groups, ...). */
+int olmo_config_validate(const struct olmo_config *cfg);
+/* Writes every field as YAML (used for run directories and checkpoints). */
+int olmo_config_write(const struct olmo_config *cfg, const char *path);
+
+bool olmo_layer_is_full_attention(const struct olmo_model_config *m, int layer);
+
+#endif

@@ -1,0 +1,270 @@
+#include "io/safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "util/error.h"
+
+/* A header larger than this is rejected (the reference library uses 100 MB). */
+#define ST_MAX_HEADER (100u << 20)
+
+static const struct {
+    const char *name;
+    enum st_dtype dtype;
+    size_t size;
+} dtypes[] = {{"F32", ST_F32, 4}, {"F64", ST_F64, 8}, {"F16", ST_F16, 2}, {"BF16", ST_BF16, 2}, {"I32", ST_I32, 4}, {"I64", ST_I64, 8}};
+
+static size_t dtype_size(enum st_dtype d) {
+    for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
+        if (dtypes[i].dtype == d) return dtypes[i].size;
+    return 0;
+}
+
+static const char *dtype_name(enum st_dtype d) {
+    for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
+        if (dtypes[i].dtype == d) return dtypes[i].name;
+    return "?";
+}
+
+size_t st_numel(const struct st_tensor *t) {
+    size_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
+    return n;
+}
+
+static int parse_tensor(struct st_file *f, const cJSON *item, struct st_tensor *t) {
+    const char *name = item->string;
+    if (strlen(name) >= sizeof t->name) return olmo_error("tensor name too long: '%.60s...'", name);
+    strcpy(t->name, name);
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(item, "dtype");
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(item, "shape");
+    const cJSON *offs = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
+    if (!cJSON_IsString(dt) || !cJSON_IsArray(shape) || !cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
+        return olmo_error("tensor '%s': header entry needs dtype, shape and two data_offsets", name);
+    size_t i;
+    for (i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
+        if (!strcmp(dt->valuestring, dtypes[i].name)) break;
+    if (i == sizeof dtypes / sizeof dtypes[0])
+        return olmo_error("tensor '%s': unsupported dtype '%s'", name, dt->valuestring);
+    t->dtype = dtypes[i].dtype;
+    t->ndim = cJSON_GetArraySize(shape);
+    if (t->ndim > 8) return olmo_error("tensor '%s': %d dimensions (at most 8)", name, t->ndim);
+    double numel = 1.0;
+    for (int d = 0; d < t->ndim; d++) {
+        const cJSON *s = cJSON_GetArrayItem(shape, d);
+        if (!cJSON_IsNumber(s) || s->valuedouble < 0 || s->valuedouble != floor(s->valuedouble) ||
+            s->valuedouble > 9.0e15)
+            return olmo_error("tensor '%s': bad shape entry", name);
+        t->shape[d] = (int64_t)s->valuedouble;
+        numel *= s->valuedouble;
+    }
+    const cJSON *b = cJSON_GetArrayItem(offs, 0), *e = cJSON_GetArrayItem(offs, 1);
+    if (!cJSON_IsNumber(b) || !cJSON_IsNumber(e) || b->valuedouble < 0 || e->valuedouble < b->valuedouble ||
+        e->valuedouble > (double)f->data_size)
+        return olmo_error("tensor '%s': data_offsets outside the %zu-byte data section", name, f->data_size);
+    t->begin = (size_t)b->valuedouble;
+    t->end = (size_t)e->valuedouble;
+    if ((double)(t->end - t->begin) != numel * (double)dtype_size(t->dtype))
+        return olmo_error("tensor '%s': %zu bytes do not match shape x %s", name, t->end - t->begin,
+                          dtype_name(t->dtype));
+    return 0;
+}
+
+int st_open(struct st_file *f, const char *path) {
+    memset(f, 0, sizeof *f);
+    snprintf(f->path, sizeof f->path, "%s", path);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return olmo_error("cannot open '%s': %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) || st.st_size < 8) {
+        close(fd);
+        return olmo_error("'%s': too small to be a safetensors file", path);
+    }
+    f->map_size = (size_t)st.st_size;
+    f->map = mmap(NULL, f->map_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (f->map == MAP_FAILED) {
+        f->map = NULL;
+        return olmo_error("cannot map '%s': %s", path, strerror(errno));
+    }
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | f->map[i];
+    if (hlen > ST_MAX_HEADER || hlen > f->map_size - 8) {
+        st_close(f);
+        return olmo_error("'%s': header length %llu exceeds the file or the %u-byte limit", path,
+                          (unsigned long long)hlen, ST_MAX_HEADER);
+    }
+    f->data = f->map + 8 + hlen;
+    f->data_size = f->map_size - 8 - hlen;
+    cJSON *root = cJSON_ParseWithLength((const char *)f->map + 8, (size_t)hlen);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        st_close(f);
+        return olmo_error("'%s': header is not a JSON object", path);
+    }
+    int count = cJSON_GetArraySize(root);
+    f->tensors = calloc((size_t)count + 1, sizeof *f->tensors);
+    if (!f->tensors) {
+        cJSON_Delete(root);
+        st_close(f);
+        return olmo_error("out of memory reading '%s'", path);
+    }
+    const cJSON *item;
+    cJSON_ArrayForEach(item, root) {
+        if (!strcmp(item->string, "__metadata__")) continue;
+        if (!cJSON_IsObject(item) || parse_tensor(f, item, &f->tensors[f->n_tensors])) {
+            if (!cJSON_IsObject(item)) olmo_error("entry '%s' is not an object", item->string);
+            cJSON_Delete(root);
+            st_close(f);
+            return olmo_error_context("'%s'", path);
+        }
+        f->n_tensors++;
+    }
+    cJSON_Delete(root);
+    return 0;
+}
+
+void st_close(struct st_file *f) {
+    if (f->map) munmap(f->map, f->map_size);
+    free(f->tensors);
+    memset(f, 0, sizeof *f);
+}
+
+const struct st_tensor *st_find(const struct st_file *f, const char *name) {
+    for (int i = 0; i < f->n_tensors; i++)
+        if (!strcmp(f->tensors[i].name, name)) return &f->tensors[i];
+    return NULL;
+}
+
+static float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    float v;
+    if (exp == 0) v = ldexpf((float)mant, -24);
+    else if (exp == 31) v = mant ? NAN : INFINITY;
+    else v = ldexpf((float)(mant | 0x400), (int)exp - 25);
+    return sign ? -v : v;
+}
+
+int st_read_f32(const struct st_file *f, const struct st_tensor *t, float *dst) {
+    const uint8_t *src = f->data + t->begin;
+    size_t n = st_numel(t);
+    switch (t->dtype) {
+    case ST_F32: memcpy(dst, src, n * 4); return 0;
+    case ST_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint32_t bits = (uint32_t)(src[2 * i] | (src[2 * i + 1] << 8)) << 16;
+            memcpy(&dst[i], &bits, 4);
+        }
+        return 0;
+    case ST_F16:
+        for (size_t i = 0; i < n; i++) dst[i] = half_to_float((uint16_t)(src[2 * i] | (src[2 * i + 1] << 8)));
+        return 0;
+    default: return olmo_error("tensor '%s' in '%s' is %s, not a float type", t->name, f->path, dtype_name(t->dtype));
+    }
+}
+
+int st_read_i32(const struct st_file *f, const struct st_tensor *t, int32_t *dst) {
+    const uint8_t *src = f->data + t->begin;
+    size_t n = st_numel(t);
+    if (t->dtype == ST_I32) {
+        memcpy(dst, src, n * 4);
+        return 0;
+    }
+    if (t->dtype == ST_I64) {
+        for (size_t i = 0; i < n; i++) {
+            int64_t v;
+            memcpy(&v, src + 8 * i, 8);
+            if (v < INT32_MIN || v > INT32_MAX)
+                return olmo_error("tensor '%s' in '%s': value %lld at %zu overflows int32", t->name, f->path,
+                                  (long long)v, i);
+            dst[i] = (int32_t)v;
+        }
+        return 0;
+    }
+    return olmo_error("tensor '%s' in '%s' is %s, not an integer type", t->name, f->path, dtype_name(t->dtype));
+}
+
+int st_writer_add(struct st_writer *w, const char *name, enum st_dtype dtype, int ndim, const int64_t *shape,
+                  const void *data) {
+    if (strlen(name) >= sizeof w->items[0].name || ndim > 8) return olmo_error("bad tensor '%s'", name);
+    if (w->n == w->cap) {
+        int cap = w->cap ? 2 * w->cap : 64;
+        void *p = realloc(w->items, sizeof *w->items * (size_t)cap);
+        if (!p) return olmo_error("out of memory");
+        w->items = p;
+        w->cap = cap;
+    }
+    struct st_wtensor *t = &w->items[w->n];
+    memset(t, 0, sizeof *t);
+    strcpy(t->name, name);
+    t->dtype = dtype;
+    t->ndim = ndim;
+    size_t numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+        numel *= (size_t)shape[i];
+    }
+    t->bytes = numel * dtype_size(dtype);
+    t->data = malloc(t->bytes ? t->bytes : 1);
+    if (!t->data) return olmo_error("out of memory for tensor '%s'", name);
+    memcpy(t->data, data, t->bytes);
+    w->n++;
+    return 0;
+}
+
+void st_writer_free(struct st_writer *w) {
+    for (int i = 0; i < w->n; i++) free(w->items[i].data);
+    free(w->items);
+    memset(w, 0, sizeof *w);
+}
+
+int st_writer_save(struct st_writer *w, const char *path) {
+    cJSON *root = cJSON_CreateObject();
+    size_t offset = 0;
+    for (int i = 0; i < w->n; i++) {
+        struct st_wtensor *t = &w->items[i];
+        cJSON *item = cJSON_AddObjectToObject(root, t->name);
+        cJSON_AddStringToObject(item, "dtype", dtype_name(t->dtype));
+        cJSON *shape = cJSON_AddArrayToObject(item, "shape");
+        for (int d = 0; d < t->ndim; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[d]));
+        cJSON *offs = cJSON_AddArrayToObject(item, "data_offsets");
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)offset));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(offset + t->bytes)));
+        offset += t->bytes;
+    }
+    char *json = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!json) return olmo_error("out of memory writing '%s'", path);
+    size_t hlen = strlen(json), padded = (hlen + 7) & ~(size_t)7; /* keep data 8-byte aligned */
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *fp = fopen(tmp, "wb");
+    if (!fp) {
+        free(json);
+        return olmo_error("cannot write '%s': %s", tmp, strerror(errno));
+    }
+    uint8_t len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    int ok = fwrite(len8, 1, 8, fp) == 8 && fwrite(json, 1, hlen, fp) == hlen;
+    for (size_t i = hlen; i < padded && ok; i++) ok = fputc(' ', fp) != EOF;
+    for (int i = 0; i < w->n && ok; i++) ok = fwrite(w->items[i].data, 1, w->items[i].bytes, fp) == w->items[i].bytes;
+    free(json);
+    ok = ok && fflush(fp) == 0 && fsync(fileno(fp)) == 0;
+    if (fclose(fp) || !ok) {
+        unlink(tmp);
+        return olmo_error("writing '%s' failed: %s", path, strerror(errno));
+    }
+    if (rename(tmp, path)) {
+        unlink(tmp);
+        return olmo_error("cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+    }
+    return 0;
+}

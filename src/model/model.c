@@ -1,0 +1,394 @@
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+#include "util/rng.h"
+
+static void add_param(struct olmo_model *m, const char *name, int rows, int cols, bool is_embedding) {
+    struct olmo_param *p = &m->params[m->n_tensors++];
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->rows = rows;
+    p->cols = cols;
+    p->numel = (size_t)rows * cols;
+    p->offset = m->n_floats;
+    p->is_embedding = is_embedding;
+    m->n_floats += p->numel;
+}
+
+/* Declares every tensor in Hugging Face order; returns the per-layer tensor count. */
+static void declare_params(struct olmo_model *m) {
+    const struct olmo_model_config *c = &m->cfg;
+    char name[96];
+    add_param(m, "model.embed_tokens.weight", c->vocab_size, c->d_model, true);
+    for (int l = 0; l < c->n_layers; l++) {
+#define LAYER(suffix, r, cl)                                        \
+    snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix); \
+    add_param(m, name, r, cl, false)
+        LAYER("self_attn.q_proj.weight", m->q_dim, c->d_model);
+        LAYER("self_attn.k_proj.weight", m->kv_dim, c->d_model);
+        LAYER("self_attn.v_proj.weight", m->kv_dim, c->d_model);
+        LAYER("self_attn.o_proj.weight", c->d_model, m->q_dim);
+        LAYER("self_attn.q_norm.weight", m->q_dim, 1);
+        LAYER("self_attn.k_norm.weight", m->kv_dim, 1);
+        LAYER("mlp.gate_proj.weight", c->mlp_hidden, c->d_model);
+        LAYER("mlp.up_proj.weight", c->mlp_hidden, c->d_model);
+        LAYER("mlp.down_proj.weight", c->d_model, c->mlp_hidden);
+        LAYER("post_attention_layernorm.weight", c->d_model, 1);
+        LAYER("post_feedforward_layernorm.weight", c->d_model, 1);
+#undef LAYER
+    }
+    add_param(m, "model.norm.weight", c->d_model, 1, false);
+    add_param(m, "lm_head.weight", c->vocab_size, c->d_model, false);
+}
+
+enum { TENSORS_PER_LAYER = 11 };
+
+static void bind_tensors(struct olmo_model *m, float *base, struct olmo_layer_tensors *lt, float **embed,
+                         float **final_norm, float **lm_head) {
+    const struct olmo_param *p = m->params;
+    *embed = base + p[0].offset;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const struct olmo_param *q = p + 1 + (size_t)l * TENSORS_PER_LAYER;
+        struct olmo_layer_tensors *t = &lt[l];
+        t->wq = base + q[0].offset;
+        t->wk = base + q[1].offset;
+        t->wv = base + q[2].offset;
+        t->wo = base + q[3].offset;
+        t->q_norm = base + q[4].offset;
+        t->k_norm = base + q[5].offset;
+        t->gate = base + q[6].offset;
+        t->up = base + q[7].offset;
+        t->down = base + q[8].offset;
+        t->attn_norm = base + q[9].offset;
+        t->ff_norm = base + q[10].offset;
+    }
+    *final_norm = base + p[m->n_tensors - 2].offset;
+    *lm_head = base + p[m->n_tensors - 1].offset;
+}
+
+int olmo_model_create(struct olmo_model *m, const struct olmo_model_config *cfg, const struct olmo_backend *be) {
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    m->be = be;
+    m->head_dim = cfg->d_model / cfg->n_heads;
+    m->q_dim = cfg->n_heads * m->head_dim;
+    m->kv_dim = cfg->n_kv_heads * m->head_dim;
+    int max_tensors = 3 + TENSORS_PER_LAYER * cfg->n_layers;
+    m->params = olmo_calloc((size_t)max_tensors, sizeof *m->params, "parameter table");
+    m->lw = olmo_calloc((size_t)cfg->n_layers, sizeof *m->lw, "layer table");
+    m->lg = olmo_calloc((size_t)cfg->n_layers, sizeof *m->lg, "layer table");
+    if (!m->params || !m->lw || !m->lg) return -1;
+    declare_params(m);
+    m->weights = be->alloc(m->n_floats * sizeof(float));
+    m->grads = be->alloc(m->n_floats * sizeof(float));
+    if (!m->weights || !m->grads) return olmo_error_context("model parameters (%zu floats)", m->n_floats);
+    bind_tensors(m, m->weights, m->lw, &m->embed, &m->final_norm, &m->lm_head);
+    bind_tensors(m, m->grads, m->lg, &m->d_embed, &m->d_final_norm, &m->d_lm_head);
+    return 0;
+}
+
+static void free_acts(struct olmo_model *m) {
+    const struct olmo_backend *be = m->be;
+    if (m->acts) {
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            struct olmo_layer_acts *a = &m->acts[l];
+            float *bufs[] = {a->x,   a->q_raw, a->k_raw, a->q, a->k, a->v, a->rstd_q, a->rstd_k, a->att,
+                             a->lse, a->o,     a->rstd_o, a->h, a->g, a->u, a->s,      a->m,      a->rstd_m};
+            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
+        }
+        free(m->acts);
+        m->acts = NULL;
+    }
+    float *bufs[] = {m->x_final, m->xn_final, m->rstd_final, m->logits, m->rope_cos, m->rope_sin, m->dx,
+                     m->dh,      m->dtmp,     m->dq,         m->dk,     m->dv,       m->datt,     m->dg,
+                     m->du,      m->ds};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
+    be->free(m->tokens);
+    be->free(m->targets);
+    be->free(m->doc_ids);
+    m->batch = m->seq_len = 0;
+}
+
+void olmo_model_destroy(struct olmo_model *m) {
+    if (!m->be) return;
+    free_acts(m);
+    m->be->free(m->weights);
+    m->be->free(m->grads);
+    free(m->params);
+    free(m->lw);
+    free(m->lg);
+    memset(m, 0, sizeof *m);
+}
+
+void olmo_model_init_weights(struct olmo_model *m, uint64_t seed) {
+    size_t n = m->n_floats;
+    float *host = malloc(n * sizeof(float));
+    if (!host) {
+        fprintf(stderr, "olmoc: out of memory initialising weights\n");
+        exit(1);
+    }
+    struct olmo_rng rng;
+    olmo_rng_seed(&rng, seed);
+    for (int i = 0; i < m->n_tensors; i++) {
+        const struct olmo_param *p = &m->params[i];
+        float *w = host + p->offset;
+        if (p->cols == 1) {
+            for (size_t j = 0; j < p->numel; j++) w[j] = 1.0f;
+        } else {
+            for (size_t j = 0; j < p->numel; j++) w[j] = (float)olmo_rng_trunc_normal(&rng, m->cfg.init_std, 3.0);
+        }
+    }
+    m->be->to_device(m->weights, host, n * sizeof(float));
+    free(host);
+}
+
+const struct olmo_param *olmo_model_find_param(const struct olmo_model *m, const char *name) {
+    for (int i = 0; i < m->n_tensors; i++)
+        if (!strcmp(m->params[i].name, name)) return &m->params[i];
+    return NULL;
+}
+
+/* RoPE tables computed in float32 exactly as transformers/OLMo-core do, so
+ * rotated values agree bit for bit up to libm rounding. */
+static void rope_tables(float *cos_t, float *sin_t, int seq_len, int head_dim, double theta) {
+    int half = head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float inv_freq = 1.0f / powf((float)theta, (float)(2 * i) / (float)head_dim);
+        for (int t = 0; t < seq_len; t++) {
+            float angle = (float)t * inv_freq;
+            cos_t[(size_t)t * half + i] = cosf(angle);
+            sin_t[(size_t)t * half + i] = sinf(angle);
+        }
+    }
+}
+
+int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len) {
+    if (m->batch == batch && m->seq_len == seq_len) return 0;
+    free_acts(m);
+    const struct olmo_backend *be = m->be;
+    const struct olmo_model_config *c = &m->cfg;
+    const size_t N = (size_t)batch * seq_len, D = (size_t)c->d_model, Q = (size_t)m->q_dim,
+                 K = (size_t)m->kv_dim, F = (size_t)c->mlp_hidden, V = (size_t)c->vocab_size;
+    int failed = 0;
+#define ALLOC(ptr, count) \
+    do { if (!((ptr) = be->alloc((count) * sizeof(float)))) failed = 1; } while (0)
+    m->acts = olmo_calloc((size_t)c->n_layers, sizeof *m->acts, "activation table");
+    if (!m->acts) return -1;
+    for (int l = 0; l < c->n_layers; l++) {
+        struct olmo_layer_acts *a = &m->acts[l];
+        ALLOC(a->x, N * D);
+        ALLOC(a->q_raw, N * Q);
+        ALLOC(a->k_raw, N * K);
+        ALLOC(a->q, N * Q);
+        ALLOC(a->k, N * K);
+        ALLOC(a->v, N * K);
+        ALLOC(a->rstd_q, N);
+        ALLOC(a->rstd_k, N);
+        ALLOC(a->att, N * Q);
+        ALLOC(a->lse, N * (size_t)c->n_heads);
+        ALLOC(a->o, N * D);
+        ALLOC(a->rstd_o, N);
+        ALLOC(a->h, N * D);
+        ALLOC(a->g, N * F);
+        ALLOC(a->u, N * F);
+        ALLOC(a->s, N * F);
+        ALLOC(a->m, N * D);
+        ALLOC(a->rstd_m, N);
+        if (failed) break;
+    }
+    ALLOC(m->x_final, N * D);
+    ALLOC(m->xn_final, N * D);
+    ALLOC(m->rstd_final, N);
+    ALLOC(m->logits, N * V);
+    ALLOC(m->rope_cos, (size_t)seq_len * m->head_dim / 2);
+    ALLOC(m->rope_sin, (size_t)seq_len * m->head_dim / 2);
+    ALLOC(m->dx, N * D);
+    ALLOC(m->dh, N * D);
+    ALLOC(m->dtmp, N * D);
+    ALLOC(m->dq, N * Q);
+    ALLOC(m->dk, N * K);
+    ALLOC(m->dv, N * K);
+    ALLOC(m->datt, N * Q);
+    ALLOC(m->dg, N * F);
+    ALLOC(m->du, N * F);
+    ALLOC(m->ds, N * F);
+#undef ALLOC
+    if (!failed && !(m->tokens = be->alloc(N * sizeof(int32_t)))) failed = 1;
+    if (!failed && !(m->targets = be->alloc(N * sizeof(int32_t)))) failed = 1;
+    if (!failed && !(m->doc_ids = be->alloc(N * sizeof(int32_t)))) failed = 1;
+    m->batch = batch;
+    m->seq_len = seq_len;
+    if (failed) {
+        free_acts(m);
+        return olmo_error_context("activations for batch %d x seq_len %d", batch, seq_len);
+    }
+    float *cos_t = malloc(sizeof(float) * (size_t)seq_len * m->head_dim / 2);
+    float *sin_t = malloc(sizeof(float) * (size_t)seq_len * m->head_dim / 2);
+    if (!cos_t || !sin_t) {
+        free(cos_t);
+        free(sin_t);
+        free_acts(m);
+        return olmo_error("out of memory for RoPE tables");
+    }
+    rope_tables(cos_t, sin_t, seq_len, m->head_dim, c->rope_theta);
+    be->to_device(m->rope_cos, cos_t, sizeof(float) * (size_t)seq_len * m->head_dim / 2);
+    be->to_device(m->rope_sin, sin_t, sizeof(float) * (size_t)seq_len * m->head_dim / 2);
+    free(cos_t);
+    free(sin_t);
+    return 0;
+}
+
+/* Where layer l writes its output: the next layer's input, or the final norm's. */
+static float *layer_output(struct olmo_model *m, int l) {
+    return l == m->cfg.n_layers - 1 ? m->x_final : m->acts[l + 1].x;
+}
+
+static void attn_shape(const struct olmo_model *m, int layer, struct olmo_attn_shape *s) {
+    s->batch = m->batch;
+    s->seq_len = m->seq_len;
+    s->n_heads = m->cfg.n_heads;
+    s->n_kv_heads = m->cfg.n_kv_heads;
+    s->head_dim = m->head_dim;
+    s->window = olmo_layer_is_full_attention(&m->cfg, layer) ? 0 : m->cfg.sliding_window;
+    s->scale = 1.0f / sqrtf((float)m->head_dim);
+}
+
+int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_masking) {
+    const struct olmo_backend *be = m->be;
+    const struct olmo_model_config *c = &m->cfg;
+    const int N = m->batch * m->seq_len, D = c->d_model, Q = m->q_dim, K = m->kv_dim, F = c->mlp_hidden,
+              V = c->vocab_size;
+    const float eps = (float)c->rms_norm_eps;
+    for (int i = 0; i < N; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return olmo_error("token id %d at position %d is outside the vocabulary [0, %d)", tokens[i], i, V);
+    be->to_device(m->tokens, tokens, sizeof(int32_t) * (size_t)N);
+    m->use_doc_ids = doc_masking;
+    if (doc_masking) {
+        int32_t *docs = malloc(sizeof(int32_t) * (size_t)N);
+        if (!docs) return olmo_error("out of memory for document ids");
+        for (int b = 0; b < m->batch; b++) {
+            int32_t doc = 0;
+            for (int t = 0; t < m->seq_len; t++) {
+                int i = b * m->seq_len + t;
+                docs[i] = doc;
+                if (tokens[i] == c->eos_token_id) doc++; /* the EOS closes its own document */
+            }
+        }
+        be->to_device(m->doc_ids, docs, sizeof(int32_t) * (size_t)N);
+        free(docs);
+    }
+    be->embedding_fwd(m->acts[0].x, m->embed, m->tokens, N, D);
+    for (int l = 0; l < c->n_layers; l++) {
+        struct olmo_layer_acts *a = &m->acts[l];
+        const struct olmo_layer_tensors *w = &m->lw[l];
+        struct olmo_attn_shape shape;
+        attn_shape(m, l, &shape);
+        /* attention block: h = x + norm(o_proj(attn(rope(qnorm(q)), rope(knorm(k)), v))) */
+        be->gemm(false, true, N, Q, D, 1.0f, a->x, D, w->wq, D, 0.0f, a->q_raw, Q);
+        be->gemm(false, true, N, K, D, 1.0f, a->x, D, w->wk, D, 0.0f, a->k_raw, K);
+        be->gemm(false, true, N, K, D, 1.0f, a->x, D, w->wv, D, 0.0f, a->v, K);
+        be->rmsnorm_fwd(a->q, a->rstd_q, a->q_raw, w->q_norm, N, Q, eps);
+        be->rmsnorm_fwd(a->k, a->rstd_k, a->k_raw, w->k_norm, N, K, eps);
+        be->rope_fwd(a->q, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_heads, m->head_dim);
+        be->rope_fwd(a->k, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_kv_heads, m->head_dim);
+        be->attention_fwd(a->att, a->lse, a->q, a->k, a->v, doc_masking ? m->doc_ids : NULL, &shape);
+        be->gemm(false, true, N, D, Q, 1.0f, a->att, Q, w->wo, Q, 0.0f, a->o, D);
+        be->rmsnorm_fwd(m->dtmp, a->rstd_o, a->o, w->attn_norm, N, D, eps); /* dtmp: free in forward */
+        be->add(a->h, a->x, m->dtmp, (size_t)N * D);
+        /* MLP block: out = h + norm(down(silu(gate(h)) * up(h))) */
+        be->gemm(false, true, N, F, D, 1.0f, a->h, D, w->gate, D, 0.0f, a->g, F);
+        be->gemm(false, true, N, F, D, 1.0f, a->h, D, w->up, D, 0.0f, a->u, F);
+        be->swiglu_fwd(a->s, a->g, a->u, (size_t)N * F);
+        be->gemm(false, true, N, D, F, 1.0f, a->s, F, w->down, F, 0.0f, a->m, D);
+        be->rmsnorm_fwd(m->dtmp, a->rstd_m, a->m, w->ff_norm, N, D, eps);
+        be->add(layer_output(m, l), a->h, m->dtmp, (size_t)N * D);
+    }
+    be->rmsnorm_fwd(m->xn_final, m->rstd_final, m->x_final, m->final_norm, N, D, eps);
+    be->gemm(false, true, N, V, D, 1.0f, m->xn_final, D, m->lm_head, D, 0.0f, m->logits, V);
+    return 0;
+}
+
+void olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_scale, float z_mult,
+                     double *ce_sum, double *z_sum) {
+    const int N = m->batch * m->seq_len;
+    m->be->to_device(m->targets, targets, sizeof(int32_t) * (size_t)N);
+    m->be->cross_entropy(m->logits, m->targets, N, m->cfg.vocab_size, grad_scale, z_mult, ce_sum, z_sum);
+}
+
+void olmo_model_backward(struct olmo_model *m) {
+    const struct olmo_backend *be = m->be;
+    const struct olmo_model_config *c = &m->cfg;
+    const int N = m->batch * m->seq_len, D = c->d_model, Q = m->q_dim, K = m->kv_dim, F = c->mlp_hidden,
+              V = c->vocab_size;
+    const size_t ND = (size_t)N * D;
+    /* LM head and final norm; m->logits holds dL/dlogits. */
+    be->gemm(false, false, N, D, V, 1.0f, m->logits, V, m->lm_head, D, 0.0f, m->dtmp, D);
+    be->gemm(true, false, V, D, N, 1.0f, m->logits, V, m->xn_final, D, 1.0f, m->d_lm_head, D);
+    be->rmsnorm_bwd(m->dx, m->d_final_norm, m->dtmp, m->x_final, m->final_norm, m->rstd_final, N, D);
+    /* m->dx: gradient w.r.t. the current layer's output. */
+    for (int l = c->n_layers - 1; l >= 0; l--) {
+        struct olmo_layer_acts *a = &m->acts[l];
+        const struct olmo_layer_tensors *w = &m->lw[l];
+        struct olmo_layer_tensors *g = &m->lg[l];
+        struct olmo_attn_shape shape;
+        attn_shape(m, l, &shape);
+        /* MLP block */
+        be->rmsnorm_bwd(m->dtmp, g->ff_norm, m->dx, a->m, w->ff_norm, a->rstd_m, N, D);
+        be->gemm(false, false, N, F, D, 1.0f, m->dtmp, D, w->down, F, 0.0f, m->ds, F);
+        be->gemm(true, false, D, F, N, 1.0f, m->dtmp, D, a->s, F, 1.0f, g->down, F);
+        be->swiglu_bwd(m->dg, m->du, m->ds, a->g, a->u, (size_t)N * F);
+        be->copy(m->dh, m->dx, ND * sizeof(float));
+        be->gemm(false, false, N, D, F, 1.0f, m->dg, F, w->gate, D, 1.0f, m->dh, D);
+        be->gemm(false, false, N, D, F, 1.0f, m->du, F, w->up, D, 1.0f, m->dh, D);
+        be->gemm(true, false, F, D, N, 1.0f, m->dg, F, a->h, D, 1.0f, g->gate, D);
+        be->gemm(true, false, F, D, N, 1.0f, m->du, F, a->h, D, 1.0f, g->up, D);
+        /* attention block */
+        be->rmsnorm_bwd(m->dtmp, g->attn_norm, m->dh, a->o, w->attn_norm, a->rstd_o, N, D);
+        be->gemm(false, false, N, Q, D, 1.0f, m->dtmp, D, w->wo, Q, 0.0f, m->datt, Q);
+        be->gemm(true, false, D, Q, N, 1.0f, m->dtmp, D, a->att, Q, 1.0f, g->wo, Q);
+        be->attention_bwd(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v,
+                          m->use_doc_ids ? m->doc_ids : NULL, &shape);
+        be->rope_bwd(m->dq, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_heads, m->head_dim);
+        be->rope_bwd(m->dk, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_kv_heads, m->head_dim);
+        be->rmsnorm_bwd(m->dq, g->q_norm, m->dq, a->q_raw, w->q_norm, a->rstd_q, N, Q);
+        be->rmsnorm_bwd(m->dk, g->k_norm, m->dk, a->k_raw, w->k_norm, a->rstd_k, N, K);
+        be->copy(m->dx, m->dh, ND * sizeof(float));
+        be->gemm(false, false, N, D, Q, 1.0f, m->dq, Q, w->wq, D, 1.0f, m->dx, D);
+        be->gemm(false, false, N, D, K, 1.0f, m->dk, K, w->wk, D, 1.0f, m->dx, D);
+        be->gemm(false, false, N, D, K, 1.0f, m->dv, K, w->wv, D, 1.0f, m->dx, D);
+        be->gemm(true, false, Q, D, N, 1.0f, m->dq, Q, a->x, D, 1.0f, g->wq, D);
+        be->gemm(true, false, K, D, N, 1.0f, m->dk, K, a->x, D, 1.0f, g->wk, D);
+        be->gemm(true, false, K, D, N, 1.0f, m->dv, K, a->x, D, 1.0f, g->wv, D);
+    }
+    be->embedding_bwd(m->d_embed, m->dx, m->tokens, N, D);
+}
+
+size_t olmo_model_count_params(const struct olmo_model_config *c, bool include_embeddings) {
+    size_t hd = (size_t)(c->d_model / c->n_heads), D = (size_t)c->d_model;
+    size_t q = c->n_heads * hd, kv = c->n_kv_heads * hd, F = (size_t)c->mlp_hidden;
+    size_t per_layer = q * D + 2 * kv * D + D * q + q + kv + 3 * F * D + 2 * D;
+    size_t total = per_layer * c->n_layers + D + (size_t)c->vocab_size * D; /* lm_head counts as compute */
+    if (include_embeddings) total += (size_t)c->vocab_size * D;
+    return total;
+}
+
+double olmo_model_flops_per_token(const struct olmo_model_config *c, int seq_len) {
+    /* 6 FLOPs per matmul weight per token (fwd + bwd), plus attention scores and
+     * values: 12 * layers * d_model * (visible keys), visible keys averaged over positions. */
+    double matmul = 6.0 * (double)olmo_model_count_params(c, false);
+    double attn = 0.0;
+    for (int l = 0; l < c->n_layers; l++) {
+        int w = olmo_layer_is_full_attention(c, l) || c->sliding_window == 0 ? seq_len : c->sliding_window;
+        if (w > seq_len) w = seq_len;
+        /* average number of visible keys over positions 0..T-1 */
+        double avg = w >= seq_len ? (seq_len + 1) / 2.0
+                                  : ((double)w * (w + 1) / 2.0 + (double)(seq_len - w) * w) / seq_len;
+        attn += 12.0 * c->d_model * avg;
+    }
+    return matmul + attn;
+}

@@ -1,0 +1,85 @@
+/* The Olmo 3 decoder (reordered-norm blocks, QK-norm, RoPE, SwiGLU, 3:1
+ * sliding/full attention, untied LM head), forward and backward, on any
+ * backend.  Parameter names and shapes are those of Hugging Face
+ * transformers' Olmo3ForCausalLM, so checkpoints map one to one. */
+#ifndef OLMOC_MODEL_H
+#define OLMOC_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "config/config.h"
+
+struct olmo_param {
+    char name[96];
+    int rows, cols;    /* cols = 1 for vectors */
+    size_t offset;     /* in floats, into the flat parameter buffer */
+    size_t numel;
+    bool is_embedding; /* OLMo-core exempts only embeddings.weight from weight decay */
+};
+
+struct olmo_layer_tensors {
+    float *wq, *wk, *wv, *wo, *q_norm, *k_norm, *gate, *up, *down, *attn_norm, *ff_norm;
+};
+
+struct olmo_layer_acts {
+    float *x;               /* layer input (residual stream) [N, D] */
+    float *q_raw, *k_raw;   /* projections before QK-norm */
+    float *q, *k, *v;       /* normed + rotated q, k; v */
+    float *rstd_q, *rstd_k; /* [N] */
+    float *att, *lse;       /* attention output [N, Q], log-sum-exp [B, H, T] */
+    float *o, *rstd_o;      /* o_proj output and its norm statistics */
+    float *h;               /* x + norm(o) */
+    float *g, *u, *s;       /* gate, up, silu(gate)*up [N, F] */
+    float *m, *rstd_m;      /* down_proj output and its norm statistics */
+};
+
+struct olmo_model {
+    struct olmo_model_config cfg;
+    const struct olmo_backend *be;
+    int head_dim, q_dim, kv_dim;
+
+    int n_tensors;
+    struct olmo_param *params;
+    size_t n_floats;
+    float *weights, *grads; /* flat backend buffers, same layout */
+    struct olmo_layer_tensors *lw, *lg;
+    float *embed, *final_norm, *lm_head;
+    float *d_embed, *d_final_norm, *d_lm_head;
+
+    /* Activations for one micro-batch shape (allocated by olmo_model_reserve). */
+    int batch, seq_len;
+    struct olmo_layer_acts *acts;
+    float *x_final, *xn_final, *rstd_final, *logits;
+    float *rope_cos, *rope_sin;
+    int32_t *tokens, *targets, *doc_ids;
+    bool use_doc_ids;
+    /* backward scratch */
+    float *dx, *dh, *dtmp, *dq, *dk, *dv, *datt, *dg, *du, *ds;
+};
+
+int olmo_model_create(struct olmo_model *m, const struct olmo_model_config *cfg, const struct olmo_backend *be);
+void olmo_model_destroy(struct olmo_model *m);
+/* OLMo-core init: every matrix ~ truncated normal(0, init_std, +-3 std), norm weights = 1. */
+void olmo_model_init_weights(struct olmo_model *m, uint64_t seed);
+/* Allocates activations for micro-batches of batch x seq_len (idempotent for the same shape). */
+int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len);
+const struct olmo_param *olmo_model_find_param(const struct olmo_model *m, const char *name);
+
+/* Forward pass over tokens [batch*seq_len] (host memory); logits end up in m->logits.
+ * doc_masking: attention does not cross EOS boundaries (the EOS closes its document). */
+int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_masking);
+/* Cross-entropy (+ z-loss) against targets [batch*seq_len] (host; <0 ignored).
+ * Replaces m->logits with the gradient of grad_scale * sum(ce + z_mult * lse^2). */
+void olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_scale, float z_mult,
+                     double *ce_sum, double *z_sum);
+/* Backpropagates from the gradient left in m->logits; accumulates into m->grads. */
+void olmo_model_backward(struct olmo_model *m);
+
+size_t olmo_model_count_params(const struct olmo_model_config *cfg, bool include_embeddings);
+/* Training FLOPs per token (6 * matmul params + attention), for MFU. */
+double olmo_model_flops_per_token(const struct olmo_model_config *cfg, int seq_len);
+
+#endif

@@ -1,0 +1,64 @@
+#include "model/weights.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/safetensors.h"
+#include "util/error.h"
+
+int olmo_weights_load(struct olmo_model *m, const char *path) {
+    struct st_file f;
+    if (st_open(&f, path)) return -1;
+    float *host = malloc(m->n_floats * sizeof(float));
+    if (!host) {
+        st_close(&f);
+        return olmo_error("out of memory loading '%s'", path);
+    }
+    int rc = 0;
+    for (int i = 0; i < m->n_tensors && !rc; i++) {
+        const struct olmo_param *p = &m->params[i];
+        const struct st_tensor *t = st_find(&f, p->name);
+        if (!t) {
+            rc = olmo_error("'%s' has no tensor '%s'", path, p->name);
+            break;
+        }
+        int64_t rows = t->ndim >= 1 ? t->shape[0] : 0, cols = t->ndim == 2 ? t->shape[1] : 1;
+        if (t->ndim < 1 || t->ndim > 2 || rows != p->rows || cols != p->cols) {
+            char shape[128] = "[";
+            for (int d = 0; d < t->ndim && d < 8; d++)
+                snprintf(shape + strlen(shape), sizeof shape - strlen(shape), d ? ", %lld" : "%lld",
+                         (long long)t->shape[d]);
+            strcat(shape, "]");
+            rc = p->cols == 1 ? olmo_error("'%s': tensor '%s' has shape %s but the config needs [%d]", path,
+                                           p->name, shape, p->rows)
+                              : olmo_error("'%s': tensor '%s' has shape %s but the config needs [%d, %d]", path,
+                                           p->name, shape, p->rows, p->cols);
+        }
+        else rc = st_read_f32(&f, t, host + p->offset);
+    }
+    for (int i = 0; i < f.n_tensors && !rc; i++)
+        if (!olmo_model_find_param(m, f.tensors[i].name))
+            rc = olmo_error("'%s' has unexpected tensor '%s' (config mismatch?)", path, f.tensors[i].name);
+    if (!rc) m->be->to_device(m->weights, host, m->n_floats * sizeof(float));
+    free(host);
+    st_close(&f);
+    return rc;
+}
+
+int olmo_weights_save(const struct olmo_model *m, const float *which, const char *path) {
+    float *host = malloc(m->n_floats * sizeof(float));
+    if (!host) return olmo_error("out of memory saving '%s'", path);
+    m->be->to_host(host, which, m->n_floats * sizeof(float));
+    struct st_writer w = {0};
+    int rc = 0;
+    for (int i = 0; i < m->n_tensors && !rc; i++) {
+        const struct olmo_param *p = &m->params[i];
+        int64_t shape[2] = {p->rows, p->cols};
+        rc = st_writer_add(&w, p->name, ST_F32, p->cols == 1 ? 1 : 2, shape, host + p->offset);
+    }
+    if (!rc) rc = st_writer_save(&w, path);
+    st_writer_free(&w);
+    free(host);
+    return rc;
+}

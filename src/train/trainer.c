@@ -1,0 +1,94 @@
+#include "train/trainer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+
+int olmo_trainer_init(struct olmo_trainer *tr, const struct olmo_config *cfg, const struct olmo_backend *be) {
+    memset(tr, 0, sizeof *tr);
+    tr->cfg = *cfg;
+    if (olmo_config_validate(cfg)) return -1;
+    if (olmo_model_create(&tr->model, &cfg->model, be)) return -1;
+    if (olmo_model_reserve(&tr->model, cfg->train.micro_batch, cfg->train.seq_len)) return -1;
+    if (olmo_optimizer_create(&tr->opt, &tr->model)) return -1;
+    size_t n = (size_t)cfg->train.micro_batch * cfg->train.seq_len;
+    tr->inputs = olmo_malloc(n * sizeof(int32_t), "input batch");
+    tr->targets = olmo_malloc(n * sizeof(int32_t), "target batch");
+    if (!tr->inputs || !tr->targets) return -1;
+    return 0;
+}
+
+void olmo_trainer_destroy(struct olmo_trainer *tr) {
+    olmo_optimizer_destroy(&tr->opt, &tr->model);
+    olmo_model_destroy(&tr->model);
+    free(tr->inputs);
+    free(tr->targets);
+    memset(tr, 0, sizeof *tr);
+}
+
+/* Splits rows into model inputs and next-token targets (last position: -100). */
+static long stage_micro_batch(struct olmo_trainer *tr, const int32_t *rows, int n_rows) {
+    const int T = tr->cfg.train.seq_len;
+    long labels = 0;
+    memcpy(tr->inputs, rows, sizeof(int32_t) * (size_t)n_rows * T);
+    for (int r = 0; r < n_rows; r++) {
+        for (int t = 0; t < T - 1; t++) tr->targets[r * T + t] = rows[r * T + t + 1];
+        tr->targets[r * T + T - 1] = -100;
+        labels += T - 1;
+    }
+    return labels;
+}
+
+int olmo_trainer_accumulate(struct olmo_trainer *tr, const int32_t *instances, struct olmo_step_result *res) {
+    const struct olmo_train_config *t = &tr->cfg.train;
+    struct olmo_model *m = &tr->model;
+    const int micro = t->micro_batch, T = t->seq_len;
+    const long total_labels = (long)t->grad_accum * micro * (T - 1);
+    if (total_labels <= 0) return olmo_error("train.seq_len must be at least 2 to have a next-token label");
+    double ce = 0.0, zz = 0.0;
+    m->be->zero(m->grads, m->n_floats * sizeof(float));
+    for (int a = 0; a < t->grad_accum; a++) {
+        stage_micro_batch(tr, instances + (size_t)a * micro * T, micro);
+        if (olmo_model_forward(m, tr->inputs, t->intra_doc_masking)) return -1;
+        double ce_sum, z_sum;
+        olmo_model_loss(m, tr->targets, (float)(1.0 / (double)total_labels), (float)t->z_loss, &ce_sum, &z_sum);
+        olmo_model_backward(m);
+        ce += ce_sum;
+        zz += z_sum;
+    }
+    res->ce_loss = ce / (double)total_labels;
+    res->z_loss = t->z_loss * zz / (double)total_labels;
+    res->loss_tokens = total_labels;
+    res->grad_norm = olmo_grad_norm(m);
+    return 0;
+}
+
+void olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res) {
+    const struct olmo_train_config *t = &tr->cfg.train;
+    olmo_clip_grads(&tr->model, res->grad_norm, t->clip_grad_norm);
+    res->lr = olmo_lr_at(t, tr->opt.step + 1);
+    olmo_optimizer_step(&tr->opt, &tr->model, t, res->lr);
+}
+
+int olmo_trainer_step(struct olmo_trainer *tr, const int32_t *instances, struct olmo_step_result *res) {
+    if (olmo_trainer_accumulate(tr, instances, res)) return -1;
+    olmo_trainer_update(tr, res);
+    return 0;
+}
+
+int olmo_trainer_eval(struct olmo_trainer *tr, const int32_t *instances, int n_rows, double *ce_loss) {
+    const int micro = tr->cfg.train.micro_batch, T = tr->cfg.train.seq_len;
+    if (n_rows % micro) return olmo_error("eval rows (%d) must be a multiple of train.micro_batch (%d)", n_rows, micro);
+    double ce = 0.0;
+    long labels = 0;
+    for (int r = 0; r < n_rows; r += micro) {
+        labels += stage_micro_batch(tr, instances + (size_t)r * T, micro);
+        if (olmo_model_forward(&tr->model, tr->inputs, tr->cfg.train.intra_doc_masking)) return -1;
+        double ce_sum, z_sum;
+        olmo_model_loss(&tr->model, tr->targets, 0.0f, 0.0f, &ce_sum, &z_sum);
+        ce += ce_sum;
+    }
+    *ce_loss = ce / (double)labels;
+    return 0;
+}
