@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what olmoc needs (Debian packages, a Python venv for the PyTorch
+# reference) and builds it: build/ (Release) and build-asan/ (ASan+UBSan).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES="build-essential cmake pkg-config libopenblas-dev libyaml-dev libcjson-dev libpcre2-dev libomp-dev python3-venv"
+missing=""
+for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  echo "setup: installing Debian packages:$missing"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import torch, transformers, safetensors, pytest" 2>/dev/null; then
+  echo "setup: creating .venv with the PyTorch reference (first time: a few minutes)"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -r requirements-test.txt
+fi
+
+echo "setup: building build/ (Release) and build-asan/ (sanitizers)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DOLMOC_SANITIZE=ON >/dev/null
+cmake --build build-asan -j"$(nproc)"
+echo "setup: done"
