@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="build-essential cmake pkg-config libopenblas-dev libyaml-dev libcjson-dev libpcre2-dev libomp-dev python3-venv"
+APT_PACKAGES="build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev libyaml-dev libcjson-dev libpcre2-dev libomp-dev python3-venv"
 missing=""
 for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
@@ -26,4 +26,8 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DOLMOC_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$(nproc)"
+if command -v clang >/dev/null; then  # the code must also be warning-free under clang
+  CC=clang cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build build-clang -j"$(nproc)"
+fi
 echo "setup: done"

@@ -255,14 +255,14 @@ static void cpu_cross_entropy(float *logits, const int32_t *targets, int n, int 
         float mx = -INFINITY;
         for (int j = 0; j < vocab; j++)
             if (row[j] > mx) mx = row[j];
-        double sum = 0.0;
-        for (int j = 0; j < vocab; j++) sum += exp((double)row[j] - mx);
+        double sum = 0.0; /* fp32 exponentials, double accumulation */
+        for (int j = 0; j < vocab; j++) sum += expf(row[j] - mx);
         double lse = mx + log(sum);
         ce += lse - row[targets[i]];
         zz += lse * lse;
         /* d/dlogit of (ce + z*lse^2) = softmax * (1 + 2 z lse) - onehot */
-        float soft_scale = (float)(grad_scale * (1.0 + 2.0 * z_mult * lse));
-        for (int j = 0; j < vocab; j++) row[j] = (float)exp((double)row[j] - lse) * soft_scale;
+        const float lse_f = (float)lse, soft_scale = (float)(grad_scale * (1.0 + 2.0 * z_mult * lse));
+        for (int j = 0; j < vocab; j++) row[j] = expf(row[j] - lse_f) * soft_scale;
         row[targets[i]] -= grad_scale;
     }
     *ce_sum = ce;

@@ -12,6 +12,7 @@ struct command {
 
 static const struct command commands[] = {
     {"train", cmd_train, "train an Olmo 3 model from a YAML config"},
+    {"info", cmd_info, "show a config resolved, with parameter counts"},
 };
 
 static void usage(FILE *out) {
