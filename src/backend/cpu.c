@@ -3,6 +3,7 @@
  * lose the 1e-5 agreement with the PyTorch reference. */
 #include <cblas.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,14 +61,24 @@ static void cpu_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *
     }
 }
 
+/* Rows per partial sum of the weight gradient.  The partials are combined in
+ * chunk order, so dw is bit-identical whatever the thread count or schedule
+ * (a prerequisite for bit-identical resumed training runs). */
+#define RMS_DW_CHUNK 32
+
 static void cpu_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
                             const float *rstd, int n, int dim) {
-    double *dw_acc = calloc((size_t)dim, sizeof(double));
-#pragma omp parallel
-    {
-        double *dw_local = calloc((size_t)dim, sizeof(double));
-#pragma omp for
-        for (int i = 0; i < n; i++) {
+    const int n_chunks = (n + RMS_DW_CHUNK - 1) / RMS_DW_CHUNK;
+    double *partial = calloc((size_t)(n_chunks > 0 ? n_chunks : 1) * (size_t)dim, sizeof(double));
+    if (!partial) {
+        fprintf(stderr, "olmoc: out of memory in rmsnorm backward\n");
+        abort();
+    }
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < n_chunks; c++) {
+        double *dw_local = partial + (size_t)c * dim;
+        const int end = (c + 1) * RMS_DW_CHUNK < n ? (c + 1) * RMS_DW_CHUNK : n;
+        for (int i = c * RMS_DW_CHUNK; i < end; i++) {
             const float *xi = x + (size_t)i * dim, *dyi = dy + (size_t)i * dim;
             float *dxi = dx + (size_t)i * dim;
             float r = rstd[i];
@@ -80,12 +91,14 @@ static void cpu_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *
             float mean = (float)(dot / dim);
             for (int j = 0; j < dim; j++) dxi[j] = r * (dyi[j] * w[j] - xi[j] * r * mean);
         }
-#pragma omp critical
-        for (int j = 0; j < dim; j++) dw_acc[j] += dw_local[j];
-        free(dw_local);
     }
-    for (int j = 0; j < dim; j++) dw[j] += (float)dw_acc[j];
-    free(dw_acc);
+#pragma omp parallel for schedule(static)
+    for (int j = 0; j < dim; j++) {
+        double acc = 0.0;
+        for (int c = 0; c < n_chunks; c++) acc += partial[(size_t)c * dim + j];
+        dw[j] += (float)acc;
+    }
+    free(partial);
 }
 
 /* sign = +1 rotates forward, -1 applies the transpose (the backward pass). */
@@ -244,10 +257,18 @@ static void cpu_add(float *y, const float *a, const float *b, size_t n) {
 
 static void cpu_cross_entropy(float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
                               float z_mult, double *ce_sum, double *z_sum) {
-    double ce = 0.0, zz = 0.0;
-#pragma omp parallel for reduction(+ : ce, zz)
+    /* Per-row terms, summed serially afterwards: an OpenMP reduction combines
+     * thread partials in an unspecified order, which would break bit-identical
+     * reruns. */
+    double *rows = malloc(sizeof(double) * 2 * (size_t)(n > 0 ? n : 1));
+    if (!rows) {
+        fprintf(stderr, "olmoc: out of memory in cross-entropy\n");
+        abort();
+    }
+#pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
         float *row = logits + (size_t)i * vocab;
+        rows[2 * i] = rows[2 * i + 1] = 0.0;
         if (targets[i] < 0) {
             memset(row, 0, sizeof(float) * (size_t)vocab);
             continue;
@@ -258,21 +279,43 @@ static void cpu_cross_entropy(float *logits, const int32_t *targets, int n, int 
         double sum = 0.0; /* fp32 exponentials, double accumulation */
         for (int j = 0; j < vocab; j++) sum += expf(row[j] - mx);
         double lse = mx + log(sum);
-        ce += lse - row[targets[i]];
-        zz += lse * lse;
+        rows[2 * i] = lse - row[targets[i]];
+        rows[2 * i + 1] = lse * lse;
         /* d/dlogit of (ce + z*lse^2) = softmax * (1 + 2 z lse) - onehot */
         const float lse_f = (float)lse, soft_scale = (float)(grad_scale * (1.0 + 2.0 * z_mult * lse));
         for (int j = 0; j < vocab; j++) row[j] = expf(row[j] - lse_f) * soft_scale;
         row[targets[i]] -= grad_scale;
     }
+    double ce = 0.0, zz = 0.0;
+    for (int i = 0; i < n; i++) {
+        ce += rows[2 * i];
+        zz += rows[2 * i + 1];
+    }
+    free(rows);
     *ce_sum = ce;
     *z_sum = zz;
 }
 
+/* Elements per partial sum; partials are added in a fixed order (deterministic). */
+#define SUMSQ_CHUNK 65536
+
 static double cpu_sum_squares(const float *x, size_t n) {
+    const size_t n_chunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    double stack[64], *partial = n_chunks <= 64 ? stack : malloc(sizeof(double) * n_chunks);
+    if (!partial) {
+        fprintf(stderr, "olmoc: out of memory in sum of squares\n");
+        abort();
+    }
+#pragma omp parallel for schedule(static)
+    for (size_t c = 0; c < n_chunks; c++) {
+        const size_t end = (c + 1) * SUMSQ_CHUNK < n ? (c + 1) * SUMSQ_CHUNK : n;
+        double acc = 0.0;
+        for (size_t i = c * SUMSQ_CHUNK; i < end; i++) acc += (double)x[i] * x[i];
+        partial[c] = acc;
+    }
     double acc = 0.0;
-#pragma omp parallel for reduction(+ : acc)
-    for (size_t i = 0; i < n; i++) acc += (double)x[i] * x[i];
+    for (size_t c = 0; c < n_chunks; c++) acc += partial[c];
+    if (partial != stack) free(partial);
     return acc;
 }
 
