@@ -1,9 +1,11 @@
-/* olmoc train: the training loop with a progress line per step. */
+/* olmoc train: the training loop, with a progress line per step, a JSONL
+ * metrics log, atomic checkpoints, resume, and in-loop evaluation. */
+#include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include "backend/backend.h"
@@ -11,19 +13,32 @@
 #include "config/config.h"
 #include "data/token_file.h"
 #include "model/weights.h"
+#include "train/checkpoint.h"
+#include "train/evaluate.h"
 #include "train/trainer.h"
 #include "util/error.h"
+#include "util/fs.h"
 
 static void train_usage(FILE *out) {
     fprintf(out,
             "usage: olmoc train CONFIG.yaml [options]\n\n"
-            "Trains the model described by CONFIG.yaml on data.train_path (.npy token file).\n\n"
+            "Trains the model described by CONFIG.yaml on data.train_path (.npy token file).\n"
+            "Writes to data.out_dir: config.yaml (resolved), metrics.jsonl (one JSON object per\n"
+            "step and per evaluation), step-NNNNNN/ checkpoints every train.save_every steps\n"
+            "(the newest train.keep_last kept) and model.safetensors at the end.\n\n"
             "options:\n"
-            "  --set KEY=VALUE   override a config value, e.g. --set train.steps=10 (repeatable)\n"
-            "  --init FILE       start from weights in FILE (safetensors, Hugging Face names)\n"
-            "                    instead of the seeded OLMo-core initialisation\n"
-            "  --save FILE       write the final weights to FILE (default: data.out_dir/model.safetensors)\n"
-            "  --help            show this help\n");
+            "  --set KEY=VALUE     override a config value, e.g. --set train.steps=10 (repeatable)\n"
+            "  --resume            continue from the newest checkpoint in data.out_dir (start fresh\n"
+            "                      when there is none)\n"
+            "  --resume-from DIR   continue from the checkpoint directory DIR\n"
+            "  --init FILE         start from weights in FILE (safetensors, Hugging Face names)\n"
+            "                      instead of the seeded OLMo-core initialisation\n"
+            "  --save FILE         write the final weights to FILE (default: data.out_dir/model.safetensors)\n"
+            "  --help              show this help\n\n"
+            "Evaluation (train.eval_every > 0): held-out loss on data.val_paths (comma-separated\n"
+            ".npy files, train.eval_batches micro-batches each, in file order) and accuracy on\n"
+            "data.eval_tasks (comma-separated multiple-choice .jsonl files, see olmoc eval --help).\n"
+            "MFU uses train.peak_flops, or a peak measured with an SGEMM at startup when it is 0.\n");
 }
 
 static double now_seconds(void) {
@@ -38,22 +53,102 @@ static void format_duration(char *buf, size_t n, double s) {
     else snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
 }
 
-/* mkdir -p */
-static int make_dirs(const char *path) {
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0755) && errno != EEXIST) return olmo_error("cannot create '%s': %s", buf, strerror(errno));
-        *p = '/';
+/* Peak FLOP/s of this machine's SGEMM: best of a few 1024^3 products. */
+static double measure_peak_flops(const struct olmo_backend *be) {
+    const int n = 1024;
+    const size_t bytes = sizeof(float) * (size_t)n * n;
+    float *a = be->alloc(bytes), *b = be->alloc(bytes), *c = be->alloc(bytes);
+    double best = 0.0;
+    if (a && b && c) {
+        be->gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up */
+        for (int rep = 0; rep < 3; rep++) {
+            double t0 = now_seconds();
+            be->gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+            double dt = now_seconds() - t0;
+            if (dt > 0 && 2.0 * n * n * (double)n / dt > best) best = 2.0 * n * n * (double)n / dt;
+        }
     }
-    if (mkdir(buf, 0755) && errno != EEXIST) return olmo_error("cannot create '%s': %s", buf, strerror(errno));
+    be->free(a);
+    be->free(b);
+    be->free(c);
+    return best;
+}
+
+/* Keeps the metrics lines of steps <= last_step (a resumed run rewrites the
+ * rest), dropping a line cut short by a kill. */
+static int truncate_metrics(const char *path, long last_step) {
+    if (!olmo_is_file(path)) return 0;
+    char *text;
+    size_t len;
+    if (olmo_read_file(path, (size_t)1 << 31, &text, &len)) return -1;
+    char *out = malloc(len + 1);
+    if (!out) {
+        free(text);
+        return olmo_error("out of memory rewriting '%s'", path);
+    }
+    size_t n = 0;
+    for (char *line = text; *line;) {
+        char *nl = strchr(line, '\n');
+        if (!nl) break; /* incomplete last line */
+        *nl = 0;
+        cJSON *obj = cJSON_Parse(line);
+        const cJSON *step = cJSON_GetObjectItemCaseSensitive(obj, "step");
+        if (cJSON_IsNumber(step) && step->valuedouble <= (double)last_step) {
+            size_t l = strlen(line);
+            memcpy(out + n, line, l);
+            out[n + l] = '\n';
+            n += l + 1;
+        }
+        cJSON_Delete(obj);
+        line = nl + 1;
+    }
+    int rc = olmo_write_file_atomic(path, out, n);
+    free(text);
+    free(out);
+    return rc;
+}
+
+struct evaluators {
+    struct olmo_val_set *val;
+    int n_val;
+    struct olmo_mc_task *tasks;
+    int n_tasks;
+};
+
+static int run_evals(struct olmo_trainer *tr, const struct evaluators *ev, long step, FILE *metrics) {
+    const struct olmo_config *cfg = &tr->cfg;
+    for (int i = 0; i < ev->n_val; i++) {
+        double loss;
+        long tokens;
+        double t0 = now_seconds();
+        if (olmo_eval_val_set(&tr->model, &ev->val[i], cfg->train.eval_batches, cfg->train.intra_doc_masking, &loss,
+                              &tokens))
+            return -1;
+        printf("eval step %ld | %s | loss %.4f | ppl %.3f | %ld tokens | %.2fs\n", step, ev->val[i].name, loss,
+               exp(loss), tokens, now_seconds() - t0);
+        fprintf(metrics, "{\"type\":\"eval\",\"step\":%ld,\"set\":\"%s\",\"loss\":%.17g,\"ppl\":%.17g,\"tokens\":%ld}\n",
+                step, ev->val[i].name, loss, exp(loss), tokens);
+    }
+    int pad = cfg->model.pad_token_id >= 0 && cfg->model.pad_token_id < cfg->model.vocab_size ? cfg->model.pad_token_id
+                                                                                               : cfg->model.eos_token_id;
+    for (int i = 0; i < ev->n_tasks; i++) {
+        struct olmo_mc_result r;
+        if (olmo_mc_eval(&tr->model, &ev->tasks[i], pad, &r, NULL)) return -1;
+        printf("eval step %ld | task %s | acc %.4f | acc_per_token %.4f | %d examples\n", step, ev->tasks[i].name,
+               r.acc, r.acc_per_token, r.n);
+        fprintf(metrics,
+                "{\"type\":\"downstream\",\"step\":%ld,\"task\":\"%s\",\"acc\":%.17g,\"acc_per_token\":%.17g,"
+                "\"n\":%d}\n",
+                step, ev->tasks[i].name, r.acc, r.acc_per_token, r.n);
+    }
+    fflush(stdout);
+    fflush(metrics);
     return 0;
 }
 
 int cmd_train(int argc, char **argv) {
-    const char *config_path = NULL, *init_path = NULL, *save_path = NULL;
+    const char *config_path = NULL, *init_path = NULL, *save_path = NULL, *resume_from = NULL;
+    bool resume = false;
     struct olmo_config cfg;
     olmo_config_defaults(&cfg);
     /* First pass: find the config so --set applies on top of it. */
@@ -62,12 +157,15 @@ int cmd_train(int argc, char **argv) {
             train_usage(stdout);
             return 0;
         }
-        if (!strcmp(argv[i], "--set") || !strcmp(argv[i], "--init") || !strcmp(argv[i], "--save")) {
+        if (!strcmp(argv[i], "--set") || !strcmp(argv[i], "--init") || !strcmp(argv[i], "--save") ||
+            !strcmp(argv[i], "--resume-from")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "olmoc train: %s needs a value\n", argv[i]);
                 return 2;
             }
             i++;
+        } else if (!strcmp(argv[i], "--resume")) {
+            resume = true;
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "olmoc train: unknown option '%s'\n", argv[i]);
             train_usage(stderr);
@@ -88,6 +186,15 @@ int cmd_train(int argc, char **argv) {
         if (!strcmp(argv[i], "--set") && olmo_config_set(&cfg, argv[++i])) goto fail;
         else if (!strcmp(argv[i], "--init")) init_path = argv[++i];
         else if (!strcmp(argv[i], "--save")) save_path = argv[++i];
+        else if (!strcmp(argv[i], "--resume-from")) resume_from = argv[++i];
+    }
+    if (resume_from && resume) {
+        fprintf(stderr, "olmoc train: give either --resume or --resume-from, not both\n");
+        return 2;
+    }
+    if (init_path && (resume || resume_from)) {
+        fprintf(stderr, "olmoc train: --init starts a new run; it cannot be combined with --resume\n");
+        return 2;
     }
     if (olmo_config_validate(&cfg)) goto fail;
     if (!cfg.data.train_path[0]) {
@@ -95,56 +202,152 @@ int cmd_train(int argc, char **argv) {
         goto fail;
     }
 
+    /* Which checkpoint, if any, this run continues from. */
+    char ckpt[4096] = "";
+    if (resume_from) {
+        snprintf(ckpt, sizeof ckpt, "%s", resume_from);
+    } else {
+        int found = olmo_ckpt_find_latest(cfg.data.out_dir, ckpt, sizeof ckpt);
+        if (found < 0) goto fail;
+        if (found && !resume) {
+            olmo_error("data.out_dir '%s' already holds checkpoint '%s': pass --resume to continue that run, or "
+                       "choose another data.out_dir",
+                       cfg.data.out_dir, ckpt);
+            goto fail;
+        }
+        if (!found) ckpt[0] = 0;
+    }
+
     struct olmo_loader loader;
     if (olmo_loader_open(&loader, cfg.data.train_path, cfg.train.seq_len, cfg.model.vocab_size, cfg.train.seed))
         goto fail;
     struct olmo_trainer tr;
-    if (olmo_trainer_init(&tr, &cfg, olmo_backend_cpu())) goto fail;
-    if (init_path) {
+    const struct olmo_backend *be = olmo_backend_cpu();
+    if (olmo_trainer_init(&tr, &cfg, be)) goto fail;
+    struct evaluators ev = {0};
+    if (cfg.train.eval_every > 0) {
+        if (olmo_val_sets_open(cfg.data.val_paths, cfg.train.seq_len, &ev.val, &ev.n_val)) goto fail;
+        if (olmo_mc_tasks_load(cfg.data.eval_tasks, cfg.model.vocab_size, &ev.tasks, &ev.n_tasks)) goto fail;
+    }
+    struct olmo_ckpt_state st = {0};
+    if (ckpt[0]) {
+        if (olmo_ckpt_load(ckpt, &tr, &st)) goto fail;
+        if (st.loader_seed != cfg.train.seed || st.loader_instances != loader.n_instances) {
+            olmo_error("checkpoint '%s' was written reading %zu instances with seed %llu, but data.train_path '%s' "
+                       "has %zu instances (seed %llu): not the same data",
+                       ckpt, st.loader_instances, (unsigned long long)st.loader_seed, cfg.data.train_path,
+                       loader.n_instances, (unsigned long long)cfg.train.seed);
+            goto fail;
+        }
+        if (olmo_ckpt_seek_loader(&loader, st.loader_epoch, st.loader_pos)) goto fail;
+    } else if (init_path) {
         if (olmo_weights_load(&tr.model, init_path)) goto fail;
     } else {
         olmo_model_init_weights(&tr.model, cfg.train.seed);
     }
-    if (make_dirs(cfg.data.out_dir)) goto fail;
-    char resolved[1200];
-    snprintf(resolved, sizeof resolved, "%s/config.yaml", cfg.data.out_dir);
-    if (olmo_config_write(&cfg, resolved)) goto fail;
+    if (olmo_make_dirs(cfg.data.out_dir)) goto fail;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.yaml", cfg.data.out_dir);
+    if (olmo_config_write(&cfg, path)) goto fail;
+    char metrics_path[4200];
+    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", cfg.data.out_dir);
+    if (truncate_metrics(metrics_path, st.step)) goto fail;
+    FILE *metrics = fopen(metrics_path, "a");
+    if (!metrics) {
+        olmo_error("cannot open '%s': %s", metrics_path, strerror(errno));
+        goto fail;
+    }
 
     const struct olmo_train_config *t = &cfg.train;
     const size_t rows = (size_t)t->grad_accum * t->micro_batch;
+    const long tokens_per_step = (long)(rows * (size_t)t->seq_len);
     int32_t *batch = olmo_malloc(rows * t->seq_len * sizeof(int32_t), "batch");
     if (!batch) goto fail;
+    const double flops_per_token = olmo_model_flops_per_token(&cfg.model, t->seq_len);
+    double peak = t->peak_flops;
+    const char *peak_source = "train.peak_flops";
+    if (peak <= 0) {
+        peak = measure_peak_flops(be);
+        peak_source = "measured: best of 3 SGEMMs 1024^3";
+    }
     printf("olmoc train: %s | %zu params (%zu non-embedding) | %d layers d_model %d | batch %zu x %d tokens | "
            "%zu instances in %s\n",
            config_path, olmo_model_count_params(&cfg.model, true), olmo_model_count_params(&cfg.model, false),
            cfg.model.n_layers, cfg.model.d_model, rows, t->seq_len, loader.n_instances, cfg.data.train_path);
+    printf("MFU: %.4g FLOPs/token, peak %.4g FLOP/s (%s)\n", flops_per_token, peak, peak_source);
+    if (ckpt[0])
+        printf("resumed from %s at step %ld (epoch %ld, instance %zu)\n", ckpt, st.step, st.loader_epoch,
+               st.loader_pos);
     fflush(stdout);
-    const double start = now_seconds();
-    double last = start;
-    for (long step = 1; step <= t->steps; step++) {
+
+    const long first_step = st.step + 1;
+    const double start = now_seconds(), elapsed_before = st.elapsed;
+    double last = start, interval = 0.0; /* end of the previous step; step time since the last log line */
+    long tokens = st.tokens, steps_since_log = 0;
+    for (long step = first_step; step <= t->steps; step++) {
         struct olmo_step_result res;
         if (olmo_loader_next(&loader, batch, (int)rows) || olmo_trainer_step(&tr, batch, &res)) goto fail;
+        tokens += tokens_per_step;
+        steps_since_log++;
         double now = now_seconds();
+        const double step_time = now - last > 0 ? now - last : 1e-9;
+        const double step_tok_s = (double)tokens_per_step / step_time;
+        interval += step_time;
+        double mfu = peak > 0 ? step_tok_s * flops_per_token / peak : 0.0;
+        double elapsed = elapsed_before + (now - start);
+        fprintf(metrics,
+                "{\"type\":\"train\",\"step\":%ld,\"loss\":%.17g,\"z_loss\":%.17g,\"grad_norm\":%.17g,\"lr\":%.17g,"
+                "\"tokens\":%ld,\"tokens_per_s\":%.6g,\"mfu\":%.6g,\"elapsed\":%.6f}\n",
+                step, res.ce_loss, res.z_loss, res.grad_norm, res.lr, tokens, step_tok_s, mfu, elapsed);
+        fflush(metrics);
         if (step % t->log_every == 0 || step == t->steps) {
-            double tok_s = (double)(rows * t->seq_len) / (now - last);
+            double tok_s = (double)(steps_since_log * tokens_per_step) / interval;
             char eta[32];
-            format_duration(eta, sizeof eta, (now - start) / step * (t->steps - step));
-            printf("step %ld/%ld | loss %.4f | z %.2e | grad norm %.3f | lr %.3e | %.0f tok/s | ETA %s\n", step,
-                   t->steps, res.ce_loss, res.z_loss, res.grad_norm, res.lr, tok_s, eta);
+            format_duration(eta, sizeof eta, (now - start) / (double)(step - first_step + 1) * (double)(t->steps - step));
+            printf("step %ld/%ld | loss %.4f | z %.2e | grad norm %.3f | lr %.3e | %.0f tok/s | MFU %.2f%% | ETA %s\n",
+                   step, t->steps, res.ce_loss, res.z_loss, res.grad_norm, res.lr, tok_s,
+                   100.0 * (peak > 0 ? tok_s * flops_per_token / peak : 0.0), eta);
+            fflush(stdout);
+            steps_since_log = 0;
+            interval = 0.0;
+        }
+        const bool last_step = step == t->steps;
+        if (t->eval_every > 0 && (step % t->eval_every == 0 || last_step) && (ev.n_val || ev.n_tasks))
+            if (run_evals(&tr, &ev, step, metrics)) goto fail;
+        if (t->save_every > 0 && (step % t->save_every == 0 || last_step)) {
+            double t0 = now_seconds();
+            struct olmo_ckpt_state cs = {
+                .step = step,
+                .tokens = tokens,
+                .elapsed = elapsed_before + (now_seconds() - start),
+                .loader_epoch = loader.epoch,
+                .loader_pos = loader.pos,
+                .loader_instances = loader.n_instances,
+                .loader_seed = cfg.train.seed,
+            };
+            char saved[4096];
+            if (olmo_ckpt_save(cfg.data.out_dir, &tr, &cs, saved, sizeof saved) ||
+                olmo_ckpt_retain(cfg.data.out_dir, t->keep_last))
+                goto fail;
+            printf("checkpoint step %ld: %s (%.2fs)\n", step, saved, now_seconds() - t0);
             fflush(stdout);
         }
-        last = now_seconds();
+        last = now_seconds(); /* evaluation and checkpoint time do not count as step time */
     }
+    fclose(metrics);
     double total = now_seconds() - start;
-    char weights_path[1200];
+    char weights_path[4200];
     if (!save_path) {
         snprintf(weights_path, sizeof weights_path, "%s/model.safetensors", cfg.data.out_dir);
         save_path = weights_path;
     }
     if (olmo_weights_save(&tr.model, tr.model.weights, save_path)) goto fail;
-    printf("done: %ld steps in %.1fs (%.0f tok/s average); weights in %s\n", t->steps, total,
-           total > 0 ? (double)t->steps * rows * t->seq_len / total : 0.0, save_path);
+    long done_steps = t->steps >= first_step ? t->steps - first_step + 1 : 0;
+    printf("done: %ld steps in %.1fs (%.0f tok/s average); weights in %s\n", done_steps, total,
+           total > 0 ? (double)done_steps * (double)tokens_per_step / total : 0.0, save_path);
     free(batch);
+    olmo_val_sets_close(ev.val, ev.n_val);
+    olmo_mc_tasks_free(ev.tasks, ev.n_tasks);
     olmo_trainer_destroy(&tr);
     olmo_loader_close(&loader);
     return 0;

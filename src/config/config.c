@@ -39,8 +39,12 @@ static const struct field fields[] = {
     T(weight_decay, F_DOUBLE),     T(embedding_weight_decay, F_DOUBLE),
     T(schedule, F_SCHEDULE),       T(warmup_steps, F_LONG),
     T(alpha_f, F_DOUBLE),          T(schedule_steps, F_LONG),
-    T(log_every, F_INT),           D(train_path, F_STRING),
-    D(out_dir, F_STRING),
+    T(log_every, F_INT),
+    T(save_every, F_LONG),         T(keep_last, F_INT),
+    T(eval_every, F_LONG),         T(eval_batches, F_INT),
+    T(peak_flops, F_DOUBLE),
+    D(train_path, F_STRING),       D(out_dir, F_STRING),
+    D(val_paths, F_STRING),        D(eval_tasks, F_STRING),
 };
 #undef M
 #undef T
@@ -72,6 +76,8 @@ void olmo_config_defaults(struct olmo_config *cfg) {
     cfg->train.schedule = SCHED_COSINE;
     cfg->train.alpha_f = 0.1;
     cfg->train.log_every = 1;
+    cfg->train.keep_last = 3;
+    cfg->train.eval_batches = 8;
     snprintf(cfg->data.out_dir, sizeof cfg->data.out_dir, "runs/default");
 }
 
@@ -276,6 +282,36 @@ int olmo_config_validate(const struct olmo_config *cfg) {
     if (t->alpha_f < 0 || t->alpha_f > 1) return olmo_error("train.alpha_f must be in [0, 1]");
     if (t->z_loss < 0 || t->weight_decay < 0 || t->embedding_weight_decay < 0)
         return olmo_error("train.z_loss and weight decays must be >= 0");
+    if (t->save_every < 0) return olmo_error("train.save_every must be >= 0 (0 = no checkpoints)");
+    if (t->keep_last < 0) return olmo_error("train.keep_last must be >= 0 (0 = keep every checkpoint)");
+    if (t->eval_every < 0) return olmo_error("train.eval_every must be >= 0 (0 = no evaluation)");
+    if (t->eval_batches <= 0) return olmo_error("train.eval_batches must be positive");
+    if (t->peak_flops < 0) return olmo_error("train.peak_flops must be >= 0 (0 = measure at startup)");
+    return 0;
+}
+
+static void format_field(const struct olmo_config *cfg, const struct field *f, char *buf, size_t n) {
+    const char *base = (const char *)cfg + f->offset;
+    switch (f->type) {
+    case F_INT: snprintf(buf, n, "%d", *(const int *)base); break;
+    case F_LONG: snprintf(buf, n, "%ld", *(const long *)base); break;
+    case F_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t *)base); break;
+    case F_DOUBLE: snprintf(buf, n, "%.17g", *(const double *)base); break;
+    case F_BOOL: snprintf(buf, n, "%s", *(const bool *)base ? "true" : "false"); break;
+    case F_STRING: snprintf(buf, n, "%s", base); break;
+    case F_SCHEDULE: snprintf(buf, n, "%s", schedule_names[*(const enum olmo_schedule_kind *)base]); break;
+    }
+}
+
+const char *olmo_config_key(int index) {
+    if (index < 0 || (size_t)index >= sizeof fields / sizeof fields[0]) return NULL;
+    return fields[index].key;
+}
+
+int olmo_config_format(const struct olmo_config *cfg, const char *key, char *buf, size_t n) {
+    const struct field *f = find_field(key);
+    if (!f) return olmo_error("unknown key '%s'", key);
+    format_field(cfg, f, buf, n);
     return 0;
 }
 
@@ -290,17 +326,9 @@ int olmo_config_write(const struct olmo_config *cfg, const char *path) {
             fprintf(fp, "%.*s:\n", (int)(dot - f->key), f->key);
             section = f->key;
         }
-        const char *base = (const char *)cfg + f->offset;
-        fprintf(fp, "  %s: ", dot + 1);
-        switch (f->type) {
-        case F_INT: fprintf(fp, "%d\n", *(const int *)base); break;
-        case F_LONG: fprintf(fp, "%ld\n", *(const long *)base); break;
-        case F_U64: fprintf(fp, "%llu\n", (unsigned long long)*(const uint64_t *)base); break;
-        case F_DOUBLE: fprintf(fp, "%.17g\n", *(const double *)base); break;
-        case F_BOOL: fprintf(fp, "%s\n", *(const bool *)base ? "true" : "false"); break;
-        case F_STRING: fprintf(fp, "\"%s\"\n", base); break;
-        case F_SCHEDULE: fprintf(fp, "%s\n", schedule_names[*(const enum olmo_schedule_kind *)base]); break;
-        }
+        char value[1100];
+        format_field(cfg, f, value, sizeof value);
+        fprintf(fp, f->type == F_STRING ? "  %s: \"%s\"\n" : "  %s: %s\n", dot + 1, value);
     }
     if (fclose(fp)) return olmo_error("writing '%s' failed: %s", path, strerror(errno));
     return 0;

@@ -4,6 +4,7 @@
 #define OLMOC_CONFIG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 enum olmo_schedule_kind { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT };
@@ -42,11 +43,19 @@ struct olmo_train_config {
     double alpha_f;        /* final lr = alpha_f * lr */
     long schedule_steps;   /* length of the schedule; 0 = train.steps */
     int log_every;
+    /* checkpoints and in-loop evaluation (olmoc train) */
+    long save_every;   /* checkpoint every N steps and at the end; 0 = no checkpoints */
+    int keep_last;     /* checkpoints kept on disk; 0 = all */
+    long eval_every;   /* validation loss / downstream tasks every N steps and at the end; 0 = off */
+    int eval_batches;  /* micro-batches of each validation set per evaluation */
+    double peak_flops; /* FLOP/s for MFU; 0 = measure with an SGEMM at startup */
 };
 
 struct olmo_data_config {
     char train_path[1024]; /* token file; empty = synthetic tokens */
     char out_dir[1024];
+    char val_paths[1024];  /* comma-separated validation token files (.npy); empty = none */
+    char eval_tasks[1024]; /* comma-separated ranked-classification task files (.jsonl); empty = none */
 };
 
 struct olmo_config {
@@ -64,6 +73,11 @@ int olmo_config_set(struct olmo_config *cfg, const char *assignment);
 int olmo_config_validate(const struct olmo_config *cfg);
 /* Writes every field as YAML (used for run directories and checkpoints). */
 int olmo_config_write(const struct olmo_config *cfg, const char *path);
+
+/* Config keys in table order ("section.key"); NULL past the end. */
+const char *olmo_config_key(int index);
+/* The value of a key as its YAML text (as olmo_config_write prints it, without quotes). */
+int olmo_config_format(const struct olmo_config *cfg, const char *key, char *buf, size_t n);
 
 bool olmo_layer_is_full_attention(const struct olmo_model_config *m, int layer);
 

@@ -1,0 +1,364 @@
+#include "train/evaluate.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+#include "util/fs.h"
+
+/* basename without directory and without the given extension */
+static void short_name(const char *path, const char *ext, char *out, size_t n) {
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    size_t len = strlen(base), el = strlen(ext);
+    if (len > el && !strcmp(base + len - el, ext)) len -= el;
+    snprintf(out, n, "%.*s", (int)len, base);
+}
+
+/* Splits a comma-separated list into a malloc'ed array of trimmed items. */
+static int split_list(const char *list, char ***items, int *n) {
+    *items = NULL;
+    *n = 0;
+    int cap = 0;
+    const char *p = list;
+    while (*p) {
+        const char *end = strchr(p, ',');
+        if (!end) end = p + strlen(p);
+        const char *a = p, *b = end;
+        while (a < b && (*a == ' ' || *a == '\t')) a++;
+        while (b > a && (b[-1] == ' ' || b[-1] == '\t')) b--;
+        if (b > a) {
+            if (*n == cap) {
+                cap = cap ? 2 * cap : 8;
+                char **q = realloc(*items, sizeof(char *) * (size_t)cap);
+                if (!q) return olmo_error("out of memory");
+                *items = q;
+            }
+            char *s = malloc((size_t)(b - a) + 1);
+            if (!s) return olmo_error("out of memory");
+            memcpy(s, a, (size_t)(b - a));
+            s[b - a] = 0;
+            (*items)[(*n)++] = s;
+        }
+        p = *end ? end + 1 : end;
+    }
+    return 0;
+}
+
+static void free_list(char **items, int n) {
+    for (int i = 0; i < n; i++) free(items[i]);
+    free(items);
+}
+
+int olmo_val_sets_open(const char *paths, int seq_len, struct olmo_val_set **sets, int *n) {
+    char **items;
+    int count;
+    *sets = NULL;
+    *n = 0;
+    if (split_list(paths, &items, &count)) return -1;
+    if (!count) {
+        free(items);
+        return 0;
+    }
+    struct olmo_val_set *s = olmo_calloc((size_t)count, sizeof *s, "validation sets");
+    int rc = s ? 0 : -1;
+    int opened = 0;
+    for (int i = 0; i < count && !rc; i++) {
+        short_name(items[i], ".npy", s[i].name, sizeof s[i].name);
+        if (olmo_token_file_open(&s[i].file, items[i])) {
+            rc = olmo_error_context("validation set");
+            break;
+        }
+        opened++;
+        s[i].n_instances = s[i].file.n_tokens / (size_t)seq_len;
+        if (!s[i].n_instances)
+            rc = olmo_error("validation set '%s' has %zu tokens, fewer than one instance of seq_len %d", items[i],
+                            s[i].file.n_tokens, seq_len);
+    }
+    free_list(items, count);
+    if (rc) {
+        olmo_val_sets_close(s, opened);
+        return -1;
+    }
+    *sets = s;
+    *n = count;
+    return 0;
+}
+
+void olmo_val_sets_close(struct olmo_val_set *sets, int n) {
+    for (int i = 0; i < n; i++) olmo_token_file_close(&sets[i].file);
+    free(sets);
+}
+
+int olmo_eval_val_set(struct olmo_model *m, const struct olmo_val_set *s, int max_batches, bool doc_masking,
+                      double *loss, long *n_tokens) {
+    const int B = m->batch, T = m->seq_len;
+    size_t batches = s->n_instances / (size_t)B;
+    if (batches > (size_t)max_batches) batches = (size_t)max_batches;
+    if (!batches)
+        return olmo_error("validation set '%s' has %zu instances of %d tokens, fewer than one micro-batch of %d",
+                          s->file.path, s->n_instances, T, B);
+    if (T < 2) return olmo_error("seq_len must be at least 2 to evaluate a loss");
+    int32_t *inputs = olmo_malloc(sizeof(int32_t) * (size_t)B * T, "eval inputs");
+    int32_t *targets = olmo_malloc(sizeof(int32_t) * (size_t)B * T, "eval targets");
+    int rc = (!inputs || !targets) ? -1 : 0;
+    double ce = 0.0;
+    long labels = 0;
+    for (size_t b = 0; b < batches && !rc; b++) {
+        rc = olmo_token_file_read(&s->file, b * (size_t)B * T, (size_t)B * T, m->cfg.vocab_size, inputs);
+        if (rc) break;
+        for (int r = 0; r < B; r++) {
+            for (int t = 0; t < T - 1; t++) targets[r * T + t] = inputs[r * T + t + 1];
+            targets[r * T + T - 1] = -100;
+            labels += T - 1;
+        }
+        if ((rc = olmo_model_forward(m, inputs, doc_masking))) break;
+        double ce_sum, z_sum;
+        olmo_model_loss(m, targets, 0.0f, 0.0f, &ce_sum, &z_sum);
+        ce += ce_sum;
+    }
+    free(inputs);
+    free(targets);
+    if (rc) return olmo_error_context("evaluating '%s'", s->file.path);
+    *loss = ce / (double)labels;
+    *n_tokens = labels;
+    return 0;
+}
+
+/* ---- ranked classification ---- */
+
+static int parse_ids(const cJSON *arr, int vocab, int32_t **out, int *n, const char *what, const char *path,
+                     int line) {
+    if (!cJSON_IsArray(arr)) return olmo_error("%s:%d: '%s' must be a list of token ids", path, line, what);
+    int count = cJSON_GetArraySize(arr);
+    if (count <= 0) return olmo_error("%s:%d: '%s' is empty", path, line, what);
+    *out = malloc(sizeof(int32_t) * (size_t)count);
+    if (!*out) return olmo_error("out of memory");
+    int i = 0;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, arr) {
+        if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 ||
+            v->valuedouble >= vocab)
+            return olmo_error("%s:%d: '%s' holds %s, not a token id in [0, %d)", path, line, what,
+                              cJSON_IsNumber(v) ? "an out-of-range number" : "a non-number", vocab);
+        (*out)[i++] = (int32_t)v->valuedouble;
+    }
+    *n = count;
+    return 0;
+}
+
+static void free_example(struct olmo_mc_example *e) {
+    free(e->context);
+    if (e->choices)
+        for (int c = 0; c < e->n_choices; c++) free(e->choices[c]);
+    free(e->choices);
+    free(e->choice_len);
+    memset(e, 0, sizeof *e);
+}
+
+static int parse_example(const char *text, int vocab, struct olmo_mc_example *e, const char *path, int line) {
+    memset(e, 0, sizeof *e);
+    cJSON *root = cJSON_Parse(text);
+    int rc = 0;
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return olmo_error("%s:%d: not a JSON object", path, line);
+    }
+    const cJSON *ctx = cJSON_GetObjectItemCaseSensitive(root, "context");
+    const cJSON *choices = cJSON_GetObjectItemCaseSensitive(root, "choices");
+    const cJSON *label = cJSON_GetObjectItemCaseSensitive(root, "label");
+    if (!ctx || !choices || !label) {
+        rc = olmo_error("%s:%d: an example needs 'context', 'choices' and 'label'", path, line);
+        goto done;
+    }
+    if ((rc = parse_ids(ctx, vocab, &e->context, &e->n_context, "context", path, line))) goto done;
+    if (!cJSON_IsArray(choices) || cJSON_GetArraySize(choices) < 2) {
+        rc = olmo_error("%s:%d: 'choices' must be a list of at least two token-id lists", path, line);
+        goto done;
+    }
+    e->n_choices = cJSON_GetArraySize(choices);
+    e->choices = calloc((size_t)e->n_choices, sizeof *e->choices);
+    e->choice_len = calloc((size_t)e->n_choices, sizeof *e->choice_len);
+    if (!e->choices || !e->choice_len) {
+        rc = olmo_error("out of memory");
+        goto done;
+    }
+    for (int c = 0; c < e->n_choices && !rc; c++)
+        rc = parse_ids(cJSON_GetArrayItem(choices, c), vocab, &e->choices[c], &e->choice_len[c], "choices", path,
+                       line);
+    if (rc) goto done;
+    if (!cJSON_IsNumber(label) || label->valuedouble != floor(label->valuedouble) || label->valuedouble < 0 ||
+        label->valuedouble >= e->n_choices) {
+        rc = olmo_error("%s:%d: 'label' must be an index into the %d choices", path, line, e->n_choices);
+        goto done;
+    }
+    e->label = (int)label->valuedouble;
+done:
+    cJSON_Delete(root);
+    if (rc) free_example(e);
+    return rc;
+}
+
+int olmo_mc_task_load(const char *path, int vocab_size, struct olmo_mc_task *t) {
+    memset(t, 0, sizeof *t);
+    short_name(path, ".jsonl", t->name, sizeof t->name);
+    char *text;
+    if (olmo_read_file(path, (size_t)1 << 30, &text, NULL)) return olmo_error_context("task file");
+    int cap = 0, rc = 0, line = 0;
+    for (char *l = text; l && !rc;) {
+        char *nl = strchr(l, '\n');
+        if (nl) *nl = 0;
+        line++;
+        const char *p = l;
+        l = nl ? nl + 1 : NULL;
+        while (*p == ' ' || *p == '\t' || *p == '\r') p++;
+        if (!*p) continue;
+        if (t->n == cap) {
+            cap = cap ? 2 * cap : 64;
+            struct olmo_mc_example *q = realloc(t->ex, sizeof *q * (size_t)cap);
+            if (!q) {
+                rc = olmo_error("out of memory");
+                break;
+            }
+            t->ex = q;
+        }
+        rc = parse_example(p, vocab_size, &t->ex[t->n], path, line);
+        if (!rc) t->n++;
+    }
+    free(text);
+    if (!rc && !t->n) rc = olmo_error("task file '%s' has no examples", path);
+    if (rc) olmo_mc_task_free(t);
+    return rc;
+}
+
+void olmo_mc_task_free(struct olmo_mc_task *t) {
+    for (int i = 0; i < t->n; i++) free_example(&t->ex[i]);
+    free(t->ex);
+    memset(t, 0, sizeof *t);
+}
+
+int olmo_mc_tasks_load(const char *paths, int vocab_size, struct olmo_mc_task **tasks, int *n) {
+    char **items;
+    int count;
+    *tasks = NULL;
+    *n = 0;
+    if (split_list(paths, &items, &count)) return -1;
+    struct olmo_mc_task *t = count ? olmo_calloc((size_t)count, sizeof *t, "tasks") : NULL;
+    int rc = (count && !t) ? -1 : 0, loaded = 0;
+    for (int i = 0; i < count && !rc; i++) {
+        rc = olmo_mc_task_load(items[i], vocab_size, &t[i]);
+        if (!rc) loaded++;
+    }
+    free_list(items, count);
+    if (rc) {
+        olmo_mc_tasks_free(t, loaded);
+        return -1;
+    }
+    *tasks = t;
+    *n = count;
+    return 0;
+}
+
+void olmo_mc_tasks_free(struct olmo_mc_task *tasks, int n) {
+    for (int i = 0; i < n; i++) olmo_mc_task_free(&tasks[i]);
+    free(tasks);
+}
+
+static void json_string(FILE *fp, const char *s) {
+    fputc('"', fp);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') fprintf(fp, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20) fprintf(fp, "\\u%04x", (unsigned char)*s);
+        else fputc(*s, fp);
+    }
+    fputc('"', fp);
+}
+
+/* One scored row: which example/choice, where the choice starts, its length. */
+struct mc_row {
+    int ex, choice, start, len;
+};
+
+int olmo_mc_eval(struct olmo_model *m, const struct olmo_mc_task *t, int pad_id, struct olmo_mc_result *r,
+                 FILE *scores) {
+    const int B = m->batch, T = m->seq_len, V = m->cfg.vocab_size;
+    int total_rows = 0;
+    for (int i = 0; i < t->n; i++) total_rows += t->ex[i].n_choices;
+    struct mc_row *rows = olmo_calloc((size_t)total_rows, sizeof *rows, "task rows");
+    double *lp = olmo_calloc((size_t)total_rows, sizeof *lp, "task scores");
+    int32_t *tokens = olmo_malloc(sizeof(int32_t) * (size_t)B * T, "task batch");
+    float *logit_row = olmo_malloc(sizeof(float) * (size_t)V, "logit row");
+    int rc = (!rows || !lp || !tokens || !logit_row) ? -1 : 0;
+    int k = 0;
+    for (int i = 0; i < t->n && !rc; i++)
+        for (int c = 0; c < t->ex[i].n_choices && !rc; c++) {
+            const struct olmo_mc_example *e = &t->ex[i];
+            int len = e->choice_len[c];
+            if (len >= T) rc = olmo_error("task '%s' example %d: choice %d has %d tokens; seq_len %d leaves no context",
+                                          t->name, i + 1, c, len, T);
+            int ctx = e->n_context < T - len ? e->n_context : T - len; /* left-truncated context */
+            rows[k++] = (struct mc_row){i, c, ctx, len};
+        }
+    for (int first = 0; first < total_rows && !rc; first += B) {
+        int nb = total_rows - first < B ? total_rows - first : B;
+        for (size_t j = 0; j < (size_t)B * T; j++) tokens[j] = pad_id;
+        for (int b = 0; b < nb; b++) {
+            const struct mc_row *row = &rows[first + b];
+            const struct olmo_mc_example *e = &t->ex[row->ex];
+            int32_t *dst = tokens + (size_t)b * T;
+            memcpy(dst, e->context + (e->n_context - row->start), sizeof(int32_t) * (size_t)row->start);
+            memcpy(dst + row->start, e->choices[row->choice], sizeof(int32_t) * (size_t)row->len);
+        }
+        if ((rc = olmo_model_forward(m, tokens, false))) break;
+        for (int b = 0; b < nb; b++) {
+            const struct mc_row *row = &rows[first + b];
+            const int32_t *choice = t->ex[row->ex].choices[row->choice];
+            double sum = 0.0;
+            for (int j = 0; j < row->len; j++) {
+                /* logits at position p-1 predict the token at position p */
+                size_t pos = (size_t)b * T + (size_t)(row->start + j - 1);
+                m->be->to_host(logit_row, m->logits + pos * V, sizeof(float) * (size_t)V);
+                double mx = -INFINITY, s = 0.0;
+                for (int v = 0; v < V; v++)
+                    if (logit_row[v] > mx) mx = logit_row[v];
+                for (int v = 0; v < V; v++) s += exp((double)logit_row[v] - mx);
+                sum += (double)logit_row[choice[j]] - (mx + log(s));
+            }
+            lp[first + b] = sum;
+        }
+    }
+    int correct = 0, correct_tok = 0;
+    k = 0;
+    for (int i = 0; i < t->n && !rc; i++) {
+        const struct olmo_mc_example *e = &t->ex[i];
+        int best = 0, best_tok = 0;
+        for (int c = 1; c < e->n_choices; c++) {
+            if (lp[k + c] > lp[k + best]) best = c;
+            if (lp[k + c] / e->choice_len[c] > lp[k + best_tok] / e->choice_len[best_tok]) best_tok = c;
+        }
+        correct += best == e->label;
+        correct_tok += best_tok == e->label;
+        if (scores) {
+            fprintf(scores, "{\"task\":");
+            json_string(scores, t->name);
+            fprintf(scores, ",\"index\":%d,\"label\":%d,\"pred\":%d,\"pred_per_token\":%d,\"logprobs\":[",
+                    i, e->label, best, best_tok);
+            for (int c = 0; c < e->n_choices; c++) fprintf(scores, c ? ",%.17g" : "%.17g", lp[k + c]);
+            fprintf(scores, "],\"lengths\":[");
+            for (int c = 0; c < e->n_choices; c++) fprintf(scores, c ? ",%d" : "%d", e->choice_len[c]);
+            fprintf(scores, "]}\n");
+        }
+        k += e->n_choices;
+    }
+    free(rows);
+    free(lp);
+    free(tokens);
+    free(logit_row);
+    if (rc) return olmo_error_context("task '%s'", t->name);
+    r->n = t->n;
+    r->acc = (double)correct / t->n;
+    r->acc_per_token = (double)correct_tok / t->n;
+    return 0;
+}

@@ -1,0 +1,139 @@
+#include "util/fs.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "util/error.h"
+
+int olmo_make_dirs(const char *path) {
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return olmo_error("path too long: '%s'", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) && errno != EEXIST) return olmo_error("cannot create '%s': %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) && errno != EEXIST) return olmo_error("cannot create '%s': %s", buf, strerror(errno));
+    if (!olmo_is_dir(buf)) return olmo_error("'%s' exists and is not a directory", buf);
+    return 0;
+}
+
+int olmo_fsync_path(const char *path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return olmo_error("cannot open '%s' to sync it: %s", path, strerror(errno));
+    int rc = fsync(fd);
+    int err = errno;
+    close(fd);
+    /* Some filesystems refuse fsync on directories (EINVAL); nothing more can be done there. */
+    if (rc && err != EINVAL) return olmo_error("fsync of '%s' failed: %s", path, strerror(err));
+    return 0;
+}
+
+void olmo_dirname(const char *path, char *out, size_t n) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(out, n, ".");
+    else if (slash == path) snprintf(out, n, "/");
+    else snprintf(out, n, "%.*s", (int)(slash - path), path);
+}
+
+int olmo_write_file_atomic(const char *path, const void *data, size_t len) {
+    char tmp[4200], dir[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return olmo_error("cannot write '%s': %s", tmp, strerror(errno));
+    const char *p = data;
+    size_t left = len;
+    while (left) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int err = errno;
+            close(fd);
+            unlink(tmp);
+            return olmo_error("writing '%s' failed: %s", tmp, strerror(err));
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fsync(fd) || close(fd)) {
+        unlink(tmp);
+        return olmo_error("writing '%s' failed: %s", tmp, strerror(errno));
+    }
+    if (rename(tmp, path)) {
+        int err = errno;
+        unlink(tmp);
+        return olmo_error("cannot rename '%s' to '%s': %s", tmp, path, strerror(err));
+    }
+    olmo_dirname(path, dir, sizeof dir);
+    return olmo_fsync_path(dir);
+}
+
+int olmo_read_file(const char *path, size_t max_bytes, char **out, size_t *len) {
+    *out = NULL;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return olmo_error("cannot open '%s': %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(fp), &st) || !S_ISREG(st.st_mode)) {
+        fclose(fp);
+        return olmo_error("'%s' is not a regular file", path);
+    }
+    if ((size_t)st.st_size > max_bytes) {
+        fclose(fp);
+        return olmo_error("'%s' is %lld bytes, more than the %zu allowed", path, (long long)st.st_size, max_bytes);
+    }
+    char *buf = malloc((size_t)st.st_size + 1);
+    if (!buf) {
+        fclose(fp);
+        return olmo_error("out of memory reading '%s'", path);
+    }
+    size_t got = fread(buf, 1, (size_t)st.st_size, fp);
+    fclose(fp);
+    if (got != (size_t)st.st_size) {
+        free(buf);
+        return olmo_error("short read of '%s'", path);
+    }
+    buf[got] = 0;
+    *out = buf;
+    if (len) *len = got;
+    return 0;
+}
+
+int olmo_remove_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st)) return errno == ENOENT ? 0 : olmo_error("cannot stat '%s': %s", path, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) {
+        if (unlink(path)) return olmo_error("cannot remove '%s': %s", path, strerror(errno));
+        return 0;
+    }
+    DIR *d = opendir(path);
+    if (!d) return olmo_error("cannot open directory '%s': %s", path, strerror(errno));
+    struct dirent *e;
+    int rc = 0;
+    while (!rc && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char child[4096];
+        if (snprintf(child, sizeof child, "%s/%s", path, e->d_name) >= (int)sizeof child)
+            rc = olmo_error("path too long under '%s'", path);
+        else rc = olmo_remove_tree(child);
+    }
+    closedir(d);
+    if (!rc && rmdir(path)) rc = olmo_error("cannot remove '%s': %s", path, strerror(errno));
+    return rc;
+}
+
+bool olmo_is_dir(const char *path) {
+    struct stat st;
+    return !stat(path, &st) && S_ISDIR(st.st_mode);
+}
+
+bool olmo_is_file(const char *path) {
+    struct stat st;
+    return !stat(path, &st) && S_ISREG(st.st_mode);
+}
