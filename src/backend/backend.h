@@ -81,6 +81,16 @@ struct olmo_backend {
     /* One decoupled-weight-decay Adam step (PyTorch AdamW semantics), step >= 1. */
     void (*adamw)(float *param, const float *grad, float *m, float *v, size_t n, double lr, float beta1,
                   float beta2, float eps, double weight_decay, long step);
+
+    /* Inference attention (batch 1) of n new query rows over a KV cache.
+     * q/out: [n, n_heads*head_dim], rows at absolute positions pos0..pos0+n-1
+     * (already rotated); k_cache/v_cache: [cap, n_kv_heads*head_dim], position
+     * p stored in row p % cap.  Query t sees keys max(0, t-window+1)..t
+     * (shape->window 0: 0..t), all of which must still be in the cache.
+     * shape->batch and shape->seq_len are ignored.  May be NULL in a backend
+     * without inference support (olmoc generate then refuses to run). */
+    void (*attention_cached)(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
+                             int pos0, int cap, const struct olmo_attn_shape *shape);
 };
 
 const struct olmo_backend *olmo_backend_cpu(void);

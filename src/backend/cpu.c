@@ -232,6 +232,46 @@ static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout
         }
 }
 
+static void cpu_attention_cached(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
+                                 int pos0, int cap, const struct olmo_attn_shape *s) {
+    const int H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim, group = H / HK;
+    const size_t q_stride = (size_t)H * D, kv_stride = (size_t)HK * D;
+#pragma omp parallel
+    {
+        const int max_keys = s->window > 0 && s->window < pos0 + n ? s->window : pos0 + n;
+        float *scores = malloc(sizeof(float) * (size_t)max_keys);
+#pragma omp for collapse(2) schedule(static)
+        for (int i = 0; i < n; i++)
+            for (int h = 0; h < H; h++) {
+                const int t = pos0 + i, kh = h / group;
+                const int lo = s->window > 0 && t - s->window + 1 > 0 ? t - s->window + 1 : 0;
+                const float *qt = q + (size_t)i * q_stride + (size_t)h * D;
+                float *ot = out + (size_t)i * q_stride + (size_t)h * D;
+                float mx = -INFINITY;
+                for (int j = lo; j <= t; j++) {
+                    const float *kj = k_cache + (size_t)(j % cap) * kv_stride + (size_t)kh * D;
+                    float sc = dotf(qt, kj, D) * s->scale;
+                    scores[j - lo] = sc;
+                    if (sc > mx) mx = sc;
+                }
+                double denom = 0.0;
+                for (int j = lo; j <= t; j++) {
+                    float p = expf(scores[j - lo] - mx);
+                    scores[j - lo] = p;
+                    denom += p;
+                }
+                float inv = (float)(1.0 / denom);
+                memset(ot, 0, sizeof(float) * (size_t)D);
+                for (int j = lo; j <= t; j++) {
+                    const float *vj = v_cache + (size_t)(j % cap) * kv_stride + (size_t)kh * D;
+                    float p = scores[j - lo] * inv;
+                    for (int d = 0; d < D; d++) ot[d] += p * vj[d];
+                }
+            }
+        free(scores);
+    }
+}
+
 static float silu(float x) { return x / (1.0f + expf(-x)); }
 
 static void cpu_swiglu_fwd(float *out, const float *g, const float *u, size_t n) {
@@ -368,6 +408,7 @@ const struct olmo_backend *olmo_backend_cpu(void) {
         .sum_squares = cpu_sum_squares,
         .scale = cpu_scale,
         .adamw = cpu_adamw,
+        .attention_cached = cpu_attention_cached,
     };
     return &cpu;
 }

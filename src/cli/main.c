@@ -13,6 +13,9 @@ struct command {
 static const struct command commands[] = {
     {"train", cmd_train, "train an Olmo 3 model from a YAML config"},
     {"info", cmd_info, "show a config resolved, with parameter counts"},
+    {"eval", cmd_eval, "validation loss / perplexity and multiple-choice accuracy of a checkpoint"},
+    {"convert", cmd_convert, "import / export Hugging Face Olmo3ForCausalLM checkpoints"},
+    {"generate", cmd_generate, "sample token ids from a checkpoint (greedy, temperature, top-p; KV cache)"},
 };
 
 static void usage(FILE *out) {

@@ -78,6 +78,27 @@ static int parse_tensor(struct st_file *f, const cJSON *item, struct st_tensor *
     return 0;
 }
 
+static int cmp_begin(const void *a, const void *b) {
+    const struct st_tensor *x = *(const struct st_tensor *const *)a, *y = *(const struct st_tensor *const *)b;
+    return (x->begin > y->begin) - (x->begin < y->begin);
+}
+
+/* Byte ranges of different tensors must not overlap. */
+static int check_overlaps(const struct st_file *f) {
+    if (f->n_tensors < 2) return 0;
+    const struct st_tensor **order = malloc(sizeof *order * (size_t)f->n_tensors);
+    if (!order) return olmo_error("out of memory reading '%s'", f->path);
+    for (int i = 0; i < f->n_tensors; i++) order[i] = &f->tensors[i];
+    qsort(order, (size_t)f->n_tensors, sizeof *order, cmp_begin);
+    int rc = 0;
+    for (int i = 1; i < f->n_tensors && !rc; i++)
+        if (order[i]->begin < order[i - 1]->end && order[i]->end > order[i]->begin)
+            rc = olmo_error("'%s': tensors '%s' and '%s' overlap in the data section", f->path, order[i - 1]->name,
+                            order[i]->name);
+    free(order);
+    return rc;
+}
+
 int st_open(struct st_file *f, const char *path) {
     memset(f, 0, sizeof *f);
     snprintf(f->path, sizeof f->path, "%s", path);
@@ -126,9 +147,20 @@ int st_open(struct st_file *f, const char *path) {
             st_close(f);
             return olmo_error_context("'%s'", path);
         }
+        for (int i = 0; i < f->n_tensors; i++)
+            if (!strcmp(f->tensors[i].name, f->tensors[f->n_tensors].name)) {
+                olmo_error("'%s': tensor '%s' appears twice in the header", path, item->string);
+                cJSON_Delete(root);
+                st_close(f);
+                return -1;
+            }
         f->n_tensors++;
     }
     cJSON_Delete(root);
+    if (check_overlaps(f)) {
+        st_close(f);
+        return -1;
+    }
     return 0;
 }
 
@@ -226,8 +258,20 @@ void st_writer_free(struct st_writer *w) {
     memset(w, 0, sizeof *w);
 }
 
+int st_writer_set_metadata(struct st_writer *w, const char *key, const char *value) {
+    if (w->n_meta == 8 || strlen(key) >= 64 || strlen(value) >= 64) return olmo_error("metadata entry too long or too many");
+    snprintf(w->meta[w->n_meta][0], 64, "%s", key);
+    snprintf(w->meta[w->n_meta][1], 64, "%s", value);
+    w->n_meta++;
+    return 0;
+}
+
 int st_writer_save(struct st_writer *w, const char *path) {
     cJSON *root = cJSON_CreateObject();
+    if (w->n_meta) {
+        cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
+        for (int i = 0; i < w->n_meta; i++) cJSON_AddStringToObject(meta, w->meta[i][0], w->meta[i][1]);
+    }
     size_t offset = 0;
     for (int i = 0; i < w->n; i++) {
         struct st_wtensor *t = &w->items[i];

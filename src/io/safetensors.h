@@ -1,7 +1,8 @@
 /* safetensors (Hugging Face's tensor file format): an 8-byte little-endian
  * header length, a JSON header naming each tensor's dtype, shape and byte
  * range, then the raw data.  The reader never trusts the header: its size is
- * bounded and every offset, shape and dtype is checked against the file. */
+ * bounded and every offset, shape and dtype is checked against the file;
+ * duplicate names and overlapping byte ranges are rejected. */
 #ifndef OLMOC_SAFETENSORS_H
 #define OLMOC_SAFETENSORS_H
 
@@ -49,10 +50,14 @@ struct st_writer {
         void *data;
         size_t bytes;
     } *items;
+    int n_meta; /* "__metadata__" string pairs */
+    char meta[8][2][64];
 };
 
 int st_writer_add(struct st_writer *w, const char *name, enum st_dtype dtype, int ndim, const int64_t *shape,
                   const void *data);
+/* Adds a "__metadata__" entry (e.g. "format": "pt", which transformers expects). */
+int st_writer_set_metadata(struct st_writer *w, const char *key, const char *value);
 int st_writer_save(struct st_writer *w, const char *path);
 void st_writer_free(struct st_writer *w);
 

@@ -166,6 +166,10 @@ static void rope_tables(float *cos_t, float *sin_t, int seq_len, int head_dim, d
     }
 }
 
+void olmo_rope_tables(float *cos_t, float *sin_t, int n_positions, int head_dim, double theta) {
+    rope_tables(cos_t, sin_t, n_positions, head_dim, theta);
+}
+
 int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len) {
     if (m->batch == batch && m->seq_len == seq_len) return 0;
     free_acts(m);

@@ -78,6 +78,9 @@ void olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_sc
 /* Backpropagates from the gradient left in m->logits; accumulates into m->grads. */
 void olmo_model_backward(struct olmo_model *m);
 
+/* RoPE cos/sin tables [n_positions, head_dim/2] (host memory), as the forward pass uses them. */
+void olmo_rope_tables(float *cos_t, float *sin_t, int n_positions, int head_dim, double theta);
+
 size_t olmo_model_count_params(const struct olmo_model_config *cfg, bool include_embeddings);
 /* Training FLOPs per token (6 * matmul params + attention), for MFU. */
 double olmo_model_flops_per_token(const struct olmo_model_config *cfg, int seq_len);

@@ -1,0 +1,192 @@
+/* olmoc generate: sampling from a model with a KV cache. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "cli/commands.h"
+#include "cli/model_source.h"
+#include "model/generate.h"
+#include "util/error.h"
+
+static void generate_usage(FILE *out) {
+    fprintf(out,
+            "usage: olmoc generate SRC --ids ID,ID,... [options]\n\n"
+            "Continues a prompt of token ids with a KV cache.  SRC is a checkpoint (step-NNNNNN/), a run\n"
+            "directory (its newest checkpoint), a Hugging Face directory, or a .safetensors file with\n"
+            "--config.  Prints the generated token ids (comma-separated) on stdout.\n\n"
+            "  --ids LIST            the prompt, comma-separated token ids\n"
+            "  --max-new-tokens N    tokens to generate (default 32)\n"
+            "  --temperature T       0 = greedy (default); > 0 samples from softmax(logits / T)\n"
+            "  --top-p P             nucleus sampling: only the most likely tokens up to mass P (default 1)\n"
+            "  --seed S              sampling seed (default 0)\n"
+            "  --ignore-eos          keep going after model.eos_token_id (default: stop after it)\n"
+            "  --json                print {\"prompt\": [...], \"generated\": [...], ...} instead\n"
+            "  --config CFG.yaml     the model config (required for a bare .safetensors file)\n"
+            "  --set KEY=VALUE       override a config value\n");
+}
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int parse_ids(const char *text, int32_t **ids, int *n) {
+    int cap = 16;
+    *n = 0;
+    *ids = malloc(sizeof(int32_t) * (size_t)cap);
+    if (!*ids) return olmo_error("out of memory");
+    const char *p = text;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > 2147483647L) return olmo_error("--ids expects comma-separated token ids, got '%s'", text);
+        if (*n == cap) {
+            cap *= 2;
+            int32_t *q = realloc(*ids, sizeof(int32_t) * (size_t)cap);
+            if (!q) return olmo_error("out of memory");
+            *ids = q;
+        }
+        (*ids)[(*n)++] = (int32_t)v;
+        p = end;
+        while (*p == ' ') p++;
+        if (*p == ',') p++;
+        else if (*p) return olmo_error("--ids expects comma-separated token ids, got '%s'", text);
+    }
+    if (!*n) return olmo_error("--ids is empty");
+    return 0;
+}
+
+int cmd_generate(int argc, char **argv) {
+    const char *src = NULL, *config_path = NULL, *ids_text = NULL;
+    long max_new = 32;
+    double temperature = 0.0, top_p = 1.0;
+    unsigned long long seed = 0;
+    bool ignore_eos = false, json = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            generate_usage(stdout);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--ignore-eos")) ignore_eos = true;
+        else if (!strcmp(argv[i], "--json")) json = true;
+        else if (!strcmp(argv[i], "--set") || !strcmp(argv[i], "--config") || !strcmp(argv[i], "--ids") ||
+                 !strcmp(argv[i], "--max-new-tokens") || !strcmp(argv[i], "--temperature") ||
+                 !strcmp(argv[i], "--top-p") || !strcmp(argv[i], "--seed")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "olmoc generate: %s needs a value\n", argv[i]);
+                return 2;
+            }
+            const char *opt = argv[i], *v = argv[++i];
+            char *end = NULL;
+            if (!strcmp(opt, "--config")) config_path = v;
+            else if (!strcmp(opt, "--ids")) ids_text = v;
+            else if (!strcmp(opt, "--max-new-tokens")) {
+                max_new = strtol(v, &end, 10);
+                if (*end || max_new < 0 || max_new > 1000000) {
+                    fprintf(stderr, "olmoc generate: --max-new-tokens expects an integer >= 0, got '%s'\n", v);
+                    return 2;
+                }
+            } else if (!strcmp(opt, "--temperature")) {
+                temperature = strtod(v, &end);
+                if (*end || !(temperature >= 0)) {
+                    fprintf(stderr, "olmoc generate: --temperature expects a number >= 0, got '%s'\n", v);
+                    return 2;
+                }
+            } else if (!strcmp(opt, "--top-p")) {
+                top_p = strtod(v, &end);
+                if (*end || !(top_p > 0 && top_p <= 1)) {
+                    fprintf(stderr, "olmoc generate: --top-p expects a number in (0, 1], got '%s'\n", v);
+                    return 2;
+                }
+            } else if (!strcmp(opt, "--seed")) {
+                seed = strtoull(v, &end, 10);
+                if (*end || v[0] == '-') {
+                    fprintf(stderr, "olmoc generate: --seed expects a non-negative integer, got '%s'\n", v);
+                    return 2;
+                }
+            }
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "olmoc generate: unknown option '%s' (see --help)\n", argv[i]);
+            return 2;
+        } else if (src) {
+            fprintf(stderr, "olmoc generate: unexpected argument '%s' (see --help)\n", argv[i]);
+            return 2;
+        } else {
+            src = argv[i];
+        }
+    }
+    if (!src || !ids_text) {
+        generate_usage(stderr);
+        return 2;
+    }
+    struct olmo_config cfg;
+    struct olmo_model_source source;
+    struct olmo_model model = {0};
+    struct olmo_gen gen = {0};
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    int n_prompt;
+    if (parse_ids(ids_text, &ids, &n_prompt)) goto fail;
+    if (olmo_source_resolve(src, config_path, &source, &cfg)) goto fail;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--set") && olmo_config_set(&cfg, argv[++i])) goto fail;
+    if (olmo_config_validate(&cfg)) goto fail;
+    if (olmo_model_create(&model, &cfg.model, olmo_backend_cpu()) || olmo_source_load_weights(&source, &model)) goto fail;
+    const int total = n_prompt + (int)max_new;
+    int32_t *all = realloc(ids, sizeof(int32_t) * (size_t)(total > 0 ? total : 1));
+    if (!all) {
+        olmo_error("out of memory");
+        goto fail;
+    }
+    ids = all;
+    logits = malloc(sizeof(float) * (size_t)cfg.model.vocab_size);
+    if (!logits) {
+        olmo_error("out of memory");
+        goto fail;
+    }
+    if (olmo_gen_create(&gen, &model, total, 64)) goto fail;
+    struct olmo_rng rng;
+    olmo_rng_seed(&rng, seed);
+    const double t0 = now_seconds();
+    for (int p = 0; p < n_prompt; p += gen.chunk) { /* prefill */
+        int n = n_prompt - p < gen.chunk ? n_prompt - p : gen.chunk;
+        if (olmo_gen_feed(&gen, ids + p, n, logits)) goto fail;
+    }
+    const double t1 = now_seconds();
+    int len = n_prompt;
+    while (len < total) {
+        int32_t next = olmo_sample_token(logits, cfg.model.vocab_size, temperature, top_p, &rng);
+        ids[len++] = next;
+        if (!ignore_eos && next == cfg.model.eos_token_id) break;
+        if (len < total && olmo_gen_feed(&gen, &next, 1, logits)) goto fail;
+    }
+    const double t2 = now_seconds();
+    const int n_new = len - n_prompt;
+    if (json) {
+        printf("{\"prompt\":[");
+        for (int i = 0; i < n_prompt; i++) printf(i ? ",%d" : "%d", ids[i]);
+        printf("],\"generated\":[");
+        for (int i = n_prompt; i < len; i++) printf(i > n_prompt ? ",%d" : "%d", ids[i]);
+        printf("],\"prefill_s\":%.6f,\"decode_s\":%.6f}\n", t1 - t0, t2 - t1);
+    } else {
+        for (int i = n_prompt; i < len; i++) printf(i > n_prompt ? ",%d" : "%d", ids[i]);
+        printf("\n");
+        fprintf(stderr, "olmoc generate: %d prompt tokens in %.3fs, %d new tokens in %.3fs (%.1f tok/s)\n", n_prompt,
+                t1 - t0, n_new, t2 - t1, n_new > 0 && t2 > t1 ? n_new / (t2 - t1) : 0.0);
+    }
+    olmo_gen_destroy(&gen);
+    olmo_model_destroy(&model);
+    free(ids);
+    free(logits);
+    return 0;
+fail:
+    fprintf(stderr, "olmoc generate: %s\n", olmo_last_error());
+    olmo_gen_destroy(&gen);
+    olmo_model_destroy(&model);
+    free(ids);
+    free(logits);
+    return 1;
+}

@@ -1,0 +1,207 @@
+#include "model/generate.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+
+int olmo_gen_create(struct olmo_gen *g, struct olmo_model *m, int max_len, int chunk) {
+    memset(g, 0, sizeof *g);
+    const struct olmo_backend *be = m->be;
+    const struct olmo_model_config *c = &m->cfg;
+    if (!be->attention_cached) return olmo_error("backend '%s' has no cached attention for generation", be->name);
+    if (max_len <= 0 || chunk <= 0) return olmo_error("generation needs a positive length and chunk");
+    if (chunk > max_len) chunk = max_len;
+    g->m = m;
+    g->max_len = max_len;
+    g->chunk = chunk;
+    const size_t C = (size_t)chunk, D = (size_t)c->d_model, Q = (size_t)m->q_dim, K = (size_t)m->kv_dim,
+                 F = (size_t)c->mlp_hidden, V = (size_t)c->vocab_size, half = (size_t)m->head_dim / 2;
+    g->cap = olmo_calloc((size_t)c->n_layers, sizeof(int), "cache sizes");
+    g->k_cache = olmo_calloc((size_t)c->n_layers, sizeof(float *), "key cache");
+    g->v_cache = olmo_calloc((size_t)c->n_layers, sizeof(float *), "value cache");
+    if (!g->cap || !g->k_cache || !g->v_cache) goto fail;
+    for (int l = 0; l < c->n_layers; l++) {
+        int cap = max_len;
+        if (!olmo_layer_is_full_attention(c, l) && c->sliding_window > 0 && c->sliding_window + chunk - 1 < max_len)
+            cap = c->sliding_window + chunk - 1;
+        g->cap[l] = cap;
+        if (!(g->k_cache[l] = be->alloc((size_t)cap * K * sizeof(float)))) goto fail;
+        if (!(g->v_cache[l] = be->alloc((size_t)cap * K * sizeof(float)))) goto fail;
+    }
+#define ALLOC(p, count) \
+    if (!((p) = be->alloc((count) * sizeof(float)))) goto fail
+    ALLOC(g->rope_cos, (size_t)max_len * half);
+    ALLOC(g->rope_sin, (size_t)max_len * half);
+    ALLOC(g->x, C * D);
+    ALLOC(g->q, C * Q);
+    ALLOC(g->k, C * K);
+    ALLOC(g->v, C * K);
+    ALLOC(g->rstd, C);
+    ALLOC(g->att, C * Q);
+    ALLOC(g->o, C * D);
+    ALLOC(g->tmp, C * D);
+    ALLOC(g->h, C * D);
+    ALLOC(g->g, C * F);
+    ALLOC(g->u, C * F);
+    ALLOC(g->s, C * F);
+    ALLOC(g->mo, C * D);
+    ALLOC(g->xn, D);
+    ALLOC(g->logits, V);
+#undef ALLOC
+    if (!(g->tokens = be->alloc(C * sizeof(int32_t)))) goto fail;
+    float *cos_t = malloc(sizeof(float) * (size_t)max_len * half), *sin_t = malloc(sizeof(float) * (size_t)max_len * half);
+    if (!cos_t || !sin_t) {
+        free(cos_t);
+        free(sin_t);
+        olmo_error("out of memory for RoPE tables");
+        goto fail;
+    }
+    olmo_rope_tables(cos_t, sin_t, max_len, m->head_dim, c->rope_theta);
+    be->to_device(g->rope_cos, cos_t, sizeof(float) * (size_t)max_len * half);
+    be->to_device(g->rope_sin, sin_t, sizeof(float) * (size_t)max_len * half);
+    free(cos_t);
+    free(sin_t);
+    return 0;
+fail:
+    olmo_gen_destroy(g);
+    return olmo_error_context("KV cache for %d positions", max_len);
+}
+
+void olmo_gen_destroy(struct olmo_gen *g) {
+    if (!g->m) {
+        free(g->cap);
+        free(g->k_cache);
+        free(g->v_cache);
+        memset(g, 0, sizeof *g);
+        return;
+    }
+    const struct olmo_backend *be = g->m->be;
+    for (int l = 0; l < g->m->cfg.n_layers; l++) {
+        if (g->k_cache) be->free(g->k_cache[l]);
+        if (g->v_cache) be->free(g->v_cache[l]);
+    }
+    float *bufs[] = {g->rope_cos, g->rope_sin, g->x, g->q, g->k, g->v, g->rstd, g->att, g->o,
+                     g->tmp,      g->h,        g->g, g->u, g->s, g->mo, g->xn, g->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
+    be->free(g->tokens);
+    free(g->cap);
+    free(g->k_cache);
+    free(g->v_cache);
+    memset(g, 0, sizeof *g);
+}
+
+void olmo_gen_reset(struct olmo_gen *g) { g->len = 0; }
+
+/* Copies n rows of a [n, width] buffer into a ring of cap rows starting at position p0. */
+static void cache_store(const struct olmo_backend *be, float *cache, const float *rows, int n, int p0, int cap,
+                        int width) {
+    for (int i = 0; i < n;) {
+        int slot = (p0 + i) % cap, run = cap - slot < n - i ? cap - slot : n - i;
+        be->copy(cache + (size_t)slot * width, rows + (size_t)i * width, sizeof(float) * (size_t)run * width);
+        i += run;
+    }
+}
+
+int olmo_gen_feed(struct olmo_gen *g, const int32_t *tokens, int n, float *logits_out) {
+    struct olmo_model *m = g->m;
+    const struct olmo_backend *be = m->be;
+    const struct olmo_model_config *c = &m->cfg;
+    const int D = c->d_model, Q = m->q_dim, K = m->kv_dim, F = c->mlp_hidden, V = c->vocab_size;
+    const int half = m->head_dim / 2, p0 = g->len;
+    const float eps = (float)c->rms_norm_eps;
+    if (n <= 0 || n > g->chunk) return olmo_error("feed of %d tokens (1..%d allowed)", n, g->chunk);
+    if (p0 + n > g->max_len)
+        return olmo_error("the sequence would reach %d tokens, more than the %d the cache holds", p0 + n, g->max_len);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V) return olmo_error("token id %d is outside the vocabulary [0, %d)", tokens[i], V);
+    be->to_device(g->tokens, tokens, sizeof(int32_t) * (size_t)n);
+    be->embedding_fwd(g->x, m->embed, g->tokens, n, D);
+    const float *cos_t = g->rope_cos + (size_t)p0 * half, *sin_t = g->rope_sin + (size_t)p0 * half;
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct olmo_layer_tensors *w = &m->lw[l];
+        struct olmo_attn_shape shape = {
+            .batch = 1,
+            .seq_len = n,
+            .n_heads = c->n_heads,
+            .n_kv_heads = c->n_kv_heads,
+            .head_dim = m->head_dim,
+            .window = olmo_layer_is_full_attention(c, l) ? 0 : c->sliding_window,
+            .scale = 1.0f / sqrtf((float)m->head_dim),
+        };
+        be->gemm(false, true, n, Q, D, 1.0f, g->x, D, w->wq, D, 0.0f, g->att, Q); /* att: raw q for now */
+        be->gemm(false, true, n, K, D, 1.0f, g->x, D, w->wk, D, 0.0f, g->o, K);   /* o: raw k for now */
+        be->gemm(false, true, n, K, D, 1.0f, g->x, D, w->wv, D, 0.0f, g->v, K);
+        be->rmsnorm_fwd(g->q, g->rstd, g->att, w->q_norm, n, Q, eps);
+        be->rmsnorm_fwd(g->k, g->rstd, g->o, w->k_norm, n, K, eps);
+        be->rope_fwd(g->q, cos_t, sin_t, n, n, c->n_heads, m->head_dim);
+        be->rope_fwd(g->k, cos_t, sin_t, n, n, c->n_kv_heads, m->head_dim);
+        cache_store(be, g->k_cache[l], g->k, n, p0, g->cap[l], K);
+        cache_store(be, g->v_cache[l], g->v, n, p0, g->cap[l], K);
+        be->attention_cached(g->att, g->q, g->k_cache[l], g->v_cache[l], n, p0, g->cap[l], &shape);
+        be->gemm(false, true, n, D, Q, 1.0f, g->att, Q, w->wo, Q, 0.0f, g->o, D);
+        be->rmsnorm_fwd(g->tmp, g->rstd, g->o, w->attn_norm, n, D, eps);
+        be->add(g->h, g->x, g->tmp, (size_t)n * D);
+        be->gemm(false, true, n, F, D, 1.0f, g->h, D, w->gate, D, 0.0f, g->g, F);
+        be->gemm(false, true, n, F, D, 1.0f, g->h, D, w->up, D, 0.0f, g->u, F);
+        be->swiglu_fwd(g->s, g->g, g->u, (size_t)n * F);
+        be->gemm(false, true, n, D, F, 1.0f, g->s, F, w->down, F, 0.0f, g->mo, D);
+        be->rmsnorm_fwd(g->tmp, g->rstd, g->mo, w->ff_norm, n, D, eps);
+        be->add(g->x, g->h, g->tmp, (size_t)n * D);
+    }
+    g->len += n;
+    /* Only the last position's logits are needed. */
+    const float *last = g->x + (size_t)(n - 1) * D;
+    be->rmsnorm_fwd(g->xn, g->rstd, last, m->final_norm, 1, D, eps);
+    be->gemm(false, true, 1, V, D, 1.0f, g->xn, D, m->lm_head, D, 0.0f, g->logits, V);
+    be->to_host(logits_out, g->logits, sizeof(float) * (size_t)V);
+    return 0;
+}
+
+struct prob_index {
+    double p;
+    int i;
+};
+
+static int cmp_prob_desc(const void *a, const void *b) {
+    const struct prob_index *x = a, *y = b;
+    if (x->p != y->p) return x->p < y->p ? 1 : -1;
+    return (x->i > y->i) - (x->i < y->i);
+}
+
+int olmo_sample_token(const float *logits, int vocab, double temperature, double top_p, struct olmo_rng *rng) {
+    int best = 0;
+    for (int i = 1; i < vocab; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (temperature <= 0) return best;
+    struct prob_index *p = malloc(sizeof *p * (size_t)vocab);
+    if (!p) return best; /* out of memory: fall back to greedy rather than fail mid-generation */
+    double total = 0.0;
+    for (int i = 0; i < vocab; i++) {
+        p[i].p = exp(((double)logits[i] - logits[best]) / temperature);
+        p[i].i = i;
+        total += p[i].p;
+    }
+    int keep = vocab;
+    if (top_p < 1.0) {
+        qsort(p, (size_t)vocab, sizeof *p, cmp_prob_desc);
+        double cum = 0.0;
+        for (keep = 0; keep < vocab;) {
+            cum += p[keep++].p;
+            if (cum >= top_p * total) break;
+        }
+        total = cum;
+    }
+    double u = olmo_rng_uniform(rng) * total, acc = 0.0;
+    int chosen = p[keep - 1].i;
+    for (int k = 0; k < keep; k++) {
+        acc += p[k].p;
+        if (u < acc) {
+            chosen = p[k].i;
+            break;
+        }
+    }
+    free(p);
+    return chosen;
+}

@@ -1,0 +1,401 @@
+#include "model/hf.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+#include "util/fs.h"
+
+/* ---- config.json ---- */
+
+static const cJSON *get(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
+
+/* An integer field; `def` when absent (required: absent is an error). */
+static int get_int(const cJSON *o, const char *k, int def, bool required, int *out, const char *path) {
+    const cJSON *v = get(o, k);
+    if (!v || cJSON_IsNull(v)) {
+        if (required) return olmo_error("%s: '%s' is missing", path, k);
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 2147483647.0)
+        return olmo_error("%s: '%s' must be an integer", path, k);
+    *out = (int)v->valuedouble;
+    return 0;
+}
+
+static int get_double(const cJSON *o, const char *k, double def, double *out, const char *path) {
+    const cJSON *v = get(o, k);
+    if (!v || cJSON_IsNull(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v)) return olmo_error("%s: '%s' must be a number", path, k);
+    *out = v->valuedouble;
+    return 0;
+}
+
+/* A token id that may be null or a list (the first entry is taken). */
+static int get_token_id(const cJSON *o, const char *k, int def, int *out, const char *path) {
+    const cJSON *v = get(o, k);
+    if (cJSON_IsArray(v)) v = cJSON_GetArrayItem(v, 0);
+    if (!v || cJSON_IsNull(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 || v->valuedouble > 2147483647.0)
+        return olmo_error("%s: '%s' must be a token id", path, k);
+    *out = (int)v->valuedouble;
+    return 0;
+}
+
+/* One RoPE parameter set: only the default (unscaled) type is implemented. */
+static int read_rope_entry(const cJSON *r, const char *where, double *theta, const char *path) {
+    if (!r || cJSON_IsNull(r)) return 0;
+    if (!cJSON_IsObject(r)) return olmo_error("%s: '%s' must be an object", path, where);
+    const cJSON *type = get(r, "rope_type");
+    if (!type) type = get(r, "type");
+    if (type && !(cJSON_IsString(type) && !strcmp(type->valuestring, "default")))
+        return olmo_error("%s: %s has rope_type '%s'; only unscaled RoPE is supported (RoPE scaling such as YaRN, "
+                          "used by the long-context Olmo 3 checkpoints, is not implemented)",
+                          path, where, cJSON_IsString(type) ? type->valuestring : "?");
+    const cJSON *t = get(r, "rope_theta");
+    if (t) {
+        if (!cJSON_IsNumber(t) || t->valuedouble <= 0) return olmo_error("%s: %s.rope_theta must be positive", path, where);
+        if (*theta > 0 && *theta != t->valuedouble)
+            return olmo_error("%s: different RoPE theta for sliding and full attention layers is not supported", path);
+        *theta = t->valuedouble;
+    }
+    return 0;
+}
+
+static int read_rope(const cJSON *root, double *theta, const char *path) {
+    *theta = 0;
+    const cJSON *scaling = get(root, "rope_scaling");
+    if (scaling && !cJSON_IsNull(scaling) && read_rope_entry(scaling, "rope_scaling", theta, path)) return -1;
+    const cJSON *params = get(root, "rope_parameters");
+    if (params && !cJSON_IsNull(params)) {
+        const cJSON *full = get(params, "full_attention"), *sliding = get(params, "sliding_attention");
+        if (full || sliding) { /* transformers 5: one entry per layer type */
+            if (read_rope_entry(full, "rope_parameters.full_attention", theta, path) ||
+                read_rope_entry(sliding, "rope_parameters.sliding_attention", theta, path))
+                return -1;
+        } else if (read_rope_entry(params, "rope_parameters", theta, path)) {
+            return -1;
+        }
+    }
+    const cJSON *legacy = get(root, "rope_theta");
+    if (*theta <= 0 && legacy) {
+        if (!cJSON_IsNumber(legacy) || legacy->valuedouble <= 0) return olmo_error("%s: rope_theta must be positive", path);
+        *theta = legacy->valuedouble;
+    }
+    if (*theta <= 0) *theta = 500000.0; /* Olmo3Config.default_theta */
+    return 0;
+}
+
+/* Finds (full_attention_every, full_attention_last) reproducing layer_types. */
+static int read_layer_types(const cJSON *root, struct olmo_model_config *m, const char *path) {
+    const cJSON *lt = get(root, "layer_types");
+    int n = m->n_layers;
+    bool *full = calloc((size_t)n, sizeof(bool));
+    if (!full) return olmo_error("out of memory");
+    if (!lt || cJSON_IsNull(lt)) {
+        for (int i = 0; i < n; i++) full[i] = (i + 1) % 4 == 0; /* Olmo3Config's default */
+    } else {
+        if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != n) {
+            free(full);
+            return olmo_error("%s: layer_types must list one entry per layer (%d)", path, n);
+        }
+        for (int i = 0; i < n; i++) {
+            const cJSON *v = cJSON_GetArrayItem(lt, i);
+            if (cJSON_IsString(v) && !strcmp(v->valuestring, "full_attention")) full[i] = true;
+            else if (cJSON_IsString(v) && !strcmp(v->valuestring, "sliding_attention")) full[i] = false;
+            else {
+                free(full);
+                return olmo_error("%s: layer_types[%d] must be \"full_attention\" or \"sliding_attention\"", path, i);
+            }
+        }
+    }
+    int rc = -1;
+    for (int every = 0; every <= n && rc; every++)
+        for (int last = 0; last < 2 && rc; last++) {
+            struct olmo_model_config c = *m;
+            c.full_attention_every = every;
+            c.full_attention_last = last;
+            bool ok = true;
+            for (int i = 0; i < n && ok; i++) ok = olmo_layer_is_full_attention(&c, i) == full[i];
+            if (ok) {
+                m->full_attention_every = every;
+                m->full_attention_last = last;
+                rc = 0;
+            }
+        }
+    free(full);
+    if (rc)
+        return olmo_error("%s: layer_types is not 'full attention on every k-th layer (and optionally the last)', "
+                          "the only layouts olmoc expresses",
+                          path);
+    return 0;
+}
+
+int olmo_hf_read_config(const char *path, struct olmo_config *cfg) {
+    char *text;
+    if (olmo_read_file(path, 1u << 20, &text, NULL)) return -1;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return olmo_error("%s: not a JSON object", path);
+    }
+    int rc = -1;
+    struct olmo_model_config *m = &cfg->model;
+    const cJSON *mt = get(root, "model_type");
+    if (!cJSON_IsString(mt) || strcmp(mt->valuestring, "olmo3")) {
+        olmo_error("%s: model_type is '%s'; olmoc reads Olmo 3 (model_type \"olmo3\") checkpoints", path,
+                   cJSON_IsString(mt) ? mt->valuestring : "missing");
+        goto done;
+    }
+    const cJSON *tied = get(root, "tie_word_embeddings");
+    if (cJSON_IsTrue(tied)) {
+        olmo_error("%s: tie_word_embeddings is true; olmoc's Olmo 3 has an untied LM head", path);
+        goto done;
+    }
+    if (cJSON_IsTrue(get(root, "attention_bias")) || cJSON_IsTrue(get(root, "mlp_bias"))) {
+        olmo_error("%s: attention_bias / mlp_bias are not supported (Olmo 3 has no biases)", path);
+        goto done;
+    }
+    const cJSON *act = get(root, "hidden_act");
+    if (act && !(cJSON_IsString(act) && !strcmp(act->valuestring, "silu"))) {
+        olmo_error("%s: hidden_act '%s' is not supported (only silu / SwiGLU)", path,
+                   cJSON_IsString(act) ? act->valuestring : "?");
+        goto done;
+    }
+    double dropout = 0.0;
+    if (get_double(root, "attention_dropout", 0.0, &dropout, path)) goto done;
+    if (dropout != 0.0) {
+        olmo_error("%s: attention_dropout %g is not supported (olmoc has no dropout)", path, dropout);
+        goto done;
+    }
+    int max_pos = 2048;
+    if (get_int(root, "vocab_size", 0, true, &m->vocab_size, path) ||
+        get_int(root, "hidden_size", 0, true, &m->d_model, path) ||
+        get_int(root, "num_hidden_layers", 0, true, &m->n_layers, path) ||
+        get_int(root, "num_attention_heads", 0, true, &m->n_heads, path) ||
+        get_int(root, "num_key_value_heads", m->n_heads, false, &m->n_kv_heads, path) ||
+        get_int(root, "intermediate_size", 0, true, &m->mlp_hidden, path) ||
+        get_int(root, "max_position_embeddings", 2048, false, &max_pos, path) ||
+        get_double(root, "rms_norm_eps", 1e-5, &m->rms_norm_eps, path) ||
+        get_double(root, "initializer_range", 0.02, &m->init_std, path) ||
+        get_token_id(root, "eos_token_id", 50279, &m->eos_token_id, path) ||
+        get_token_id(root, "pad_token_id", 1, &m->pad_token_id, path) || read_rope(root, &m->rope_theta, path))
+        goto done;
+    if (m->n_layers <= 0 || m->n_heads <= 0 || m->d_model <= 0) {
+        olmo_error("%s: hidden_size, num_hidden_layers and num_attention_heads must be positive", path);
+        goto done;
+    }
+    int head_dim = 0;
+    if (get_int(root, "head_dim", m->d_model / m->n_heads, false, &head_dim, path)) goto done;
+    if (head_dim * m->n_heads != m->d_model) {
+        olmo_error("%s: head_dim %d x %d heads != hidden_size %d is not supported", path, head_dim, m->n_heads,
+                   m->d_model);
+        goto done;
+    }
+    const cJSON *sw = get(root, "sliding_window");
+    if (!sw) m->sliding_window = 4096;
+    else if (cJSON_IsNull(sw)) m->sliding_window = 0; /* sliding layers attend to everything */
+    else if (get_int(root, "sliding_window", 0, true, &m->sliding_window, path)) goto done;
+    if (read_layer_types(root, m, path)) goto done;
+    cfg->train.seq_len = max_pos < 4096 ? max_pos : 4096;
+    rc = 0;
+done:
+    cJSON_Delete(root);
+    return rc;
+}
+
+int olmo_hf_write_config(const struct olmo_config *cfg, const char *path, const char *dtype_name) {
+    const struct olmo_model_config *m = &cfg->model;
+    cJSON *root = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(root, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString("Olmo3ForCausalLM"));
+    cJSON_AddStringToObject(root, "model_type", "olmo3");
+    cJSON_AddNumberToObject(root, "vocab_size", m->vocab_size);
+    cJSON_AddNumberToObject(root, "hidden_size", m->d_model);
+    cJSON_AddNumberToObject(root, "intermediate_size", m->mlp_hidden);
+    cJSON_AddNumberToObject(root, "num_hidden_layers", m->n_layers);
+    cJSON_AddNumberToObject(root, "num_attention_heads", m->n_heads);
+    cJSON_AddNumberToObject(root, "num_key_value_heads", m->n_kv_heads);
+    cJSON_AddStringToObject(root, "hidden_act", "silu");
+    cJSON_AddNumberToObject(root, "max_position_embeddings", cfg->train.seq_len);
+    cJSON_AddNumberToObject(root, "initializer_range", m->init_std);
+    cJSON_AddNumberToObject(root, "rms_norm_eps", m->rms_norm_eps);
+    cJSON_AddBoolToObject(root, "use_cache", true);
+    cJSON_AddNumberToObject(root, "pad_token_id", m->pad_token_id);
+    cJSON_AddNullToObject(root, "bos_token_id");
+    cJSON_AddNumberToObject(root, "eos_token_id", m->eos_token_id);
+    cJSON_AddBoolToObject(root, "tie_word_embeddings", false);
+    cJSON_AddBoolToObject(root, "attention_bias", false);
+    cJSON_AddNumberToObject(root, "attention_dropout", 0.0);
+    /* Both spellings of the RoPE settings: rope_theta (transformers 4.x, the
+     * published Olmo 3 configs) and per-layer-type rope_parameters (5.x). */
+    cJSON_AddNumberToObject(root, "rope_theta", m->rope_theta);
+    cJSON_AddNullToObject(root, "rope_scaling");
+    cJSON *rp = cJSON_AddObjectToObject(root, "rope_parameters");
+    const char *types[2] = {"full_attention", "sliding_attention"};
+    for (int i = 0; i < 2; i++) {
+        cJSON *e = cJSON_AddObjectToObject(rp, types[i]);
+        cJSON_AddStringToObject(e, "rope_type", "default");
+        cJSON_AddNumberToObject(e, "rope_theta", m->rope_theta);
+    }
+    if (m->sliding_window > 0) cJSON_AddNumberToObject(root, "sliding_window", m->sliding_window);
+    else cJSON_AddNullToObject(root, "sliding_window");
+    cJSON *lt = cJSON_AddArrayToObject(root, "layer_types");
+    for (int l = 0; l < m->n_layers; l++)
+        cJSON_AddItemToArray(lt, cJSON_CreateString(olmo_layer_is_full_attention(m, l) ? "full_attention"
+                                                                                          : "sliding_attention"));
+    cJSON_AddStringToObject(root, "dtype", dtype_name);
+    cJSON_AddStringToObject(root, "torch_dtype", dtype_name);
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!text) return olmo_error("out of memory writing '%s'", path);
+    int rc = olmo_write_file_atomic(path, text, strlen(text));
+    free(text);
+    return rc;
+}
+
+/* ---- weights ---- */
+
+struct shard_set {
+    int n;
+    char names[64][256];
+    struct st_file files[64];
+};
+
+static int shard_index(struct shard_set *s, const char *dir, const char *name) {
+    for (int i = 0; i < s->n; i++)
+        if (!strcmp(s->names[i], name)) return i;
+    if (s->n == 64) return olmo_error("more than 64 shards are not supported");
+    if (strlen(name) >= sizeof s->names[0] || strchr(name, '/') || !strcmp(name, "..") || !name[0])
+        return olmo_error("shard name '%s' is not a plain file name in '%s'", name, dir);
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (st_open(&s->files[s->n], path)) return -1;
+    snprintf(s->names[s->n], sizeof s->names[0], "%s", name);
+    return s->n++;
+}
+
+static bool ignorable(const char *name) {
+    size_t n = strlen(name), k = strlen("rotary_emb.inv_freq");
+    return n >= k && !strcmp(name + n - k, "rotary_emb.inv_freq"); /* a buffer some exporters keep */
+}
+
+int olmo_hf_load_weights(struct olmo_model *m, const char *dir) {
+    char index_path[4400], single[4400];
+    snprintf(index_path, sizeof index_path, "%s/model.safetensors.index.json", dir);
+    snprintf(single, sizeof single, "%s/model.safetensors", dir);
+    struct shard_set *s = calloc(1, sizeof *s);
+    float *host = malloc(m->n_floats * sizeof(float));
+    cJSON *root = NULL;
+    int rc = 0;
+    if (!s || !host) {
+        rc = olmo_error("out of memory loading '%s'", dir);
+        goto done;
+    }
+    const cJSON *map = NULL;
+    if (olmo_is_file(index_path)) {
+        char *text;
+        if ((rc = olmo_read_file(index_path, 64u << 20, &text, NULL))) goto done;
+        root = cJSON_Parse(text);
+        free(text);
+        map = get(root, "weight_map");
+        if (!cJSON_IsObject(map)) {
+            rc = olmo_error("'%s' has no weight_map object", index_path);
+            goto done;
+        }
+    } else if (!olmo_is_file(single)) {
+        rc = olmo_error("'%s' has neither model.safetensors nor model.safetensors.index.json", dir);
+        goto done;
+    } else if ((rc = shard_index(s, dir, "model.safetensors") < 0 ? -1 : 0)) {
+        goto done;
+    }
+    for (int i = 0; i < m->n_tensors && !rc; i++) {
+        const struct olmo_param *p = &m->params[i];
+        int k = 0;
+        if (map) {
+            const cJSON *file = get(map, p->name);
+            if (!cJSON_IsString(file)) {
+                rc = olmo_error("'%s' maps no file for tensor '%s'", index_path, p->name);
+                break;
+            }
+            if ((k = shard_index(s, dir, file->valuestring)) < 0) {
+                rc = -1;
+                break;
+            }
+        }
+        const struct st_tensor *t = st_find(&s->files[k], p->name);
+        if (!t) {
+            rc = olmo_error("'%s' has no tensor '%s'", s->files[k].path, p->name);
+            break;
+        }
+        int64_t rows = t->ndim >= 1 ? t->shape[0] : 0, cols = t->ndim == 2 ? t->shape[1] : 1;
+        if (t->ndim < 1 || t->ndim > 2 || rows != p->rows || cols != p->cols) {
+            rc = olmo_error("'%s': tensor '%s' has %d dims [%lld, ...] but the config needs [%d, %d]", s->files[k].path,
+                            p->name, t->ndim, (long long)rows, p->rows, p->cols);
+            break;
+        }
+        rc = st_read_f32(&s->files[k], t, host + p->offset);
+    }
+    /* Nothing unexpected may be left over (a sign of a config that does not match). */
+    for (int k = 0; k < s->n && !rc; k++)
+        for (int i = 0; i < s->files[k].n_tensors && !rc; i++) {
+            const char *name = s->files[k].tensors[i].name;
+            if (!olmo_model_find_param(m, name) && !ignorable(name))
+                rc = olmo_error("'%s' has unexpected tensor '%s' (config mismatch?)", s->files[k].path, name);
+        }
+    if (!rc) m->be->to_device(m->weights, host, m->n_floats * sizeof(float));
+done:
+    if (s)
+        for (int k = 0; k < s->n; k++) st_close(&s->files[k]);
+    free(s);
+    free(host);
+    cJSON_Delete(root);
+    if (rc) olmo_error_context("loading Hugging Face weights from '%s'", dir);
+    return rc;
+}
+
+static uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40); /* quiet NaN */
+    bits += 0x7fffu + ((bits >> 16) & 1u);                                        /* round to nearest even */
+    return (uint16_t)(bits >> 16);
+}
+
+int olmo_hf_save_weights(const struct olmo_model *m, const char *path, enum st_dtype dtype) {
+    if (dtype != ST_F32 && dtype != ST_BF16) return olmo_error("weights can be written as F32 or BF16 only");
+    float *host = malloc(m->n_floats * sizeof(float));
+    uint16_t *half = dtype == ST_BF16 ? malloc(m->n_floats * sizeof(uint16_t)) : NULL;
+    if (!host || (dtype == ST_BF16 && !half)) {
+        free(host);
+        free(half);
+        return olmo_error("out of memory saving '%s'", path);
+    }
+    m->be->to_host(host, m->weights, m->n_floats * sizeof(float));
+    if (half)
+        for (size_t i = 0; i < m->n_floats; i++) half[i] = float_to_bf16(host[i]);
+    struct st_writer w = {0};
+    int rc = st_writer_set_metadata(&w, "format", "pt");
+    for (int i = 0; i < m->n_tensors && !rc; i++) {
+        const struct olmo_param *p = &m->params[i];
+        int64_t shape[2] = {p->rows, p->cols};
+        const void *data = half ? (const void *)(half + p->offset) : (const void *)(host + p->offset);
+        rc = st_writer_add(&w, p->name, dtype, p->cols == 1 ? 1 : 2, shape, data);
+    }
+    if (!rc) rc = st_writer_save(&w, path);
+    st_writer_free(&w);
+    free(host);
+    free(half);
+    return rc;
+}

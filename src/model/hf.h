@@ -1,0 +1,33 @@
+/* Hugging Face interop: Olmo3ForCausalLM checkpoints (config.json +
+ * safetensors, single file or sharded with model.safetensors.index.json).
+ * Parameter names are identical to olmoc's, so weights map one to one; the
+ * config maps as
+ *   hidden_size = model.d_model, intermediate_size = model.mlp_hidden,
+ *   num_hidden_layers, num_attention_heads, num_key_value_heads = model.n_layers / n_heads / n_kv_heads,
+ *   rope theta = model.rope_theta, sliding_window = model.sliding_window,
+ *   layer_types <-> model.full_attention_every / model.full_attention_last,
+ *   rms_norm_eps, vocab_size, eos/pad_token_id, initializer_range = model.init_std.
+ * Features olmoc does not implement are refused with a clear error: RoPE
+ * scaling (YaRN, linear, ...), tied embeddings, attention/MLP biases, another
+ * activation than SiLU, attention dropout, a head_dim other than
+ * hidden_size / num_attention_heads. */
+#ifndef OLMOC_HF_H
+#define OLMOC_HF_H
+
+#include "config/config.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+
+/* Reads config.json into cfg's model section (the train/data sections keep
+ * their defaults; train.seq_len = min(max_position_embeddings, 4096)). */
+int olmo_hf_read_config(const char *config_json, struct olmo_config *cfg);
+/* Writes an Olmo3Config config.json (max_position_embeddings = train.seq_len). */
+int olmo_hf_write_config(const struct olmo_config *cfg, const char *path, const char *dtype_name);
+/* Loads weights from dir/model.safetensors or the shards listed in
+ * dir/model.safetensors.index.json (any float dtype, widened to fp32). */
+int olmo_hf_load_weights(struct olmo_model *m, const char *dir);
+/* Writes every parameter to one safetensors file in ST_F32 or ST_BF16
+ * (round to nearest even), with {"format": "pt"} metadata as transformers writes. */
+int olmo_hf_save_weights(const struct olmo_model *m, const char *path, enum st_dtype dtype);
+
+#endif

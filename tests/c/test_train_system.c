@@ -1,0 +1,192 @@
+/* Unit tests of the training-system pieces that need no files: thread-count
+ * independent (deterministic) reductions, KV-cache generation against the
+ * full forward pass, and the token sampler's distribution. */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "model/generate.h"
+#include "model/model.h"
+#include "train/checkpoint.h"
+#include "util/rng.h"
+
+static const struct olmo_backend *be;
+static struct olmo_rng rng;
+static int failures, checks;
+
+static void check(int ok, const char *what, double value) {
+    checks++;
+    if (!ok) failures++;
+    printf("%s %-52s %.3e\n", ok ? "ok  " : "FAIL", what, value);
+}
+
+static float *rand_buf(size_t n, double scale) {
+    float *p = be->alloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) p[i] = (float)(olmo_rng_normal(&rng) * scale);
+    return p;
+}
+
+/* The same reductions with 1 and with 3 threads must agree bit for bit. */
+static void test_determinism(void) {
+    const int n = 301, dim = 40, vocab = 97;
+    float *x = rand_buf((size_t)n * dim, 1.0), *w = rand_buf((size_t)dim, 1.0), *dy = rand_buf((size_t)n * dim, 1.0);
+    float *y = be->alloc((size_t)n * dim * 4), *rstd = be->alloc((size_t)n * 4);
+    be->rmsnorm_fwd(y, rstd, x, w, n, dim, 1e-6f);
+    float *logits0 = rand_buf((size_t)n * vocab, 3.0);
+    int32_t *targets = be->alloc((size_t)n * 4);
+    for (int i = 0; i < n; i++) targets[i] = i % 7 == 0 ? -100 : (int32_t)(olmo_rng_next(&rng) % vocab);
+    float *big = rand_buf(300000, 1.0);
+    float dw[2][40], dx[2][301 * 40];
+    double ce[2], zz[2], ss[2];
+    float *logits = be->alloc((size_t)n * vocab * 4);
+    const int threads[2] = {1, 3};
+    for (int k = 0; k < 2; k++) {
+        omp_set_num_threads(threads[k]);
+        memset(dw[k], 0, sizeof dw[k]);
+        be->rmsnorm_bwd(dx[k], dw[k], dy, x, w, rstd, n, dim);
+        memcpy(logits, logits0, (size_t)n * vocab * 4);
+        be->cross_entropy(logits, targets, n, vocab, 0.01f, 1e-4f, &ce[k], &zz[k]);
+        ss[k] = be->sum_squares(big, 300000);
+    }
+    omp_set_num_threads(omp_get_num_procs());
+    check(!memcmp(dw[0], dw[1], sizeof dw[0]) && !memcmp(dx[0], dx[1], sizeof dx[0]),
+          "rmsnorm backward: 1 vs 3 threads bit-identical", 0.0);
+    check(ce[0] == ce[1] && zz[0] == zz[1], "cross-entropy sums: 1 vs 3 threads bit-identical", fabs(ce[0] - ce[1]));
+    check(ss[0] == ss[1], "sum of squares: 1 vs 3 threads bit-identical", fabs(ss[0] - ss[1]));
+    float *bufs[] = {x, w, dy, y, rstd, logits0, big, logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
+    be->free(targets);
+}
+
+static int argmax(const float *v, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[b]) b = i;
+    return b;
+}
+
+/* Greedy decoding with the KV cache vs the full (uncached) forward pass over
+ * the whole sequence at every step: same argmax, logits within fp32 rounding. */
+static void test_generate_matches_forward(int chunk) {
+    struct olmo_model_config c = {.vocab_size = 61, .d_model = 32, .n_layers = 5, .n_heads = 4, .n_kv_heads = 2,
+                                  .mlp_hidden = 48, .rope_theta = 10000.0, .sliding_window = 4,
+                                  .full_attention_every = 4, .full_attention_last = false, .rms_norm_eps = 1e-6,
+                                  .init_std = 0.3, .eos_token_id = 0, .pad_token_id = 1};
+    struct olmo_model m;
+    if (olmo_model_create(&m, &c, be)) {
+        check(0, "model create", 0);
+        return;
+    }
+    olmo_model_init_weights(&m, 42);
+    const int prompt = 7, n_new = 18, total = prompt + n_new;
+    int32_t seq[64];
+    for (int i = 0; i < prompt; i++) seq[i] = (int32_t)(olmo_rng_next(&rng) % c.vocab_size);
+    struct olmo_gen g;
+    float *logits = malloc(sizeof(float) * c.vocab_size), *full = malloc(sizeof(float) * c.vocab_size);
+    if (olmo_gen_create(&g, &m, total, chunk)) {
+        check(0, "generator create", 0);
+        return;
+    }
+    for (int p = 0; p < prompt; p += chunk)
+        olmo_gen_feed(&g, seq + p, prompt - p < chunk ? prompt - p : chunk, logits);
+    double worst = 0.0;
+    int mismatches = 0;
+    for (int len = prompt; len < total; len++) {
+        /* reference: the training forward over seq[0..len) */
+        olmo_model_reserve(&m, 1, len);
+        olmo_model_forward(&m, seq, false);
+        be->to_host(full, m.logits + (size_t)(len - 1) * c.vocab_size, sizeof(float) * c.vocab_size);
+        double mx = 0, diff = 0;
+        for (int v = 0; v < c.vocab_size; v++) {
+            if (fabs(full[v]) > mx) mx = fabs(full[v]);
+            if (fabs(full[v] - logits[v]) > diff) diff = fabs(full[v] - logits[v]);
+        }
+        if (diff / mx > worst) worst = diff / mx;
+        int next = argmax(logits, c.vocab_size);
+        if (next != argmax(full, c.vocab_size)) mismatches++;
+        seq[len] = next;
+        if (len + 1 < total) olmo_gen_feed(&g, &seq[len], 1, logits);
+    }
+    char what[96];
+    snprintf(what, sizeof what, "KV-cache greedy == full forward argmax (chunk %d)", chunk);
+    check(mismatches == 0, what, (double)mismatches);
+    snprintf(what, sizeof what, "KV-cache logits vs full forward, rel (chunk %d)", chunk);
+    check(worst < 1e-5, what, worst);
+    olmo_gen_destroy(&g);
+    olmo_model_destroy(&m);
+    free(logits);
+    free(full);
+}
+
+static void test_sampler(void) {
+    const int V = 6;
+    const float logits[6] = {1.0f, 2.0f, 0.5f, -1.0f, 1.5f, 0.0f};
+    const double T = 0.7;
+    double p[6], total = 0;
+    for (int i = 0; i < V; i++) total += p[i] = exp(logits[i] / T);
+    for (int i = 0; i < V; i++) p[i] /= total;
+    struct olmo_rng r;
+    olmo_rng_seed(&r, 5);
+    const int draws = 60000;
+    int counts[6] = {0};
+    for (int k = 0; k < draws; k++) counts[olmo_sample_token(logits, V, T, 1.0, &r)]++;
+    double worst = 0;
+    for (int i = 0; i < V; i++) {
+        double se = sqrt(p[i] * (1 - p[i]) / draws), z = fabs(counts[i] / (double)draws - p[i]) / se;
+        if (z > worst) worst = z;
+    }
+    check(worst < 5.0, "temperature sampling frequencies (max z-score)", worst);
+    /* top-p 0.6: sorted probabilities are p1 > p4 > p0 > ...; the nucleus is the
+     * smallest prefix reaching 0.6 of the mass. */
+    int order[6] = {1, 4, 0, 2, 5, 3}, keep = 0;
+    double cum = 0;
+    while (cum < 0.6) cum += p[order[keep++]];
+    memset(counts, 0, sizeof counts);
+    for (int k = 0; k < draws; k++) counts[olmo_sample_token(logits, V, T, 0.6, &r)]++;
+    int outside = 0;
+    for (int k = keep; k < V; k++) outside += counts[order[k]];
+    worst = 0;
+    for (int k = 0; k < keep; k++) {
+        double q = p[order[k]] / cum, se = sqrt(q * (1 - q) / draws);
+        double z = fabs(counts[order[k]] / (double)draws - q) / se;
+        if (z > worst) worst = z;
+    }
+    check(outside == 0 && worst < 5.0, "top-p: nothing outside the nucleus, renormalised inside", worst);
+    check(olmo_sample_token(logits, V, 0.0, 1.0, &r) == 1, "temperature 0 is argmax", 0);
+    struct olmo_rng a, b;
+    olmo_rng_seed(&a, 9);
+    olmo_rng_seed(&b, 9);
+    int same = 1;
+    for (int k = 0; k < 100; k++) same &= olmo_sample_token(logits, V, 1.0, 0.9, &a) == olmo_sample_token(logits, V, 1.0, 0.9, &b);
+    check(same, "same seed, same samples", 0);
+}
+
+static void test_hash(void) {
+    char buf[100];
+    for (int i = 0; i < 100; i++) buf[i] = (char)i;
+    uint64_t h = olmo_hash64(buf, 100);
+    int distinct = 1;
+    for (int i = 0; i < 100; i++) {
+        buf[i] ^= 1;
+        distinct &= olmo_hash64(buf, 100) != h;
+        buf[i] ^= 1;
+    }
+    distinct &= olmo_hash64(buf, 99) != h;
+    check(distinct && olmo_hash64(buf, 100) == h, "hash64 changes with any flipped bit or length", 0);
+}
+
+int main(void) {
+    be = olmo_backend_cpu();
+    olmo_rng_seed(&rng, 1234);
+    test_determinism();
+    test_generate_matches_forward(64);
+    test_generate_matches_forward(3);
+    test_generate_matches_forward(1);
+    test_sampler();
+    test_hash();
+    printf("%d/%d checks passed\n", checks - failures, checks);
+    return failures ? 1 : 0;
+}
