@@ -14,7 +14,7 @@ if [ -n "$missing" ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
 fi
 
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import torch, transformers, safetensors, pytest" 2>/dev/null; then
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import torch, transformers, safetensors, pytest, matplotlib" 2>/dev/null; then
   echo "setup: creating .venv with the PyTorch reference (first time: a few minutes)"
   python3 -m venv .venv
   .venv/bin/pip install -q --upgrade pip

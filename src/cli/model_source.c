@@ -31,7 +31,7 @@ int olmo_source_resolve(const char *src, const char *config_path, struct olmo_mo
     if (strlen(src) >= 4000) return olmo_error("path too long: '%.60s...'", src);
     if (olmo_is_dir(src)) {
         snprintf(s->dir, sizeof s->dir, "%s", src);
-        if (has(src, "state.json")) {
+        if (has(src, "state.json") || has(src, "optim.safetensors")) { /* a checkpoint, maybe damaged */
             s->kind = SRC_CHECKPOINT;
         } else if (has(src, "config.json")) {
             s->kind = SRC_HF_DIR;
@@ -53,10 +53,11 @@ int olmo_source_resolve(const char *src, const char *config_path, struct olmo_mo
     } else {
         return olmo_error("'%s' does not exist", src);
     }
+    if (s->kind == SRC_CHECKPOINT && olmo_ckpt_verify(s->dir, NULL)) return -1;
     if (config_path) return olmo_config_load(cfg, config_path);
     char path[4400];
     switch (s->kind) {
-    case SRC_CHECKPOINT: return olmo_ckpt_read_config(s->dir, cfg);
+    case SRC_CHECKPOINT: return olmo_ckpt_read_config(s->dir, cfg); /* verified above */
     case SRC_RUN_DIR:
         snprintf(path, sizeof path, "%s/config.yaml", s->dir);
         return olmo_config_load(cfg, path);
@@ -70,8 +71,8 @@ int olmo_source_resolve(const char *src, const char *config_path, struct olmo_mo
 
 int olmo_source_load_weights(const struct olmo_model_source *s, struct olmo_model *m) {
     switch (s->kind) {
-    case SRC_CHECKPOINT: return olmo_ckpt_load_weights(s->dir, m);
     case SRC_HF_DIR: return olmo_hf_load_weights(m, s->dir);
+    case SRC_CHECKPOINT: /* verified by olmo_source_resolve */
     case SRC_RUN_DIR:
     case SRC_FILE: return olmo_weights_load(m, s->weights);
     }

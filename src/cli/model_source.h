@@ -16,9 +16,10 @@ struct olmo_model_source {
     char weights[4200]; /* safetensors file (not for SRC_HF_DIR) */
 };
 
-/* Resolves src and reads its config into cfg (config_path, when given, replaces it). */
+/* Resolves src (a checkpoint is verified: sizes and hashes) and reads its
+ * config into cfg (config_path, when given, replaces it). */
 int olmo_source_resolve(const char *src, const char *config_path, struct olmo_model_source *s, struct olmo_config *cfg);
-/* Loads the source's weights into a created model (checkpoints are verified first). */
+/* Loads the source's weights into a created model. */
 int olmo_source_load_weights(const struct olmo_model_source *s, struct olmo_model *m);
 const char *olmo_source_kind_name(enum olmo_source_kind k);
 

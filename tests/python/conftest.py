@@ -5,6 +5,9 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# On a shared, oversubscribed machine OpenMP threads that spin while waiting
+# make tiny runs 10-50x slower; sleeping waits change no result, only timing.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 
