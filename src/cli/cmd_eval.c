@@ -16,14 +16,16 @@ static void eval_usage(FILE *out) {
             "usage: olmoc eval SRC [--val A.npy,B.npy] [--task T.jsonl,...] [options]\n\n"
             "Evaluates a model: SRC is a checkpoint (step-NNNNNN/), a run directory (its newest\n"
             "checkpoint), a Hugging Face directory, or a .safetensors file with --config.\n\n"
-            "  --val LIST          validation token files (.npy, comma-separated; default: the config's\n"
-            "                      data.val_paths): mean next-token loss and perplexity over the first\n"
-            "                      --batches micro-batches of train.seq_len tokens, in file order\n"
-            "  --task LIST         multiple-choice task files (.jsonl, comma-separated; default: the\n"
-            "                      config's data.eval_tasks), one example per line:\n"
+            "  --val LIST          validation token files (.npy, comma-separated): mean next-token\n"
+            "                      loss and perplexity over the first --batches micro-batches of\n"
+            "                      train.seq_len tokens, in file order\n"
+            "  --task LIST         multiple-choice task files (.jsonl, comma-separated), one example\n"
+            "                      per line:\n"
             "                        {\"context\": [ids], \"choices\": [[ids], [ids], ...], \"label\": k}\n"
             "                      each choice scored by the sum of its tokens' log-probabilities;\n"
             "                      reports acc and acc_per_token (length-normalised)\n"
+            "                      (without --val and --task: the config's data.val_paths and\n"
+            "                      data.eval_tasks)\n"
             "  --batches N         micro-batches per validation set (default train.eval_batches)\n"
             "  --scores-out FILE   per-example choice log-likelihoods as JSONL\n"
             "  --json              print results as JSON lines only\n"
@@ -88,8 +90,12 @@ int cmd_eval(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--set") && olmo_config_set(&cfg, argv[++i])) goto fail;
     if (olmo_config_validate(&cfg)) goto fail;
-    if (!val) val = cfg.data.val_paths;
-    if (!tasks_arg) tasks_arg = cfg.data.eval_tasks;
+    if (!val && !tasks_arg) { /* nothing named on the command line: what the run evaluated */
+        val = cfg.data.val_paths;
+        tasks_arg = cfg.data.eval_tasks;
+    }
+    if (!val) val = "";
+    if (!tasks_arg) tasks_arg = "";
     if (!batches) batches = cfg.train.eval_batches;
     if (olmo_val_sets_open(val, cfg.train.seq_len, &sets, &n_sets)) goto fail;
     if (olmo_mc_tasks_load(tasks_arg, cfg.model.vocab_size, &tasks, &n_tasks)) goto fail;
