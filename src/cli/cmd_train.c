@@ -225,6 +225,8 @@ int cmd_train(int argc, char **argv) {
     const struct olmo_backend *be = olmo_backend_cpu();
     if (olmo_trainer_init(&tr, &cfg, be)) goto fail;
     struct evaluators ev = {0};
+    if (cfg.train.eval_every == 0 && (cfg.data.val_paths[0] || cfg.data.eval_tasks[0]))
+        printf("note: data.val_paths / data.eval_tasks are set but train.eval_every is 0: no evaluation\n");
     if (cfg.train.eval_every > 0) {
         if (olmo_val_sets_open(cfg.data.val_paths, cfg.train.seq_len, &ev.val, &ev.n_val)) goto fail;
         if (olmo_mc_tasks_load(cfg.data.eval_tasks, cfg.model.vocab_size, &ev.tasks, &ev.n_tasks)) goto fail;
@@ -240,6 +242,22 @@ int cmd_train(int argc, char **argv) {
             goto fail;
         }
         if (olmo_ckpt_seek_loader(&loader, st.loader_epoch, st.loader_pos)) goto fail;
+        /* Newer checkpoints in out_dir would belong to another trajectory: the
+         * next auto-resume, and keep-last retention, would mix the two runs. */
+        char newest[4096];
+        int found = olmo_ckpt_find_latest(cfg.data.out_dir, newest, sizeof newest);
+        if (found < 0) goto fail;
+        if (found && strcmp(newest, ckpt)) {
+            const char *base = strrchr(newest, '/');
+            long newest_step = base ? strtol(base + 1 + strlen("step-"), NULL, 10) : 0;
+            if (newest_step > st.step) {
+                olmo_error("data.out_dir '%s' holds '%s', newer than the checkpoint to resume from (step %ld): "
+                           "continuing would mix two runs; remove the newer checkpoints or use another "
+                           "data.out_dir",
+                           cfg.data.out_dir, newest, st.step);
+                goto fail;
+            }
+        }
     } else if (init_path) {
         if (olmo_weights_load(&tr.model, init_path)) goto fail;
     } else {

@@ -127,6 +127,9 @@ def test_resume_rules_and_errors(build_dir, tiny, tmp_path):
     assert r.returncode == 0 and "resumed from" in r.stdout and "step 11/12" in r.stdout, r.stdout + r.stderr
 
     ck = out / "step-000005"
+    # resuming an older checkpoint into the same directory would mix two runs
+    r = olmoc(build_dir, *train_args(cfg, data, out, *base, "--resume-from", ck))
+    assert r.returncode == 1 and "newer than the checkpoint to resume from (step 5)" in r.stderr, r.stderr
     for build in builds(build_dir):
         def resume_from(path, *extra):
             return olmoc(build, *train_args(cfg, data, tmp_path / "other", *base, *extra, "--resume-from", path))
