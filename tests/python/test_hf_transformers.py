@@ -20,11 +20,14 @@ def hf_model(model, params):
         num_hidden_layers=model["n_layers"], num_attention_heads=model["n_heads"],
         num_key_value_heads=model["n_kv_heads"], rms_norm_eps=model["rms_norm_eps"],
         sliding_window=model["sliding_window"], layer_types=layer_types,
-        rope_parameters={"rope_type": "default", "rope_theta": model["rope_theta"]},
+        rope_parameters={t: {"rope_type": "default", "rope_theta": model["rope_theta"]}
+                         for t in ("full_attention", "sliding_attention")},
         max_position_embeddings=4096, tie_word_embeddings=False,
         pad_token_id=model["pad_token_id"], eos_token_id=model["eos_token_id"], bos_token_id=None,
         attn_implementation="eager",
     )
+    for t in ("full_attention", "sliding_attention"):  # the theta really reached transformers
+        assert config.rope_parameters[t]["rope_theta"] == model["rope_theta"]
     hf = transformers.Olmo3ForCausalLM(config).double()
     missing, unexpected = hf.load_state_dict({n: t.double() for n, t in params.items()}, strict=True)
     assert not missing and not unexpected
@@ -33,7 +36,8 @@ def hf_model(model, params):
 
 @pytest.mark.parametrize("n_kv_heads", [4, 2])
 def test_against_transformers(n_kv_heads, build_dir, tmp_path):
-    model = {**BASE_MODEL, "n_kv_heads": n_kv_heads}
+    # a theta other than transformers' default, so a dropped setting would show
+    model = {**BASE_MODEL, "n_kv_heads": n_kv_heads, "rope_theta": 10000.0}
     train = {**BASE_TRAIN, "steps": 1, "z_loss": 0.0, "intra_doc_masking": False}
     params = random_params(model, seed=11 + n_kv_heads)
     tokens = random_tokens(model, train, seed=3)
