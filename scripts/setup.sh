@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev libyaml-dev libcjson-dev libpcre2-dev libomp-dev python3-venv"
+APT_PACKAGES="build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin libyaml-dev libcjson-dev libpcre2-dev libomp-dev python3-venv"
 missing=""
 for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

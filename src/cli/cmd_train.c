@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "cli/commands.h"
 #include "config/config.h"
+#include "dist/dist.h"
 #include "data/token_file.h"
 #include "model/weights.h"
 #include "train/checkpoint.h"
@@ -218,12 +219,21 @@ int cmd_train(int argc, char **argv) {
         if (!found) ckpt[0] = 0;
     }
 
+    /* Under mpirun every rank runs this same loop on its slice of each batch;
+     * rank 0 alone prints and writes files. */
+    static struct olmo_dist dist; /* static: zero (world 0) if an earlier error reaches fail */
+    if (olmo_dist_init(&dist, NULL, NULL)) goto fail;
+    const bool leader = dist.rank == 0;
+    if (!leader && !freopen("/dev/null", "w", stdout)) {
+        olmo_error("cannot silence rank %d's output", dist.rank);
+        goto fail;
+    }
     struct olmo_loader loader;
     if (olmo_loader_open(&loader, cfg.data.train_path, cfg.train.seq_len, cfg.model.vocab_size, cfg.train.seed))
         goto fail;
     struct olmo_trainer tr;
     const struct olmo_backend *be = olmo_backend_cpu();
-    if (olmo_trainer_init(&tr, &cfg, be)) goto fail;
+    if (olmo_trainer_init_dist(&tr, &cfg, be, &dist)) goto fail;
     struct evaluators ev = {0};
     if (cfg.train.eval_every == 0 && (cfg.data.val_paths[0] || cfg.data.eval_tasks[0]))
         printf("note: data.val_paths / data.eval_tasks are set but train.eval_every is 0: no evaluation\n");
@@ -266,10 +276,11 @@ int cmd_train(int argc, char **argv) {
     if (olmo_make_dirs(cfg.data.out_dir)) goto fail;
     char path[4200];
     snprintf(path, sizeof path, "%s/config.yaml", cfg.data.out_dir);
-    if (olmo_config_write(&cfg, path)) goto fail;
+    if (leader && olmo_config_write(&cfg, path)) goto fail;
     char metrics_path[4200];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", cfg.data.out_dir);
-    if (truncate_metrics(metrics_path, st.step)) goto fail;
+    if (!leader) snprintf(metrics_path, sizeof metrics_path, "/dev/null");
+    else if (truncate_metrics(metrics_path, st.step)) goto fail;
     FILE *metrics = fopen(metrics_path, "a");
     if (!metrics) {
         olmo_error("cannot open '%s': %s", metrics_path, strerror(errno));
@@ -277,7 +288,7 @@ int cmd_train(int argc, char **argv) {
     }
 
     const struct olmo_train_config *t = &cfg.train;
-    const size_t rows = (size_t)t->grad_accum * t->micro_batch;
+    const size_t rows = olmo_trainer_batch_rows(&tr);
     const long tokens_per_step = (long)(rows * (size_t)t->seq_len);
     int32_t *batch = olmo_malloc(rows * t->seq_len * sizeof(int32_t), "batch");
     if (!batch) goto fail;
@@ -288,10 +299,14 @@ int cmd_train(int argc, char **argv) {
         peak = measure_peak_flops(be);
         peak_source = "measured: best of 3 SGEMMs 1024^3";
     }
+    peak *= dist.world; /* every rank has the same peak */
     printf("olmoc train: %s | %zu params (%zu non-embedding) | %d layers d_model %d | batch %zu x %d tokens | "
            "%zu instances in %s\n",
            config_path, olmo_model_count_params(&cfg.model, true), olmo_model_count_params(&cfg.model, false),
            cfg.model.n_layers, cfg.model.d_model, rows, t->seq_len, loader.n_instances, cfg.data.train_path);
+    if (dist.world > 1)
+        printf("data parallel: %d ranks x %d micro-batches of %d; optimizer state sharded (ZeRO-1)\n", dist.world,
+               t->grad_accum, t->micro_batch);
     printf("MFU: %.4g FLOPs/token, peak %.4g FLOP/s (%s)\n", flops_per_token, peak, peak_source);
     if (ckpt[0])
         printf("resumed from %s at step %ld (epoch %ld, instance %zu)\n", ckpt, st.step, st.loader_epoch,
@@ -345,7 +360,7 @@ int cmd_train(int argc, char **argv) {
             };
             char saved[4096];
             if (olmo_ckpt_save(cfg.data.out_dir, &tr, &cs, saved, sizeof saved) ||
-                olmo_ckpt_retain(cfg.data.out_dir, t->keep_last))
+                (leader && olmo_ckpt_retain(cfg.data.out_dir, t->keep_last)))
                 goto fail;
             printf("checkpoint step %ld: %s (%.2fs)\n", step, saved, now_seconds() - t0);
             fflush(stdout);
@@ -359,7 +374,7 @@ int cmd_train(int argc, char **argv) {
         snprintf(weights_path, sizeof weights_path, "%s/model.safetensors", cfg.data.out_dir);
         save_path = weights_path;
     }
-    if (olmo_weights_save(&tr.model, tr.model.weights, save_path)) goto fail;
+    if (leader && olmo_weights_save(&tr.model, tr.model.weights, save_path)) goto fail;
     long done_steps = t->steps >= first_step ? t->steps - first_step + 1 : 0;
     printf("done: %ld steps in %.1fs (%.0f tok/s average); weights in %s\n", done_steps, total,
            total > 0 ? (double)done_steps * (double)tokens_per_step / total : 0.0, save_path);
@@ -368,8 +383,10 @@ int cmd_train(int argc, char **argv) {
     olmo_mc_tasks_free(ev.tasks, ev.n_tasks);
     olmo_trainer_destroy(&tr);
     olmo_loader_close(&loader);
+    olmo_dist_finalize(&dist);
     return 0;
 fail:
-    fprintf(stderr, "olmoc train: %s\n", olmo_last_error());
+    if (dist.world > 1) fprintf(stderr, "olmoc train (rank %d): %s\n", dist.rank, olmo_last_error());
+    else fprintf(stderr, "olmoc train: %s\n", olmo_last_error());
     return 1;
 }

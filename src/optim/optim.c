@@ -1,6 +1,7 @@
 #include "optim/optim.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "util/error.h"
 
@@ -15,10 +16,14 @@ double olmo_lr_at(const struct olmo_train_config *t, long step) {
     return peak - progress * (peak - eta_min);
 }
 
-int olmo_optimizer_create(struct olmo_optimizer *opt, const struct olmo_model *m) {
+int olmo_optimizer_create(struct olmo_optimizer *opt, const struct olmo_model *m, const struct olmo_dist *dist) {
     opt->step = 0;
-    opt->m = m->be->alloc(m->n_floats * sizeof(float));
-    opt->v = m->be->alloc(m->n_floats * sizeof(float));
+    opt->lo = 0;
+    opt->hi = m->n_floats;
+    if (dist) olmo_dist_shard(dist, m->n_floats, &opt->lo, &opt->hi);
+    size_t n = opt->hi - opt->lo;
+    opt->m = m->be->alloc(n * sizeof(float));
+    opt->v = m->be->alloc(n * sizeof(float));
     if (!opt->m || !opt->v) return olmo_error_context("optimizer state");
     return 0;
 }
@@ -42,8 +47,33 @@ void olmo_optimizer_step(struct olmo_optimizer *opt, struct olmo_model *m, const
     opt->step++;
     for (int i = 0; i < m->n_tensors; i++) {
         const struct olmo_param *p = &m->params[i];
+        /* the part of this tensor inside the shard */
+        size_t lo = p->offset > opt->lo ? p->offset : opt->lo;
+        size_t hi = p->offset + p->numel < opt->hi ? p->offset + p->numel : opt->hi;
+        if (lo >= hi) continue;
         double wd = p->is_embedding ? t->embedding_weight_decay : t->weight_decay;
-        m->be->adamw(m->weights + p->offset, m->grads + p->offset, opt->m + p->offset, opt->v + p->offset,
-                     p->numel, lr, (float)t->beta1, (float)t->beta2, (float)t->eps, wd, opt->step);
+        m->be->adamw(m->weights + lo, m->grads + lo, opt->m + (lo - opt->lo), opt->v + (lo - opt->lo), hi - lo, lr,
+                     (float)t->beta1, (float)t->beta2, (float)t->eps, wd, opt->step);
     }
+}
+
+int olmo_optimizer_gather(const struct olmo_optimizer *opt, const struct olmo_model *m, const struct olmo_dist *dist,
+                          float *m_host, float *v_host) {
+    size_t n = opt->hi - opt->lo;
+    m->be->to_host(m_host + opt->lo, opt->m, n * sizeof(float));
+    m->be->to_host(v_host + opt->lo, opt->v, n * sizeof(float));
+    if (!dist || dist->world == 1) return 0;
+    size_t *offsets = olmo_malloc(sizeof(size_t) * (size_t)(dist->world + 1), "shard offsets");
+    if (!offsets) return -1;
+    olmo_dist_shard_offsets(dist, m->n_floats, offsets);
+    int rc = olmo_dist_allgather_f32(dist, m_host, offsets) || olmo_dist_allgather_f32(dist, v_host, offsets);
+    free(offsets);
+    return rc ? -1 : 0;
+}
+
+void olmo_optimizer_scatter(struct olmo_optimizer *opt, const struct olmo_model *m, const float *m_host,
+                            const float *v_host) {
+    size_t n = opt->hi - opt->lo;
+    m->be->to_device(opt->m, m_host + opt->lo, n * sizeof(float));
+    m->be->to_device(opt->v, v_host + opt->lo, n * sizeof(float));
 }

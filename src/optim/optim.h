@@ -5,24 +5,36 @@
 #define OLMOC_OPTIM_H
 
 #include "config/config.h"
+#include "dist/dist.h"
 #include "model/model.h"
 
+/* ZeRO-1: with several data-parallel ranks each rank keeps the Adam moments
+ * of (and updates) only its contiguous shard [lo, hi) of the flat parameter
+ * buffer; the updated shards are then all-gathered.  One rank: lo = 0, hi = all. */
 struct olmo_optimizer {
-    float *m, *v; /* backend buffers with the parameter layout */
-    long step;    /* optimizer steps taken */
+    float *m, *v;  /* backend buffers of hi - lo floats (shard-local indexing) */
+    size_t lo, hi; /* this rank's shard of the flat parameters */
+    long step;     /* optimizer steps taken */
 };
 
 /* Learning rate for the optimizer step number `step` (1-based), following
  * OLMo-core's CosWithWarmup / LinearWithWarmup / ConstantScheduler. */
 double olmo_lr_at(const struct olmo_train_config *t, long step);
 
-int olmo_optimizer_create(struct olmo_optimizer *opt, const struct olmo_model *m);
+int olmo_optimizer_create(struct olmo_optimizer *opt, const struct olmo_model *m, const struct olmo_dist *dist);
 void olmo_optimizer_destroy(struct olmo_optimizer *opt, const struct olmo_model *m);
 /* Global L2 norm of all gradients. */
 double olmo_grad_norm(const struct olmo_model *m);
 /* torch.nn.utils.clip_grad_norm_: scales grads by max_norm / (norm + 1e-6) when that is < 1. */
 void olmo_clip_grads(struct olmo_model *m, double norm, double max_norm);
+/* Updates this rank's shard of the parameters (no communication). */
 void olmo_optimizer_step(struct olmo_optimizer *opt, struct olmo_model *m, const struct olmo_train_config *t,
                          double lr);
+/* Collective: full-size host copies of both moments, assembled from every rank's shard. */
+int olmo_optimizer_gather(const struct olmo_optimizer *opt, const struct olmo_model *m, const struct olmo_dist *dist,
+                          float *m_host, float *v_host);
+/* Takes this rank's shard out of full-size host copies of both moments. */
+void olmo_optimizer_scatter(struct olmo_optimizer *opt, const struct olmo_model *m, const float *m_host,
+                            const float *v_host);
 
 #endif

@@ -86,8 +86,11 @@ static int save_optimizer(const struct olmo_trainer *tr, const char *path) {
         free(vh);
         return olmo_error("out of memory saving the optimizer state");
     }
-    m->be->to_host(mh, tr->opt.m, m->n_floats * sizeof(float));
-    m->be->to_host(vh, tr->opt.v, m->n_floats * sizeof(float));
+    if (olmo_optimizer_gather(&tr->opt, m, tr->dist, mh, vh)) {
+        free(mh);
+        free(vh);
+        return -1;
+    }
     struct st_writer w = {0};
     int rc = 0;
     for (int i = 0; i < m->n_tensors && !rc; i++) {
@@ -150,6 +153,16 @@ static int write_state(const char *dir, const struct olmo_ckpt_state *st, const 
 int olmo_ckpt_save(const char *out_dir, const struct olmo_trainer *tr, const struct olmo_ckpt_state *st,
                    char *path_out, size_t n) {
     char tmp[4096], final[4096], old[4096], path[4096];
+    if (tr->dist && tr->dist->world > 1 && tr->dist->rank != 0) {
+        /* Other ranks only hand their optimizer shards to rank 0, which writes. */
+        const struct olmo_model *m = &tr->model;
+        float *mh = malloc(m->n_floats * sizeof(float)), *vh = malloc(m->n_floats * sizeof(float));
+        int rc = (!mh || !vh) ? olmo_error("out of memory gathering the optimizer state")
+                              : olmo_optimizer_gather(&tr->opt, m, tr->dist, mh, vh);
+        free(mh);
+        free(vh);
+        return rc ? rc : olmo_dist_barrier(tr->dist);
+    }
     snprintf(tmp, sizeof tmp, "%s/" CKPT_TMP_PREFIX "%06ld", out_dir, st->step);
     snprintf(final, sizeof final, "%s/" CKPT_PREFIX "%06ld", out_dir, st->step);
     snprintf(old, sizeof old, "%s/" CKPT_OLD_PREFIX "%06ld", out_dir, st->step);
@@ -179,7 +192,7 @@ int olmo_ckpt_save(const char *out_dir, const struct olmo_trainer *tr, const str
     if (olmo_fsync_path(out_dir)) goto fail;
     if (replaced && olmo_remove_tree(old)) return olmo_error_context("removing the replaced checkpoint");
     if (path_out) snprintf(path_out, n, "%s", final);
-    return 0;
+    return tr->dist ? olmo_dist_barrier(tr->dist) : 0;
 fail:
     return olmo_error_context("saving checkpoint '%s'", final);
 }
@@ -425,8 +438,7 @@ static int load_optimizer(struct olmo_trainer *tr, const char *path) {
         rc = olmo_error("'%s' has %d tensors, expected %d", path, f.n_tensors, 2 * m->n_tensors + 1);
     if (!rc && step < 0) rc = olmo_error("'%s': negative optimizer step", path);
     if (!rc) {
-        m->be->to_device(tr->opt.m, mh, m->n_floats * sizeof(float));
-        m->be->to_device(tr->opt.v, vh, m->n_floats * sizeof(float));
+        olmo_optimizer_scatter(&tr->opt, m, mh, vh);
         tr->opt.step = step;
     }
     free(mh);

@@ -6,12 +6,22 @@
 #include "util/error.h"
 
 int olmo_trainer_init(struct olmo_trainer *tr, const struct olmo_config *cfg, const struct olmo_backend *be) {
+    return olmo_trainer_init_dist(tr, cfg, be, NULL);
+}
+
+int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cfg, const struct olmo_backend *be,
+                           const struct olmo_dist *dist) {
     memset(tr, 0, sizeof *tr);
     tr->cfg = *cfg;
+    tr->dist = dist;
+    if (dist && dist->world > 1 && strcmp(be->name, "cpu"))
+        return olmo_error("multi-process training moves gradients through MPI in host memory: backend '%s' "
+                          "is not supported yet",
+                          be->name);
     if (olmo_config_validate(cfg)) return -1;
     if (olmo_model_create(&tr->model, &cfg->model, be)) return -1;
     if (olmo_model_reserve(&tr->model, cfg->train.micro_batch, cfg->train.seq_len)) return -1;
-    if (olmo_optimizer_create(&tr->opt, &tr->model)) return -1;
+    if (olmo_optimizer_create(&tr->opt, &tr->model, dist)) return -1;
     size_t n = (size_t)cfg->train.micro_batch * cfg->train.seq_len;
     tr->inputs = olmo_malloc(n * sizeof(int32_t), "input batch");
     tr->targets = olmo_malloc(n * sizeof(int32_t), "target batch");
@@ -40,41 +50,59 @@ static long stage_micro_batch(struct olmo_trainer *tr, const int32_t *rows, int 
     return labels;
 }
 
+static int world_size(const struct olmo_trainer *tr) { return tr->dist ? tr->dist->world : 1; }
+
+size_t olmo_trainer_batch_rows(const struct olmo_trainer *tr) {
+    return (size_t)world_size(tr) * tr->cfg.train.grad_accum * tr->cfg.train.micro_batch;
+}
+
 int olmo_trainer_accumulate(struct olmo_trainer *tr, const int32_t *instances, struct olmo_step_result *res) {
     const struct olmo_train_config *t = &tr->cfg.train;
     struct olmo_model *m = &tr->model;
     const int micro = t->micro_batch, T = t->seq_len;
-    const long total_labels = (long)t->grad_accum * micro * (T - 1);
+    const long total_labels = (long)olmo_trainer_batch_rows(tr) * (T - 1);
     if (total_labels <= 0) return olmo_error("train.seq_len must be at least 2 to have a next-token label");
-    double ce = 0.0, zz = 0.0;
+    /* this rank's slice of the global batch */
+    const int32_t *mine = instances + (size_t)(tr->dist ? tr->dist->rank : 0) * t->grad_accum * micro * T;
+    double sums[2] = {0.0, 0.0}; /* cross-entropy, lse^2 */
     m->be->zero(m->grads, m->n_floats * sizeof(float));
     for (int a = 0; a < t->grad_accum; a++) {
-        stage_micro_batch(tr, instances + (size_t)a * micro * T, micro);
+        stage_micro_batch(tr, mine + (size_t)a * micro * T, micro);
         if (olmo_model_forward(m, tr->inputs, t->intra_doc_masking)) return -1;
         double ce_sum, z_sum;
         olmo_model_loss(m, tr->targets, (float)(1.0 / (double)total_labels), (float)t->z_loss, &ce_sum, &z_sum);
         olmo_model_backward(m);
-        ce += ce_sum;
-        zz += z_sum;
+        sums[0] += ce_sum;
+        sums[1] += z_sum;
     }
-    res->ce_loss = ce / (double)total_labels;
-    res->z_loss = t->z_loss * zz / (double)total_labels;
+    if (tr->dist && (olmo_dist_allreduce_f32(tr->dist, m->grads, m->n_floats) ||
+                     olmo_dist_allreduce_f64(tr->dist, sums, 2)))
+        return -1;
+    res->ce_loss = sums[0] / (double)total_labels;
+    res->z_loss = t->z_loss * sums[1] / (double)total_labels;
     res->loss_tokens = total_labels;
     res->grad_norm = olmo_grad_norm(m);
     return 0;
 }
 
-void olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res) {
+int olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res) {
     const struct olmo_train_config *t = &tr->cfg.train;
     olmo_clip_grads(&tr->model, res->grad_norm, t->clip_grad_norm);
     res->lr = olmo_lr_at(t, tr->opt.step + 1);
     olmo_optimizer_step(&tr->opt, &tr->model, t, res->lr);
+    if (!tr->dist || tr->dist->world == 1) return 0;
+    /* every rank updated its own shard: share them */
+    size_t *offsets = olmo_malloc(sizeof(size_t) * (size_t)(tr->dist->world + 1), "shard offsets");
+    if (!offsets) return -1;
+    olmo_dist_shard_offsets(tr->dist, tr->model.n_floats, offsets);
+    int rc = olmo_dist_allgather_f32(tr->dist, tr->model.weights, offsets);
+    free(offsets);
+    return rc;
 }
 
 int olmo_trainer_step(struct olmo_trainer *tr, const int32_t *instances, struct olmo_step_result *res) {
     if (olmo_trainer_accumulate(tr, instances, res)) return -1;
-    olmo_trainer_update(tr, res);
-    return 0;
+    return olmo_trainer_update(tr, res);
 }
 
 int olmo_trainer_eval(struct olmo_trainer *tr, const int32_t *instances, int n_rows, double *ce_loss) {

@@ -60,7 +60,7 @@ static int run(const char *config_path, const char *weights_path, const char *ba
         losses[3 * s] = res.ce_loss;
         losses[3 * s + 1] = res.z_loss;
         losses[3 * s + 2] = res.grad_norm;
-        olmo_trainer_update(&tr, &res);
+        if (olmo_trainer_update(&tr, &res)) return -1;
     }
     int64_t sshape[2] = {steps, 3};
     if (st_writer_add(&w, "losses", ST_F64, 2, sshape, losses)) return -1;

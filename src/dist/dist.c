@@ -1,0 +1,114 @@
+#include "dist/dist.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+
+#ifdef OLMOC_HAVE_MPI
+#include <mpi.h>
+
+/* MPI counts are int: move large buffers in chunks. */
+#define MPI_CHUNK ((size_t)1 << 30)
+
+static int launched_by_mpi(void) {
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK") || getenv("MPI_LOCALNRANKS");
+}
+
+int olmo_dist_init(struct olmo_dist *d, int *argc, char ***argv) {
+    memset(d, 0, sizeof *d);
+    d->world = 1;
+    if (!launched_by_mpi()) return 0;
+    if (MPI_Init(argc, argv) != MPI_SUCCESS) return olmo_error("MPI_Init failed");
+    d->mpi_active = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &d->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &d->world);
+    return 0;
+}
+
+void olmo_dist_finalize(struct olmo_dist *d) {
+    if (d->mpi_active) MPI_Finalize();
+    d->mpi_active = 0;
+}
+
+static int allreduce(const struct olmo_dist *d, void *buf, size_t n, MPI_Datatype type, size_t elem) {
+    if (d->world == 1) return 0;
+    for (size_t off = 0; off < n; off += MPI_CHUNK) {
+        size_t count = n - off < MPI_CHUNK ? n - off : MPI_CHUNK;
+        if (MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * elem, (int)count, type, MPI_SUM, MPI_COMM_WORLD) !=
+            MPI_SUCCESS)
+            return olmo_error("MPI_Allreduce failed");
+    }
+    return 0;
+}
+
+int olmo_dist_allreduce_f32(const struct olmo_dist *d, float *buf, size_t n) {
+    return allreduce(d, buf, n, MPI_FLOAT, sizeof(float));
+}
+
+int olmo_dist_allreduce_f64(const struct olmo_dist *d, double *buf, size_t n) {
+    return allreduce(d, buf, n, MPI_DOUBLE, sizeof(double));
+}
+
+int olmo_dist_allgather_f32(const struct olmo_dist *d, float *buf, const size_t *offsets) {
+    if (d->world == 1) return 0;
+    /* Broadcast each rank's slice from its owner, chunked to stay within int counts. */
+    for (int r = 0; r < d->world; r++)
+        for (size_t off = offsets[r]; off < offsets[r + 1]; off += MPI_CHUNK) {
+            size_t count = offsets[r + 1] - off < MPI_CHUNK ? offsets[r + 1] - off : MPI_CHUNK;
+            if (MPI_Bcast(buf + off, (int)count, MPI_FLOAT, r, MPI_COMM_WORLD) != MPI_SUCCESS)
+                return olmo_error("MPI_Bcast failed");
+        }
+    return 0;
+}
+
+int olmo_dist_barrier(const struct olmo_dist *d) {
+    if (d->world > 1 && MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS) return olmo_error("MPI_Barrier failed");
+    return 0;
+}
+
+#else /* single process build */
+
+int olmo_dist_init(struct olmo_dist *d, int *argc, char ***argv) {
+    (void)argc;
+    (void)argv;
+    memset(d, 0, sizeof *d);
+    d->world = 1;
+    if (getenv("OMPI_COMM_WORLD_SIZE") && atoi(getenv("OMPI_COMM_WORLD_SIZE")) > 1)
+        return olmo_error("started by mpirun with %s ranks, but this olmoc was built without MPI",
+                          getenv("OMPI_COMM_WORLD_SIZE"));
+    return 0;
+}
+void olmo_dist_finalize(struct olmo_dist *d) { (void)d; }
+int olmo_dist_allreduce_f32(const struct olmo_dist *d, float *buf, size_t n) {
+    (void)d, (void)buf, (void)n;
+    return 0;
+}
+int olmo_dist_allreduce_f64(const struct olmo_dist *d, double *buf, size_t n) {
+    (void)d, (void)buf, (void)n;
+    return 0;
+}
+int olmo_dist_allgather_f32(const struct olmo_dist *d, float *buf, const size_t *offsets) {
+    (void)d, (void)buf, (void)offsets;
+    return 0;
+}
+int olmo_dist_barrier(const struct olmo_dist *d) {
+    (void)d;
+    return 0;
+}
+#endif
+
+void olmo_dist_shard(const struct olmo_dist *d, size_t n, size_t *lo, size_t *hi) {
+    size_t base = n / (size_t)d->world, extra = n % (size_t)d->world, r = (size_t)d->rank;
+    *lo = r * base + (r < extra ? r : extra);
+    *hi = *lo + base + (r < extra ? 1 : 0);
+}
+
+void olmo_dist_shard_offsets(const struct olmo_dist *d, size_t n, size_t *offsets) {
+    struct olmo_dist other = *d;
+    for (int r = 0; r < d->world; r++) {
+        other.rank = r;
+        olmo_dist_shard(&other, n, &offsets[r], &offsets[r + 1]);
+    }
+}

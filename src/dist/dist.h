@@ -1,0 +1,31 @@
+/* Data parallelism across processes through MPI (launched with mpirun).
+ * Without MPI in the build, or when not started by mpirun, this is a
+ * single-rank no-op, so every caller can use it unconditionally.
+ * Buffers are host memory (the CPU backend's); a device backend pairs these
+ * calls with NCCL instead. */
+#ifndef OLMOC_DIST_H
+#define OLMOC_DIST_H
+
+#include <stddef.h>
+
+struct olmo_dist {
+    int rank, world;
+    int mpi_active; /* MPI_Init was called by us */
+};
+
+/* Initialises MPI when the process was launched by an MPI launcher. */
+int olmo_dist_init(struct olmo_dist *d, int *argc, char ***argv);
+void olmo_dist_finalize(struct olmo_dist *d);
+/* In-place sums over all ranks. */
+int olmo_dist_allreduce_f32(const struct olmo_dist *d, float *buf, size_t n);
+int olmo_dist_allreduce_f64(const struct olmo_dist *d, double *buf, size_t n);
+/* Every rank contributes buf[offsets[r] .. offsets[r+1]) of its own buffer;
+ * afterwards all ranks hold all slices.  offsets has world + 1 entries. */
+int olmo_dist_allgather_f32(const struct olmo_dist *d, float *buf, const size_t *offsets);
+/* Contiguous, near-equal split of n items: [*lo, *hi) for this rank. */
+void olmo_dist_shard(const struct olmo_dist *d, size_t n, size_t *lo, size_t *hi);
+/* offsets[r] .. offsets[r+1] = rank r's shard of n items (world + 1 entries). */
+void olmo_dist_shard_offsets(const struct olmo_dist *d, size_t n, size_t *offsets);
+int olmo_dist_barrier(const struct olmo_dist *d);
+
+#endif
