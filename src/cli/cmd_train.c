@@ -17,7 +17,8 @@
 static void train_usage(FILE *out) {
     fprintf(out,
             "usage: olmoc train CONFIG.yaml [options]\n\n"
-            "Trains the model described by CONFIG.yaml on data.train_path (.npy token file).\n\n"
+            "Trains the model described by CONFIG.yaml on data.train_path (a token file) or\n"
+            "data.mix (several, with weights: \"a.npy:0.7,b.npy+c.npy:0.3\").\n\n"
             "options:\n"
             "  --set KEY=VALUE   override a config value, e.g. --set train.steps=10 (repeatable)\n"
             "  --init FILE       start from weights in FILE (safetensors, Hugging Face names)\n"
@@ -90,13 +91,13 @@ int cmd_train(int argc, char **argv) {
         else if (!strcmp(argv[i], "--save")) save_path = argv[++i];
     }
     if (olmo_config_validate(&cfg)) goto fail;
-    if (!cfg.data.train_path[0]) {
-        olmo_error("data.train_path is not set: give a .npy token file in the config or with --set");
+    if (!cfg.data.train_path[0] && !cfg.data.mix[0]) {
+        olmo_error("neither data.train_path nor data.mix is set: give token files in the config or with --set");
         goto fail;
     }
 
     struct olmo_loader loader;
-    if (olmo_loader_open(&loader, cfg.data.train_path, cfg.train.seq_len, cfg.model.vocab_size, cfg.train.seed))
+    if (olmo_loader_open_config(&loader, &cfg.data, cfg.train.seq_len, cfg.model.vocab_size, cfg.train.seed))
         goto fail;
     struct olmo_trainer tr;
     if (olmo_trainer_init(&tr, &cfg, olmo_backend_cpu())) goto fail;
@@ -117,7 +118,8 @@ int cmd_train(int argc, char **argv) {
     printf("olmoc train: %s | %zu params (%zu non-embedding) | %d layers d_model %d | batch %zu x %d tokens | "
            "%zu instances in %s\n",
            config_path, olmo_model_count_params(&cfg.model, true), olmo_model_count_params(&cfg.model, false),
-           cfg.model.n_layers, cfg.model.d_model, rows, t->seq_len, loader.n_instances, cfg.data.train_path);
+           cfg.model.n_layers, cfg.model.d_model, rows, t->seq_len, loader.n_instances,
+           cfg.data.mix[0] ? cfg.data.mix : cfg.data.train_path);
     fflush(stdout);
     const double start = now_seconds();
     double last = start;

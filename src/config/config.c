@@ -17,11 +17,13 @@ struct field {
     const char *key;
     enum field_type type;
     size_t offset;
+    size_t size; /* F_STRING: buffer size */
 };
 
-#define M(name, type) {"model." #name, type, offsetof(struct olmo_config, model.name)}
-#define T(name, type) {"train." #name, type, offsetof(struct olmo_config, train.name)}
-#define D(name, type) {"data." #name, type, offsetof(struct olmo_config, data.name)}
+#define M(name, type) {"model." #name, type, offsetof(struct olmo_config, model.name), 0}
+#define T(name, type) {"train." #name, type, offsetof(struct olmo_config, train.name), 0}
+#define DS(name) \
+    {"data." #name, F_STRING, offsetof(struct olmo_config, data.name), sizeof(((struct olmo_config *)0)->data.name)}
 static const struct field fields[] = {
     M(vocab_size, F_INT),          M(d_model, F_INT),
     M(n_layers, F_INT),            M(n_heads, F_INT),
@@ -39,12 +41,13 @@ static const struct field fields[] = {
     T(weight_decay, F_DOUBLE),     T(embedding_weight_decay, F_DOUBLE),
     T(schedule, F_SCHEDULE),       T(warmup_steps, F_LONG),
     T(alpha_f, F_DOUBLE),          T(schedule_steps, F_LONG),
-    T(log_every, F_INT),           D(train_path, F_STRING),
-    D(out_dir, F_STRING),
+    T(log_every, F_INT),           DS(train_path),
+    DS(mix),                       DS(dtype),
+    DS(out_dir),
 };
 #undef M
 #undef T
-#undef D
+#undef DS
 
 static const char *const schedule_names[] = {"cosine", "linear", "constant"};
 
@@ -73,6 +76,7 @@ void olmo_config_defaults(struct olmo_config *cfg) {
     cfg->train.alpha_f = 0.1;
     cfg->train.log_every = 1;
     snprintf(cfg->data.out_dir, sizeof cfg->data.out_dir, "runs/default");
+    snprintf(cfg->data.dtype, sizeof cfg->data.dtype, "auto");
 }
 
 static const struct field *find_field(const char *key) {
@@ -118,8 +122,8 @@ static int parse_value(struct olmo_config *cfg, const struct field *f, const cha
         else return olmo_error("'%s' expects true or false, got '%s'", f->key, value);
         return 0;
     case F_STRING:
-        if (strlen(value) >= sizeof cfg->data.train_path)
-            return olmo_error("'%s' is longer than %zu characters", f->key, sizeof cfg->data.train_path - 1);
+        if (strlen(value) >= f->size)
+            return olmo_error("'%s' is longer than %zu characters", f->key, f->size - 1);
         strcpy(base, value);
         return 0;
     case F_SCHEDULE:
@@ -276,6 +280,10 @@ int olmo_config_validate(const struct olmo_config *cfg) {
     if (t->alpha_f < 0 || t->alpha_f > 1) return olmo_error("train.alpha_f must be in [0, 1]");
     if (t->z_loss < 0 || t->weight_decay < 0 || t->embedding_weight_decay < 0)
         return olmo_error("train.z_loss and weight decays must be >= 0");
+    if (strcmp(cfg->data.dtype, "auto") && strcmp(cfg->data.dtype, "uint16") && strcmp(cfg->data.dtype, "uint32"))
+        return olmo_error("data.dtype must be auto, uint16 or uint32; got '%s'", cfg->data.dtype);
+    if (cfg->data.mix[0] && cfg->data.train_path[0])
+        return olmo_error("set either data.train_path or data.mix, not both");
     return 0;
 }
 

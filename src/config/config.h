@@ -46,6 +46,8 @@ struct olmo_train_config {
 
 struct olmo_data_config {
     char train_path[1024]; /* token file; empty = synthetic tokens */
+    char mix[4096];        /* data mix "PATH[+PATH...][:WEIGHT],..." (replaces train_path) */
+    char dtype[16];        /* dtype of raw (headerless) token files: auto, uint16, uint32 */
     char out_dir[1024];
 };
 
