@@ -12,6 +12,7 @@ struct command {
 
 static const struct command commands[] = {
     {"train", cmd_train, "train an Olmo 3 model from a YAML config"},
+    {"tokenize", cmd_tokenize, "turn text / JSONL into an OLMo token file (.npy)"},
 };
 
 static void usage(FILE *out) {

@@ -186,7 +186,7 @@ struct olmo_tokenizer {
     size_t n_added, max_added_len;
     size_t added_first[256], added_count[256]; /* index range per first byte */
     bool any_lstrip, any_single_word;
-    pcre2_code *word_re; /* [\p{Alphabetic}\p{N}], for single_word tokens */
+    pcre2_code *word_re; /* [\p{Alphabetic}\p{N}_], for single_word tokens */
     struct pt_step steps[MAX_STEPS];
     int n_steps;
     bool has_decoder;
@@ -253,18 +253,87 @@ static bool is_ws_cp(uint32_t c) {
            c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
+/* Rewrites Oniguruma shorthand classes to the Unicode properties they mean
+ * there, so PCRE2 agrees with `tokenizers`: PCRE2's \s also matches U+180E
+ * (an old Unicode space), Oniguruma's \s is exactly White_Space; \w and \d
+ * follow Oniguruma's definitions.  Returns a malloc'ed pattern. */
+static char *onig_to_pcre2(const char *pat, size_t len, size_t *out_len) {
+    char *out = malloc(len * 24 + 1);
+    if (!out) return NULL;
+    size_t o = 0;
+    bool in_class = false;
+    for (size_t i = 0; i < len; i++) {
+        char c = pat[i];
+        if (c == '\\' && i + 1 < len) {
+            char e = pat[i + 1];
+            const char *rep = NULL;
+            switch (e) {
+            case 's': rep = "\\p{White_Space}"; break;
+            case 'S': rep = "\\P{White_Space}"; break;
+            case 'd': rep = "\\p{Nd}"; break;
+            case 'D': rep = "\\P{Nd}"; break;
+            case 'w': rep = in_class ? "\\p{L}\\p{M}\\p{N}\\p{Pc}" : "[\\p{L}\\p{M}\\p{N}\\p{Pc}]"; break;
+            case 'W': rep = in_class ? NULL : "[^\\p{L}\\p{M}\\p{N}\\p{Pc}]"; break;
+            default: break;
+            }
+            if (rep) {
+                size_t n = strlen(rep);
+                memcpy(out + o, rep, n);
+                o += n;
+            } else {
+                out[o++] = c;
+                out[o++] = e;
+            }
+            i++;
+            continue;
+        }
+        if (!in_class && c == '[') {
+            in_class = true;
+            out[o++] = c;
+            /* a ']' right after '[' or '[^' is a literal */
+            if (i + 1 < len && pat[i + 1] == '^') out[o++] = pat[++i];
+            if (i + 1 < len && pat[i + 1] == ']') out[o++] = pat[++i];
+            continue;
+        }
+        if (in_class && c == '[' && i + 1 < len && pat[i + 1] == ':') { /* POSIX [:name:] */
+            const char *end = strstr(pat + i + 2, ":]");
+            if (end && (size_t)(end - pat) < len) {
+                size_t n = (size_t)(end - pat) + 2 - i;
+                memcpy(out + o, pat + i, n);
+                o += n;
+                i += n - 1;
+                continue;
+            }
+        }
+        if (in_class && c == ']') in_class = false;
+        out[o++] = c;
+    }
+    out[o] = 0;
+    *out_len = o;
+    return out;
+}
+
 static int compile_regex(struct olmo_tokenizer *t, struct pt_step *st, const char *pattern, size_t len,
                          bool literal) {
     int err;
     PCRE2_SIZE erroff;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    char *translated = NULL;
+    if (!literal) {
+        translated = onig_to_pcre2(pattern, len, &len);
+        if (!translated) return olmo_error("out of memory");
+        pattern = translated;
+    }
+    uint32_t opts = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP;
     st->re = pcre2_compile((PCRE2_SPTR)pattern, len, opts, &err, &erroff, NULL);
     if (!st->re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
-        return olmo_error("'%s': pre-tokenizer regex does not compile at offset %zu: %s (pattern %.200s)", t->path,
-                          (size_t)erroff, (const char *)msg, pattern);
+        olmo_error("'%s': pre-tokenizer regex does not compile at offset %zu: %s (pattern %.200s)", t->path,
+                   (size_t)erroff, (const char *)msg, pattern);
+        free(translated);
+        return -1;
     }
+    free(translated);
     st->jit = pcre2_jit_compile(st->re, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD) == 0;
     return 0;
 }
@@ -294,7 +363,7 @@ static int add_step(struct olmo_tokenizer *t, const cJSON *pt) {
         st->byte_level = true;
         st->add_prefix_space = json_bool(pt, "add_prefix_space", true);
         st->behavior = B_ISOLATED;
-        if (json_bool(pt, "use_regex", true) && compile_regex(t, st, GPT2_PATTERN, PCRE2_ZERO_TERMINATED, false))
+        if (json_bool(pt, "use_regex", true) && compile_regex(t, st, GPT2_PATTERN, strlen(GPT2_PATTERN), false))
             return -1;
     } else if (!strcmp(type->valuestring, "Split")) {
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(pt, "pattern");
@@ -648,7 +717,7 @@ int olmo_tokenizer_load(struct olmo_tokenizer **out, const char *path) {
     if (t->any_single_word) {
         int err;
         PCRE2_SIZE eo;
-        t->word_re = pcre2_compile((PCRE2_SPTR) "^[\\p{Alphabetic}\\p{N}]", PCRE2_ZERO_TERMINATED,
+        t->word_re = pcre2_compile((PCRE2_SPTR) "^[\\p{Alphabetic}\\p{N}_]", PCRE2_ZERO_TERMINATED,
                                    PCRE2_UTF | PCRE2_UCP, &err, &eo, NULL);
         if (!t->word_re) {
             olmo_error("internal: word-character regex does not compile");
@@ -1008,33 +1077,22 @@ static int split_step(struct olmo_encoder *e, int d, const uint8_t *p, size_t le
     struct elem *el = ev->p;
     size_t n = ev->n;
     if (partial) {
-        /* keep only the elements whose piece cannot change with more text */
-        size_t keep = n, cut = end;
-        long last_m = -1;
-        for (size_t i = 0; i < n; i++)
-            if (el[i].m) last_m = (long)i;
-        switch (st->behavior) {
-        case B_ISOLATED:
-        case B_REMOVED:
-            break;
-        case B_MERGED_PREV:
-            keep = last_m < 0 ? 0 : (size_t)last_m + 1;
-            cut = keep ? el[keep - 1].e : 0;
-            break;
-        case B_MERGED_NEXT:
-            keep = last_m < 0 ? 0 : (size_t)last_m;
-            cut = keep ? el[keep - 1].e : 0;
-            break;
-        case B_CONTIGUOUS:
-            if (n && el[n - 1].m) {
-                keep = n - 1;
-                while (keep > 0 && el[keep - 1].m) keep--;
-                cut = keep ? el[keep - 1].e : 0;
+        /* Keep only what more text cannot change.  A complete regex match
+         * is final (PCRE2 reports a partial match as soon as an attempt
+         * reaches the end), a trailing gap is not (it may extend); then an
+         * element that a future element could merge with is dropped too. */
+        size_t keep = n;
+        while (keep > 0 && el[keep - 1].m == st->invert) keep--; /* back to the last regex match */
+        if (keep > 0) {
+            if ((st->behavior == B_MERGED_PREV && st->invert) || (st->behavior == B_MERGED_NEXT && !st->invert)) {
+                keep--;
+            } else if (st->behavior == B_CONTIGUOUS) {
+                bool flag = el[keep - 1].m;
+                while (keep > 0 && el[keep - 1].m == flag) keep--;
             }
-            break;
         }
         n = keep;
-        end = cut;
+        end = keep ? el[keep - 1].e : 0;
     }
     /* fold the elements into pieces as tokenizers' NormalizedString::split */
     struct vec *pv = &e->pieces[d];
@@ -1155,9 +1213,9 @@ static size_t ws_run_after(const uint8_t *p, size_t stop, size_t len) {
     return i;
 }
 
-/* Rust char::is_alphanumeric, for single_word tokens. */
+/* A word character for single_word tokens: Rust char::is_alphanumeric or '_'. */
 static bool is_word_cp(struct olmo_encoder *e, uint32_t cp) {
-    if (cp < 128) return (cp >= '0' && cp <= '9') || ((cp | 32) >= 'a' && (cp | 32) <= 'z');
+    if (cp < 128) return (cp >= '0' && cp <= '9') || ((cp | 32) >= 'a' && (cp | 32) <= 'z') || cp == '_';
     uint8_t buf[4];
     size_t n;
     if (cp < 0x800) {
@@ -1212,6 +1270,8 @@ int olmo_encode(struct olmo_encoder *e, const char *text, size_t len, int flags,
         if (t->any_lstrip) limit = ws_run_before(p, limit, 0);
     }
     size_t seg = 0, pos = 0;
+    bool have_tok = false;
+    size_t tok_start = 0, tok_out = 0; /* where the last added token began, in the text and in out */
     while (pos < limit && t->n_added) {
         /* leftmost-longest added token starting in [pos, limit) */
         size_t i = pos;
@@ -1254,6 +1314,9 @@ int olmo_encode(struct olmo_encoder *e, const char *text, size_t len, int flags,
         if (seg < s2 && process(e, 0, p + seg, s2 - seg, false, seg == 0 && (flags & OLMO_ENCODE_CONTINUATION),
                                 out, NULL))
             return -1;
+        have_tok = true;
+        tok_start = s2;
+        tok_out = out->n;
         if (olmo_ids_push(out, hit->id)) return -1;
         seg = e2;
     }
@@ -1268,6 +1331,13 @@ int olmo_encode(struct olmo_encoder *e, const char *text, size_t len, int flags,
         done = seg > limit ? seg : limit;
     }
     if (partial) {
+        /* Never stop right after an added token: the text after it starts a
+         * new segment (ByteLevel would add its prefix space there), which a
+         * continuation call could not tell.  Give the token back instead. */
+        if (have_tok && done == seg && done > tok_start) {
+            out->n = tok_out;
+            done = tok_start;
+        }
         if (done == 0) out->n = n0;
         *consumed = done;
     } else if (consumed) {
