@@ -269,7 +269,7 @@ static int encode_piece(struct ctx *c, struct olmo_encoder *enc, struct item *it
         st->carry = nc;
         st->carry_cap = cap;
     }
-    memcpy(st->carry + st->carry_n, fixed, fn);
+    if (fn) memcpy(st->carry + st->carry_n, fixed, fn);
     st->carry_n += fn;
     if (it->piece == 0 && c->bos_id >= 0 && (rc = olmo_ids_push(&it->ids, (uint32_t)c->bos_id))) goto out;
     size_t before = it->ids.n, consumed = st->carry_n;
@@ -279,7 +279,7 @@ static int encode_piece(struct ctx *c, struct olmo_encoder *enc, struct item *it
     if (st->carry_n) st->nonempty = true;
     if (consumed) st->started = true;
     if (it->ids.n > before) st->last_id = it->ids.ids[it->ids.n - 1];
-    memmove(st->carry, st->carry + consumed, st->carry_n - consumed);
+    if (consumed && st->carry_n > consumed) memmove(st->carry, st->carry + consumed, st->carry_n - consumed);
     st->carry_n -= consumed;
     if (final) {
         if (st->nonempty) {

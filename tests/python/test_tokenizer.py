@@ -277,3 +277,23 @@ def test_not_json(tool, tmp_path):
     assert r.returncode != 0 and "broken.json" in r.stderr and "not valid JSON" in r.stderr
     r = subprocess.run([str(tool), "info", str(tmp_path / "missing.json")], capture_output=True, text=True)
     assert r.returncode != 0 and "missing.json" in r.stderr
+
+
+def test_under_sanitizers(cl100k, tmp_path):
+    """Encode, stream and decode with the ASan + UBSan build."""
+    import os
+    from pathlib import Path
+
+    asan = os.environ.get("OLMOC_BUILD_ASAN")
+    if not asan:
+        pytest.skip("OLMOC_BUILD_ASAN not set")
+    tool = Path(asan) / "tests" / "tok_tool"
+    path, tok = cl100k
+    rng = random.Random(31)
+    texts = [varied_text(rng, 150) for _ in range(40)] + EDGE_CASES
+    blobs = [t.encode() for t in texts] + [bytes(random.Random(4).randrange(256) for _ in range(3000))]
+    ref = reference(tok, [b.decode("utf-8", "replace") for b in blobs])
+    assert c_encode(tool, path, blobs, tmp_path) == ref
+    assert c_encode(tool, path, blobs, tmp_path, "--stream", "3", "--split-special") == reference(
+        tok, [b.decode("utf-8", "replace") for b in blobs], split_special=True)
+    assert [d.decode() for d in c_decode(tool, path, ref[:len(texts)], tmp_path)] == texts
