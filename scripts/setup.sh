@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="build-essential cmake pkg-config libopenblas-dev libyaml-dev libcjson-dev libpcre2-dev libomp-dev python3-venv"
+# python3-doc: the Python documentation sources, the English corpus of the demo data (PSF License)
+APT_PACKAGES="build-essential cmake pkg-config libopenblas-dev libyaml-dev libcjson-dev libpcre2-dev libomp-dev python3-venv python3-doc"
 missing=""
 for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
@@ -26,4 +27,8 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DOLMOC_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$(nproc)"
+if [ ! -f data/demo/train.npy ] || [ ! -f data/demo/validation.npy ]; then
+  echo "setup: building the demo token files in data/demo/ (scripts/make_demo_data.py)"
+  .venv/bin/python scripts/make_demo_data.py
+fi
 echo "setup: done"

@@ -297,3 +297,15 @@ def test_under_sanitizers(cl100k, tmp_path):
     assert c_encode(tool, path, blobs, tmp_path, "--stream", "3", "--split-special") == reference(
         tok, [b.decode("utf-8", "replace") for b in blobs], split_special=True)
     assert [d.decode() for d in c_decode(tool, path, ref[:len(texts)], tmp_path)] == texts
+
+
+def test_demo_tokenizer_asset(tool):
+    """The committed demo tokenizer: vocab 8192, EOS 0, pad 1, and it loads in C."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "assets" / "tokenizer" / "demo-8192.json"
+    tok = Tokenizer.from_file(str(path))
+    assert tok.get_vocab_size() == 8192
+    assert tok.token_to_id("<|endoftext|>") == 0 and tok.token_to_id("<|pad|>") == 1
+    out = subprocess.run([str(tool), "info", str(path)], check=True, capture_output=True, text=True).stdout
+    assert "vocab_size 8192" in out and "eos 0" in out and "pad 1" in out
