@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # python3-doc: the Python documentation sources, the English corpus of the demo data (PSF License)
-APT_PACKAGES="build-essential cmake pkg-config libopenblas-dev libyaml-dev libcjson-dev libpcre2-dev libomp-dev python3-venv python3-doc"
+APT_PACKAGES="build-essential cmake pkg-config libopenblas-dev libyaml-dev libcjson-dev libpcre2-dev zlib1g-dev libomp-dev python3-venv python3-doc"
 missing=""
 for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

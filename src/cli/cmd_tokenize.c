@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "cli/commands.h"
 #include "data/jsonl.h"
@@ -101,8 +102,10 @@ static void usage(FILE *f) {
             "by the EOS token, all concatenated.  Multithreaded and streaming (constant memory);\n"
             "the output is the same for any thread count.\n\n"
             "input:\n"
-            "  INPUT...             files, read in order ('-' = standard input)\n"
-            "  --format FMT         jsonl (default for *.jsonl / *.json) or text (default otherwise)\n"
+            "  INPUT...             files, read in order ('-' = standard input); gzip-compressed\n"
+            "                       files (.gz) are decompressed on the fly (offsets in errors are\n"
+            "                       then offsets in the decompressed text)\n"
+            "  --format FMT         jsonl (default for *.jsonl / *.json[.gz]) or text (otherwise)\n"
             "  --text-key KEY       JSONL: the field holding the document (default: text)\n"
             "  --no-strip           JSONL: keep leading/trailing whitespace (default: strip it\n"
             "                       and skip documents left empty, as dolma does; counted)\n"
@@ -550,20 +553,50 @@ static void reader_error(struct ctx *c, const char *msg) {
     pthread_mutex_unlock(&c->mu);
 }
 
+/* Appends up to ITEM_BYTES to buf (which has room); sets *eof at the end. */
+static int read_more(gzFile f, uint8_t *buf, size_t *n, bool *eof) {
+    size_t want = ITEM_BYTES;
+    while (want > 0) {
+        int got = gzread(f, buf + *n, (unsigned)want);
+        if (got < 0) return -1;
+        if (got == 0) {
+            int err;
+            gzerror(f, &err);
+            if (err != Z_OK) return -1; /* Z_BUF_ERROR: a truncated gzip stream */
+            *eof = true;
+            return 0;
+        }
+        *n += (size_t)got;
+        want -= (size_t)got;
+    }
+    return 0;
+}
+
+static const char *read_error(gzFile f) {
+    int err;
+    const char *m = gzerror(f, &err);
+    if (err == Z_ERRNO) return strerror(errno);
+    if (err == Z_BUF_ERROR) return "unexpected end of the compressed stream (truncated .gz file)";
+    return m;
+}
+
 static int read_file(struct ctx *c, int fi) {
     const char *path = c->opt.inputs[fi];
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    /* zlib reads gzip-compressed and plain files alike */
+    errno = 0;
+    gzFile f = strcmp(path, "-") ? gzopen(path, "rb") : gzdopen(dup(fileno(stdin)), "rb");
     char msg[1300];
     if (!f) {
-        snprintf(msg, sizeof msg, "cannot open input '%s': %s", path, strerror(errno));
+        snprintf(msg, sizeof msg, "cannot open input '%s': %s", path, errno ? strerror(errno) : "out of memory");
         reader_error(c, msg);
         return -1;
     }
+    gzbuffer(f, 1 << 20);
     size_t cap = 2 * ITEM_BYTES, n = 0;
     uint8_t *buf = malloc(cap);
     if (!buf) {
         reader_error(c, "out of memory");
-        if (f != stdin) fclose(f);
+        gzclose(f);
         return -1;
     }
     uint64_t line = 1, offset = 0, piece = 0;
@@ -582,17 +615,12 @@ static int read_file(struct ctx *c, int fi) {
                 buf = nb;
                 cap *= 2;
             }
-            size_t got = fread(buf + n, 1, ITEM_BYTES, f);
-            n += got;
-            if (got < ITEM_BYTES) {
-                if (ferror(f)) {
-                    snprintf(msg, sizeof msg, "reading '%s' failed at byte offset %llu: %s", path,
-                             (unsigned long long)(offset + n), strerror(errno));
-                    reader_error(c, msg);
-                    rc = -1;
-                    break;
-                }
-                eof = true;
+            if (read_more(f, buf, &n, &eof)) {
+                snprintf(msg, sizeof msg, "reading '%s' failed at byte offset %llu: %s", path,
+                         (unsigned long long)(offset + n), read_error(f));
+                reader_error(c, msg);
+                rc = -1;
+                break;
             }
             continue;
         }
@@ -616,16 +644,12 @@ static int read_file(struct ctx *c, int fi) {
                         buf = nb;
                         cap *= 2;
                     }
-                    size_t got = fread(buf + n, 1, ITEM_BYTES, f);
-                    n += got;
-                    if (got < ITEM_BYTES) {
-                        if (ferror(f)) {
-                            snprintf(msg, sizeof msg, "reading '%s' failed: %s", path, strerror(errno));
-                            reader_error(c, msg);
-                            rc = -1;
-                            break;
-                        }
-                        eof = true;
+                    if (read_more(f, buf, &n, &eof)) {
+                        snprintf(msg, sizeof msg, "reading '%s' failed at byte offset %llu: %s", path,
+                                 (unsigned long long)(offset + n), read_error(f));
+                        reader_error(c, msg);
+                        rc = -1;
+                        break;
                     }
                     continue;
                 }
@@ -693,7 +717,7 @@ static int read_file(struct ctx *c, int fi) {
         }
     }
     free(buf);
-    if (f != stdin) fclose(f);
+    gzclose(f);
     return rc;
 }
 
@@ -787,7 +811,8 @@ static int parse_args(struct options *o, int argc, char **argv) {
     if (!fmt_given) {
         const char *f = o->inputs[0];
         size_t n = strlen(f);
-        bool j = (n >= 6 && !strcmp(f + n - 6, ".jsonl")) || (n >= 5 && !strcmp(f + n - 5, ".json"));
+        if (n >= 3 && !strcmp(f + n - 3, ".gz")) n -= 3;
+        bool j = (n >= 6 && !strncmp(f + n - 6, ".jsonl", 6)) || (n >= 5 && !strncmp(f + n - 5, ".json", 5));
         o->format = j ? FMT_JSONL : FMT_TEXT;
     }
     return 0;

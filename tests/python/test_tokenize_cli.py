@@ -149,6 +149,21 @@ def test_text_formats_and_long_documents(build_dir, tok, tmp_path, unit):
     np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), expected(t, docs, strip=False))
 
 
+def test_gzip_input(build_dir, tok, tmp_path):
+    import gzip
+
+    path, t = tok
+    docs = varied_docs(12, 200)
+    write_jsonl(tmp_path / "in.jsonl", docs)
+    data = (tmp_path / "in.jsonl").read_bytes()
+    (tmp_path / "in.jsonl.gz").write_bytes(gzip.compress(data))
+    run(build_dir, "--tokenizer", path, "-o", tmp_path / "o.npy", "--threads", "2", tmp_path / "in.jsonl.gz")
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), expected(t, docs))
+    (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress(data)[:-5000])
+    r = run(build_dir, "--tokenizer", path, "-o", tmp_path / "o2.npy", tmp_path / "cut.jsonl.gz", ok=False)
+    assert r.returncode == 1 and "cut.jsonl.gz" in r.stderr, r.stderr
+
+
 def test_invalid_utf8_is_replaced_and_counted(build_dir, tok, tmp_path):
     path, t = tok
     blob = b"caf\xc3 \xff\xfe ok \xe2\x82\n\n\xed\xa0\x80 fin \xf0\x9f\x98"
