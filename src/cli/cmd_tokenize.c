@@ -211,10 +211,10 @@ static size_t last_boundary(enum input_format fmt, enum doc_unit docs, const uin
 
 /* -------------------------------------------------------------- workers */
 
-static void item_fail(struct ctx *c, struct item *it, const char *fmt_prefix) {
+/* Records this thread's last error in the item; the writer reports it in input order. */
+static void item_fail(struct item *it) {
     it->failed = true;
-    snprintf(it->err, sizeof it->err, "%s%s", fmt_prefix, olmo_last_error());
-    (void)c;
+    snprintf(it->err, sizeof it->err, "%s", olmo_last_error());
 }
 
 static int push_doc_end(struct ctx *c, struct olmo_ids *ids, int64_t last_id) {
@@ -414,7 +414,7 @@ static void *worker_main(void *arg) {
         if (!enc) rc = -1;
         else if (c->opt.format == FMT_JSONL) rc = process_jsonl(c, enc, it, &jt, flags);
         else rc = process_text(c, enc, it, flags);
-        if (rc) item_fail(c, it, "");
+        if (rc) item_fail(it);
         pthread_mutex_lock(&c->mu);
         c->slots[it->seq % c->window] = it;
         pthread_cond_broadcast(&c->cv_done);

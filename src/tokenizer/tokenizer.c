@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <pcre2.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,8 +74,14 @@ static int strmap_init(struct strmap *m, size_t expected) {
     return m->slots ? 0 : -1;
 }
 
-static int32_t strmap_get(const struct strmap *m, const void *key, size_t len) {
+/* 0 marks an empty slot */
+static uint64_t strmap_hash(const void *key, size_t len) {
     uint64_t h = hash_bytes(key, len);
+    return h ? h : 1;
+}
+
+static int32_t strmap_get(const struct strmap *m, const void *key, size_t len) {
+    uint64_t h = strmap_hash(key, len);
     size_t mask = m->cap - 1;
     for (size_t i = h & mask;; i = (i + 1) & mask) {
         const struct strmap_entry *e = &m->slots[i];
@@ -100,8 +107,7 @@ static int strmap_put(struct strmap *m, const void *key, size_t len, int32_t val
         m->slots = bigger.slots;
         m->cap = bigger.cap;
     }
-    uint64_t h = hash_bytes(key, len);
-    if (!h) h = 1;
+    uint64_t h = strmap_hash(key, len);
     size_t mask = m->cap - 1;
     size_t i = h & mask;
     for (;; i = (i + 1) & mask) {
@@ -196,9 +202,7 @@ struct olmo_tokenizer {
 static uint32_t byte_to_cp[256];
 static int16_t cp_to_byte[324];
 
-static void init_byte_alphabet(void) {
-    static int done;
-    if (done) return;
+static void build_byte_alphabet(void) {
     int n = 0;
     for (int b = 0; b < 256; b++) {
         bool keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
@@ -206,7 +210,11 @@ static void init_byte_alphabet(void) {
     }
     for (int i = 0; i < 324; i++) cp_to_byte[i] = -1;
     for (int b = 0; b < 256; b++) cp_to_byte[byte_to_cp[b]] = (int16_t)b;
-    done = 1;
+}
+
+static void init_byte_alphabet(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, build_byte_alphabet);
 }
 
 /* Decodes one code point of valid UTF-8; returns its length. */
@@ -528,7 +536,8 @@ static int load_model(struct olmo_tokenizer *t, const cJSON *root) {
     t->unk_id = -1;
     if (cJSON_IsString(unk)) {
         t->unk_id = strmap_get(&t->by_content, unk->valuestring, strlen(unk->valuestring));
-        if (t->unk_id < 0) return olmo_error("'%s': unk_token '%s' is not in the vocabulary", t->path, unk->valuestring);
+        if (t->unk_id < 0)
+            return olmo_error("'%s': unk_token '%s' is not in the vocabulary", t->path, unk->valuestring);
     }
 
     const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
