@@ -336,3 +336,23 @@ def test_real_dolma2_tokenizer(tool, tmp_path):
                                         *flags), texts, tok)
     ref = reference(tok, texts)
     assert [d.decode() for d in c_decode(tool, path, ref, tmp_path)] == texts
+
+
+@pytest.mark.parametrize("unk", [None, "unfused", "fused"])
+def test_bytes_missing_from_the_vocabulary(tool, tmp_path, unk):
+    """A BPE trained without the full byte alphabet: unknown bytes become the
+    unk token (fused or not), or are dropped when there is none."""
+    path = tmp_path / "tokenizer.json"
+    kwargs = {} if unk is None else {"unk_token": "<unk>", "fuse_unk": unk == "fused"}
+    tok = Tokenizer(models.BPE(**kwargs))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(CL100K_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    specials = SPECIALS + (["<unk>"] if unk else [])
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials, show_progress=False)
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog " * 20], trainer=trainer)
+    tok.save(str(path))
+    texts = ["the fox", "THE FOX 123 ünïcödé 😀😀", "zzz qqq", "日本語", "fox\n\ndog!!", ""]
+    ref = reference(tok, texts)
+    assert_same(ref, c_encode(tool, path, [t.encode() for t in texts], tmp_path), texts, tok)
