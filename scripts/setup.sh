@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin libyaml-dev libcjson-dev libpcre2-dev libomp-dev python3-venv"
+# python3-doc: the Python documentation sources, the English corpus of the demo data (PSF License)
+APT_PACKAGES="build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin
+  libyaml-dev libcjson-dev libpcre2-dev zlib1g-dev libomp-dev python3-venv python3-doc"
 missing=""
 for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
@@ -29,5 +31,9 @@ cmake --build build-asan -j"$(nproc)"
 if command -v clang >/dev/null; then  # the code must also be warning-free under clang
   CC=clang cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build build-clang -j"$(nproc)"
+fi
+if [ ! -f data/demo/train.npy ] || [ ! -f data/demo/validation.npy ]; then
+  echo "setup: building the demo token files in data/demo/ (scripts/make_demo_data.py)"
+  .venv/bin/python scripts/make_demo_data.py
 fi
 echo "setup: done"

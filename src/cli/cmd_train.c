@@ -23,10 +23,13 @@
 static void train_usage(FILE *out) {
     fprintf(out,
             "usage: olmoc train CONFIG.yaml [options]\n\n"
-            "Trains the model described by CONFIG.yaml on data.train_path (.npy token file).\n"
+            "Trains the model described by CONFIG.yaml on data.train_path (a token file) or\n"
+            "data.mix (several, with weights: \"a.npy:0.7,b.npy+c.npy:0.3\").\n"
             "Writes to data.out_dir: config.yaml (resolved), metrics.jsonl (one JSON object per\n"
             "step and per evaluation), step-NNNNNN/ checkpoints every train.save_every steps\n"
-            "(the newest train.keep_last kept) and model.safetensors at the end.\n\n"
+            "(the newest train.keep_last kept) and model.safetensors at the end.\n"
+            "Under mpirun -np N, train.grad_accum is per rank: each step takes N x grad_accum x\n"
+            "micro_batch instances.\n\n"
             "options:\n"
             "  --set KEY=VALUE     override a config value, e.g. --set train.steps=10 (repeatable)\n"
             "  --resume            continue from the newest checkpoint in data.out_dir (start fresh\n"
@@ -198,8 +201,8 @@ int cmd_train(int argc, char **argv) {
         return 2;
     }
     if (olmo_config_validate(&cfg)) goto fail;
-    if (!cfg.data.train_path[0]) {
-        olmo_error("data.train_path is not set: give a .npy token file in the config or with --set");
+    if (!cfg.data.train_path[0] && !cfg.data.mix[0]) {
+        olmo_error("neither data.train_path nor data.mix is set: give token files in the config or with --set");
         goto fail;
     }
 
@@ -229,7 +232,7 @@ int cmd_train(int argc, char **argv) {
         goto fail;
     }
     struct olmo_loader loader;
-    if (olmo_loader_open(&loader, cfg.data.train_path, cfg.train.seq_len, cfg.model.vocab_size, cfg.train.seed))
+    if (olmo_loader_open_config(&loader, &cfg.data, cfg.train.seq_len, cfg.model.vocab_size, cfg.train.seed))
         goto fail;
     struct olmo_trainer tr;
     const struct olmo_backend *be = olmo_backend_cpu();
@@ -251,7 +254,7 @@ int cmd_train(int argc, char **argv) {
                        loader.n_instances, (unsigned long long)cfg.train.seed);
             goto fail;
         }
-        if (olmo_ckpt_seek_loader(&loader, st.loader_epoch, st.loader_pos)) goto fail;
+        if (olmo_ckpt_seek_loader(&loader, &st)) goto fail;
         /* Newer checkpoints in out_dir would belong to another trajectory: the
          * next auto-resume, and keep-last retention, would mix the two runs. */
         char newest[4096];
@@ -303,7 +306,8 @@ int cmd_train(int argc, char **argv) {
     printf("olmoc train: %s | %zu params (%zu non-embedding) | %d layers d_model %d | batch %zu x %d tokens | "
            "%zu instances in %s\n",
            config_path, olmo_model_count_params(&cfg.model, true), olmo_model_count_params(&cfg.model, false),
-           cfg.model.n_layers, cfg.model.d_model, rows, t->seq_len, loader.n_instances, cfg.data.train_path);
+           cfg.model.n_layers, cfg.model.d_model, rows, t->seq_len, loader.n_instances,
+           cfg.data.mix[0] ? cfg.data.mix : cfg.data.train_path);
     if (dist.world > 1)
         printf("data parallel: %d ranks x %d micro-batches of %d; optimizer state sharded (ZeRO-1)\n", dist.world,
                t->grad_accum, t->micro_batch);
@@ -357,6 +361,7 @@ int cmd_train(int argc, char **argv) {
                 .loader_pos = loader.pos,
                 .loader_instances = loader.n_instances,
                 .loader_seed = cfg.train.seed,
+                .loader_fingerprint = loader.fingerprint,
             };
             char saved[4096];
             if (olmo_ckpt_save(cfg.data.out_dir, &tr, &cs, saved, sizeof saved) ||

@@ -16,6 +16,7 @@ static const struct command commands[] = {
     {"eval", cmd_eval, "validation loss / perplexity and multiple-choice accuracy of a checkpoint"},
     {"convert", cmd_convert, "import / export Hugging Face Olmo3ForCausalLM checkpoints"},
     {"generate", cmd_generate, "sample token ids from a checkpoint (greedy, temperature, top-p; KV cache)"},
+    {"tokenize", cmd_tokenize, "turn text / JSONL into an OLMo token file (.npy)"},
 };
 
 static void usage(FILE *out) {

@@ -17,11 +17,13 @@ struct field {
     const char *key;
     enum field_type type;
     size_t offset;
+    size_t size; /* F_STRING: buffer size */
 };
 
-#define M(name, type) {"model." #name, type, offsetof(struct olmo_config, model.name)}
-#define T(name, type) {"train." #name, type, offsetof(struct olmo_config, train.name)}
-#define D(name, type) {"data." #name, type, offsetof(struct olmo_config, data.name)}
+#define M(name, type) {"model." #name, type, offsetof(struct olmo_config, model.name), 0}
+#define T(name, type) {"train." #name, type, offsetof(struct olmo_config, train.name), 0}
+#define DS(name) \
+    {"data." #name, F_STRING, offsetof(struct olmo_config, data.name), sizeof(((struct olmo_config *)0)->data.name)}
 static const struct field fields[] = {
     M(vocab_size, F_INT),          M(d_model, F_INT),
     M(n_layers, F_INT),            M(n_heads, F_INT),
@@ -43,12 +45,13 @@ static const struct field fields[] = {
     T(save_every, F_LONG),         T(keep_last, F_INT),
     T(eval_every, F_LONG),         T(eval_batches, F_INT),
     T(peak_flops, F_DOUBLE),
-    D(train_path, F_STRING),       D(out_dir, F_STRING),
-    D(val_paths, F_STRING),        D(eval_tasks, F_STRING),
+    DS(train_path),                DS(mix),
+    DS(dtype),                     DS(out_dir),
+    DS(val_paths),                 DS(eval_tasks),
 };
 #undef M
 #undef T
-#undef D
+#undef DS
 
 static const char *const schedule_names[] = {"cosine", "linear", "constant"};
 
@@ -79,6 +82,7 @@ void olmo_config_defaults(struct olmo_config *cfg) {
     cfg->train.keep_last = 3;
     cfg->train.eval_batches = 8;
     snprintf(cfg->data.out_dir, sizeof cfg->data.out_dir, "runs/default");
+    snprintf(cfg->data.dtype, sizeof cfg->data.dtype, "auto");
 }
 
 static const struct field *find_field(const char *key) {
@@ -124,8 +128,8 @@ static int parse_value(struct olmo_config *cfg, const struct field *f, const cha
         else return olmo_error("'%s' expects true or false, got '%s'", f->key, value);
         return 0;
     case F_STRING:
-        if (strlen(value) >= sizeof cfg->data.train_path)
-            return olmo_error("'%s' is longer than %zu characters", f->key, sizeof cfg->data.train_path - 1);
+        if (strlen(value) >= f->size)
+            return olmo_error("'%s' is longer than %zu characters", f->key, f->size - 1);
         strcpy(base, value);
         return 0;
     case F_SCHEDULE:
@@ -287,6 +291,10 @@ int olmo_config_validate(const struct olmo_config *cfg) {
     if (t->eval_every < 0) return olmo_error("train.eval_every must be >= 0 (0 = no evaluation)");
     if (t->eval_batches <= 0) return olmo_error("train.eval_batches must be positive");
     if (t->peak_flops < 0) return olmo_error("train.peak_flops must be >= 0 (0 = measure at startup)");
+    if (strcmp(cfg->data.dtype, "auto") && strcmp(cfg->data.dtype, "uint16") && strcmp(cfg->data.dtype, "uint32"))
+        return olmo_error("data.dtype must be auto, uint16 or uint32; got '%s'", cfg->data.dtype);
+    if (cfg->data.mix[0] && cfg->data.train_path[0])
+        return olmo_error("set either data.train_path or data.mix, not both");
     return 0;
 }
 

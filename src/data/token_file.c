@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,14 +11,24 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "config/config.h"
 #include "util/error.h"
 #include "util/rng.h"
+
+int olmo_dtype_parse(const char *s, enum olmo_dtype *out) {
+    if (!strcmp(s, "auto") || !s[0]) *out = OLMO_DTYPE_AUTO;
+    else if (!strcmp(s, "uint16") || !strcmp(s, "u16")) *out = OLMO_DTYPE_UINT16;
+    else if (!strcmp(s, "uint32") || !strcmp(s, "u32")) *out = OLMO_DTYPE_UINT32;
+    else return olmo_error("unknown token dtype '%s' (expected auto, uint16 or uint32)", s);
+    return 0;
+}
+
+static const uint8_t NPY_MAGIC[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
 
 /* Parses the .npy v1/v2/v3 header: a 1-D, C-order array of <u2, <u4 or <i4. */
 static int parse_npy_header(struct olmo_token_file *f) {
     const uint8_t *p = f->map;
-    if (f->map_size < 10 || memcmp(p, "\x93NUMPY", 6))
-        return olmo_error("'%s': not a .npy file (bad magic at offset 0)", f->path);
+    if (f->map_size < 10) return olmo_error("'%s': truncated .npy header (file has %zu bytes)", f->path, f->map_size);
     size_t hlen, hstart;
     if (p[6] == 1) {
         hlen = (size_t)p[8] | (size_t)p[9] << 8;
@@ -26,10 +38,11 @@ static int parse_npy_header(struct olmo_token_file *f) {
         hlen = (size_t)p[8] | (size_t)p[9] << 8 | (size_t)p[10] << 16 | (size_t)p[11] << 24;
         hstart = 12;
     } else {
-        return olmo_error("'%s': unsupported .npy version %d", f->path, p[6]);
+        return olmo_error("'%s': unsupported .npy version %d at byte offset 6", f->path, p[6]);
     }
-    if (hstart + hlen > f->map_size || hlen > 65536)
-        return olmo_error("'%s': .npy header of %zu bytes runs past the end of the file", f->path, hlen);
+    if (hlen > 65536 || hstart + hlen > f->map_size)
+        return olmo_error("'%s': truncated .npy header: %zu header bytes announced at offset 8, file has %zu bytes",
+                          f->path, hlen, f->map_size);
     char header[65537];
     memcpy(header, p + hstart, hlen);
     header[hlen] = 0;
@@ -44,8 +57,9 @@ static int parse_npy_header(struct olmo_token_file *f) {
     else if (!strncmp(dt, "'<u4'", 5) || !strncmp(dt, "'<i4'", 5))
         f->elem_size = 4;
     else
-        return olmo_error("'%s': token dtype must be uint16, uint32 or int32 (little-endian); header says %.8s",
-                          f->path, dt);
+        return olmo_error("'%s': wrong dtype at byte offset %zu: token arrays must be uint16, uint32 or int32 "
+                          "(little-endian), header says %.8s",
+                          f->path, hstart + (size_t)(dt - header), dt);
     const char *fo = order + 16;
     while (*fo == ' ') fo++;
     if (strncmp(fo, "False", 5)) return olmo_error("'%s': Fortran-ordered arrays are not supported", f->path);
@@ -57,20 +71,52 @@ static int parse_npy_header(struct olmo_token_file *f) {
         return olmo_error("'%s': token array must be 1-D, shape is %.40s", f->path, s);
     f->data_offset = hstart + hlen;
     f->n_tokens = (size_t)n;
-    if (f->data_offset + f->n_tokens * (size_t)f->elem_size > f->map_size)
-        return olmo_error("'%s': truncated: header promises %zu tokens (%zu bytes) but only %zu data bytes follow",
-                          f->path, f->n_tokens, f->n_tokens * (size_t)f->elem_size, f->map_size - f->data_offset);
+    size_t have = f->map_size - f->data_offset;
+    if (f->n_tokens > have / (size_t)f->elem_size)
+        return olmo_error("'%s': truncated: header promises %zu tokens (%zu bytes from offset %zu) but the file "
+                          "ends at offset %zu",
+                          f->path, f->n_tokens, f->n_tokens * (size_t)f->elem_size, f->data_offset, f->map_size);
     f->data = f->map + f->data_offset;
     return 0;
 }
 
-int olmo_token_file_open(struct olmo_token_file *f, const char *path) {
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcmp(s + n - m, suffix);
+}
+
+static int setup_raw(struct olmo_token_file *f, enum olmo_dtype dtype) {
+    if (dtype == OLMO_DTYPE_AUTO) {
+        if (ends_with(f->path, ".u16") || ends_with(f->path, ".uint16")) dtype = OLMO_DTYPE_UINT16;
+        else if (ends_with(f->path, ".u32") || ends_with(f->path, ".uint32")) dtype = OLMO_DTYPE_UINT32;
+        else
+            return olmo_error("'%s' has no .npy header (offset 0); for a raw token file give its dtype "
+                              "(uint16 or uint32, e.g. data.dtype) or name it .u16 / .u32",
+                              f->path);
+    }
+    f->elem_size = dtype == OLMO_DTYPE_UINT16 ? 2 : 4;
+    if (f->map_size % (size_t)f->elem_size)
+        return olmo_error("'%s': truncated raw uint%d token file: %zu bytes is not a whole number of tokens "
+                          "(%zu stray bytes at offset %zu)",
+                          f->path, 8 * f->elem_size, f->map_size, f->map_size % (size_t)f->elem_size,
+                          f->map_size - f->map_size % (size_t)f->elem_size);
+    f->data_offset = 0;
+    f->n_tokens = f->map_size / (size_t)f->elem_size;
+    f->data = f->map;
+    return 0;
+}
+
+int olmo_token_file_open_ex(struct olmo_token_file *f, const char *path, enum olmo_dtype dtype) {
     memset(f, 0, sizeof *f);
     snprintf(f->path, sizeof f->path, "%s", path);
     int fd = open(path, O_RDONLY);
     if (fd < 0) return olmo_error("cannot open token file '%s': %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) || st.st_size == 0) {
+    if (fstat(fd, &st)) {
+        close(fd);
+        return olmo_error("cannot stat token file '%s': %s", path, strerror(errno));
+    }
+    if (st.st_size == 0) {
         close(fd);
         return olmo_error("token file '%s' is empty", path);
     }
@@ -81,11 +127,28 @@ int olmo_token_file_open(struct olmo_token_file *f, const char *path) {
         f->map = NULL;
         return olmo_error("cannot map '%s': %s", path, strerror(errno));
     }
-    if (parse_npy_header(f)) {
+    int rc;
+    if (f->map_size >= 6 && !memcmp(f->map, NPY_MAGIC, 6)) {
+        rc = parse_npy_header(f);
+        if (!rc && dtype != OLMO_DTYPE_AUTO && f->elem_size != (dtype == OLMO_DTYPE_UINT16 ? 2 : 4))
+            rc = olmo_error("'%s': the .npy header says %d-byte tokens but uint%d was requested", path, f->elem_size,
+                            dtype == OLMO_DTYPE_UINT16 ? 16 : 32);
+    } else if (dtype == OLMO_DTYPE_AUTO && ends_with(path, ".npy")) {
+        rc = olmo_error("'%s': not a .npy file (bad magic at offset 0); if it is a raw OLMo/dolma memmap, give "
+                        "its dtype (uint16 or uint32, e.g. data.dtype)",
+                        path);
+    } else {
+        rc = setup_raw(f, dtype);
+    }
+    if (rc) {
         olmo_token_file_close(f);
         return -1;
     }
     return 0;
+}
+
+int olmo_token_file_open(struct olmo_token_file *f, const char *path) {
+    return olmo_token_file_open_ex(f, path, OLMO_DTYPE_AUTO);
 }
 
 void olmo_token_file_close(struct olmo_token_file *f) {
@@ -112,56 +175,325 @@ int olmo_token_file_read(const struct olmo_token_file *f, size_t start, size_t n
     return 0;
 }
 
-static void shuffle_epoch(struct olmo_loader *l) {
+
+/* ---------------------------------------------------------------- loader */
+
+static uint64_t mix64(uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    h ^= h >> 31;
+    h *= 0xbf58476d1ce4e5b9ULL;
+    return h ^ (h >> 29);
+}
+
+#define SOURCE_SHIFT 48
+#define INDEX_MASK ((1ULL << SOURCE_SHIFT) - 1)
+
+/* Builds this epoch's order (see the header for the composition rule). */
+static int build_epoch(struct olmo_loader *l) {
+    size_t o = 0;
+    for (int s = 0; s < l->n_sources; s++) {
+        const struct olmo_loader_source *src = &l->sources[s];
+        size_t n = src->n_instances, reps = src->take / n, rest = src->take % n;
+        for (size_t r = 0; r < reps; r++)
+            for (size_t i = 0; i < n; i++) l->order[o++] = (uint64_t)s << SOURCE_SHIFT | i;
+        if (rest) {
+            /* seeded random subset of `rest` instances: partial Fisher-Yates */
+            uint64_t *idx = olmo_malloc(n * sizeof(uint64_t), "source subset");
+            if (!idx) return -1;
+            for (size_t i = 0; i < n; i++) idx[i] = i;
+            struct olmo_rng rng;
+            olmo_rng_seed(&rng, mix64(mix64(mix64(0x5eed, l->seed), (uint64_t)l->epoch), (uint64_t)s));
+            for (size_t i = 0; i < rest; i++) {
+                size_t j = i + (size_t)(olmo_rng_next(&rng) % (n - i));
+                uint64_t tmp = idx[i];
+                idx[i] = idx[j];
+                idx[j] = tmp;
+                l->order[o++] = (uint64_t)s << SOURCE_SHIFT | idx[i];
+            }
+            free(idx);
+        }
+    }
+    /* global shuffle: the same permutation olmo_loader_open has always used */
     struct olmo_rng rng;
     olmo_rng_seed(&rng, l->seed + (uint64_t)l->epoch);
-    for (size_t i = 0; i < l->n_instances; i++) l->order[i] = i;
     for (size_t i = l->n_instances; i > 1; i--) {
         size_t j = (size_t)(olmo_rng_next(&rng) % i);
-        size_t tmp = l->order[i - 1];
+        uint64_t tmp = l->order[i - 1];
         l->order[i - 1] = l->order[j];
         l->order[j] = tmp;
     }
     l->pos = 0;
+    return 0;
+}
+
+struct mix_entry {
+    char **paths;
+    int n_paths;
+    double weight;
+};
+
+static void free_entries(struct mix_entry *e, int n) {
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < e[i].n_paths; k++) free(e[i].paths[k]);
+        free(e[i].paths);
+    }
+    free(e);
+}
+
+/* "a.npy+b.npy:0.7,c.npy:0.3" */
+static int parse_mix(const char *mix, struct mix_entry **out, int *n_out) {
+    *out = NULL;
+    *n_out = 0;
+    size_t len = strlen(mix);
+    char *copy = olmo_malloc(len + 1, "data mix");
+    if (!copy) return -1;
+    memcpy(copy, mix, len + 1);
+    int cap = 1;
+    for (const char *c = mix; *c; c++) cap += *c == ',';
+    struct mix_entry *entries = olmo_calloc((size_t)cap, sizeof *entries, "data mix");
+    if (!entries) {
+        free(copy);
+        return -1;
+    }
+    int n = 0, rc = 0;
+    char *save = NULL;
+    for (char *item = strtok_r(copy, ",", &save); item && !rc; item = strtok_r(NULL, ",", &save)) {
+        while (*item == ' ') item++;
+        size_t il = strlen(item);
+        while (il && item[il - 1] == ' ') item[--il] = 0;
+        if (!il) continue;
+        struct mix_entry *e = &entries[n++];
+        e->weight = 1.0;
+        char *colon = strrchr(item, ':');
+        if (colon) {
+            char *end;
+            errno = 0;
+            double w = strtod(colon + 1, &end);
+            if (end != colon + 1 && !*end && !errno) {
+                if (!(w > 0) || !isfinite(w)) {
+                    rc = olmo_error("data mix: weight of '%.*s' must be a positive number, got '%s'",
+                                    (int)(colon - item), item, colon + 1);
+                    break;
+                }
+                e->weight = w;
+                *colon = 0;
+            }
+        }
+        int np = 1;
+        for (const char *c = item; *c; c++) np += *c == '+';
+        e->paths = olmo_calloc((size_t)np, sizeof(char *), "data mix");
+        if (!e->paths) {
+            rc = -1;
+            break;
+        }
+        char *psave = NULL;
+        for (char *p = strtok_r(item, "+", &psave); p; p = strtok_r(NULL, "+", &psave)) {
+            while (*p == ' ') p++;
+            size_t pl = strlen(p);
+            while (pl && p[pl - 1] == ' ') p[--pl] = 0;
+            if (!pl) continue;
+            if (!(e->paths[e->n_paths++] = strdup(p))) {
+                rc = olmo_error("out of memory");
+                break;
+            }
+        }
+        if (!rc && !e->n_paths) rc = olmo_error("data mix: source %d has no file", n);
+    }
+    free(copy);
+    if (!rc && !n) rc = olmo_error("data mix '%s' names no token file", mix);
+    if (rc) {
+        free_entries(entries, n);
+        return -1;
+    }
+    *out = entries;
+    *n_out = n;
+    return 0;
+}
+
+/* Opens the files of the sources (takes ownership of entries). */
+static int open_entries(struct olmo_loader *l, struct mix_entry *entries, int n_entries, enum olmo_dtype dtype,
+                        int seq_len, int vocab_size, uint64_t seed) {
+    memset(l, 0, sizeof *l);
+    if (seq_len <= 0) {
+        free_entries(entries, n_entries);
+        return olmo_error("seq_len must be positive");
+    }
+    int n_files = 0;
+    for (int i = 0; i < n_entries; i++) n_files += entries[i].n_paths;
+    l->seq_len = seq_len;
+    l->vocab_size = vocab_size;
+    l->seed = seed;
+    l->files = olmo_calloc((size_t)n_files, sizeof *l->files, "token files");
+    l->file_first = olmo_calloc((size_t)n_files, sizeof(size_t), "token files");
+    l->sources = olmo_calloc((size_t)n_entries, sizeof *l->sources, "data sources");
+    if (!l->files || !l->file_first || !l->sources) goto fail;
+    l->n_sources = n_entries;
+    double wsum = 0;
+    uint64_t fp = mix64(mix64(0xda7a, seed), (uint64_t)seq_len);
+    for (int s = 0; s < n_entries; s++) {
+        struct olmo_loader_source *src = &l->sources[s];
+        src->weight = entries[s].weight;
+        src->first_file = l->n_files;
+        wsum += src->weight;
+        uint64_t wbits;
+        memcpy(&wbits, &src->weight, 8);
+        fp = mix64(mix64(fp, wbits), (uint64_t)entries[s].n_paths);
+        for (int k = 0; k < entries[s].n_paths; k++) {
+            struct olmo_token_file *f = &l->files[l->n_files];
+            if (olmo_token_file_open_ex(f, entries[s].paths[k], dtype)) goto fail;
+            l->file_first[l->n_files] = src->n_instances;
+            src->n_instances += f->n_tokens / (size_t)seq_len;
+            fp = mix64(mix64(fp, f->n_tokens), (uint64_t)f->elem_size);
+            l->n_files++;
+            src->n_files++;
+        }
+        if (src->n_instances == 0) {
+            olmo_error("'%s'%s has fewer tokens than one instance of seq_len %d", entries[s].paths[0],
+                       entries[s].n_paths > 1 ? " (and the other files of its source)" : "", seq_len);
+            goto fail;
+        }
+        if (src->n_instances > INDEX_MASK) {
+            olmo_error("source %d has too many instances", s);
+            goto fail;
+        }
+        l->n_instances += src->n_instances;
+    }
+    /* instances per source and epoch: largest-remainder rounding of N * w / sum(w) */
+    size_t given = 0;
+    double *frac = olmo_malloc((size_t)n_entries * sizeof(double), "data mix");
+    if (!frac) goto fail;
+    for (int s = 0; s < n_entries; s++) {
+        double exact = (double)l->n_instances * l->sources[s].weight / wsum;
+        l->sources[s].take = (size_t)exact;
+        frac[s] = exact - (double)l->sources[s].take;
+        given += l->sources[s].take;
+    }
+    while (given < l->n_instances) {
+        int best = 0;
+        for (int s = 1; s < n_entries; s++)
+            if (frac[s] > frac[best]) best = s;
+        l->sources[best].take++;
+        frac[best] = -1.0;
+        given++;
+    }
+    free(frac);
+    l->fingerprint = fp;
+    free_entries(entries, n_entries);
+    entries = NULL;
+    l->order = olmo_malloc(l->n_instances * sizeof(uint64_t), "instance order");
+    if (!l->order || build_epoch(l)) goto fail;
+    return 0;
+fail:
+    if (entries) free_entries(entries, n_entries);
+    olmo_loader_close(l);
+    return -1;
+}
+
+int olmo_loader_open_mix(struct olmo_loader *l, const char *mix, enum olmo_dtype dtype, int seq_len, int vocab_size,
+                         uint64_t seed) {
+    memset(l, 0, sizeof *l);
+    struct mix_entry *entries;
+    int n_entries;
+    if (parse_mix(mix, &entries, &n_entries)) return -1;
+    return open_entries(l, entries, n_entries, dtype, seq_len, vocab_size, seed);
 }
 
 int olmo_loader_open(struct olmo_loader *l, const char *path, int seq_len, int vocab_size, uint64_t seed) {
     memset(l, 0, sizeof *l);
-    if (olmo_token_file_open(&l->file, path)) return -1;
-    l->seq_len = seq_len;
-    l->vocab_size = vocab_size;
-    l->seed = seed;
-    l->n_instances = l->file.n_tokens / (size_t)seq_len;
-    if (l->n_instances == 0) {
-        olmo_loader_close(l);
-        return olmo_error("'%s' has %zu tokens, fewer than one instance of seq_len %d", path,
-                          l->file.n_tokens, seq_len);
+    struct mix_entry *e = olmo_calloc(1, sizeof *e, "data source");
+    if (!e) return -1;
+    e->weight = 1.0;
+    e->paths = olmo_calloc(1, sizeof(char *), "data source");
+    if (!e->paths || !(e->paths[0] = strdup(path))) {
+        free_entries(e, 1);
+        return olmo_error("out of memory");
     }
-    l->order = olmo_malloc(l->n_instances * sizeof(size_t), "instance order");
-    if (!l->order) {
-        olmo_loader_close(l);
-        return -1;
+    e->n_paths = 1;
+    return open_entries(l, e, 1, OLMO_DTYPE_AUTO, seq_len, vocab_size, seed);
+}
+
+int olmo_loader_open_config(struct olmo_loader *l, const struct olmo_data_config *d, int seq_len, int vocab_size,
+                            uint64_t seed) {
+    memset(l, 0, sizeof *l);
+    enum olmo_dtype dtype = OLMO_DTYPE_AUTO;
+    if (olmo_dtype_parse(d->dtype, &dtype)) return olmo_error_context("data.dtype");
+    if (d->mix[0]) {
+        if (olmo_loader_open_mix(l, d->mix, dtype, seq_len, vocab_size, seed)) return olmo_error_context("data.mix");
+        return 0;
     }
-    shuffle_epoch(l);
-    return 0;
+    if (!d->train_path[0]) return olmo_error("no training data: set data.train_path or data.mix");
+    struct mix_entry *e = olmo_calloc(1, sizeof *e, "data source");
+    if (!e) return -1;
+    e->weight = 1.0;
+    e->paths = olmo_calloc(1, sizeof(char *), "data source");
+    if (!e->paths || !(e->paths[0] = strdup(d->train_path))) {
+        free_entries(e, 1);
+        return olmo_error("out of memory");
+    }
+    e->n_paths = 1;
+    return open_entries(l, e, 1, dtype, seq_len, vocab_size, seed);
 }
 
 void olmo_loader_close(struct olmo_loader *l) {
-    olmo_token_file_close(&l->file);
+    if (l->files)
+        for (int i = 0; i < l->n_files; i++) olmo_token_file_close(&l->files[i]);
+    free(l->files);
+    free(l->file_first);
+    free(l->sources);
     free(l->order);
     memset(l, 0, sizeof *l);
+}
+
+static int read_instance(const struct olmo_loader *l, uint64_t packed, int32_t *dst) {
+    const struct olmo_loader_source *src = &l->sources[packed >> SOURCE_SHIFT];
+    size_t idx = (size_t)(packed & INDEX_MASK);
+    /* last file of the source whose first instance is <= idx */
+    int lo = src->first_file, hi = src->first_file + src->n_files - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (l->file_first[mid] <= idx) lo = mid;
+        else hi = mid - 1;
+    }
+    size_t local = idx - l->file_first[lo];
+    return olmo_token_file_read(&l->files[lo], local * (size_t)l->seq_len, (size_t)l->seq_len, l->vocab_size, dst);
 }
 
 int olmo_loader_next(struct olmo_loader *l, int32_t *dst, int n_rows) {
     for (int r = 0; r < n_rows; r++) {
         if (l->pos == l->n_instances) {
             l->epoch++;
-            shuffle_epoch(l);
+            if (build_epoch(l)) return -1;
         }
-        size_t inst = l->order[l->pos++];
-        if (olmo_token_file_read(&l->file, inst * (size_t)l->seq_len, (size_t)l->seq_len, l->vocab_size,
-                                 dst + (size_t)r * l->seq_len))
-            return -1;
+        if (read_instance(l, l->order[l->pos++], dst + (size_t)r * l->seq_len)) return -1;
     }
+    return 0;
+}
+
+void olmo_loader_state_get(const struct olmo_loader *l, struct olmo_loader_state *s) {
+    s->epoch = (uint64_t)l->epoch;
+    s->position = l->pos;
+    s->fingerprint = l->fingerprint;
+}
+
+int olmo_loader_state_set(struct olmo_loader *l, const struct olmo_loader_state *s) {
+    if (s->fingerprint != l->fingerprint)
+        return olmo_error("data loader state was saved for other data (fingerprint %016llx, this data %016llx): "
+                          "the files, their sizes, the mix weights, seed and seq_len must be the same",
+                          (unsigned long long)s->fingerprint, (unsigned long long)l->fingerprint);
+    if (s->position > l->n_instances || s->epoch > (uint64_t)LONG_MAX)
+        return olmo_error("data loader state out of range: position %llu of %zu instances",
+                          (unsigned long long)s->position, l->n_instances);
+    if ((long)s->epoch != l->epoch) {
+        long old = l->epoch;
+        size_t old_pos = l->pos;
+        l->epoch = (long)s->epoch;
+        if (build_epoch(l)) {
+            l->epoch = old;
+            build_epoch(l);
+            l->pos = old_pos;
+            return -1;
+        }
+    }
+    l->pos = (size_t)s->position;
     return 0;
 }

@@ -126,6 +126,8 @@ static int write_state(const char *dir, const struct olmo_ckpt_state *st, const 
     cJSON_AddNumberToObject(loader, "epoch", (double)st->loader_epoch);
     cJSON_AddNumberToObject(loader, "pos", (double)st->loader_pos);
     cJSON_AddNumberToObject(loader, "n_instances", (double)st->loader_instances);
+    snprintf(buf, sizeof buf, "%" PRIu64, st->loader_fingerprint);
+    cJSON_AddStringToObject(loader, "fingerprint", buf);
     cJSON *files = cJSON_AddObjectToObject(root, "files");
     for (int i = 0; i < N_CKPT_FILES; i++) {
         char path[4096];
@@ -337,11 +339,13 @@ int olmo_ckpt_verify(const char *dir, struct olmo_ckpt_state *out) {
     const cJSON *el = cJSON_GetObjectItemCaseSensitive(root, "elapsed_s");
     st.elapsed = cJSON_IsNumber(el) ? el->valuedouble : 0.0;
     const cJSON *seed = cJSON_GetObjectItemCaseSensitive(loader, "seed");
-    if (!cJSON_IsObject(loader) || !cJSON_IsString(seed)) {
+    const cJSON *fingerprint = cJSON_GetObjectItemCaseSensitive(loader, "fingerprint");
+    if (!cJSON_IsObject(loader) || !cJSON_IsString(seed) || !cJSON_IsString(fingerprint)) {
         rc = olmo_error("checkpoint '%s': state.json has no valid 'loader'", dir);
         goto done;
     }
     st.loader_seed = strtoull(seed->valuestring, NULL, 10);
+    st.loader_fingerprint = strtoull(fingerprint->valuestring, NULL, 10);
     if ((rc = json_long(loader, "epoch", &st.loader_epoch, dir))) goto done;
     if ((rc = json_long(loader, "pos", &v, dir))) goto done;
     st.loader_pos = (size_t)v;
@@ -470,23 +474,13 @@ int olmo_ckpt_load_weights(const char *dir, struct olmo_model *m) {
     return 0;
 }
 
-/* Kept apart from src/data on purpose: it only uses the loader's public
- * fields and olmo_loader_next, so it survives changes to the data code. */
-int olmo_ckpt_seek_loader(struct olmo_loader *l, long epoch, size_t pos) {
-    if (pos > l->n_instances || epoch < 0)
-        return olmo_error("loader position (epoch %ld, instance %zu) is outside the %zu instances of '%s'", epoch,
-                          pos, l->n_instances, l->file.path);
-    if (epoch == 0 && l->epoch != 0) return olmo_error("internal: seeking a loader that has left epoch 0");
-    if (epoch > 0) {
-        /* Make the next read start epoch `epoch`: this re-runs its seeded shuffle. */
-        int32_t *scratch = olmo_malloc(sizeof(int32_t) * (size_t)l->seq_len, "loader seek");
-        if (!scratch) return -1;
-        l->epoch = epoch - 1;
-        l->pos = l->n_instances;
-        int rc = olmo_loader_next(l, scratch, 1);
-        free(scratch);
-        if (rc) return -1;
-    }
-    l->pos = pos;
+int olmo_ckpt_seek_loader(struct olmo_loader *l, const struct olmo_ckpt_state *st) {
+    struct olmo_loader_state state = {
+        .epoch = (uint64_t)st->loader_epoch,
+        .position = st->loader_pos,
+        .fingerprint = st->loader_fingerprint,
+    };
+    if (st->loader_epoch < 0 || olmo_loader_state_set(l, &state))
+        return olmo_error_context("restoring the data loader position");
     return 0;
 }

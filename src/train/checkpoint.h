@@ -28,6 +28,7 @@ struct olmo_ckpt_state {
     size_t loader_pos;
     size_t loader_instances;
     uint64_t loader_seed;
+    uint64_t loader_fingerprint; /* identity of the data (files, weights, seed, seq_len) */
 };
 
 /* Writes out_dir/step-<step>; its path goes to path_out. */
@@ -46,8 +47,9 @@ int olmo_ckpt_load(const char *dir, struct olmo_trainer *tr, struct olmo_ckpt_st
 int olmo_ckpt_load_weights(const char *dir, struct olmo_model *m);
 /* Removes all but the newest `keep` checkpoints (keep 0: remove none), and stale temporaries. */
 int olmo_ckpt_retain(const char *out_dir, int keep);
-/* Restores a loader's position (epoch's shuffle re-run, then pos). */
-int olmo_ckpt_seek_loader(struct olmo_loader *l, long epoch, size_t pos);
+/* Restores a loader's position; fails when the checkpoint was written
+ * reading other data (the fingerprint differs). */
+int olmo_ckpt_seek_loader(struct olmo_loader *l, const struct olmo_ckpt_state *st);
 
 /* 64-bit content hash used in state.json (not cryptographic: detects corruption). */
 uint64_t olmo_hash64(const void *data, size_t len);

@@ -125,7 +125,7 @@ def test_bad_data_files(build_dir, tiny, tmp_path):
         "missing.npy": (None, "cannot open token file"),
         "truncated.npy": (raw[: len(raw) // 2], "truncated"),
         "notnpy.npy": (b"hello world, not numpy", "not a .npy file"),
-        "float.npy": ("float", "token dtype must be"),
+        "float.npy": ("float", "wrong dtype at byte offset"),
         "big.npy": ("big", "is >= vocab size 64"),
     }
     for name, (content, message) in cases.items():
