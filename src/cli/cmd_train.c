@@ -38,6 +38,8 @@ static void train_usage(FILE *out) {
             "  --init FILE         start from weights in FILE (safetensors, Hugging Face names)\n"
             "                      instead of the seeded OLMo-core initialisation\n"
             "  --save FILE         write the final weights to FILE (default: data.out_dir/model.safetensors)\n"
+            "  --dump-batches FILE append every step's token batch to FILE (raw int32, steps x rows x\n"
+            "                      seq_len), so another implementation can train on the same data order\n"
             "  --help              show this help\n\n"
             "Evaluation (train.eval_every > 0): held-out loss on data.val_paths (comma-separated\n"
             ".npy files, train.eval_batches micro-batches each, in file order) and accuracy on\n"
@@ -151,7 +153,7 @@ static int run_evals(struct olmo_trainer *tr, const struct evaluators *ev, long 
 }
 
 int cmd_train(int argc, char **argv) {
-    const char *config_path = NULL, *init_path = NULL, *save_path = NULL, *resume_from = NULL;
+    const char *config_path = NULL, *init_path = NULL, *save_path = NULL, *resume_from = NULL, *dump_path = NULL;
     bool resume = false;
     struct olmo_config cfg;
     olmo_config_defaults(&cfg);
@@ -162,7 +164,7 @@ int cmd_train(int argc, char **argv) {
             return 0;
         }
         if (!strcmp(argv[i], "--set") || !strcmp(argv[i], "--init") || !strcmp(argv[i], "--save") ||
-            !strcmp(argv[i], "--resume-from")) {
+            !strcmp(argv[i], "--resume-from") || !strcmp(argv[i], "--dump-batches")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "olmoc train: %s needs a value\n", argv[i]);
                 return 2;
@@ -191,6 +193,7 @@ int cmd_train(int argc, char **argv) {
         else if (!strcmp(argv[i], "--init")) init_path = argv[++i];
         else if (!strcmp(argv[i], "--save")) save_path = argv[++i];
         else if (!strcmp(argv[i], "--resume-from")) resume_from = argv[++i];
+        else if (!strcmp(argv[i], "--dump-batches")) dump_path = argv[++i];
     }
     if (resume_from && resume) {
         fprintf(stderr, "olmoc train: give either --resume or --resume-from, not both\n");
@@ -317,13 +320,23 @@ int cmd_train(int argc, char **argv) {
                st.loader_pos);
     fflush(stdout);
 
+    FILE *dump = NULL;
+    if (dump_path && leader && !(dump = fopen(dump_path, ckpt[0] ? "ab" : "wb"))) {
+        olmo_error("cannot write '%s': %s", dump_path, strerror(errno));
+        goto fail;
+    }
     const long first_step = st.step + 1;
     const double start = now_seconds(), elapsed_before = st.elapsed;
     double last = start, interval = 0.0; /* end of the previous step; step time since the last log line */
     long tokens = st.tokens, steps_since_log = 0;
     for (long step = first_step; step <= t->steps; step++) {
         struct olmo_step_result res;
-        if (olmo_loader_next(&loader, batch, (int)rows) || olmo_trainer_step(&tr, batch, &res)) goto fail;
+        if (olmo_loader_next(&loader, batch, (int)rows)) goto fail;
+        if (dump && fwrite(batch, sizeof(int32_t), rows * t->seq_len, dump) != rows * t->seq_len) {
+            olmo_error("writing '%s' failed: %s", dump_path, strerror(errno));
+            goto fail;
+        }
+        if (olmo_trainer_step(&tr, batch, &res)) goto fail;
         tokens += tokens_per_step;
         steps_since_log++;
         double now = now_seconds();
@@ -373,6 +386,10 @@ int cmd_train(int argc, char **argv) {
         last = now_seconds(); /* evaluation and checkpoint time do not count as step time */
     }
     fclose(metrics);
+    if (dump && fclose(dump)) {
+        olmo_error("writing '%s' failed: %s", dump_path, strerror(errno));
+        goto fail;
+    }
     double total = now_seconds() - start;
     char weights_path[4200];
     if (!save_path) {
