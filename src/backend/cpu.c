@@ -81,6 +81,19 @@ static inline float fast_expf(float x) {
     return x < lo ? 0.0f : y;
 }
 
+/* max of x[0..n), n >= 1; 16 running maxima so that gcc and clang both vectorise it. */
+static float max_of(const float *x, int n) {
+    float lanes[16];
+    int i = 0;
+    for (int l = 0; l < 16; l++) lanes[l] = x[0];
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) lanes[l] = x[i + l] > lanes[l] ? x[i + l] : lanes[l];
+    float mx = lanes[0];
+    for (int l = 1; l < 16; l++) mx = lanes[l] > mx ? lanes[l] : mx;
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
 static void cpu_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
                      const float *b, int ldb, float beta, float *c, int ldc) {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
@@ -264,9 +277,8 @@ static void cpu_attention_fwd(float *out, float *lse, const float *q, const floa
                         memset(row, 0, sizeof(float) * (size_t)nk);
                         continue;
                     }
-                    float mx = mrow[r];
-#pragma omp simd reduction(max : mx)
-                    for (int c = a; c <= e; c++) mx = row[c] > mx ? row[c] : mx;
+                    float mx = max_of(row + a, e - a + 1);
+                    mx = mx > mrow[r] ? mx : mrow[r];
                     const float alpha = fast_expf(mrow[r] - mx); /* exp(-inf) = 0 on the first block */
                     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -497,9 +509,7 @@ static void cpu_cross_entropy(float *logits, const int32_t *targets, int n, int 
             memset(row, 0, sizeof(float) * (size_t)vocab);
             continue;
         }
-        float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-        for (int j = 0; j < vocab; j++) mx = row[j] > mx ? row[j] : mx;
+        const float mx = max_of(row, vocab);
         const float target_logit = row[targets[i]];
         double sum = 0.0; /* fp32 exponentials, double accumulation */
 #pragma omp simd reduction(+ : sum)
