@@ -246,11 +246,15 @@ def run_olmoc(args, cfg_path, T, B, accum, window, token_file, out_dir, env):
            "--set", "train.warmup_steps=1", "--set", "train.log_every=1",
            "--set", f"model.sliding_window={window}",
            "--set", f"data.train_path={token_file}", "--set", f"data.out_dir={out_dir}"]
-    rc, out, err, rss = run_measured(cmd, env)
+    # OLMOC_PROFILE: per-op wall time (a clock read per op call, negligible) and in-training GEMM GFLOP/s
+    rc, out, err, rss = run_measured(cmd, dict(env, OLMOC_PROFILE="1"))
     if rc:
         raise SystemExit(f"olmoc failed ({rc}):\n{out}\n{err}")
     tok_s = [float(x) for x in re.findall(r"\| (\d+) tok/s \|", out)]
-    return {"tok_s": statistics.median(tok_s[args.warmup:]), "steps_tok_s": tok_s, "rss_mib": rss}
+    gemm = float(re.search(r"profile: gemm ([0-9.]+) GFLOP/s", out).group(1))
+    profile = {m.group(1).strip(): float(m.group(2)) for m in re.finditer(r"profile: (.+?) +\d+ +[0-9.]+ +([0-9.]+)%", out)}
+    return {"tok_s": statistics.median(tok_s[args.warmup:]), "steps_tok_s": tok_s, "rss_mib": rss,
+            "gemm_gflops": gemm, "time_share": profile}
 
 
 def run_torch(args, model, T, B, accum, window, env):
@@ -378,8 +382,12 @@ def main():
                     c["torch"].append(run_torch(args, c["model"], c["T"], c["B"], c["accum"], c["window"], env))
                 c["load_after"] = load_avg()
             o = statistics.median(r["tok_s"] for r in c["olmoc"])
+            g = statistics.median(r["gemm_gflops"] for r in c["olmoc"])
+            share = c["olmoc"][0]["time_share"]
             line = (f"{c['cfg'].stem:12s} T={c['T']:5d} B={c['B']:2d} | olmoc {o:8.1f} tok/s "
-                    f"MFU {100 * c['fpt'] * o / (peak * 1e9):4.1f}% RSS {max(r['rss_mib'] for r in c['olmoc']):6.0f} MiB")
+                    f"MFU {100 * c['fpt'] * o / (peak * 1e9):4.1f}% RSS {max(r['rss_mib'] for r in c['olmoc']):6.0f} MiB "
+                    f"GEMM {100 * g / peak:3.0f}% of peak ({share.get('gemm', 0):.0f}% of op time; attention "
+                    f"{share.get('attention fwd', 0) + share.get('attention bwd', 0):.0f}%)")
             if c["torch"]:
                 t = statistics.median(r["tok_s"] for r in c["torch"])
                 line += (f" | PyTorch({args.torch_mode},{args.torch_attn}) {t:8.1f} tok/s MFU {100 * c['fpt'] * t / (peak * 1e9):4.1f}% "

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "backend/backend.h"
+#include "backend/profile.h"
 #include "cli/commands.h"
 #include "config/config.h"
 #include "data/token_file.h"
@@ -23,7 +24,9 @@ static void train_usage(FILE *out) {
             "  --init FILE       start from weights in FILE (safetensors, Hugging Face names)\n"
             "                    instead of the seeded OLMo-core initialisation\n"
             "  --save FILE       write the final weights to FILE (default: data.out_dir/model.safetensors)\n"
-            "  --help            show this help\n");
+            "  --help            show this help\n\n"
+            "environment:\n"
+            "  OLMOC_PROFILE=1   print wall time per op and GEMM GFLOP/s (steps after the first)\n");
 }
 
 static double now_seconds(void) {
@@ -99,7 +102,10 @@ int cmd_train(int argc, char **argv) {
     if (olmo_loader_open(&loader, cfg.data.train_path, cfg.train.seq_len, cfg.model.vocab_size, cfg.train.seed))
         goto fail;
     struct olmo_trainer tr;
-    if (olmo_trainer_init(&tr, &cfg, olmo_backend_cpu())) goto fail;
+    const char *profile_env = getenv("OLMOC_PROFILE");
+    const bool profile = profile_env && *profile_env && strcmp(profile_env, "0") != 0;
+    if (olmo_trainer_init(&tr, &cfg, profile ? olmo_backend_profiled(olmo_backend_cpu()) : olmo_backend_cpu()))
+        goto fail;
     if (init_path) {
         if (olmo_weights_load(&tr.model, init_path)) goto fail;
     } else {
@@ -133,8 +139,10 @@ int cmd_train(int argc, char **argv) {
                    t->steps, res.ce_loss, res.z_loss, res.grad_norm, res.lr, tok_s, eta);
             fflush(stdout);
         }
+        if (profile && step == 1) olmo_profile_reset(); /* the first step pays for page faults */
         last = now_seconds();
     }
+    if (profile) olmo_profile_report(stdout);
     double total = now_seconds() - start;
     char weights_path[1200];
     if (!save_path) {
