@@ -28,10 +28,33 @@ static double now(void) {
 static void p_zero(void *p, size_t bytes) { TIMED(P_COPY, in->zero(p, bytes)); }
 static void p_copy(void *dst, const void *src, size_t bytes) { TIMED(P_COPY, in->copy(dst, src, bytes)); }
 
+/* per GEMM shape: the first MAX_SHAPES distinct (m, n, k, ta, tb, beta != 0) */
+enum { MAX_SHAPES = 64 };
+static struct shape_stat {
+    int m, n, k, ta, tb, beta;
+    long calls;
+    double seconds;
+} shapes[MAX_SHAPES];
+static int n_shapes;
+
 static void p_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
                    int ldb, float beta, float *c, int ldc) {
-    TIMED(P_GEMM, in->gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
+    double t0 = now();
+    in->gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    double t = now() - t0;
+    seconds[P_GEMM] += t;
+    calls[P_GEMM]++;
     gemm_flops += 2.0 * m * n * (double)k;
+    struct shape_stat key = {m, n, k, ta, tb, beta != 0.0f, 0, 0.0};
+    int i = 0;
+    while (i < n_shapes && !(shapes[i].m == m && shapes[i].n == n && shapes[i].k == k && shapes[i].ta == ta &&
+                             shapes[i].tb == tb && shapes[i].beta == key.beta))
+        i++;
+    if (i == n_shapes && n_shapes < MAX_SHAPES) shapes[n_shapes++] = key;
+    if (i < n_shapes) {
+        shapes[i].calls++;
+        shapes[i].seconds += t;
+    }
 }
 
 static void p_embedding_fwd(float *out, const float *table, const int32_t *tokens, int n, int dim) {
@@ -116,6 +139,7 @@ void olmo_profile_reset(void) {
         calls[i] = 0;
     }
     gemm_flops = 0.0;
+    n_shapes = 0;
 }
 
 void olmo_profile_report(FILE *out) {
@@ -125,6 +149,12 @@ void olmo_profile_report(FILE *out) {
     for (int i = 0; i < P_COUNT; i++)
         fprintf(out, "profile: %-18s %8ld %9.3f %5.1f%%\n", names[i], calls[i], seconds[i],
                 total > 0 ? 100.0 * seconds[i] / total : 0.0);
+    for (int i = 0; i < n_shapes; i++) {
+        const struct shape_stat *g = &shapes[i];
+        fprintf(out, "profile:   gemm m %5d n %5d k %5d %c%c%s %5ld calls %8.3f s %6.1f GFLOP/s\n", g->m, g->n, g->k,
+                g->ta ? 'T' : 'N', g->tb ? 'T' : 'N', g->beta ? " +C" : "   ", g->calls, g->seconds,
+                g->seconds > 0 ? 2.0 * g->m * g->n * (double)g->k * g->calls / g->seconds * 1e-9 : 0.0);
+    }
     fprintf(out, "profile: gemm %.1f GFLOP/s over %.3g FLOP; ops total %.3f s\n",
             seconds[P_GEMM] > 0 ? gemm_flops / seconds[P_GEMM] * 1e-9 : 0.0, gemm_flops, total);
 }
