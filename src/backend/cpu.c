@@ -203,14 +203,21 @@ static void cpu_rope_bwd(float *dx, const float *cos_t, const float *sin_t, int 
 }
 
 /* ---- attention -------------------------------------------------------------
- * Flash-style: queries in blocks of ATT_BQ rows, keys in blocks of ATT_BK,
- * tile products through cblas_sgemm (single-threaded inside the OpenMP
- * region), online softmax over the key blocks.  Memory beyond inputs and
- * outputs is O(seq_len) (per-row bounds, delta) plus O(ATT_BQ * ATT_BK)
- * tiles per thread: no seq_len^2 buffer, so 4k-32k contexts fit.
+ * Flash-style, with tile products through cblas_sgemm (single-threaded
+ * inside the OpenMP region) and softmax in between:
+ *   forward: a task per (batch, head, block of ATT_QB queries) walks the
+ *     visible keys in chunks of ATT_KC with an online softmax;
+ *   backward: a task per (batch, kv head, block of ATT_KB keys) walks the
+ *     queries that see them in chunks of ATT_QC (FlashAttention-2 order).
+ * K and V are first transposed per head ([D][T]) so every score tile is a
+ * plain NN product (OpenBLAS's small NT kernel is markedly slower).  Memory
+ * beyond inputs and outputs is O(seq_len) per head (bounds, delta, the
+ * transposed K/V, dq partials) plus tiles of at most ATT_QC x ATT_KC per
+ * thread: no seq_len^2 buffer.
  * Query t sees keys lo[t]..t, lo[t] = max(t - window + 1, start of t's
- * document): documents are runs of equal doc ids, as the model builds them. */
-enum { ATT_BQ = 64, ATT_BK = 64 };
+ * document): documents are runs of equal doc ids, as the model builds them.
+ * lo is non-decreasing in t, which the block bounds below rely on. */
+enum { ATT_QB = 64, ATT_KC = 256, ATT_KB = 64, ATT_QC = 64 };
 
 /* lo[b * T + t]: first key visible from query t of sequence b. */
 static int *attn_bounds(const struct olmo_attn_shape *s, const int32_t *doc_ids) {
@@ -232,45 +239,69 @@ static int *attn_bounds(const struct olmo_attn_shape *s, const int32_t *doc_ids)
 static inline void row_visible(const int *lo, int t, int j0, int nk, int *a, int *e) {
     int first = lo[t] - j0, last = t - j0;
     *a = first > 0 ? first : 0;
-    *e = last < nk - 1 ? last : nk - 1; /* empty when *e < *a */
+    *e = last < nk - 1 ? last : nk - 1;
+}
+
+/* Leading dimension of the transposed K/V rows: T rounded up to 16 floats,
+ * plus 16 so that the rows do not all map to the same cache sets when T is
+ * a power of two. */
+static int transposed_ld(int T) { return (T + 15) / 16 * 16 + 16; }
+
+/* xt[((b * heads + h) * D + d) * ld + t] = x[(b * T + t) * heads * D + h * D + d], ld = transposed_ld(T) */
+static float *transpose_heads(const float *x, int B, int T, int heads, int D) {
+    const size_t ld = (size_t)transposed_ld(T);
+    float *xt = scratch(sizeof(float) * (size_t)B * ld * heads * D);
+    const int tiles = (T + 63) / 64;
+#pragma omp parallel for if ((size_t)B * T * heads * D >= PAR_MIN)
+    for (int job = 0; job < B * heads * tiles; job++) {
+        const int tt = job % tiles, h = (job / tiles) % heads, b = job / (tiles * heads);
+        const int t0 = tt * 64, t1 = t0 + 64 < T ? t0 + 64 : T;
+        float *dst = xt + ((size_t)b * heads + h) * D * ld;
+        for (int t = t0; t < t1; t++) {
+            const float *src = x + ((size_t)b * T + t) * heads * D + (size_t)h * D;
+            for (int d = 0; d < D; d++) dst[(size_t)d * ld + t] = src[d];
+        }
+    }
+    return xt;
 }
 
 static void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                               const int32_t *doc_ids, const struct olmo_attn_shape *s) {
     const int T = s->seq_len, H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim;
-    const int group = H / HK, qblocks = (T + ATT_BQ - 1) / ATT_BQ;
+    const int group = H / HK, qblocks = (T + ATT_QB - 1) / ATT_QB;
     const int q_stride = H * D, kv_stride = HK * D;
     int *lo = attn_bounds(s, doc_ids);
+    float *kt = transpose_heads(k, s->batch, T, HK, D);
+    const int ldt = transposed_ld(T);
     const int tasks = s->batch * H * qblocks;
     /* Each task owns its output rows, so any schedule gives the same result. */
 #pragma omp parallel if (tasks > 1)
     {
-        float *sc = scratch(sizeof(float) * ATT_BQ * ATT_BK);
-        float *acc = scratch(sizeof(float) * ATT_BQ * (size_t)D);
-        float mrow[ATT_BQ];
-        double lrow[ATT_BQ];
+        float *sc = scratch(sizeof(float) * ATT_QB * ATT_KC);
+        float *acc = scratch(sizeof(float) * ATT_QB * (size_t)D);
+        float mrow[ATT_QB];
+        double lrow[ATT_QB];
 #pragma omp for schedule(dynamic)
         for (int task = 0; task < tasks; task++) {
             const int qb = qblocks - 1 - task % qblocks; /* longest (latest) blocks first */
             const int h = (task / qblocks) % H, b = task / (qblocks * H), kh = h / group;
-            const int i0 = qb * ATT_BQ, nq = i0 + ATT_BQ < T ? ATT_BQ : T - i0;
+            const int i0 = qb * ATT_QB, nq = i0 + ATT_QB < T ? ATT_QB : T - i0, i1 = i0 + nq;
             const int *lob = lo + (size_t)b * T;
             const float *qblk = q + ((size_t)b * T + i0) * q_stride + (size_t)h * D;
-            int kmin = lob[i0];
-            for (int r = 1; r < nq; r++) kmin = lob[i0 + r] < kmin ? lob[i0 + r] : kmin;
+            const float *kth = kt + ((size_t)b * HK + kh) * D * ldt;
             memset(acc, 0, sizeof(float) * (size_t)nq * D);
             for (int r = 0; r < nq; r++) {
                 mrow[r] = -INFINITY;
                 lrow[r] = 0.0;
             }
-            for (int j0 = kmin; j0 < i0 + nq; j0 += ATT_BK) {
-                const int nk = j0 + ATT_BK < i0 + nq ? ATT_BK : i0 + nq - j0;
-                const float *kblk = k + ((size_t)b * T + j0) * kv_stride + (size_t)kh * D;
+            /* keys lob[i0] .. i1-1 in chunks; the first one is partial so the last ends at i1 */
+            const int span = i1 - lob[i0];
+            for (int j0 = lob[i0], nk = (span - 1) % ATT_KC + 1; j0 < i1; j0 += nk, nk = ATT_KC) {
                 const float *vblk = v + ((size_t)b * T + j0) * kv_stride + (size_t)kh * D;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, D, s->scale, qblk, q_stride, kblk,
-                            kv_stride, 0.0f, sc, ATT_BK);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, nk, D, s->scale, qblk, q_stride, kth + j0,
+                            ldt, 0.0f, sc, ATT_KC);
                 for (int r = 0; r < nq; r++) {
-                    float *row = sc + (size_t)r * ATT_BK;
+                    float *row = sc + (size_t)r * ATT_KC;
                     int a, e;
                     row_visible(lob, i0 + r, j0, nk, &a, &e);
                     if (e < a) {
@@ -279,7 +310,7 @@ static void cpu_attention_fwd(float *out, float *lse, const float *q, const floa
                     }
                     float mx = max_of(row + a, e - a + 1);
                     mx = mx > mrow[r] ? mx : mrow[r];
-                    const float alpha = fast_expf(mrow[r] - mx); /* exp(-inf) = 0 on the first block */
+                    const float alpha = fast_expf(mrow[r] - mx); /* exp(-inf) = 0 on the first chunk */
                     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
                     for (int c = 0; c < nk; c++) {
@@ -296,7 +327,7 @@ static void cpu_attention_fwd(float *out, float *lse, const float *q, const floa
                     lrow[r] += sum;
                     mrow[r] = mx;
                 }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, 1.0f, sc, ATT_BK, vblk, kv_stride,
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, 1.0f, sc, ATT_KC, vblk, kv_stride,
                             1.0f, acc, D);
             }
             for (int r = 0; r < nq; r++) {
@@ -310,16 +341,16 @@ static void cpu_attention_fwd(float *out, float *lse, const float *q, const floa
         free(sc);
         free(acc);
     }
+    free(kt);
     free(lo);
 }
 
-/* Backward, FlashAttention-2 style: one task per (batch, kv head, key block)
- * owns dk/dv of those keys and walks every query block (of every query head
- * in the GQA group) that sees them; P and dS are recomputed per tile from
- * lse.  dq gets contributions from many key blocks: each thread adds into
- * its own dq copy, and the copies are summed in thread order.  Tasks go to
- * threads by a fixed (cost-balanced) assignment, so the sums do not depend
- * on timing. */
+/* Backward: a task per (batch, kv head, key block) owns dk/dv of those keys
+ * and walks every query chunk (of every query head in the GQA group) that
+ * sees them; P and dS are recomputed per tile from lse.  dq gets
+ * contributions from many key blocks: each thread adds into its own dq
+ * copy, and the copies are summed in thread order.  Tasks go to threads by
+ * a fixed (cost-balanced) assignment, so the sums do not depend on timing. */
 struct attn_task {
     int b, kh, kb;
     double cost;
@@ -338,19 +369,12 @@ static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout
                               const float *lse, const float *q, const float *k, const float *v,
                               const int32_t *doc_ids, const struct olmo_attn_shape *s) {
     const int T = s->seq_len, H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim, B = s->batch;
-    const int group = H / HK, kblocks = (T + ATT_BK - 1) / ATT_BK, qblocks = (T + ATT_BQ - 1) / ATT_BQ;
+    const int group = H / HK, kblocks = (T + ATT_KB - 1) / ATT_KB;
     const int q_stride = H * D, kv_stride = HK * D;
     const size_t n_q = (size_t)B * T * q_stride;
     int *lo = attn_bounds(s, doc_ids);
-    /* qmin[b * qblocks + qb]: smallest lo over the rows of a query block */
-    int *qmin = scratch(sizeof(int) * (size_t)B * qblocks);
-    for (int b = 0; b < B; b++)
-        for (int qb = 0; qb < qblocks; qb++) {
-            const int *lob = lo + (size_t)b * T;
-            int m = lob[qb * ATT_BQ];
-            for (int t = qb * ATT_BQ; t < T && t < (qb + 1) * ATT_BQ; t++) m = lob[t] < m ? lob[t] : m;
-            qmin[b * qblocks + qb] = m;
-        }
+    float *kt = transpose_heads(k, B, T, HK, D), *vt = transpose_heads(v, B, T, HK, D);
+    const int ldt = transposed_ld(T);
     /* delta[(b*H + h)*T + t] = dO . O (= sum_j p_j dO . v_j) */
     float *delta = scratch(sizeof(float) * (size_t)B * H * T);
 #pragma omp parallel for if (n_q >= PAR_MIN)
@@ -365,13 +389,13 @@ static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout
 
     /* Tasks and their fixed assignment: longest first to the least-loaded thread. */
     const int n_tasks = B * HK * kblocks;
-    struct attn_task *tasks = scratch(sizeof *tasks * (size_t)n_tasks);
+    struct attn_task *tasks = scratch(sizeof *tasks * (size_t)(n_tasks > 0 ? n_tasks : 1));
     for (int b = 0, i = 0; b < B; b++)
         for (int kh = 0; kh < HK; kh++)
             for (int kb = 0; kb < kblocks; kb++, i++) {
-                const int j0 = kb * ATT_BK, j1 = j0 + ATT_BK < T ? j0 + ATT_BK : T;
+                const int j0 = kb * ATT_KB, j1 = j0 + ATT_KB < T ? j0 + ATT_KB : T;
                 int rows = 0; /* queries that see a key of this block */
-                for (int t = j0; t < T; t++) rows += lo[(size_t)b * T + t] < j1;
+                for (int t = j0; t < T && lo[(size_t)b * T + t] < j1; t++) rows++;
                 tasks[i] = (struct attn_task){b, kh, kb, (double)rows * (j1 - j0) + 1.0};
             }
     qsort(tasks, (size_t)n_tasks, sizeof *tasks, task_cost_desc);
@@ -402,32 +426,34 @@ static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout
 #pragma omp parallel num_threads(nth) if (nth > 1)
     {
         const int tid = omp_get_thread_num(), team = omp_get_num_threads();
-        float *p = scratch(sizeof(float) * ATT_BQ * ATT_BK), *ds = scratch(sizeof(float) * ATT_BQ * ATT_BK);
+        float *p = scratch(sizeof(float) * ATT_QC * ATT_KB), *ds = scratch(sizeof(float) * ATT_QC * ATT_KB);
         for (int i = 0; i < n_tasks; i++) {
             /* a smaller team than asked for (nested parallelism) still covers every task */
             if (owner[i] % team != tid) continue;
-            const int b = tasks[i].b, kh = tasks[i].kh, j0 = tasks[i].kb * ATT_BK;
-            const int nk = j0 + ATT_BK < T ? ATT_BK : T - j0;
+            const int b = tasks[i].b, kh = tasks[i].kh, j0 = tasks[i].kb * ATT_KB;
+            const int nk = j0 + ATT_KB < T ? ATT_KB : T - j0;
             const int *lob = lo + (size_t)b * T;
             const size_t koff = ((size_t)b * T + j0) * kv_stride + (size_t)kh * D;
-            const float *kblk = k + koff, *vblk = v + koff;
+            const float *kblk = k + koff;
+            const float *ktb = kt + ((size_t)b * HK + kh) * D * ldt + j0, *vtb = vt + ((size_t)b * HK + kh) * D * ldt + j0;
             float *dkblk = dk + koff, *dvblk = dv + koff, *dqt = dq_part[tid];
             for (int j = 0; j < nk; j++) {
                 memset(dkblk + (size_t)j * kv_stride, 0, sizeof(float) * (size_t)D);
                 memset(dvblk + (size_t)j * kv_stride, 0, sizeof(float) * (size_t)D);
             }
+            /* queries j0 .. tend-1 see some of these keys (lo non-decreasing) */
+            int tend = j0;
+            while (tend < T && lob[tend] < j0 + nk) tend++;
             for (int h = kh * group; h < (kh + 1) * group; h++) {
                 const float *lse_bh = lse + ((size_t)b * H + h) * T, *delta_bh = delta + ((size_t)b * H + h) * T;
-                for (int qb = j0 / ATT_BQ; qb < qblocks; qb++) {
-                    /* lo is non-decreasing in t: no later block sees these keys either */
-                    if (qmin[b * qblocks + qb] >= j0 + nk) break;
-                    const int i0 = qb * ATT_BQ, nq = i0 + ATT_BQ < T ? ATT_BQ : T - i0;
+                for (int i0 = j0; i0 < tend; i0 += ATT_QC) {
+                    const int nq = i0 + ATT_QC < tend ? ATT_QC : tend - i0;
                     const size_t qoff = ((size_t)b * T + i0) * q_stride + (size_t)h * D;
                     const float *qblk = q + qoff, *doblk = dout + qoff;
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, D, s->scale, qblk, q_stride, kblk,
-                                kv_stride, 0.0f, p, ATT_BK);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, nk, D, s->scale, qblk, q_stride, ktb, ldt,
+                                0.0f, p, ATT_KB);
                     for (int r = 0; r < nq; r++) {
-                        float *row = p + (size_t)r * ATT_BK;
+                        float *row = p + (size_t)r * ATT_KB;
                         int a, e;
                         row_visible(lob, i0 + r, j0, nk, &a, &e);
                         const float l = lse_bh[i0 + r];
@@ -435,22 +461,22 @@ static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout
                         for (int c = 0; c < nk; c++) row[c] = c >= a && c <= e ? fast_expf(row[c] - l) : 0.0f;
                     }
                     /* dV += P^T dO */
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, 1.0f, p, ATT_BK, doblk, q_stride,
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, 1.0f, p, ATT_KB, doblk, q_stride,
                                 1.0f, dvblk, kv_stride);
                     /* dP = dO V^T, then dS = P * (dP - delta) * scale */
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, D, 1.0f, doblk, q_stride, vblk,
-                                kv_stride, 0.0f, ds, ATT_BK);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, nk, D, 1.0f, doblk, q_stride, vtb, ldt,
+                                0.0f, ds, ATT_KB);
                     for (int r = 0; r < nq; r++) {
-                        const float *pr = p + (size_t)r * ATT_BK;
-                        float *dr = ds + (size_t)r * ATT_BK;
+                        const float *pr = p + (size_t)r * ATT_KB;
+                        float *dr = ds + (size_t)r * ATT_KB;
                         const float dl = delta_bh[i0 + r];
 #pragma omp simd
                         for (int c = 0; c < nk; c++) dr[c] = pr[c] * (dr[c] - dl) * s->scale;
                     }
                     /* dK += dS^T Q;  dQ += dS K */
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, 1.0f, ds, ATT_BK, qblk, q_stride,
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, 1.0f, ds, ATT_KB, qblk, q_stride,
                                 1.0f, dkblk, kv_stride);
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, 1.0f, ds, ATT_BK, kblk,
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, 1.0f, ds, ATT_KB, kblk,
                                 kv_stride, 1.0f, dqt + qoff, q_stride);
                 }
             }
@@ -471,7 +497,8 @@ static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout
     free(owner);
     free(tasks);
     free(delta);
-    free(qmin);
+    free(kt);
+    free(vt);
     free(lo);
 }
 
