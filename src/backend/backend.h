@@ -55,7 +55,9 @@ struct olmo_backend {
      * n_kv_heads*head_dim]; lse: [batch, n_heads, seq] log-sum-exp of the
      * scaled scores, saved so backward recomputes probabilities instead of
      * storing seq^2 of them.  doc_ids [batch*seq] or NULL: keys of another
-     * document are masked out. */
+     * document are masked out (a document is a run of equal ids, as the
+     * model numbers them: non-decreasing along each sequence).  Scratch
+     * memory must stay O(seq) per head: no seq^2 buffers. */
     void (*attention_fwd)(float *out, float *lse, const float *q, const float *k, const float *v,
                           const int32_t *doc_ids, const struct olmo_attn_shape *shape);
     void (*attention_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *out,

@@ -1,14 +1,32 @@
-/* CPU backend: OpenBLAS for the GEMMs, OpenMP loops for everything else.
- * Reductions are done in double where an fp32 sum over a long axis would
- * lose the 1e-5 agreement with the PyTorch reference. */
+/* CPU backend: OpenBLAS for the GEMMs (also for the tiles of attention),
+ * OpenMP loops for everything else.
+ *
+ * Numerics: reductions are done in double where an fp32 sum over a long axis
+ * would lose the 1e-5 agreement with the PyTorch reference; exponentials use
+ * a vectorisable exp (fast_expf, within 2 ulp of expf).
+ *
+ * Determinism: every result is the same from run to run with the same
+ * thread count.  No floating-point reduction depends on OpenMP's reduction
+ * clause (whose combination order is unspecified) or on which thread ran
+ * what under dynamic scheduling: partial sums live in per-row, per-chunk or
+ * per-column slots that are combined in a fixed order.  Except for
+ * attention's dq (per-thread partials under a fixed task-to-thread
+ * assignment, summed in thread order), results do not even depend on the
+ * thread count. */
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
 #include "util/error.h"
+
+/* Loops over fewer elements than this run on the calling thread: waking the
+ * team costs more than the work. */
+#define PAR_MIN 16384
 
 static void *cpu_alloc(size_t bytes) {
     /* 64-byte alignment keeps SIMD loads aligned; round size up as required. */
@@ -22,9 +40,59 @@ static void *cpu_alloc(size_t bytes) {
     return p;
 }
 
+/* Scratch memory inside an op, which has no error path: failing is fatal. */
+static void *scratch(size_t bytes) {
+    void *p = aligned_alloc(64, ((bytes + 63) & ~(size_t)63) + 64);
+    if (!p) {
+        fprintf(stderr, "olmoc: out of memory for %zu bytes of CPU scratch space\n", bytes);
+        abort();
+    }
+    return p;
+}
+
 static void cpu_free(void *p) { free(p); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
+
+/* exp(x) for float x, vectorisable (no calls, no branches): x = n ln2 + r
+ * with |r| <= ln2/2, exp(r) by its degree-7 Taylor polynomial (truncation
+ * < 1e-8 relative), times 2^n built in the exponent bits.  Within 2 ulp of
+ * glibc's expf for x >= -87.33; below that it returns 0 (expf gives
+ * subnormals < 1.2e-38), exp(-inf) = 0, and x > 88.37 gives inf. */
+static inline float fast_expf(float x) {
+    const float hi = 88.3762626647949f, lo = -87.3365478515625f;
+    float xc = x < lo ? lo : (x > hi ? hi : x);
+    float n = rintf(xc * 1.44269504088896341f);
+    float r = fmaf(n, -0.693145751953125f, xc); /* ln2 split in two for an exact n*ln2_hi */
+    r = fmaf(n, -1.428606765330187045e-06f, r);
+    float p = 1.98412698e-4f;
+    p = fmaf(p, r, 1.38888889e-3f);
+    p = fmaf(p, r, 8.33333333e-3f);
+    p = fmaf(p, r, 4.16666667e-2f);
+    p = fmaf(p, r, 1.66666667e-1f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    int32_t bits = ((int32_t)n + 127) * (1 << 23);
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    float y = p * two_n;
+    y = x > hi ? INFINITY : y;
+    return x < lo ? 0.0f : y;
+}
+
+/* max of x[0..n), n >= 1; 16 running maxima so that gcc and clang both vectorise it. */
+static float max_of(const float *x, int n) {
+    float lanes[16];
+    int i = 0;
+    for (int l = 0; l < 16; l++) lanes[l] = x[0];
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) lanes[l] = x[i + l] > lanes[l] ? x[i + l] : lanes[l];
+    float mx = lanes[0];
+    for (int l = 1; l < 16; l++) mx = lanes[l] > mx ? lanes[l] : mx;
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
 
 static void cpu_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
                      const float *b, int ldb, float beta, float *c, int ldc) {
@@ -33,84 +101,88 @@ static void cpu_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const f
 }
 
 static void cpu_embedding_fwd(float *out, const float *table, const int32_t *tokens, int n, int dim) {
-#pragma omp parallel for
+#pragma omp parallel for if ((size_t)n * dim >= PAR_MIN)
     for (int i = 0; i < n; i++)
         memcpy(out + (size_t)i * dim, table + (size_t)tokens[i] * dim, sizeof(float) * (size_t)dim);
 }
 
+/* Columns per task of the column-parallel loops: a multiple of the SIMD width. */
+enum { COL_BLOCK = 64 };
+
 static void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int n, int dim) {
-    /* Serial over tokens: repeated ids would race; this is O(n*dim) and cheap. */
-    for (int i = 0; i < n; i++) {
-        float *row = dtable + (size_t)tokens[i] * dim;
-        const float *g = dout + (size_t)i * dim;
-        for (int j = 0; j < dim; j++) row[j] += g[j];
+    /* Parallel over columns, tokens in order inside: repeated ids never race
+     * and every sum has the same order whatever the thread count. */
+    const int blocks = (dim + COL_BLOCK - 1) / COL_BLOCK;
+#pragma omp parallel for schedule(static) if ((size_t)n * dim >= PAR_MIN)
+    for (int cb = 0; cb < blocks; cb++) {
+        const int j0 = cb * COL_BLOCK, j1 = j0 + COL_BLOCK < dim ? j0 + COL_BLOCK : dim;
+        for (int i = 0; i < n; i++) {
+            float *row = dtable + (size_t)tokens[i] * dim;
+            const float *g = dout + (size_t)i * dim;
+#pragma omp simd
+            for (int j = j0; j < j1; j++) row[j] += g[j];
+        }
     }
 }
 
 static void cpu_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, int n, int dim,
                             float eps) {
-#pragma omp parallel for
+#pragma omp parallel for if ((size_t)n * dim >= PAR_MIN)
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * dim;
         float *yi = y + (size_t)i * dim;
         double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
         for (int j = 0; j < dim; j++) ss += (double)xi[j] * xi[j];
         float r = (float)(1.0 / sqrt(ss / dim + eps));
         rstd[i] = r;
+#pragma omp simd
         for (int j = 0; j < dim; j++) yi[j] = w[j] * (xi[j] * r);
     }
 }
 
-/* Rows per partial sum of the weight gradient.  The partials are combined in
- * chunk order, so dw is bit-identical whatever the thread count or schedule
- * (a prerequisite for bit-identical resumed training runs). */
-#define RMS_DW_CHUNK 32
-
 static void cpu_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
                             const float *rstd, int n, int dim) {
-    const int n_chunks = (n + RMS_DW_CHUNK - 1) / RMS_DW_CHUNK;
-    double *partial = calloc((size_t)(n_chunks > 0 ? n_chunks : 1) * (size_t)dim, sizeof(double));
-    if (!partial) {
-        fprintf(stderr, "olmoc: out of memory in rmsnorm backward\n");
-        abort();
-    }
-#pragma omp parallel for schedule(static)
-    for (int c = 0; c < n_chunks; c++) {
-        double *dw_local = partial + (size_t)c * dim;
-        const int end = (c + 1) * RMS_DW_CHUNK < n ? (c + 1) * RMS_DW_CHUNK : n;
-        for (int i = c * RMS_DW_CHUNK; i < end; i++) {
-            const float *xi = x + (size_t)i * dim, *dyi = dy + (size_t)i * dim;
-            float *dxi = dx + (size_t)i * dim;
-            float r = rstd[i];
-            double dot = 0.0; /* sum_j (dy_j * w_j) * xhat_j */
-            for (int j = 0; j < dim; j++) {
-                float xhat = xi[j] * r;
-                dot += (double)dyi[j] * w[j] * xhat;
-                dw_local[j] += (double)dyi[j] * xhat;
-            }
-            float mean = (float)(dot / dim);
-            for (int j = 0; j < dim; j++) dxi[j] = r * (dyi[j] * w[j] - xi[j] * r * mean);
+    const bool par = (size_t)n * dim >= PAR_MIN;
+    /* dw first (dx may alias dy): parallel over columns, rows summed in order. */
+    const int blocks = (dim + COL_BLOCK - 1) / COL_BLOCK;
+#pragma omp parallel for schedule(static) if (par)
+    for (int cb = 0; cb < blocks; cb++) {
+        const int j0 = cb * COL_BLOCK, nj = j0 + COL_BLOCK < dim ? COL_BLOCK : dim - j0;
+        double acc[COL_BLOCK] = {0};
+        for (int i = 0; i < n; i++) {
+            const float *xi = x + (size_t)i * dim + j0, *dyi = dy + (size_t)i * dim + j0;
+            const float r = rstd[i];
+#pragma omp simd
+            for (int j = 0; j < nj; j++) acc[j] += (double)dyi[j] * (xi[j] * r);
         }
+        for (int j = 0; j < nj; j++) dw[j0 + j] += (float)acc[j];
     }
-#pragma omp parallel for schedule(static)
-    for (int j = 0; j < dim; j++) {
-        double acc = 0.0;
-        for (int c = 0; c < n_chunks; c++) acc += partial[(size_t)c * dim + j];
-        dw[j] += (float)acc;
+#pragma omp parallel for if (par)
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * dim, *dyi = dy + (size_t)i * dim;
+        float *dxi = dx + (size_t)i * dim;
+        const float r = rstd[i];
+        double dot = 0.0; /* sum_j (dy_j * w_j) * xhat_j */
+#pragma omp simd reduction(+ : dot)
+        for (int j = 0; j < dim; j++) dot += (double)dyi[j] * w[j] * (xi[j] * r);
+        const float mean = (float)(dot / dim);
+#pragma omp simd
+        for (int j = 0; j < dim; j++) dxi[j] = r * (dyi[j] * w[j] - xi[j] * r * mean);
     }
-    free(partial);
 }
 
 /* sign = +1 rotates forward, -1 applies the transpose (the backward pass). */
 static void rope_apply(float *x, const float *cos_t, const float *sin_t, int n_rows, int seq_len,
                        int heads, int head_dim, float sign) {
     int half = head_dim / 2;
-#pragma omp parallel for
+#pragma omp parallel for if ((size_t)n_rows * heads * head_dim >= PAR_MIN)
     for (int r = 0; r < n_rows; r++) {
         int pos = r % seq_len;
         const float *c = cos_t + (size_t)pos * half, *s = sin_t + (size_t)pos * half;
         for (int h = 0; h < heads; h++) {
             float *xh = x + ((size_t)r * heads + h) * head_dim;
+#pragma omp simd
             for (int i = 0; i < half; i++) {
                 float a = xh[i], b = xh[i + half];
                 xh[i] = a * c[i] - sign * b * s[i];
@@ -130,106 +202,421 @@ static void cpu_rope_bwd(float *dx, const float *cos_t, const float *sin_t, int 
     rope_apply(dx, cos_t, sin_t, n_rows, seq_len, heads, head_dim, -1.0f);
 }
 
-/* First key position visible from query position t. */
-static int attn_first_key(const struct olmo_attn_shape *s, const int32_t *doc_ids_b, int t) {
-    int lo = 0;
-    if (s->window > 0 && t - s->window + 1 > lo) lo = t - s->window + 1;
-    if (doc_ids_b)
-        while (lo < t && doc_ids_b[lo] != doc_ids_b[t]) lo++;
+/* ---- attention -------------------------------------------------------------
+ * Flash-style, with tile products through cblas_sgemm (single-threaded
+ * inside the OpenMP region) and softmax in between:
+ *   forward: a task per (batch, head, block of ATT_QB queries) walks the
+ *     visible keys in chunks of ATT_KC with an online softmax;
+ *   backward: a task per (batch, kv head, block of ATT_KB keys) walks the
+ *     queries that see them in chunks of ATT_QC (FlashAttention-2 order).
+ * K and V are first transposed per head ([D][T]) so every score tile is a
+ * plain NN product (OpenBLAS's small NT kernel is markedly slower).  Memory
+ * beyond inputs and outputs is O(seq_len) per head (bounds, delta, the
+ * transposed K/V, dq partials) plus tiles of at most ATT_QC x ATT_KC per
+ * thread: no seq_len^2 buffer.
+ * Query t sees keys lo[t]..t, lo[t] = max(t - window + 1, start of t's
+ * document): documents are runs of equal doc ids, as the model builds them.
+ * lo is non-decreasing in t, which the block bounds below rely on. */
+enum { ATT_QB = 64, ATT_KC = 256, ATT_KB = 64, ATT_QC = 64 };
+
+/* lo[b * T + t]: first key visible from query t of sequence b. */
+static int *attn_bounds(const struct olmo_attn_shape *s, const int32_t *doc_ids) {
+    const int T = s->seq_len;
+    int *lo = scratch(sizeof(int) * (size_t)s->batch * T);
+    for (int b = 0; b < s->batch; b++) {
+        const int32_t *docs = doc_ids ? doc_ids + (size_t)b * T : NULL;
+        int run_start = 0;
+        for (int t = 0; t < T; t++) {
+            if (docs && t > 0 && docs[t] != docs[t - 1]) run_start = t;
+            int first = s->window > 0 && t - s->window + 1 > run_start ? t - s->window + 1 : run_start;
+            lo[(size_t)b * T + t] = first;
+        }
+    }
     return lo;
 }
 
-static float dotf(const float *a, const float *b, int n) {
-    float acc = 0.0f;
-    for (int i = 0; i < n; i++) acc += a[i] * b[i];
-    return acc;
+/* Keys j0+a .. j0+e of a tile of nk keys are visible from query t (empty when e < a). */
+static inline void row_visible(const int *lo, int t, int j0, int nk, int *a, int *e) {
+    int first = lo[t] - j0, last = t - j0;
+    *a = first > 0 ? first : 0;
+    *e = last < nk - 1 ? last : nk - 1;
+}
+
+/* Leading dimension of the transposed K/V rows: T rounded up to 16 floats,
+ * plus 16 so that the rows do not all map to the same cache sets when T is
+ * a power of two. */
+static int transposed_ld(int T) { return (T + 15) / 16 * 16 + 16; }
+
+/* xt[((b * heads + h) * D + d) * ld + t] = x[(b * T + t) * heads * D + h * D + d], ld = transposed_ld(T) */
+static float *transpose_heads(const float *x, int B, int T, int heads, int D) {
+    const size_t ld = (size_t)transposed_ld(T);
+    float *xt = scratch(sizeof(float) * (size_t)B * ld * heads * D);
+    const int tiles = (T + 63) / 64;
+#pragma omp parallel for if ((size_t)B * T * heads * D >= PAR_MIN)
+    for (int job = 0; job < B * heads * tiles; job++) {
+        const int tt = job % tiles, h = (job / tiles) % heads, b = job / (tiles * heads);
+        const int t0 = tt * 64, t1 = t0 + 64 < T ? t0 + 64 : T;
+        float *dst = xt + ((size_t)b * heads + h) * D * ld;
+        for (int t = t0; t < t1; t++) {
+            const float *src = x + ((size_t)b * T + t) * heads * D + (size_t)h * D;
+            for (int d = 0; d < D; d++) dst[(size_t)d * ld + t] = src[d];
+        }
+    }
+    return xt;
 }
 
 static void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                               const int32_t *doc_ids, const struct olmo_attn_shape *s) {
     const int T = s->seq_len, H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim;
-    const int group = H / HK;
-    const size_t q_stride = (size_t)H * D, kv_stride = (size_t)HK * D;
-#pragma omp parallel
+    const int group = H / HK, qblocks = (T + ATT_QB - 1) / ATT_QB;
+    const int q_stride = H * D, kv_stride = HK * D;
+    int *lo = attn_bounds(s, doc_ids);
+    float *kt = transpose_heads(k, s->batch, T, HK, D);
+    const int ldt = transposed_ld(T);
+    const int tasks = s->batch * H * qblocks;
+    /* Each task owns its output rows, so any schedule gives the same result. */
+#pragma omp parallel if (tasks > 1)
     {
-        float *scores = malloc(sizeof(float) * (size_t)T);
-#pragma omp for collapse(2) schedule(dynamic)
-        for (int b = 0; b < s->batch; b++)
-            for (int h = 0; h < H; h++) {
-                const int kh = h / group;
-                const int32_t *docs = doc_ids ? doc_ids + (size_t)b * T : NULL;
-                for (int t = 0; t < T; t++) {
-                    const float *qt = q + ((size_t)b * T + t) * q_stride + (size_t)h * D;
-                    float *ot = out + ((size_t)b * T + t) * q_stride + (size_t)h * D;
-                    int lo = attn_first_key(s, docs, t);
-                    float mx = -INFINITY;
-                    for (int j = lo; j <= t; j++) {
-                        const float *kj = k + ((size_t)b * T + j) * kv_stride + (size_t)kh * D;
-                        float sc = dotf(qt, kj, D) * s->scale;
-                        scores[j - lo] = sc;
-                        if (sc > mx) mx = sc;
-                    }
-                    double denom = 0.0;
-                    for (int j = lo; j <= t; j++) {
-                        float p = expf(scores[j - lo] - mx);
-                        scores[j - lo] = p;
-                        denom += p;
-                    }
-                    float inv = (float)(1.0 / denom);
-                    memset(ot, 0, sizeof(float) * (size_t)D);
-                    for (int j = lo; j <= t; j++) {
-                        const float *vj = v + ((size_t)b * T + j) * kv_stride + (size_t)kh * D;
-                        float p = scores[j - lo] * inv;
-                        for (int d = 0; d < D; d++) ot[d] += p * vj[d];
-                    }
-                    lse[((size_t)b * H + h) * T + t] = mx + (float)log(denom);
-                }
+        float *sc = scratch(sizeof(float) * ATT_QB * ATT_KC);
+        float *acc = scratch(sizeof(float) * ATT_QB * (size_t)D);
+        float mrow[ATT_QB];
+        double lrow[ATT_QB];
+#pragma omp for schedule(dynamic)
+        for (int task = 0; task < tasks; task++) {
+            const int qb = qblocks - 1 - task % qblocks; /* longest (latest) blocks first */
+            const int h = (task / qblocks) % H, b = task / (qblocks * H), kh = h / group;
+            const int i0 = qb * ATT_QB, nq = i0 + ATT_QB < T ? ATT_QB : T - i0, i1 = i0 + nq;
+            const int *lob = lo + (size_t)b * T;
+            const float *qblk = q + ((size_t)b * T + i0) * q_stride + (size_t)h * D;
+            const float *kth = kt + ((size_t)b * HK + kh) * D * ldt;
+            memset(acc, 0, sizeof(float) * (size_t)nq * D);
+            for (int r = 0; r < nq; r++) {
+                mrow[r] = -INFINITY;
+                lrow[r] = 0.0;
             }
-        free(scores);
+            /* keys lob[i0] .. i1-1 in chunks; the first one is partial so the last ends at i1 */
+            const int span = i1 - lob[i0];
+            for (int j0 = lob[i0], nk = (span - 1) % ATT_KC + 1; j0 < i1; j0 += nk, nk = ATT_KC) {
+                const float *vblk = v + ((size_t)b * T + j0) * kv_stride + (size_t)kh * D;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, nk, D, s->scale, qblk, q_stride, kth + j0,
+                            ldt, 0.0f, sc, ATT_KC);
+                for (int r = 0; r < nq; r++) {
+                    float *row = sc + (size_t)r * ATT_KC;
+                    int a, e;
+                    row_visible(lob, i0 + r, j0, nk, &a, &e);
+                    if (e < a) {
+                        memset(row, 0, sizeof(float) * (size_t)nk);
+                        continue;
+                    }
+                    float mx = max_of(row + a, e - a + 1);
+                    mx = mx > mrow[r] ? mx : mrow[r];
+                    const float alpha = fast_expf(mrow[r] - mx); /* exp(-inf) = 0 on the first chunk */
+                    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+                    for (int c = 0; c < nk; c++) {
+                        float p = c >= a && c <= e ? fast_expf(row[c] - mx) : 0.0f;
+                        row[c] = p;
+                        sum += p;
+                    }
+                    if (mx != mrow[r]) {
+                        float *ar = acc + (size_t)r * D;
+#pragma omp simd
+                        for (int d = 0; d < D; d++) ar[d] *= alpha;
+                        lrow[r] *= alpha;
+                    }
+                    lrow[r] += sum;
+                    mrow[r] = mx;
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, 1.0f, sc, ATT_KC, vblk, kv_stride,
+                            1.0f, acc, D);
+            }
+            for (int r = 0; r < nq; r++) {
+                float *orow = out + ((size_t)b * T + i0 + r) * q_stride + (size_t)h * D;
+                const float *ar = acc + (size_t)r * D, inv = (float)(1.0 / lrow[r]);
+#pragma omp simd
+                for (int d = 0; d < D; d++) orow[d] = ar[d] * inv;
+                lse[((size_t)b * H + h) * T + i0 + r] = mrow[r] + (float)log(lrow[r]);
+            }
+        }
+        free(sc);
+        free(acc);
     }
+    free(kt);
+    free(lo);
+}
+
+/* Backward: a task per (batch, kv head, key block) owns dk/dv of those keys
+ * and walks every query chunk (of every query head in the GQA group) that
+ * sees them; P and dS are recomputed per tile from lse.  dq gets
+ * contributions from many key blocks: each thread adds into its own dq
+ * copy, and the copies are summed in thread order.  Tasks go to threads by
+ * a fixed (cost-balanced) assignment, so the sums do not depend on timing. */
+struct attn_task {
+    int b, kh, kb;
+    double cost;
+};
+
+static int task_cost_desc(const void *pa, const void *pb) {
+    const struct attn_task *a = pa, *b = pb;
+    if (a->cost != b->cost) return a->cost < b->cost ? 1 : -1;
+    /* ties: by position, so the order is total and the assignment fixed */
+    if (a->b != b->b) return a->b - b->b;
+    if (a->kh != b->kh) return a->kh - b->kh;
+    return a->kb - b->kb;
 }
 
 static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
                               const float *lse, const float *q, const float *k, const float *v,
                               const int32_t *doc_ids, const struct olmo_attn_shape *s) {
-    const int T = s->seq_len, H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim;
-    const int group = H / HK;
-    const size_t q_stride = (size_t)H * D, kv_stride = (size_t)HK * D;
-    /* One task per (batch, kv head): dk/dv of a kv head are only written by its
-     * own group of query heads, so tasks never race. */
-#pragma omp parallel for collapse(2) schedule(dynamic)
-    for (int b = 0; b < s->batch; b++)
-        for (int kh = 0; kh < HK; kh++) {
-            const int32_t *docs = doc_ids ? doc_ids + (size_t)b * T : NULL;
-            for (int t = 0; t < T; t++) {
-                float *dkt = dk + ((size_t)b * T + t) * kv_stride + (size_t)kh * D;
-                float *dvt = dv + ((size_t)b * T + t) * kv_stride + (size_t)kh * D;
-                memset(dkt, 0, sizeof(float) * (size_t)D);
-                memset(dvt, 0, sizeof(float) * (size_t)D);
-            }
-            for (int h = kh * group; h < (kh + 1) * group; h++)
-                for (int t = 0; t < T; t++) {
-                    size_t qoff = ((size_t)b * T + t) * q_stride + (size_t)h * D;
-                    const float *qt = q + qoff, *dot_ = dout + qoff, *ot = out + qoff;
-                    float *dqt = dq + qoff;
-                    float row_lse = lse[((size_t)b * H + h) * T + t];
-                    float delta = dotf(dot_, ot, D); /* sum_j p_j * (dO . v_j) */
-                    memset(dqt, 0, sizeof(float) * (size_t)D);
-                    int lo = attn_first_key(s, docs, t);
-                    for (int j = lo; j <= t; j++) {
-                        size_t koff = ((size_t)b * T + j) * kv_stride + (size_t)kh * D;
-                        const float *kj = k + koff, *vj = v + koff;
-                        float p = expf(dotf(qt, kj, D) * s->scale - row_lse);
-                        float ds = p * (dotf(dot_, vj, D) - delta) * s->scale;
-                        float *dkj = dk + koff, *dvj = dv + koff;
-                        for (int d = 0; d < D; d++) {
-                            dqt[d] += ds * kj[d];
-                            dkj[d] += ds * qt[d];
-                            dvj[d] += p * dot_[d];
-                        }
-                    }
-                }
+    const int T = s->seq_len, H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim, B = s->batch;
+    const int group = H / HK, kblocks = (T + ATT_KB - 1) / ATT_KB;
+    const int q_stride = H * D, kv_stride = HK * D;
+    const size_t n_q = (size_t)B * T * q_stride;
+    int *lo = attn_bounds(s, doc_ids);
+    float *kt = transpose_heads(k, B, T, HK, D), *vt = transpose_heads(v, B, T, HK, D);
+    const int ldt = transposed_ld(T);
+    /* delta[(b*H + h)*T + t] = dO . O (= sum_j p_j dO . v_j) */
+    float *delta = scratch(sizeof(float) * (size_t)B * H * T);
+#pragma omp parallel for if (n_q >= PAR_MIN)
+    for (int bt = 0; bt < B * T; bt++)
+        for (int h = 0; h < H; h++) {
+            const float *o = out + (size_t)bt * q_stride + (size_t)h * D, *g = dout + (size_t)bt * q_stride + (size_t)h * D;
+            float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+            for (int d = 0; d < D; d++) acc += g[d] * o[d];
+            delta[((size_t)(bt / T) * H + h) * T + bt % T] = acc;
         }
+
+    /* Tasks and their fixed assignment: longest first to the least-loaded thread. */
+    const int n_tasks = B * HK * kblocks;
+    struct attn_task *tasks = scratch(sizeof *tasks * (size_t)(n_tasks > 0 ? n_tasks : 1));
+    for (int b = 0, i = 0; b < B; b++)
+        for (int kh = 0; kh < HK; kh++)
+            for (int kb = 0; kb < kblocks; kb++, i++) {
+                const int j0 = kb * ATT_KB, j1 = j0 + ATT_KB < T ? j0 + ATT_KB : T;
+                int rows = 0; /* queries that see a key of this block */
+                for (int t = j0; t < T && lo[(size_t)b * T + t] < j1; t++) rows++;
+                tasks[i] = (struct attn_task){b, kh, kb, (double)rows * (j1 - j0) + 1.0};
+            }
+    qsort(tasks, (size_t)n_tasks, sizeof *tasks, task_cost_desc);
+    int nth = omp_get_max_threads();
+    if (nth > n_tasks) nth = n_tasks > 0 ? n_tasks : 1;
+    int *owner = scratch(sizeof(int) * (size_t)(n_tasks > 0 ? n_tasks : 1));
+    {
+        double *load = scratch(sizeof(double) * (size_t)nth);
+        for (int t = 0; t < nth; t++) load[t] = 0.0;
+        for (int i = 0; i < n_tasks; i++) {
+            int best = 0;
+            for (int t = 1; t < nth; t++)
+                if (load[t] < load[best]) best = t;
+            owner[i] = best;
+            load[best] += tasks[i].cost;
+        }
+        free(load);
+    }
+    /* dq copies: thread 0 writes dq itself, the others their own zeroed buffer */
+    float **dq_part = scratch(sizeof(float *) * (size_t)nth);
+    dq_part[0] = dq;
+    memset(dq, 0, sizeof(float) * n_q);
+    for (int t = 1; t < nth; t++) {
+        dq_part[t] = scratch(sizeof(float) * n_q);
+        memset(dq_part[t], 0, sizeof(float) * n_q);
+    }
+
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+        const int tid = omp_get_thread_num(), team = omp_get_num_threads();
+        float *p = scratch(sizeof(float) * ATT_QC * ATT_KB), *ds = scratch(sizeof(float) * ATT_QC * ATT_KB);
+        for (int i = 0; i < n_tasks; i++) {
+            /* a smaller team than asked for (nested parallelism) still covers every task */
+            if (owner[i] % team != tid) continue;
+            const int b = tasks[i].b, kh = tasks[i].kh, j0 = tasks[i].kb * ATT_KB;
+            const int nk = j0 + ATT_KB < T ? ATT_KB : T - j0;
+            const int *lob = lo + (size_t)b * T;
+            const size_t koff = ((size_t)b * T + j0) * kv_stride + (size_t)kh * D;
+            const float *kblk = k + koff;
+            const float *ktb = kt + ((size_t)b * HK + kh) * D * ldt + j0, *vtb = vt + ((size_t)b * HK + kh) * D * ldt + j0;
+            float *dkblk = dk + koff, *dvblk = dv + koff, *dqt = dq_part[tid];
+            for (int j = 0; j < nk; j++) {
+                memset(dkblk + (size_t)j * kv_stride, 0, sizeof(float) * (size_t)D);
+                memset(dvblk + (size_t)j * kv_stride, 0, sizeof(float) * (size_t)D);
+            }
+            /* queries j0 .. tend-1 see some of these keys (lo non-decreasing) */
+            int tend = j0;
+            while (tend < T && lob[tend] < j0 + nk) tend++;
+            for (int h = kh * group; h < (kh + 1) * group; h++) {
+                const float *lse_bh = lse + ((size_t)b * H + h) * T, *delta_bh = delta + ((size_t)b * H + h) * T;
+                for (int i0 = j0; i0 < tend; i0 += ATT_QC) {
+                    const int nq = i0 + ATT_QC < tend ? ATT_QC : tend - i0;
+                    const size_t qoff = ((size_t)b * T + i0) * q_stride + (size_t)h * D;
+                    const float *qblk = q + qoff, *doblk = dout + qoff;
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, nk, D, s->scale, qblk, q_stride, ktb, ldt,
+                                0.0f, p, ATT_KB);
+                    for (int r = 0; r < nq; r++) {
+                        float *row = p + (size_t)r * ATT_KB;
+                        int a, e;
+                        row_visible(lob, i0 + r, j0, nk, &a, &e);
+                        const float l = lse_bh[i0 + r];
+#pragma omp simd
+                        for (int c = 0; c < nk; c++) row[c] = c >= a && c <= e ? fast_expf(row[c] - l) : 0.0f;
+                    }
+                    /* dV += P^T dO */
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, 1.0f, p, ATT_KB, doblk, q_stride,
+                                1.0f, dvblk, kv_stride);
+                    /* dP = dO V^T, then dS = P * (dP - delta) * scale */
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, nk, D, 1.0f, doblk, q_stride, vtb, ldt,
+                                0.0f, ds, ATT_KB);
+                    for (int r = 0; r < nq; r++) {
+                        const float *pr = p + (size_t)r * ATT_KB;
+                        float *dr = ds + (size_t)r * ATT_KB;
+                        const float dl = delta_bh[i0 + r];
+#pragma omp simd
+                        for (int c = 0; c < nk; c++) dr[c] = pr[c] * (dr[c] - dl) * s->scale;
+                    }
+                    /* dK += dS^T Q;  dQ += dS K */
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, nq, 1.0f, ds, ATT_KB, qblk, q_stride,
+                                1.0f, dkblk, kv_stride);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, D, nk, 1.0f, ds, ATT_KB, kblk,
+                                kv_stride, 1.0f, dqt + qoff, q_stride);
+                }
+            }
+        }
+        free(p);
+        free(ds);
+    }
+    if (nth > 1) {
+#pragma omp parallel for if (n_q >= PAR_MIN)
+        for (size_t i = 0; i < n_q; i++) {
+            float acc = dq[i];
+            for (int t = 1; t < nth; t++) acc += dq_part[t][i];
+            dq[i] = acc;
+        }
+    }
+    for (int t = 1; t < nth; t++) free(dq_part[t]);
+    free(dq_part);
+    free(owner);
+    free(tasks);
+    free(delta);
+    free(kt);
+    free(vt);
+    free(lo);
+}
+
+/* silu(x) = x / (1 + exp(-x)) */
+static void cpu_swiglu_fwd(float *out, const float *g, const float *u, size_t n) {
+#pragma omp parallel for simd if (parallel : n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + fast_expf(-g[i])) * u[i];
+}
+
+static void cpu_swiglu_bwd(float *dg, float *du, const float *ds, const float *g, const float *u,
+                           size_t n) {
+#pragma omp parallel for simd if (parallel : n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        float sig = 1.0f / (1.0f + fast_expf(-g[i]));
+        float sl = g[i] * sig;
+        du[i] = ds[i] * sl;
+        dg[i] = ds[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
+    }
+}
+
+static void cpu_add(float *y, const float *a, const float *b, size_t n) {
+#pragma omp parallel for simd if (parallel : n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+}
+
+static void cpu_cross_entropy(float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
+                              float z_mult, double *ce_sum, double *z_sum) {
+    /* per-row results, summed in row order afterwards: deterministic */
+    double *row_ce = scratch(sizeof(double) * 2 * (size_t)(n > 0 ? n : 1)), *row_z = row_ce + n;
+#pragma omp parallel for if ((size_t)n * vocab >= PAR_MIN)
+    for (int i = 0; i < n; i++) {
+        float *row = logits + (size_t)i * vocab;
+        row_ce[i] = row_z[i] = 0.0;
+        if (targets[i] < 0) {
+            memset(row, 0, sizeof(float) * (size_t)vocab);
+            continue;
+        }
+        const float mx = max_of(row, vocab);
+        const float target_logit = row[targets[i]];
+        double sum = 0.0; /* fp32 exponentials, double accumulation */
+#pragma omp simd reduction(+ : sum)
+        for (int j = 0; j < vocab; j++) {
+            float e = fast_expf(row[j] - mx);
+            row[j] = e;
+            sum += e;
+        }
+        double lse = mx + log(sum);
+        row_ce[i] = lse - target_logit;
+        row_z[i] = lse * lse;
+        /* d/dlogit of (ce + z*lse^2) = softmax * (1 + 2 z lse) - onehot */
+        const float mult = (float)(grad_scale * (1.0 + 2.0 * z_mult * lse) / sum);
+#pragma omp simd
+        for (int j = 0; j < vocab; j++) row[j] *= mult;
+        row[targets[i]] -= grad_scale;
+    }
+    double ce = 0.0, zz = 0.0;
+    for (int i = 0; i < n; i++) {
+        ce += row_ce[i];
+        zz += row_z[i];
+    }
+    free(row_ce);
+    *ce_sum = ce;
+    *z_sum = zz;
+}
+
+/* Fixed-size chunks (not per-thread) so the sum is the same for any thread count. */
+enum { SUM_CHUNK = 1 << 16 };
+
+static double cpu_sum_squares(const float *x, size_t n) {
+    const size_t chunks = (n + SUM_CHUNK - 1) / SUM_CHUNK;
+    if (chunks == 0) return 0.0;
+    double *part = scratch(sizeof(double) * chunks);
+#pragma omp parallel for if (chunks > 1)
+    for (size_t c = 0; c < chunks; c++) {
+        const size_t i0 = c * SUM_CHUNK, i1 = i0 + SUM_CHUNK < n ? i0 + SUM_CHUNK : n;
+        double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+        for (size_t i = i0; i < i1; i++) acc += (double)x[i] * x[i];
+        part[c] = acc;
+    }
+    double total = 0.0;
+    for (size_t c = 0; c < chunks; c++) total += part[c];
+    free(part);
+    return total;
+}
+
+static void cpu_scale(float *x, size_t n, float s) {
+#pragma omp parallel for simd if (parallel : n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+static void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n, double lr,
+                      float beta1, float beta2, float eps, double weight_decay, long step) {
+    /* Same operation order as torch.optim.AdamW (single-tensor path). */
+    /* torch computes these scalars in Python (double) before the fp32 loop. */
+    const double bc1 = 1.0 - pow(beta1, (double)step);
+    const float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step));
+    const float step_size = (float)(lr / bc1);
+    const float decay = (float)(1.0 - lr * weight_decay);
+#pragma omp parallel for simd if (parallel : n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        float g = grad[i];
+        float p = param[i] * decay;
+        float mi = m[i] + (g - m[i]) * (1.0f - beta1);
+        float vi = v[i] * beta2 + (1.0f - beta2) * g * g;
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        m[i] = mi;
+        v[i] = vi;
+        param[i] = p - step_size * mi / denom;
+    }
+}
+
+/* Inference attention over a KV cache (olmoc generate): a few query rows
+ * against cached keys, so the plain per-row loop is fast enough. */
+static float cached_dot(const float *a, const float *b, int n) {
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++) acc += a[i] * b[i];
+    return acc;
 }
 
 static void cpu_attention_cached(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
@@ -250,7 +637,7 @@ static void cpu_attention_cached(float *out, const float *q, const float *k_cach
                 float mx = -INFINITY;
                 for (int j = lo; j <= t; j++) {
                     const float *kj = k_cache + (size_t)(j % cap) * kv_stride + (size_t)kh * D;
-                    float sc = dotf(qt, kj, D) * s->scale;
+                    float sc = cached_dot(qt, kj, D) * s->scale;
                     scores[j - lo] = sc;
                     if (sc > mx) mx = sc;
                 }
@@ -269,117 +656,6 @@ static void cpu_attention_cached(float *out, const float *q, const float *k_cach
                 }
             }
         free(scores);
-    }
-}
-
-static float silu(float x) { return x / (1.0f + expf(-x)); }
-
-static void cpu_swiglu_fwd(float *out, const float *g, const float *u, size_t n) {
-#pragma omp parallel for
-    for (size_t i = 0; i < n; i++) out[i] = silu(g[i]) * u[i];
-}
-
-static void cpu_swiglu_bwd(float *dg, float *du, const float *ds, const float *g, const float *u,
-                           size_t n) {
-#pragma omp parallel for
-    for (size_t i = 0; i < n; i++) {
-        float sig = 1.0f / (1.0f + expf(-g[i]));
-        float sl = g[i] * sig;
-        du[i] = ds[i] * sl;
-        dg[i] = ds[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
-    }
-}
-
-static void cpu_add(float *y, const float *a, const float *b, size_t n) {
-#pragma omp parallel for
-    for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
-}
-
-static void cpu_cross_entropy(float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
-                              float z_mult, double *ce_sum, double *z_sum) {
-    /* Per-row terms, summed serially afterwards: an OpenMP reduction combines
-     * thread partials in an unspecified order, which would break bit-identical
-     * reruns. */
-    double *rows = malloc(sizeof(double) * 2 * (size_t)(n > 0 ? n : 1));
-    if (!rows) {
-        fprintf(stderr, "olmoc: out of memory in cross-entropy\n");
-        abort();
-    }
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < n; i++) {
-        float *row = logits + (size_t)i * vocab;
-        rows[2 * i] = rows[2 * i + 1] = 0.0;
-        if (targets[i] < 0) {
-            memset(row, 0, sizeof(float) * (size_t)vocab);
-            continue;
-        }
-        float mx = -INFINITY;
-        for (int j = 0; j < vocab; j++)
-            if (row[j] > mx) mx = row[j];
-        double sum = 0.0; /* fp32 exponentials, double accumulation */
-        for (int j = 0; j < vocab; j++) sum += expf(row[j] - mx);
-        double lse = mx + log(sum);
-        rows[2 * i] = lse - row[targets[i]];
-        rows[2 * i + 1] = lse * lse;
-        /* d/dlogit of (ce + z*lse^2) = softmax * (1 + 2 z lse) - onehot */
-        const float lse_f = (float)lse, soft_scale = (float)(grad_scale * (1.0 + 2.0 * z_mult * lse));
-        for (int j = 0; j < vocab; j++) row[j] = expf(row[j] - lse_f) * soft_scale;
-        row[targets[i]] -= grad_scale;
-    }
-    double ce = 0.0, zz = 0.0;
-    for (int i = 0; i < n; i++) {
-        ce += rows[2 * i];
-        zz += rows[2 * i + 1];
-    }
-    free(rows);
-    *ce_sum = ce;
-    *z_sum = zz;
-}
-
-/* Elements per partial sum; partials are added in a fixed order (deterministic). */
-#define SUMSQ_CHUNK 65536
-
-static double cpu_sum_squares(const float *x, size_t n) {
-    const size_t n_chunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
-    double stack[64], *partial = n_chunks <= 64 ? stack : malloc(sizeof(double) * n_chunks);
-    if (!partial) {
-        fprintf(stderr, "olmoc: out of memory in sum of squares\n");
-        abort();
-    }
-#pragma omp parallel for schedule(static)
-    for (size_t c = 0; c < n_chunks; c++) {
-        const size_t end = (c + 1) * SUMSQ_CHUNK < n ? (c + 1) * SUMSQ_CHUNK : n;
-        double acc = 0.0;
-        for (size_t i = c * SUMSQ_CHUNK; i < end; i++) acc += (double)x[i] * x[i];
-        partial[c] = acc;
-    }
-    double acc = 0.0;
-    for (size_t c = 0; c < n_chunks; c++) acc += partial[c];
-    if (partial != stack) free(partial);
-    return acc;
-}
-
-static void cpu_scale(float *x, size_t n, float s) {
-#pragma omp parallel for
-    for (size_t i = 0; i < n; i++) x[i] *= s;
-}
-
-static void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n, double lr,
-                      float beta1, float beta2, float eps, double weight_decay, long step) {
-    /* Same operation order as torch.optim.AdamW (single-tensor path). */
-    /* torch computes these scalars in Python (double) before the fp32 loop. */
-    const double bc1 = 1.0 - pow(beta1, (double)step);
-    const float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step));
-    const float step_size = (float)(lr / bc1);
-    const float decay = (float)(1.0 - lr * weight_decay);
-#pragma omp parallel for
-    for (size_t i = 0; i < n; i++) {
-        float g = grad[i];
-        param[i] *= decay;
-        m[i] += (g - m[i]) * (1.0f - beta1);
-        v[i] = v[i] * beta2 + (1.0f - beta2) * g * g;
-        float denom = sqrtf(v[i]) / bc2_sqrt + eps;
-        param[i] -= step_size * m[i] / denom;
     }
 }
 

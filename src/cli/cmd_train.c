@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "backend/backend.h"
+#include "backend/profile.h"
 #include "cli/commands.h"
 #include "config/config.h"
 #include "dist/dist.h"
@@ -44,7 +45,9 @@ static void train_usage(FILE *out) {
             "Evaluation (train.eval_every > 0): held-out loss on data.val_paths (comma-separated\n"
             ".npy files, train.eval_batches micro-batches each, in file order) and accuracy on\n"
             "data.eval_tasks (comma-separated multiple-choice .jsonl files, see olmoc eval --help).\n"
-            "MFU uses train.peak_flops, or a peak measured with an SGEMM at startup when it is 0.\n");
+            "MFU uses train.peak_flops, or a peak measured with an SGEMM at startup when it is 0.\n\n"
+            "environment:\n"
+            "  OLMOC_PROFILE=1     print wall time per op and GEMM GFLOP/s (steps after the first)\n");
 }
 
 static double now_seconds(void) {
@@ -238,7 +241,9 @@ int cmd_train(int argc, char **argv) {
     if (olmo_loader_open_config(&loader, &cfg.data, cfg.train.seq_len, cfg.model.vocab_size, cfg.train.seed))
         goto fail;
     struct olmo_trainer tr;
-    const struct olmo_backend *be = olmo_backend_cpu();
+    const char *profile_env = getenv("OLMOC_PROFILE");
+    const bool profile = profile_env && *profile_env && strcmp(profile_env, "0") != 0;
+    const struct olmo_backend *be = profile ? olmo_backend_profiled(olmo_backend_cpu()) : olmo_backend_cpu();
     if (olmo_trainer_init_dist(&tr, &cfg, be, &dist)) goto fail;
     struct evaluators ev = {0};
     if (cfg.train.eval_every == 0 && (cfg.data.val_paths[0] || cfg.data.eval_tasks[0]))
@@ -383,6 +388,7 @@ int cmd_train(int argc, char **argv) {
             printf("checkpoint step %ld: %s (%.2fs)\n", step, saved, now_seconds() - t0);
             fflush(stdout);
         }
+        if (profile && step == first_step) olmo_profile_reset(); /* the first step pays for page faults */
         last = now_seconds(); /* evaluation and checkpoint time do not count as step time */
     }
     fclose(metrics);
@@ -390,6 +396,7 @@ int cmd_train(int argc, char **argv) {
         olmo_error("writing '%s' failed: %s", dump_path, strerror(errno));
         goto fail;
     }
+    if (profile) olmo_profile_report(stdout);
     double total = now_seconds() - start;
     char weights_path[4200];
     if (!save_path) {

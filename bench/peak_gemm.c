@@ -1,0 +1,163 @@
+/* Peak FLOP/s of this CPU, measured two ways, for the benchmark's MFU:
+ *   fma   - a register-only loop of independent fused multiply-adds on every
+ *           thread (the machine's real peak at its real clock, no memory);
+ *   sgemm - OpenBLAS cblas_sgemm (the same library olmoc links) on a large
+ *           square problem and, with --shape, on the model's own shapes.
+ * Prints one JSON object per line; bench/bench_train.py reads them.
+ *
+ * usage: peak_gemm [--size N] [--seconds S] [--shape M,N,K,TA,TB ...] */
+#include <cblas.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* 12 independent accumulator chains hide the FMA latency (4-5 cycles) on two pipes. */
+enum { CHAINS = 12 };
+
+static double fma_loop(long iters, int *lanes) {
+#if defined(__AVX512F__)
+    __m512 acc[CHAINS], a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+    for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_set1_ps((float)c);
+    for (long i = 0; i < iters; i++)
+        for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+    __m512 s = acc[0];
+    for (int c = 1; c < CHAINS; c++) s = _mm512_add_ps(s, acc[c]);
+    *lanes = 16;
+    return (double)_mm512_reduce_add_ps(s);
+#elif defined(__FMA__)
+    __m256 acc[CHAINS], a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+    for (int c = 0; c < CHAINS; c++) acc[c] = _mm256_set1_ps((float)c);
+    for (long i = 0; i < iters; i++)
+        for (int c = 0; c < CHAINS; c++) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+    float out[8];
+    __m256 s = acc[0];
+    for (int c = 1; c < CHAINS; c++) s = _mm256_add_ps(s, acc[c]);
+    _mm256_storeu_ps(out, s);
+    *lanes = 8;
+    return (double)(out[0] + out[7]);
+#else
+    float acc[CHAINS];
+    for (int c = 0; c < CHAINS; c++) acc[c] = (float)c;
+    for (long i = 0; i < iters; i++)
+        for (int c = 0; c < CHAINS; c++) acc[c] = acc[c] * 0.999999f + 1e-7f;
+    *lanes = 1;
+    return (double)acc[0];
+#endif
+}
+
+/* FLOP/s of the FMA loop: the best of many short rounds (a round that no
+ * other process interrupted shows the real peak), on one thread and on all. */
+static void measure_fma(double seconds) {
+    long iters = 1 << 12;
+    int lanes = 1;
+    double sink = 0.0;
+    for (;;) { /* calibrate to ~1 ms per round: short enough to often run uninterrupted */
+        double t0 = now();
+        sink += fma_loop(iters, &lanes);
+        if (now() - t0 > 0.001 || iters > (1L << 34)) break;
+        iters *= 2;
+    }
+    int threads = omp_get_max_threads();
+    double best1 = 0.0, best_all = 0.0;
+    for (double start = now(); now() - start < seconds / 2;) {
+        double t0 = now();
+        sink += fma_loop(iters, &lanes);
+        double f = 2.0 * lanes * CHAINS * (double)iters / (now() - t0);
+        if (f > best1) best1 = f;
+    }
+    for (double start = now(); now() - start < seconds / 2;) {
+        double t0 = now();
+#pragma omp parallel reduction(+ : sink)
+        {
+            int l;
+            sink += fma_loop(iters, &l);
+        }
+        double f = 2.0 * lanes * CHAINS * (double)iters * threads / (now() - t0);
+        if (f > best_all) best_all = f;
+    }
+    printf("{\"kind\": \"fma\", \"threads\": %d, \"simd_lanes\": %d, \"gflops\": %.2f, \"gflops_one_thread\": %.2f, "
+           "\"sink\": %.1f}\n",
+           threads, lanes, best_all * 1e-9, best1 * 1e-9, sink > 0 ? 1.0 : 0.0);
+}
+
+static void measure_sgemm(int m, int n, int k, int ta, int tb, double seconds, const char *kind) {
+    /* Row-major op(A) m x k, op(B) k x n. */
+    size_t sa = (size_t)m * k, sb = (size_t)k * n, sc = (size_t)m * n;
+    float *a = malloc(sa * sizeof(float)), *b = malloc(sb * sizeof(float)), *c = malloc(sc * sizeof(float));
+    if (!a || !b || !c) {
+        fprintf(stderr, "peak_gemm: out of memory\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < sa; i++) a[i] = (float)((i * 7) % 13) * 0.01f;
+    for (size_t i = 0; i < sb; i++) b[i] = (float)((i * 5) % 11) * 0.01f;
+    memset(c, 0, sc * sizeof(float));
+    int lda = ta ? m : k, ldb = tb ? k : n;
+    double flop = 2.0 * m * n * (double)k;
+    /* warm up, then time repetitions until `seconds` pass; report the median */
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a,
+                lda, b, ldb, 0.0f, c, n);
+    double times[256];
+    int reps = 0;
+    double start = now();
+    while (reps < 256 && (reps < 3 || now() - start < seconds)) {
+        double t0 = now();
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f,
+                    a, lda, b, ldb, 0.0f, c, n);
+        times[reps++] = now() - t0;
+    }
+    for (int i = 1; i < reps; i++) /* insertion sort for the median */
+        for (int j = i; j > 0 && times[j] < times[j - 1]; j--) {
+            double t = times[j];
+            times[j] = times[j - 1];
+            times[j - 1] = t;
+        }
+    printf("{\"kind\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, \"ta\": %d, \"tb\": %d, \"reps\": %d, "
+           "\"gflops\": %.2f, \"gflops_best\": %.2f}\n",
+           kind, m, n, k, ta, tb, reps, flop / times[reps / 2] * 1e-9, flop / times[0] * 1e-9);
+    fflush(stdout);
+    free(a);
+    free(b);
+    free(c);
+}
+
+int main(int argc, char **argv) {
+    int size = 2048;
+    double seconds = 1.0;
+    int n_shapes = 0;
+    int shapes[64][5];
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--size") && i + 1 < argc) {
+            size = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) {
+            seconds = atof(argv[++i]);
+        } else if (!strcmp(argv[i], "--shape") && i + 1 < argc && n_shapes < 64) {
+            int *s = shapes[n_shapes];
+            if (sscanf(argv[++i], "%d,%d,%d,%d,%d", &s[0], &s[1], &s[2], &s[3], &s[4]) != 5 || s[0] <= 0 ||
+                s[1] <= 0 || s[2] <= 0) {
+                fprintf(stderr, "peak_gemm: --shape wants M,N,K,TA,TB\n");
+                return 2;
+            }
+            n_shapes++;
+        } else {
+            fprintf(stderr, "usage: peak_gemm [--size N] [--seconds S] [--shape M,N,K,TA,TB ...]\n");
+            return 2;
+        }
+    }
+    measure_fma(seconds);
+    if (size > 0) measure_sgemm(size, size, size, 0, 0, seconds * 2, "sgemm_square");
+    for (int i = 0; i < n_shapes; i++)
+        measure_sgemm(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4], seconds, "sgemm_shape");
+    return 0;
+}
