@@ -150,15 +150,19 @@ static void ints_free(struct dual_i32 *x) {
 
 /* ---- comparisons ---- */
 
-static double rel_err_host(const float *r, const float *d, size_t n) {
+/* max |d - r| / max(max |r|, floor): relative to the tensor's scale, absolute below `floor`. */
+static double err_floor_host(const float *r, const float *d, size_t n, double floor) {
     double max_ref = 0.0, max_diff = 0.0;
     for (size_t i = 0; i < n; i++) {
         double a = fabs((double)r[i]), diff = fabs((double)d[i] - (double)r[i]);
         if (a > max_ref) max_ref = a;
         if (!(diff <= max_diff)) max_diff = diff; /* NaN propagates */
     }
+    if (max_ref < floor) max_ref = floor;
     return max_diff / (max_ref > 0.0 ? max_ref : 1e-30);
 }
+
+static double rel_err_host(const float *r, const float *d, size_t n) { return err_floor_host(r, d, n, 0.0); }
 
 static void report(const char *what, double err, double limit) {
     checks++;
@@ -167,17 +171,17 @@ static void report(const char *what, double err, double limit) {
     printf("%s %-44s error %.3e (tolerance %.0e)\n", ok ? "ok  " : "FAIL", what, err, limit);
 }
 
-static double dual_err(struct dual x) {
+static double dual_err(struct dual x, double floor) {
     float *hr = xmalloc(x.n * sizeof(float)), *hd = xmalloc(x.n * sizeof(float));
     ref->to_host(hr, x.r, x.n * sizeof(float));
     dut->to_host(hd, x.d, x.n * sizeof(float));
-    double err = rel_err_host(hr, hd, x.n);
+    double err = err_floor_host(hr, hd, x.n, floor);
     free(hr);
     free(hd);
     return err;
 }
 
-static void expect(const char *what, struct dual x, double limit) { report(what, dual_err(x), limit); }
+static void expect(const char *what, struct dual x, double limit) { report(what, dual_err(x, 0.0), limit); }
 
 static void expect_scalar(const char *what, double r, double d, double limit) {
     report(what, fabs(d - r) / (fabs(r) > 0 ? fabs(r) : 1e-30), limit);
@@ -346,7 +350,10 @@ static void test_attention(int B, int T, int H, int HK, int D, int window, bool 
     } res[] = {{"out", out}, {"lse", lse}, {"dq", dq}, {"dk", dk}, {"dv", dv}};
     for (size_t i = 0; i < sizeof res / sizeof res[0]; i++) {
         snprintf(name, sizeof name, "attention %s %s", res[i].what, label);
-        expect(name, res[i].x, tol.attn);
+        /* q, k, v, dout are N(0, 1), so results are O(1): errors are relative to max(max|ref|, 1).
+         * The floor matters only for analytically-zero results (window 1: each query sees only
+         * itself, so dq = dk = 0 up to the cancellation noise of dO.v - dO.O). */
+        report(name, dual_err(res[i].x, 1.0), tol.attn);
     }
     dut->attention_bwd(dq2.d, dk2.d, dv2.d, dout.d, out.d, lse.d, q.d, k.d, v.d, doc.d, &s);
     snprintf(name, sizeof name, "attention bwd determinism %s", label);
@@ -617,6 +624,9 @@ int main(int argc, char **argv) {
     test_attention(1, 200, 2, 2, 128, 0, false);
     test_attention(1, 130, 6, 2, 96, 70, true);
     test_attention(1, 64, 2, 1, 33, 0, true);
+    /* windows at the 64-key tile boundaries of the CUDA kernels (1: self only) */
+    const int windows[] = {1, 2, 64, 65, 66, 129};
+    for (size_t i = 0; i < sizeof windows / sizeof windows[0]; i++) test_attention(1, 200, 2, 1, 8, windows[i], i % 2);
     test_elementwise();
     test_cross_entropy(19, 1000);
     test_cross_entropy(5, 50000);

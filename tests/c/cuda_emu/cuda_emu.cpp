@@ -142,54 +142,54 @@ void resume_fiber(unsigned i) {
 #endif
 }
 
-/* Runs one block to completion.  Each round resumes every ready thread until it
- * finishes or waits at a barrier (alternating the order between rounds, so that
- * a missing barrier shows up as a read of unwritten or overwritten data), then
- * releases the barriers every live thread of the block / warp has reached. */
+/* Runs one block to completion.  Warps run one at a time, each as far as it
+ * can go (through its shuffles) until all its threads wait at __syncthreads or
+ * have exited; then the next warp; then the block barrier is released and the
+ * warps run again, in the opposite order.  Running warps far apart from each
+ * other is what exposes a missing __syncthreads (a warp reads shared memory
+ * another warp has not written yet, or overwrites what another still needs);
+ * lanes within a warp also alternate their order. */
 void run_block(const char *name, unsigned threads) {
     for (unsigned i = 0; i < threads; i++) prepare_fiber(i);
     const unsigned warps = (threads + 31) / 32;
-    unsigned done = 0, at_block = 0, warp_waiting[kMaxThreads / 32] = {0}, warp_done[kMaxThreads / 32] = {0};
+    unsigned done = 0, at_block = 0;
     char msg[200];
-    for (unsigned round = 0;; round++) {
-        for (unsigned k = 0; k < threads; k++) {
-            const unsigned i = round & 1 ? threads - 1 - k : k;
-            if (emu.fibers[i].state != READY) continue;
-            resume_fiber(i);
-            switch (emu.fibers[i].state) {
-            case DONE: done++, warp_done[i / 32]++; break;
-            case WAIT_BLOCK: at_block++; break;
-            case WAIT_WARP: warp_waiting[i / 32]++; break;
-            case READY: emu_abort("fiber yielded without waiting");
+    for (unsigned epoch = 0;; epoch++) {
+        for (unsigned wi = 0; wi < warps; wi++) {
+            const unsigned w = epoch & 1 ? warps - 1 - wi : wi;
+            const unsigned lo = w * 32, size = threads - lo < 32 ? threads - lo : 32;
+            for (unsigned pass = 0;; pass++) {
+                unsigned waiting = 0, exited = 0;
+                for (unsigned k = 0; k < size; k++) {
+                    const unsigned i = lo + ((pass + epoch) & 1 ? size - 1 - k : k);
+                    if (emu.fibers[i].state == READY) {
+                        resume_fiber(i);
+                        if (emu.fibers[i].state == READY) emu_abort("fiber yielded without waiting");
+                        if (emu.fibers[i].state == DONE) done++;
+                        if (emu.fibers[i].state == WAIT_BLOCK) at_block++;
+                    }
+                    waiting += emu.fibers[i].state == WAIT_WARP;
+                    exited += emu.fibers[i].state == DONE;
+                }
+                if (!waiting) break; /* the warp is at __syncthreads or finished */
+                if (waiting != size) {
+                    snprintf(msg, sizeof msg,
+                             "%s: warp %u: %u lanes wait at a shuffle while %u exited / %u wait at __syncthreads",
+                             name, w, waiting, exited, size - waiting - exited);
+                    emu_abort(msg);
+                }
+                for (unsigned i = lo; i < lo + size; i++) emu.fibers[i].state = READY;
             }
         }
         if (done == threads) return;
-        bool released = false;
-        if (at_block == threads) {
-            for (unsigned i = 0; i < threads; i++) emu.fibers[i].state = READY;
-            at_block = 0;
-            released = true;
-        } else if (at_block && at_block + done == threads) {
+        if (at_block + done != threads) emu_abort("scheduler: a thread neither waits nor finished");
+        if (done) {
             snprintf(msg, sizeof msg, "%s: __syncthreads reached by %u threads while %u have exited", name, at_block,
                      done);
             emu_abort(msg);
         }
-        for (unsigned w = 0; w < warps; w++) {
-            const unsigned lo = w * 32, size = threads - lo < 32 ? threads - lo : 32;
-            if (warp_waiting[w] == size) {
-                for (unsigned i = lo; i < lo + size; i++) emu.fibers[i].state = READY;
-                warp_waiting[w] = 0;
-                released = true;
-            } else if (warp_waiting[w] && warp_done[w]) {
-                snprintf(msg, sizeof msg, "%s: warp %u shuffles with %u of its lanes exited", name, w, warp_done[w]);
-                emu_abort(msg);
-            }
-        }
-        if (!released) {
-            snprintf(msg, sizeof msg, "%s: deadlock (threads wait at different barriers: %u at __syncthreads)", name,
-                     at_block);
-            emu_abort(msg);
-        }
+        for (unsigned i = 0; i < threads; i++) emu.fibers[i].state = READY;
+        at_block = 0;
     }
 }
 

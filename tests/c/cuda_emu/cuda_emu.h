@@ -7,11 +7,11 @@
  * its own stack, scheduled cooperatively on the calling thread:
  * __syncthreads waits until every thread of the block has arrived, a warp
  * shuffle is an exchange between the 32 threads of a warp (lane = linear
- * thread id % 32, as on the GPU).  Between barriers the threads run one after
- * another, in alternating order from one barrier round to the next, so a
- * missing barrier shows up as a read of data not yet written or already
- * overwritten; dynamic shared memory and new device memory are filled with
- * NaNs so such reads are visible.  Barriers reached by only part of a block or
+ * thread id % 32, as on the GPU).  Warps run one after another, each as far
+ * as it can get before the next starts, in alternating order, so a missing
+ * __syncthreads shows up as a read of shared data not yet written or already
+ * overwritten by another warp; dynamic shared memory and new device memory are
+ * filled with NaNs so such reads are visible.  Barriers reached by only part of a block or
  * warp (divergence, early exit) abort with a message instead of hanging.
  * Device memory is host memory from malloc, so AddressSanitizer sees
  * out-of-bounds kernel accesses to it.
