@@ -97,4 +97,21 @@ struct olmo_backend {
 
 const struct olmo_backend *olmo_backend_cpu(void);
 
+#ifdef OLMOC_HAVE_CUDA
+/* CUDA backend (src/backend/cuda/): device memory, cuBLAS GEMMs, deterministic
+ * kernels.  GEMM precision is the only difference between the variants; every
+ * other op, the master weights, gradients and AdamW state are fp32 in all:
+ *   OLMO_CUDA_FP32  fp32 SGEMM (matches the CPU backend within fp32 rounding);
+ *   OLMO_CUDA_TF32  fp32 operands on TF32 tensor cores, fp32 accumulation;
+ *   OLMO_CUDA_BF16  operands rounded to bf16 per call, fp32 accumulation and output.
+ * NULL (error set) when no CUDA device is usable. */
+enum olmo_cuda_gemm_precision { OLMO_CUDA_FP32, OLMO_CUDA_TF32, OLMO_CUDA_BF16 };
+const struct olmo_backend *olmo_backend_cuda(void); /* = OLMO_CUDA_FP32 */
+const struct olmo_backend *olmo_backend_cuda_precision(enum olmo_cuda_gemm_precision precision);
+#endif
+
+/* "cpu", and when built with CUDA "cuda" (fp32), "cuda-tf32", "cuda-bf16".
+ * NULL (error set) for an unknown or unavailable backend. */
+const struct olmo_backend *olmo_backend_by_name(const char *name);
+
 #endif

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The CUDA backend's checks that need a GPU, in one go:
+#   1. build with CUDA (sm_90 = H100/H200 by default; CUDA_ARCH=80 for A100);
+#   2. backend parity: every op and a few training steps of two tiny models on the
+#      CPU backend vs cuda (fp32), cuda-tf32 and cuda-bf16, with the tolerances of
+#      tests/c/test_backend_parity.c, plus bitwise run-to-run reproducibility;
+#   3. training throughput of configs/olmo3-1b.yaml (Olmo 3 1B, seq_len 8192) on
+#      cuda-bf16, cuda-tf32 and cuda (fp32): tokens/s, model TFLOP/s, MFU against the
+#      H200 bf16 dense peak (989.4 TFLOP/s) and against the GEMM precision's own peak.
+#
+# usage: scripts/gpu_check.sh [--build-dir DIR] [--skip-build] [--bench-steps N] [--no-bench]
+#                             [--sanitize]
+#   --skip-build   use an existing build in DIR (default build-gpu)
+#   --sanitize     also run compute-sanitizer memcheck and racecheck on the quick parity test
+# environment: CUDA_ARCH (default 90), JOBS (default nproc), OUT (log directory; default
+#              gpu_check_logs), GPU_CHECK_DRY_RUN=1 (go through the stages without a GPU).  Every stage has a time limit; the whole run is meant to fit
+#              in about 8 minutes on one H200.
+# Exit status: 0 when every stage passed.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+
+BUILD=build-gpu
+SKIP_BUILD=0
+BENCH_STEPS=4
+BENCH=1
+SANITIZE=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build-dir) BUILD="$2"; shift 2 ;;
+    --skip-build) SKIP_BUILD=1; shift ;;
+    --bench-steps) BENCH_STEPS="$2"; shift 2 ;;
+    --no-bench) BENCH=0; shift ;;
+    --sanitize) SANITIZE=1; shift ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+LOGS="${OUT:-gpu_check_logs}"
+mkdir -p "$LOGS"
+SUMMARY="$LOGS/summary.txt"
+: >"$SUMMARY"
+status=0
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+# stage NAME LIMIT_SECONDS COMMAND...: runs with a time limit, logs to $LOGS/NAME.log
+stage() {
+  local name="$1" limit="$2"; shift 2
+  local t0=$SECONDS
+  echo "== $name: $*"
+  timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$LOGS/$name.log"
+  if [ $rc -eq 0 ]; then note "PASS  $name ($((SECONDS - t0))s)"
+  elif [ $rc -eq 77 ]; then note "SKIP  $name (no usable CUDA device)"; status=1
+  elif [ $rc -eq 124 ]; then note "FAIL  $name: timed out after ${limit}s"; status=1
+  else note "FAIL  $name: exit $rc (log: $LOGS/$name.log)"; status=1
+  fi
+  return $rc
+}
+
+echo "== device"
+if ! nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 | tee "$LOGS/device.txt"; then
+  note "FAIL  nvidia-smi: no GPU visible"
+  # GPU_CHECK_DRY_RUN=1 walks through the stages anyway (to test this script without a GPU).
+  [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ] || exit 1
+  status=1
+fi
+
+if [ $SKIP_BUILD -eq 0 ]; then
+  # Build prerequisites (scripts/setup.sh installs them; the device machine may be offline).
+  missing=""
+  for t in cmake pkg-config nvcc; do command -v $t >/dev/null || missing="$missing $t"; done
+  for m in yaml-0.1 libcjson openblas; do pkg-config --exists $m 2>/dev/null || missing="$missing $m(pkg-config)"; done
+  if [ -n "$missing" ]; then
+    note "FAIL  build prerequisites missing:$missing (install them, or build elsewhere and use --skip-build)"
+    exit 1
+  fi
+  stage configure 180 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DOLMOC_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DOLMOC_CUDA_EMULATION_TEST=OFF || exit 1
+  stage build 600 cmake --build "$BUILD" -j"${JOBS:-$(nproc)}" || exit 1
+fi
+P="$BUILD/tests/test_backend_parity"
+[ -x "$P" ] || { note "FAIL  $P is missing"; exit 1; }
+
+# Parity: OLMOC_CUDA_SYNC=1 reports a device fault at the op that caused it.
+for b in cuda cuda-tf32 cuda-bf16; do
+  stage "parity-$b" 300 env OLMOC_CUDA_SYNC=1 "$P" "$b"
+  grep -E "^FAIL" "$LOGS/parity-$b.log" | head -20 >>"$SUMMARY"
+done
+stage parity-cpu-sanity 300 "$P" cpu
+
+if [ $SANITIZE -eq 1 ]; then
+  if command -v compute-sanitizer >/dev/null; then
+    stage memcheck 600 compute-sanitizer --tool memcheck --error-exitcode 1 "$P" cuda --quick
+    stage racecheck 600 compute-sanitizer --tool racecheck --error-exitcode 1 "$P" cuda --quick
+  else
+    note "SKIP  compute-sanitizer not found"
+  fi
+fi
+
+if [ $BENCH -eq 1 ]; then
+  # Olmo 3 1B at its pre-training sequence length; one micro-batch of 8192 tokens per step
+  # (about 55 GB of device memory in fp32 activations + weights, grads and AdamW state).
+  for b in cuda-bf16 cuda-tf32 cuda; do
+    steps=$BENCH_STEPS
+    [ "$b" = cuda ] && steps=2 # fp32 CUDA-core GEMMs: a few seconds per step
+    stage "bench-$b" 300 "$BUILD/tests/bench_train" configs/olmo3-1b.yaml "$b" --quick-init --warmup 1 \
+      --steps "$steps"
+    grep -E "^(throughput|device|RESULT)" "$LOGS/bench-$b.log" >>"$SUMMARY"
+  done
+fi
+
+echo
+echo "== summary (also in $SUMMARY)"
+cat "$SUMMARY"
+exit $status

@@ -1,0 +1,67 @@
+/* Shared by the CUDA backend's translation units (CUDA C, compiled by nvcc).
+ *
+ * Execution model: every op is enqueued on the legacy default stream, in
+ * program order; ops that return values to the host (cross_entropy,
+ * sum_squares) and to_host synchronise.  cuBLAS uses the same stream.
+ *
+ * Errors: alloc reports failure through olmo_error and returns NULL like the
+ * CPU backend.  The other ops return void in the backend interface, so a CUDA
+ * error there (a failed launch, a device fault) is fatal: the message and the
+ * failing call are printed and the process aborts.  OLMOC_CUDA_SYNC=1 in the
+ * environment synchronises after every kernel so a fault is reported at the op
+ * that caused it. */
+#ifndef OLMOC_CUDA_INTERNAL_H
+#define OLMOC_CUDA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Kernel launches and dynamic shared memory go through these two macros so
+ * that tests/c/cuda_emu can compile this code for the host and run the
+ * kernels on CPU threads (OLMOC_CUDA_EMULATION; see tests/c/cuda_emu/cuda_emu.h). */
+#ifdef OLMOC_CUDA_EMULATION
+#include "cuda_emu.h"
+#else
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#define OLMO_LAUNCH(kernel, grid, block, smem, ...) kernel<<<(grid), (block), (smem)>>>(__VA_ARGS__)
+#define OLMO_DYNAMIC_SMEM(type, name) extern __shared__ type name[]
+#endif
+
+extern "C" {
+#include "backend/backend.h"
+#include "util/error.h"
+}
+
+void olmo_cuda_fatal(const char *what, const char *file, int line, const char *detail);
+void olmo_cuda_check_launch(const char *kernel, const char *file, int line);
+
+#define OLMO_CUDA_CHECK(call)                                                                      \
+    do {                                                                                           \
+        cudaError_t err_ = (call);                                                                 \
+        if (err_ != cudaSuccess) olmo_cuda_fatal(#call, __FILE__, __LINE__, cudaGetErrorString(err_)); \
+    } while (0)
+#define OLMO_CUDA_LAUNCHED(name) olmo_cuda_check_launch(name, __FILE__, __LINE__)
+
+/* Growable device scratch buffers, one per slot, reused across calls. */
+enum olmo_cuda_scratch_slot {
+    SCRATCH_ATTN_DELTA,  /* attention backward: rowsum(dO * O) [batch, heads, seq] */
+    SCRATCH_REDUCE,      /* per-block / per-row partial sums (double) */
+    SCRATCH_REDUCE_OUT,  /* final reduced values (double) copied to the host */
+    SCRATCH_RMS_DW,      /* rmsnorm backward: per-chunk dw partials (double) */
+    SCRATCH_EMBED_INDEX, /* embedding backward: sorted token order and segments (int32) */
+    SCRATCH_GEMM_A,      /* bf16 copies of GEMM operands */
+    SCRATCH_GEMM_B,
+    SCRATCH_SLOTS
+};
+void *olmo_cuda_scratch(enum olmo_cuda_scratch_slot slot, size_t bytes);
+
+/* cuda_attention.cu */
+void olmo_cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                             const int32_t *doc_ids, const struct olmo_attn_shape *shape);
+void olmo_cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                             const float *lse, const float *q, const float *k, const float *v,
+                             const int32_t *doc_ids, const struct olmo_attn_shape *shape);
+
+#endif

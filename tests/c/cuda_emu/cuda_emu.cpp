@@ -1,0 +1,450 @@
+/* Host emulation of the CUDA runtime / cuBLAS subset declared in cuda_emu.h. */
+#include "cuda_emu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include <map>
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+uint3 threadIdx;
+uint3 blockIdx;
+dim3 blockDim;
+dim3 gridDim;
+
+namespace {
+
+const size_t kDefaultSmemLimit = 48 * 1024;
+const size_t kOptinSmemLimit = 163 * 1024; /* sm_80, the smallest of the architectures we build for */
+const unsigned kMaxThreads = 1024;
+const size_t kStackBytes = 256 * 1024;
+
+[[noreturn]] void emu_abort(const char *what) {
+    fprintf(stderr, "cuda_emu: %s\n", what);
+    abort();
+}
+
+/* ---- fibers: one per CUDA thread of the running block, scheduled cooperatively ---- */
+
+enum FiberState { READY, WAIT_BLOCK, WAIT_WARP, DONE };
+
+struct Fiber {
+#if defined(__x86_64__)
+    void *sp;
+#else
+    ucontext_t ctx;
+#endif
+    unsigned char *stack; /* kStackBytes, with a guard page below */
+    FiberState state;
+    uint3 tid; /* threadIdx of this fiber in the current launch */
+};
+
+struct Emu {
+    Fiber fibers[kMaxThreads];
+    unsigned n_stacks = 0;
+    unsigned current = 0;
+#if defined(__x86_64__)
+    void *scheduler_sp = nullptr;
+#else
+    ucontext_t scheduler_ctx;
+#endif
+    const std::function<void()> *body = nullptr;
+    double slots[kMaxThreads];
+    unsigned char *smem = nullptr;
+    size_t smem_bytes = 0;
+    bool in_launch = false;
+};
+Emu emu;
+cudaError_t last_error = cudaSuccess;
+std::map<const void *, size_t> smem_limits;
+
+#if defined(__x86_64__)
+/* emu_switch(save, to): saves the callee-saved registers on the current stack,
+ * stores the stack pointer in *save, and resumes the context whose stack pointer is `to`. */
+extern "C" void emu_switch(void **save, void *to);
+asm(".text\n"
+    ".globl emu_switch\n"
+    ".type emu_switch,@function\n"
+    "emu_switch:\n"
+    "    pushq %rbp\n"
+    "    pushq %rbx\n"
+    "    pushq %r12\n"
+    "    pushq %r13\n"
+    "    pushq %r14\n"
+    "    pushq %r15\n"
+    "    movq %rsp, (%rdi)\n"
+    "    movq %rsi, %rsp\n"
+    "    popq %r15\n"
+    "    popq %r14\n"
+    "    popq %r13\n"
+    "    popq %r12\n"
+    "    popq %rbx\n"
+    "    popq %rbp\n"
+    "    ret\n"
+    ".size emu_switch, .-emu_switch\n");
+#endif
+
+void to_scheduler(void) {
+    Fiber &f = emu.fibers[emu.current];
+#if defined(__x86_64__)
+    emu_switch(&f.sp, emu.scheduler_sp);
+#else
+    swapcontext(&f.ctx, &emu.scheduler_ctx);
+#endif
+}
+
+void fiber_main(void) {
+    (*emu.body)();
+    emu.fibers[emu.current].state = DONE;
+    to_scheduler();
+    emu_abort("finished fiber resumed");
+}
+
+void prepare_fiber(unsigned i) {
+    Fiber &f = emu.fibers[i];
+    while (emu.n_stacks <= i) {
+        void *m = mmap(nullptr, kStackBytes + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) emu_abort("cannot map a fiber stack");
+        mprotect(m, 4096, PROT_NONE); /* guard page: a stack overflow faults instead of corrupting */
+        emu.fibers[emu.n_stacks++].stack = (unsigned char *)m + 4096;
+    }
+    f.state = READY;
+#if defined(__x86_64__)
+    /* Initial frame: six zeroed registers for emu_switch to pop, then fiber_main as the
+     * return address, then a dummy return address so fiber_main starts with the ABI's alignment. */
+    uintptr_t top = ((uintptr_t)f.stack + kStackBytes) & ~(uintptr_t)15;
+    void **sp = (void **)top;
+    *--sp = nullptr;
+    *--sp = (void *)&fiber_main;
+    for (int r = 0; r < 6; r++) *--sp = nullptr;
+    f.sp = sp;
+#else
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack;
+    f.ctx.uc_stack.ss_size = kStackBytes;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, fiber_main, 0);
+#endif
+}
+
+void resume_fiber(unsigned i) {
+    emu.current = i;
+    threadIdx = emu.fibers[i].tid;
+#if defined(__x86_64__)
+    emu_switch(&emu.scheduler_sp, emu.fibers[i].sp);
+#else
+    swapcontext(&emu.scheduler_ctx, &emu.fibers[i].ctx);
+#endif
+}
+
+/* Runs one block to completion.  Warps run one at a time, each as far as it
+ * can go (through its shuffles) until all its threads wait at __syncthreads or
+ * have exited; then the next warp; then the block barrier is released and the
+ * warps run again, in the opposite order.  Running warps far apart from each
+ * other is what exposes a missing __syncthreads (a warp reads shared memory
+ * another warp has not written yet, or overwrites what another still needs);
+ * lanes within a warp also alternate their order. */
+void run_block(const char *name, unsigned threads) {
+    for (unsigned i = 0; i < threads; i++) prepare_fiber(i);
+    const unsigned warps = (threads + 31) / 32;
+    unsigned done = 0, at_block = 0;
+    char msg[200];
+    for (unsigned epoch = 0;; epoch++) {
+        for (unsigned wi = 0; wi < warps; wi++) {
+            const unsigned w = epoch & 1 ? warps - 1 - wi : wi;
+            const unsigned lo = w * 32, size = threads - lo < 32 ? threads - lo : 32;
+            for (unsigned pass = 0;; pass++) {
+                unsigned waiting = 0, exited = 0;
+                for (unsigned k = 0; k < size; k++) {
+                    const unsigned i = lo + ((pass + epoch) & 1 ? size - 1 - k : k);
+                    if (emu.fibers[i].state == READY) {
+                        resume_fiber(i);
+                        if (emu.fibers[i].state == READY) emu_abort("fiber yielded without waiting");
+                        if (emu.fibers[i].state == DONE) done++;
+                        if (emu.fibers[i].state == WAIT_BLOCK) at_block++;
+                    }
+                    waiting += emu.fibers[i].state == WAIT_WARP;
+                    exited += emu.fibers[i].state == DONE;
+                }
+                if (!waiting) break; /* the warp is at __syncthreads or finished */
+                if (waiting != size) {
+                    snprintf(msg, sizeof msg,
+                             "%s: warp %u: %u lanes wait at a shuffle while %u exited / %u wait at __syncthreads",
+                             name, w, waiting, exited, size - waiting - exited);
+                    emu_abort(msg);
+                }
+                for (unsigned i = lo; i < lo + size; i++) emu.fibers[i].state = READY;
+            }
+        }
+        if (done == threads) return;
+        if (at_block + done != threads) emu_abort("scheduler: a thread neither waits nor finished");
+        if (done) {
+            snprintf(msg, sizeof msg, "%s: __syncthreads reached by %u threads while %u have exited", name, at_block,
+                     done);
+            emu_abort(msg);
+        }
+        for (unsigned i = 0; i < threads; i++) emu.fibers[i].state = READY;
+        at_block = 0;
+    }
+}
+
+bool launch_error(const char *name, const char *why, cudaError_t err) {
+    fprintf(stderr, "cuda_emu: launch of %s rejected: %s\n", name, why);
+    last_error = err;
+    return false;
+}
+
+bool check_launch(const void *kernel, const char *name, dim3 grid, dim3 block, size_t smem) {
+    const unsigned long threads = (unsigned long)block.x * block.y * block.z;
+    if (threads == 0 || threads > kMaxThreads || block.z > 64)
+        return launch_error(name, "block size", cudaErrorInvalidConfiguration);
+    if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
+        return launch_error(name, "grid size", cudaErrorInvalidConfiguration);
+    auto it = smem_limits.find(kernel);
+    const size_t limit = it == smem_limits.end() ? kDefaultSmemLimit : it->second;
+    if (smem > limit)
+        return launch_error(name, "dynamic shared memory above the kernel's limit", cudaErrorInvalidValue);
+    return true;
+}
+
+/* A shuffle is an exchange between the warp's 32 threads: write, wait for all,
+ * read the partner's value, wait again (so nobody overwrites a slot still to be read). */
+template <typename T>
+T shuffle_xor(unsigned mask, T v, int lane_mask) {
+    if (mask != 0xffffffffu) emu_abort("only full-warp shuffles are emulated");
+    const unsigned tid = emu.current, warp = tid / 32, lane = tid % 32;
+    const unsigned src = warp * 32 + (lane ^ (unsigned)lane_mask);
+    const unsigned threads = blockDim.x * blockDim.y * blockDim.z;
+    if ((unsigned)lane_mask >= 32 || src >= threads) emu_abort("shuffle source lane outside the block");
+    emu.slots[tid] = (double)v; /* float and double both round-trip exactly */
+    emu.fibers[tid].state = WAIT_WARP;
+    to_scheduler();
+    const T r = (T)emu.slots[src];
+    emu.fibers[tid].state = WAIT_WARP;
+    to_scheduler();
+    return r;
+}
+
+double tf32(double x) {
+    float f = (float)x;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7f800000u) != 0x7f800000u) u += 0xfffu + ((u >> 13) & 1u); /* round to nearest even, 10 bits */
+    u &= 0xffffe000u;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+double load(const void *p, cudaDataType type, size_t i) {
+    if (type == CUDA_R_16BF) return emu_bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+/* The column-major GEMM of the cuBLAS documentation: C = alpha op(A) op(B) + beta C. */
+cublasStatus_t gemm_reference(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
+                              const void *A, cudaDataType at, int lda, const void *B, cudaDataType bt, int ldb,
+                              float beta, float *C, int ldc, bool round_tf32) {
+    if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    const int a_rows = ta == CUBLAS_OP_N ? m : k, b_rows = tb == CUBLAS_OP_N ? k : n;
+    if (lda < (a_rows > 1 ? a_rows : 1) || ldb < (b_rows > 1 ? b_rows : 1) || ldc < (m > 1 ? m : 1))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            double acc = 0.0;
+            for (int l = 0; l < k; l++) {
+                double a = ta == CUBLAS_OP_N ? load(A, at, i + (size_t)l * lda) : load(A, at, l + (size_t)i * lda);
+                double b = tb == CUBLAS_OP_N ? load(B, bt, l + (size_t)j * ldb) : load(B, bt, j + (size_t)l * ldb);
+                if (round_tf32) {
+                    a = tf32(a);
+                    b = tf32(b);
+                }
+                acc += a * b;
+            }
+            float *c = C + i + (size_t)j * ldc;
+            /* beta == 0: C is not read (it may hold NaNs), as in cuBLAS */
+            *c = (float)(alpha * acc + (beta == 0.0f ? 0.0 : (double)beta * *c));
+        }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+struct emu_cublas {
+    int unused;
+};
+static emu_cublas the_handle;
+
+void __syncthreads(void) {
+    emu.fibers[emu.current].state = WAIT_BLOCK;
+    to_scheduler();
+}
+float __shfl_xor_sync(unsigned mask, float v, int lane_mask) { return shuffle_xor(mask, v, lane_mask); }
+double __shfl_xor_sync(unsigned mask, double v, int lane_mask) { return shuffle_xor(mask, v, lane_mask); }
+
+void *emu_dynamic_smem(void) { return emu.smem; }
+
+void emu_launch(const void *kernel, const char *name, dim3 grid, dim3 block, size_t smem_bytes,
+                const std::function<void()> &body) {
+    if (emu.in_launch) emu_abort("nested launch");
+    if (!check_launch(kernel, name, grid, block, smem_bytes)) return;
+    const unsigned threads = block.x * block.y * block.z;
+    emu.in_launch = true;
+    if (smem_bytes > emu.smem_bytes) {
+        free(emu.smem);
+        emu.smem = (unsigned char *)malloc(smem_bytes);
+        if (!emu.smem) emu_abort("out of memory for shared memory");
+        emu.smem_bytes = smem_bytes;
+    }
+    blockDim = block;
+    gridDim = grid;
+    emu.body = &body;
+    for (unsigned i = 0; i < threads; i++)
+        emu.fibers[i].tid = {i % block.x, (i / block.x) % block.y, i / (block.x * block.y)};
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                if (smem_bytes) memset(emu.smem, 0xff, smem_bytes); /* NaNs: shared memory starts undefined */
+                blockIdx = {x, y, z};
+                run_block(name, threads);
+            }
+    emu.in_launch = false;
+}
+
+/* ---- runtime ---- */
+
+cudaError_t cudaMalloc(void **p, size_t bytes) {
+    *p = malloc(bytes ? bytes : 1);
+    if (!*p) return last_error = cudaErrorMemoryAllocation;
+    memset(*p, 0xff, bytes); /* device memory starts undefined: NaN patterns expose reads before writes */
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p) {
+    free(p);
+    return cudaSuccess;
+}
+
+static bool overlaps(const void *a, const void *b, size_t n) {
+    const char *x = (const char *)a, *y = (const char *)b;
+    return n && x < y + n && y < x + n;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind) {
+    (void)kind;
+    if (overlaps(dst, src, bytes)) emu_abort("cudaMemcpy between overlapping buffers");
+    if (bytes) memcpy(dst, src, bytes);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t stream) {
+    (void)stream;
+    return cudaMemcpy(dst, src, bytes, kind);
+}
+
+cudaError_t cudaMemset(void *p, int value, size_t bytes) {
+    if (bytes) memset(p, value, bytes);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t stream) {
+    (void)stream;
+    return cudaMemset(p, value, bytes);
+}
+
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+
+cudaError_t cudaDeviceSynchronize(void) { return last_error; }
+
+const char *cudaGetErrorString(cudaError_t err) {
+    switch (err) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+    }
+    return "unknown error";
+}
+
+cudaError_t cudaGetDeviceCount(int *count) {
+    *count = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value) {
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || (size_t)value > kOptinSmemLimit)
+        return last_error = cudaErrorInvalidValue;
+    smem_limits[func] = (size_t)value;
+    return cudaSuccess;
+}
+
+/* ---- bf16 ---- */
+
+__nv_bfloat16 __float2bfloat16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    __nv_bfloat16 h;
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) h.bits = 0x7fc0; /* NaN */
+    else h.bits = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return h;
+}
+
+float emu_bfloat162float(__nv_bfloat16 h) {
+    uint32_t u = (uint32_t)h.bits << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* ---- cuBLAS ---- */
+
+cublasStatus_t cublasCreate(cublasHandle_t *handle) {
+    *handle = &the_handle;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+    (void)mode;
+    return handle ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+
+const char *cublasGetStatusString(cublasStatus_t status) {
+    switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    }
+    return "unknown cuBLAS status";
+}
+
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                           int k, const float *alpha, const float *A, int lda, const float *B, int ldb,
+                           const float *beta, float *C, int ldc) {
+    if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+    return gemm_reference(transa, transb, m, n, k, *alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, *beta, C, ldc,
+                          false);
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                            int k, const void *alpha, const void *A, cudaDataType Atype, int lda, const void *B,
+                            cudaDataType Btype, int ldb, const void *beta, void *C, cudaDataType Ctype, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t algo) {
+    (void)algo;
+    if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+    /* the combinations the backend uses (all in cuBLAS's table of supported GemmEx types) */
+    const bool f32 = Atype == CUDA_R_32F && Btype == CUDA_R_32F && compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+    const bool bf16 = Atype == CUDA_R_16BF && Btype == CUDA_R_16BF && compute == CUBLAS_COMPUTE_32F;
+    if (Ctype != CUDA_R_32F || !(f32 || bf16)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    return gemm_reference(transa, transb, m, n, k, *(const float *)alpha, A, Atype, lda, B, Btype, ldb,
+                          *(const float *)beta, (float *)C, ldc, f32);
+}

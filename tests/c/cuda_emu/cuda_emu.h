@@ -1,0 +1,136 @@
+/* A host emulation of the small part of CUDA and cuBLAS that the CUDA backend
+ * (src/backend/cuda/) uses, so that its kernels -- the same source -- run on
+ * CPU threads in the tests of machines without a GPU.  Included instead of
+ * the CUDA headers when OLMOC_CUDA_EMULATION is defined.
+ *
+ * Execution model: one block at a time, each of its threads a fiber with
+ * its own stack, scheduled cooperatively on the calling thread:
+ * __syncthreads waits until every thread of the block has arrived, a warp
+ * shuffle is an exchange between the 32 threads of a warp (lane = linear
+ * thread id % 32, as on the GPU).  Warps run one after another, each as far
+ * as it can get before the next starts, in alternating order, so a missing
+ * __syncthreads shows up as a read of shared data not yet written or already
+ * overwritten by another warp; dynamic shared memory and new device memory are
+ * filled with NaNs so such reads are visible.  Barriers reached by only part of a block or
+ * warp (divergence, early exit) abort with a message instead of hanging.
+ * Device memory is host memory from malloc, so AddressSanitizer sees
+ * out-of-bounds kernel accesses to it.
+ *
+ * Launch checks as on the device: at most 1024 threads per block, grid y/z
+ * at most 65535, dynamic shared memory above 48 KiB only after
+ * cudaFuncSetAttribute(MaxDynamicSharedMemorySize), and never above the
+ * smallest opt-in limit of the architectures we build for (sm_80: 163 KiB).
+ *
+ * cuBLAS: cublasSgemm / cublasGemmEx compute the column-major product exactly
+ * as the cuBLAS documentation defines it (op(A) m x k, op(B) k x n, leading
+ * dimensions checked), in double; FAST_TF32 rounds operands to TF32 and bf16
+ * operands are real bf16.  This checks the backend's row-major mapping against
+ * the interface's definition, not cuBLAS itself.
+ *
+ * Not emulated (unverifiable without a GPU): the memory model between warps,
+ * performance, real shared-memory capacity with static shared memory added,
+ * cuBLAS's own numerics. */
+#ifndef OLMOC_CUDA_EMU_H
+#define OLMOC_CUDA_EMU_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <functional>
+
+#define __global__
+#define __device__
+#define __host__
+#define __shared__ static /* one block runs at a time, so a static is the block's shared memory */
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+
+struct uint3 {
+    unsigned x, y, z;
+};
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+extern uint3 threadIdx;
+extern uint3 blockIdx;
+extern dim3 blockDim;
+extern dim3 gridDim;
+
+void __syncthreads(void);
+float __shfl_xor_sync(unsigned mask, float v, int lane_mask);
+double __shfl_xor_sync(unsigned mask, double v, int lane_mask);
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
+
+void *emu_dynamic_smem(void);
+void emu_launch(const void *kernel, const char *name, dim3 grid, dim3 block, size_t smem_bytes,
+                const std::function<void()> &body);
+#define OLMO_LAUNCH(kernel, grid, block, smem, ...) \
+    emu_launch((const void *)(kernel), #kernel, (grid), (block), (smem), [=]() { kernel(__VA_ARGS__); })
+#define OLMO_DYNAMIC_SMEM(type, name) type *name = (type *)emu_dynamic_smem()
+
+/* ---- runtime ---- */
+typedef enum cudaError {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorLaunchOutOfResources = 701,
+} cudaError_t;
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3,
+};
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+typedef struct emu_stream *cudaStream_t;
+
+cudaError_t cudaMalloc(void **p, size_t bytes);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t stream);
+cudaError_t cudaMemset(void *p, int value, size_t bytes);
+cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t stream);
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaDeviceSynchronize(void);
+const char *cudaGetErrorString(cudaError_t err);
+cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value);
+
+/* ---- bf16 ---- */
+struct __nv_bfloat16 {
+    uint16_t bits;
+};
+__nv_bfloat16 __float2bfloat16(float f); /* round to nearest even */
+float emu_bfloat162float(__nv_bfloat16 h);
+
+/* ---- cuBLAS ---- */
+typedef struct emu_cublas *cublasHandle_t;
+typedef enum {
+    CUBLAS_STATUS_SUCCESS = 0,
+    CUBLAS_STATUS_NOT_INITIALIZED = 1,
+    CUBLAS_STATUS_INVALID_VALUE = 7,
+    CUBLAS_STATUS_NOT_SUPPORTED = 15,
+} cublasStatus_t;
+typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
+typedef enum { CUBLAS_DEFAULT_MATH = 0 } cublasMath_t;
+typedef enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType;
+typedef enum { CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_TF32 = 77 } cublasComputeType_t;
+typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
+
+cublasStatus_t cublasCreate(cublasHandle_t *handle);
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);
+const char *cublasGetStatusString(cublasStatus_t status);
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                           int k, const float *alpha, const float *A, int lda, const float *B, int ldb,
+                           const float *beta, float *C, int ldc);
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                            int k, const void *alpha, const void *A, cudaDataType Atype, int lda, const void *B,
+                            cudaDataType Btype, int ldb, const void *beta, void *C, cudaDataType Ctype, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t algo);
+
+#endif
