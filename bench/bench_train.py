@@ -301,9 +301,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default="configs/olmo3-20m.yaml,configs/olmo3-100m.yaml")
     ap.add_argument("--seq-lens", default="512,2048")
-    ap.add_argument("--tokens-per-step", type=int, default=4096,
+    ap.add_argument("--tokens-per-step", type=int, default=2048,
                     help="micro_batch = tokens_per_step / seq_len (at least 1), grad_accum 1")
-    ap.add_argument("--steps", type=int, default=3, help="timed steps (median reported)")
+    ap.add_argument("--steps", type=int, default=2, help="timed steps (median reported)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed first steps")
     ap.add_argument("--repeats", type=int, default=1, help="olmoc/PyTorch alternations per case")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", os.cpu_count())))
@@ -382,22 +382,27 @@ def main():
                     c["torch"].append(run_torch(args, c["model"], c["T"], c["B"], c["accum"], c["window"], env))
                 c["load_after"] = load_avg()
             o = statistics.median(r["tok_s"] for r in c["olmoc"])
+            ob = max(max(r["steps_tok_s"][args.warmup:]) for r in c["olmoc"])
             g = statistics.median(r["gemm_gflops"] for r in c["olmoc"])
             share = c["olmoc"][0]["time_share"]
-            line = (f"{c['cfg'].stem:12s} T={c['T']:5d} B={c['B']:2d} | olmoc {o:8.1f} tok/s "
+            line = (f"{c['cfg'].stem:12s} T={c['T']:5d} B={c['B']:2d} | olmoc {o:7.1f} ({ob:7.1f}) tok/s "
                     f"MFU {100 * c['fpt'] * o / (peak * 1e9):4.1f}% RSS {max(r['rss_mib'] for r in c['olmoc']):6.0f} MiB "
                     f"GEMM {100 * g / peak:3.0f}% of peak ({share.get('gemm', 0):.0f}% of op time; attention "
                     f"{share.get('attention fwd', 0) + share.get('attention bwd', 0):.0f}%)")
             if c["torch"]:
                 t = statistics.median(r["tok_s"] for r in c["torch"])
-                line += (f" | PyTorch({args.torch_mode},{args.torch_attn}) {t:8.1f} tok/s MFU {100 * c['fpt'] * t / (peak * 1e9):4.1f}% "
-                         f"RSS {max(r['rss_mib'] for r in c['torch']):6.0f} MiB | ratio {o / t:5.2f}x")
+                tb = max(max(r["steps_tok_s"][args.warmup:]) for r in c["torch"])
+                line += (f" | PyTorch({args.torch_mode},{args.torch_attn}) {t:7.1f} ({tb:7.1f}) tok/s "
+                         f"MFU {100 * c['fpt'] * t / (peak * 1e9):4.1f}% RSS {max(r['rss_mib'] for r in c['torch']):6.0f} MiB"
+                         f" | ratio {o / t:5.2f}x ({ob / tb:5.2f}x)")
             line += f" | load {c['load_before']} -> {c['load_after']}"
             print(line, flush=True)
 
     print(f"# load average after: {load_avg()}")
-    print("# tok/s: median over the timed steps (first --warmup steps dropped), median over --repeats; "
-          f"MFU against the measured peak {peak:.1f} GFLOP/s; RSS: peak resident set of each process")
+    print("# tok/s: median over the timed steps (first --warmup steps dropped) and over --repeats, in brackets the "
+          "best timed step (other processes only ever slow a step down); MFU (of the median) against the measured "
+          f"peak {peak:.1f} GFLOP/s; GEMM: in-training GEMM GFLOP/s (OLMOC_PROFILE) / peak; RSS: peak resident set "
+          "of each process")
     if args.json:
         for c in cases:
             c["cfg"] = str(c["cfg"])
