@@ -1,4 +1,5 @@
 #include "backend/profile.h"
+#include "util/clock.h"
 
 #include <time.h>
 
@@ -11,17 +12,11 @@ static double seconds[P_COUNT], gemm_flops;
 static long calls[P_COUNT];
 static const struct olmo_backend *in;
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 #define TIMED(slot, call)                \
     do {                                 \
-        double t0_ = now();              \
+        double t0_ = olmo_now_seconds();              \
         call;                            \
-        seconds[slot] += now() - t0_;    \
+        seconds[slot] += olmo_now_seconds() - t0_;    \
         calls[slot]++;                   \
     } while (0)
 
@@ -39,9 +34,9 @@ static int n_shapes;
 
 static void p_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
                    int ldb, float beta, float *c, int ldc) {
-    double t0 = now();
+    double t0 = olmo_now_seconds();
     in->gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    double t = now() - t0;
+    double t = olmo_now_seconds() - t0;
     seconds[P_GEMM] += t;
     calls[P_GEMM]++;
     gemm_flops += 2.0 * m * n * (double)k;

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "util/clock.h"
 #include "backend/backend.h"
 #include "cli/commands.h"
 #include "cli/model_source.h"
@@ -25,12 +26,6 @@ static void generate_usage(FILE *out) {
             "  --json                print {\"prompt\": [...], \"generated\": [...], ...} instead\n"
             "  --config CFG.yaml     the model config (required for a bare .safetensors file)\n"
             "  --set KEY=VALUE       override a config value\n");
-}
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static int parse_ids(const char *text, int32_t **ids, int *n) {
@@ -150,12 +145,12 @@ int cmd_generate(int argc, char **argv) {
     if (olmo_gen_create(&gen, &model, total, 64)) goto fail;
     struct olmo_rng rng;
     olmo_rng_seed(&rng, seed);
-    const double t0 = now_seconds();
+    const double t0 = olmo_now_seconds();
     for (int p = 0; p < n_prompt; p += gen.chunk) { /* prefill */
         int n = n_prompt - p < gen.chunk ? n_prompt - p : gen.chunk;
         if (olmo_gen_feed(&gen, ids + p, n, logits)) goto fail;
     }
-    const double t1 = now_seconds();
+    const double t1 = olmo_now_seconds();
     int len = n_prompt;
     while (len < total) {
         int32_t next = olmo_sample_token(logits, cfg.model.vocab_size, temperature, top_p, &rng);
@@ -163,7 +158,7 @@ int cmd_generate(int argc, char **argv) {
         if (!ignore_eos && next == cfg.model.eos_token_id) break;
         if (len < total && olmo_gen_feed(&gen, &next, 1, logits)) goto fail;
     }
-    const double t2 = now_seconds();
+    const double t2 = olmo_now_seconds();
     const int n_new = len - n_prompt;
     if (json) {
         printf("{\"prompt\":[");

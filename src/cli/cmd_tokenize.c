@@ -19,6 +19,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "util/clock.h"
 #include "cli/commands.h"
 #include "data/jsonl.h"
 #include "tokenizer/tokenizer.h"
@@ -88,12 +89,6 @@ struct ctx {
     double t0, last_progress;
     bool tty;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -444,7 +439,7 @@ static void release_item(struct ctx *c, struct item *it) {
 
 static void progress(struct ctx *c, bool final) {
     if (c->opt.quiet) return;
-    double t = now_s(), dt = t - c->t0;
+    double t = olmo_now_seconds(), dt = t - c->t0;
     if (!final && t - c->last_progress < (c->tty ? 0.5 : 10.0)) return;
     c->last_progress = t;
     fprintf(stderr, "%stokenize: %.1f MB read | %.1f MB/s | %llu docs | %llu tokens%s", c->tty ? "\r" : "",
@@ -883,7 +878,7 @@ int cmd_tokenize(int argc, char **argv) {
         goto fail;
     }
     c->tty = isatty(fileno(stderr));
-    c->t0 = c->last_progress = now_s();
+    c->t0 = c->last_progress = olmo_now_seconds();
     if (!c->opt.quiet)
         fprintf(stderr, "tokenize: %d input(s), %s, tokenizer %s (vocab %u), EOS %u, %s %s, %d threads\n",
                 c->opt.n_inputs, c->opt.format == FMT_JSONL ? "jsonl" : "text", c->opt.tokenizer, vs, c->eos_id,
@@ -930,7 +925,7 @@ int cmd_tokenize(int argc, char **argv) {
         goto fail;
     }
     progress(c, true);
-    double dt = now_s() - c->t0;
+    double dt = olmo_now_seconds() - c->t0;
     fprintf(stderr,
             "tokenize: wrote %s: %llu tokens (%s) from %llu documents, %.1f MB in %.1fs (%.1f MB/s); "
             "skipped %llu empty documents, %llu bad lines; %llu invalid UTF-8 sequences replaced\n",

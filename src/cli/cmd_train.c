@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "util/clock.h"
 #include "backend/backend.h"
 #include "backend/profile.h"
 #include "cli/commands.h"
@@ -50,12 +51,6 @@ static void train_usage(FILE *out) {
             "  OLMOC_PROFILE=1     print wall time per op and GEMM GFLOP/s (steps after the first)\n");
 }
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void format_duration(char *buf, size_t n, double s) {
     long t = (long)(s + 0.5);
     if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
@@ -71,9 +66,9 @@ static double measure_peak_flops(const struct olmo_backend *be) {
     if (a && b && c) {
         be->gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up */
         for (int rep = 0; rep < 3; rep++) {
-            double t0 = now_seconds();
+            double t0 = olmo_now_seconds();
             be->gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-            double dt = now_seconds() - t0;
+            double dt = olmo_now_seconds() - t0;
             if (dt > 0 && 2.0 * n * n * (double)n / dt > best) best = 2.0 * n * n * (double)n / dt;
         }
     }
@@ -129,12 +124,12 @@ static int run_evals(struct olmo_trainer *tr, const struct evaluators *ev, long 
     for (int i = 0; i < ev->n_val; i++) {
         double loss;
         long tokens;
-        double t0 = now_seconds();
+        double t0 = olmo_now_seconds();
         if (olmo_eval_val_set(&tr->model, &ev->val[i], cfg->train.eval_batches, cfg->train.intra_doc_masking, &loss,
                               &tokens))
             return -1;
         printf("eval step %ld | %s | loss %.4f | ppl %.3f | %ld tokens | %.2fs\n", step, ev->val[i].name, loss,
-               exp(loss), tokens, now_seconds() - t0);
+               exp(loss), tokens, olmo_now_seconds() - t0);
         fprintf(metrics, "{\"type\":\"eval\",\"step\":%ld,\"set\":\"%s\",\"loss\":%.17g,\"ppl\":%.17g,\"tokens\":%ld}\n",
                 step, ev->val[i].name, loss, exp(loss), tokens);
     }
@@ -331,7 +326,7 @@ int cmd_train(int argc, char **argv) {
         goto fail;
     }
     const long first_step = st.step + 1;
-    const double start = now_seconds(), elapsed_before = st.elapsed;
+    const double start = olmo_now_seconds(), elapsed_before = st.elapsed;
     double last = start, interval = 0.0; /* end of the previous step; step time since the last log line */
     long tokens = st.tokens, steps_since_log = 0;
     for (long step = first_step; step <= t->steps; step++) {
@@ -344,7 +339,7 @@ int cmd_train(int argc, char **argv) {
         if (olmo_trainer_step(&tr, batch, &res)) goto fail;
         tokens += tokens_per_step;
         steps_since_log++;
-        double now = now_seconds();
+        double now = olmo_now_seconds();
         const double step_time = now - last > 0 ? now - last : 1e-9;
         const double step_tok_s = (double)tokens_per_step / step_time;
         interval += step_time;
@@ -370,11 +365,11 @@ int cmd_train(int argc, char **argv) {
         if (t->eval_every > 0 && (step % t->eval_every == 0 || last_step) && (ev.n_val || ev.n_tasks))
             if (run_evals(&tr, &ev, step, metrics)) goto fail;
         if (t->save_every > 0 && (step % t->save_every == 0 || last_step)) {
-            double t0 = now_seconds();
+            double t0 = olmo_now_seconds();
             struct olmo_ckpt_state cs = {
                 .step = step,
                 .tokens = tokens,
-                .elapsed = elapsed_before + (now_seconds() - start),
+                .elapsed = elapsed_before + (olmo_now_seconds() - start),
                 .loader_epoch = loader.epoch,
                 .loader_pos = loader.pos,
                 .loader_instances = loader.n_instances,
@@ -385,11 +380,11 @@ int cmd_train(int argc, char **argv) {
             if (olmo_ckpt_save(cfg.data.out_dir, &tr, &cs, saved, sizeof saved) ||
                 (leader && olmo_ckpt_retain(cfg.data.out_dir, t->keep_last)))
                 goto fail;
-            printf("checkpoint step %ld: %s (%.2fs)\n", step, saved, now_seconds() - t0);
+            printf("checkpoint step %ld: %s (%.2fs)\n", step, saved, olmo_now_seconds() - t0);
             fflush(stdout);
         }
         if (profile && step == first_step) olmo_profile_reset(); /* the first step pays for page faults */
-        last = now_seconds(); /* evaluation and checkpoint time do not count as step time */
+        last = olmo_now_seconds(); /* evaluation and checkpoint time do not count as step time */
     }
     fclose(metrics);
     if (dump && fclose(dump)) {
@@ -397,7 +392,7 @@ int cmd_train(int argc, char **argv) {
         goto fail;
     }
     if (profile) olmo_profile_report(stdout);
-    double total = now_seconds() - start;
+    double total = olmo_now_seconds() - start;
     char weights_path[4200];
     if (!save_path) {
         snprintf(weights_path, sizeof weights_path, "%s/model.safetensors", cfg.data.out_dir);

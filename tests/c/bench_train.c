@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "util/clock.h"
 #include "backend/backend.h"
 #include "config/config.h"
 #include "model/model.h"
@@ -35,12 +36,6 @@
 #define H200_BF16_DENSE_TFLOPS 989.4
 #define H200_TF32_DENSE_TFLOPS 494.7
 #define H200_FP32_TFLOPS 66.9
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void usage(FILE *out) {
     fprintf(out, "usage: bench_train CONFIG.yaml BACKEND [--steps N] [--warmup N] [--peak-tflops X] [--quick-init] "
@@ -130,14 +125,14 @@ int main(int argc, char **argv) {
     fflush(stdout);
 
     struct olmo_trainer tr;
-    double t_init = now_seconds();
+    double t_init = olmo_now_seconds();
     if (olmo_trainer_init(&tr, &cfg, be)) goto fail;
     if (fast_init) {
         if (quick_init(&tr.model, t->seed)) goto fail;
     } else {
         olmo_model_init_weights(&tr.model, t->seed);
     }
-    printf("init (%s): %.1fs\n", fast_init ? "uniform, --quick-init" : "truncated normal", now_seconds() - t_init);
+    printf("init (%s): %.1fs\n", fast_init ? "uniform, --quick-init" : "truncated normal", olmo_now_seconds() - t_init);
 
     int32_t *batch = olmo_malloc(tokens_per_step * sizeof(int32_t), "batch");
     if (!batch) goto fail;
@@ -147,12 +142,12 @@ int main(int argc, char **argv) {
     for (int s = 0; s < warmup + steps; s++) {
         for (size_t i = 0; i < tokens_per_step; i++)
             batch[i] = (int32_t)(olmo_rng_next(&rng) % (uint64_t)mc->vocab_size);
-        const double t0 = now_seconds();
+        const double t0 = olmo_now_seconds();
         struct olmo_step_result res;
         if (olmo_trainer_step(&tr, batch, &res)) goto fail;
         float probe; /* the update is asynchronous on a device: wait for it */
         be->to_host(&probe, tr.model.weights, sizeof probe);
-        const double dt = now_seconds() - t0;
+        const double dt = olmo_now_seconds() - t0;
         if (s >= warmup) timed += dt;
         printf("%s step %d: loss %.4f | grad norm %.3f | %.3fs | %.0f tok/s\n", s < warmup ? "warmup" : "timed ",
                s + 1, res.ce_loss, res.grad_norm, dt, tokens_per_step / dt);
