@@ -50,6 +50,24 @@ static void *scratch(size_t bytes) {
     return p;
 }
 
+/* Large per-call buffers are kept between calls, one set per calling thread:
+ * fresh multi-megabyte allocations come from mmap and pay a page fault per
+ * 4 KiB on every call (10% of attention at seq_len 512).  Grow-only. */
+enum { SLOT_KT, SLOT_VT, SLOT_DELTA, SLOT_DQ_PARTS, N_SLOTS };
+static _Thread_local struct {
+    void *p;
+    size_t bytes;
+} slots[N_SLOTS];
+
+static void *cached_scratch(int slot, size_t bytes) {
+    if (slots[slot].bytes < bytes) {
+        free(slots[slot].p);
+        slots[slot].p = scratch(bytes);
+        slots[slot].bytes = bytes;
+    }
+    return slots[slot].p;
+}
+
 static void cpu_free(void *p) { free(p); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
@@ -333,9 +351,9 @@ static inline void row_visible(const int *lo, int t, int j0, int nk, int *a, int
 static int transposed_ld(int T) { return (T + 15) / 16 * 16 + 16; }
 
 /* xt[((b * heads + h) * D + d) * ld + t] = x[(b * T + t) * heads * D + h * D + d], ld = transposed_ld(T) */
-static float *transpose_heads(const float *x, int B, int T, int heads, int D) {
+static float *transpose_heads(int slot, const float *x, int B, int T, int heads, int D) {
     const size_t ld = (size_t)transposed_ld(T);
-    float *xt = scratch(sizeof(float) * (size_t)B * ld * heads * D);
+    float *xt = cached_scratch(slot, sizeof(float) * (size_t)B * ld * heads * D);
     const int tiles = (T + 63) / 64;
 #pragma omp parallel for if ((size_t)B * T * heads * D >= PAR_MIN)
     for (int job = 0; job < B * heads * tiles; job++) {
@@ -356,7 +374,7 @@ static void cpu_attention_fwd(float *out, float *lse, const float *q, const floa
     const int group = H / HK, qblocks = (T + ATT_QB - 1) / ATT_QB;
     const int q_stride = H * D, kv_stride = HK * D;
     int *lo = attn_bounds(s, doc_ids);
-    float *kt = transpose_heads(k, s->batch, T, HK, D);
+    float *kt = transpose_heads(SLOT_KT, k, s->batch, T, HK, D);
     const int ldt = transposed_ld(T);
     const int tasks = s->batch * H * qblocks;
     /* Each task owns its output rows, so any schedule gives the same result. */
@@ -426,7 +444,6 @@ static void cpu_attention_fwd(float *out, float *lse, const float *q, const floa
         free(sc);
         free(acc);
     }
-    free(kt);
     free(lo);
 }
 
@@ -458,10 +475,10 @@ static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout
     const int q_stride = H * D, kv_stride = HK * D;
     const size_t n_q = (size_t)B * T * q_stride;
     int *lo = attn_bounds(s, doc_ids);
-    float *kt = transpose_heads(k, B, T, HK, D), *vt = transpose_heads(v, B, T, HK, D);
+    float *kt = transpose_heads(SLOT_KT, k, B, T, HK, D), *vt = transpose_heads(SLOT_VT, v, B, T, HK, D);
     const int ldt = transposed_ld(T);
     /* delta[(b*H + h)*T + t] = dO . O (= sum_j p_j dO . v_j) */
-    float *delta = scratch(sizeof(float) * (size_t)B * H * T);
+    float *delta = cached_scratch(SLOT_DELTA, sizeof(float) * (size_t)B * H * T);
 #pragma omp parallel for if (n_q >= PAR_MIN)
     for (int bt = 0; bt < B * T; bt++)
         for (int h = 0; h < H; h++) {
@@ -503,8 +520,9 @@ static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout
     float **dq_part = scratch(sizeof(float *) * (size_t)nth);
     dq_part[0] = dq;
     memset(dq, 0, sizeof(float) * n_q);
+    float *parts = nth > 1 ? cached_scratch(SLOT_DQ_PARTS, sizeof(float) * n_q * (size_t)(nth - 1)) : NULL;
     for (int t = 1; t < nth; t++) {
-        dq_part[t] = scratch(sizeof(float) * n_q);
+        dq_part[t] = parts + n_q * (size_t)(t - 1);
         memset(dq_part[t], 0, sizeof(float) * n_q);
     }
 
@@ -577,13 +595,9 @@ static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout
             dq[i] = acc;
         }
     }
-    for (int t = 1; t < nth; t++) free(dq_part[t]);
     free(dq_part);
     free(owner);
     free(tasks);
-    free(delta);
-    free(kt);
-    free(vt);
     free(lo);
 }
 
