@@ -19,8 +19,11 @@ struct olmo_attn_shape {
     float scale; /* softmax scale, 1/sqrt(head_dim) */
 };
 
+struct olmo_dist;
+
 struct olmo_backend {
     const char *name;
+    bool host_memory; /* alloc returns host memory (MPI can move it directly) */
 
     void *(*alloc)(size_t bytes); /* zero-filled; NULL on failure (error set) */
     void (*free)(void *p);
@@ -93,6 +96,16 @@ struct olmo_backend {
      * without inference support (olmoc generate then refuses to run). */
     void (*attention_cached)(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
                              int pos0, int cap, const struct olmo_attn_shape *shape);
+
+    /* Data parallelism on backend memory (NCCL in the CUDA backend).  NULL in
+     * a host-memory backend, whose buffers go to MPI as they are.  comm_init is
+     * collective over the ranks of dist (it uses MPI to share the NCCL id);
+     * allgather: rank r contributes buf[offsets[r] .. offsets[r+1]) and every
+     * rank ends up with all slices (offsets has world + 1 entries). */
+    int (*comm_init)(const struct olmo_dist *dist);
+    int (*comm_allreduce_sum)(float *buf, size_t n);
+    int (*comm_allgather)(float *buf, const size_t *offsets);
+    void (*comm_destroy)(void);
 };
 
 const struct olmo_backend *olmo_backend_cpu(void);

@@ -761,6 +761,7 @@ static void cpu_attention_cached(float *out, const float *q, const float *k_cach
 const struct olmo_backend *olmo_backend_cpu(void) {
     static const struct olmo_backend cpu = {
         .name = "cpu",
+        .host_memory = true,
         .alloc = cpu_alloc,
         .free = cpu_free,
         .to_device = cpu_copy,

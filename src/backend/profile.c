@@ -106,7 +106,7 @@ const struct olmo_backend *olmo_backend_profiled(const struct olmo_backend *inne
     static struct olmo_backend be;
     in = inner;
     be = *inner;
-    be.name = "profiled";
+    be.name = inner->name; /* callers dispatch on it */
     be.zero = p_zero;
     be.copy = p_copy;
     be.gemm = p_gemm;

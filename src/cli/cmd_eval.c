@@ -30,11 +30,13 @@ static void eval_usage(FILE *out) {
             "  --scores-out FILE   per-example choice log-likelihoods as JSONL\n"
             "  --json              print results as JSON lines only\n"
             "  --config CFG.yaml   the model config (required for a bare .safetensors file)\n"
-            "  --set KEY=VALUE     override a config value (e.g. train.micro_batch, train.seq_len)\n");
+            "  --set KEY=VALUE     override a config value (e.g. train.micro_batch, train.seq_len)\n"
+            "  --backend NAME      cpu (default), or in a CUDA build cuda, cuda-tf32, cuda-bf16\n");
 }
 
 int cmd_eval(int argc, char **argv) {
-    const char *src = NULL, *config_path = NULL, *val = NULL, *tasks_arg = NULL, *scores_path = NULL;
+    const char *src = NULL, *config_path = NULL, *val = NULL, *tasks_arg = NULL, *scores_path = NULL,
+               *backend_name = "cpu";
     int batches = 0;
     bool json = false;
     for (int i = 1; i < argc; i++) {
@@ -45,7 +47,8 @@ int cmd_eval(int argc, char **argv) {
         if (!strcmp(argv[i], "--json")) {
             json = true;
         } else if (!strcmp(argv[i], "--set") || !strcmp(argv[i], "--config") || !strcmp(argv[i], "--val") ||
-                   !strcmp(argv[i], "--task") || !strcmp(argv[i], "--batches") || !strcmp(argv[i], "--scores-out")) {
+                   !strcmp(argv[i], "--task") || !strcmp(argv[i], "--batches") || !strcmp(argv[i], "--scores-out") ||
+                   !strcmp(argv[i], "--backend")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "olmoc eval: %s needs a value\n", argv[i]);
                 return 2;
@@ -55,6 +58,7 @@ int cmd_eval(int argc, char **argv) {
             else if (!strcmp(argv[i], "--val")) val = v;
             else if (!strcmp(argv[i], "--task")) tasks_arg = v;
             else if (!strcmp(argv[i], "--scores-out")) scores_path = v;
+            else if (!strcmp(argv[i], "--backend")) backend_name = v;
             else if (!strcmp(argv[i], "--batches")) {
                 char *end;
                 long b = strtol(v, &end, 10);
@@ -103,7 +107,8 @@ int cmd_eval(int argc, char **argv) {
         olmo_error("nothing to evaluate: give --val and/or --task (or set data.val_paths / data.eval_tasks)");
         goto fail;
     }
-    if (olmo_model_create(&model, &cfg.model, olmo_backend_cpu()) || olmo_source_load_weights(&source, &model) ||
+    const struct olmo_backend *be = olmo_backend_by_name(backend_name);
+    if (!be || olmo_model_create(&model, &cfg.model, be) || olmo_source_load_weights(&source, &model) ||
         olmo_model_reserve(&model, cfg.train.micro_batch, cfg.train.seq_len))
         goto fail;
     if (scores_path && !(scores = fopen(scores_path, "w"))) {

@@ -25,7 +25,8 @@ static void generate_usage(FILE *out) {
             "  --ignore-eos          keep going after model.eos_token_id (default: stop after it)\n"
             "  --json                print {\"prompt\": [...], \"generated\": [...], ...} instead\n"
             "  --config CFG.yaml     the model config (required for a bare .safetensors file)\n"
-            "  --set KEY=VALUE       override a config value\n");
+            "  --set KEY=VALUE       override a config value\n"
+            "  --backend NAME        cpu (default), or in a CUDA build cuda, cuda-tf32, cuda-bf16\n");
 }
 
 static int parse_ids(const char *text, int32_t **ids, int *n) {
@@ -55,7 +56,7 @@ static int parse_ids(const char *text, int32_t **ids, int *n) {
 }
 
 int cmd_generate(int argc, char **argv) {
-    const char *src = NULL, *config_path = NULL, *ids_text = NULL;
+    const char *src = NULL, *config_path = NULL, *ids_text = NULL, *backend_name = "cpu";
     long max_new = 32;
     double temperature = 0.0, top_p = 1.0;
     unsigned long long seed = 0;
@@ -69,7 +70,7 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(argv[i], "--json")) json = true;
         else if (!strcmp(argv[i], "--set") || !strcmp(argv[i], "--config") || !strcmp(argv[i], "--ids") ||
                  !strcmp(argv[i], "--max-new-tokens") || !strcmp(argv[i], "--temperature") ||
-                 !strcmp(argv[i], "--top-p") || !strcmp(argv[i], "--seed")) {
+                 !strcmp(argv[i], "--top-p") || !strcmp(argv[i], "--seed") || !strcmp(argv[i], "--backend")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "olmoc generate: %s needs a value\n", argv[i]);
                 return 2;
@@ -77,6 +78,7 @@ int cmd_generate(int argc, char **argv) {
             const char *opt = argv[i], *v = argv[++i];
             char *end = NULL;
             if (!strcmp(opt, "--config")) config_path = v;
+            else if (!strcmp(opt, "--backend")) backend_name = v;
             else if (!strcmp(opt, "--ids")) ids_text = v;
             else if (!strcmp(opt, "--max-new-tokens")) {
                 max_new = strtol(v, &end, 10);
@@ -129,7 +131,8 @@ int cmd_generate(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--set") && olmo_config_set(&cfg, argv[++i])) goto fail;
     if (olmo_config_validate(&cfg)) goto fail;
-    if (olmo_model_create(&model, &cfg.model, olmo_backend_cpu()) || olmo_source_load_weights(&source, &model)) goto fail;
+    const struct olmo_backend *be = olmo_backend_by_name(backend_name);
+    if (!be || olmo_model_create(&model, &cfg.model, be) || olmo_source_load_weights(&source, &model)) goto fail;
     const int total = n_prompt + (int)max_new;
     int32_t *all = realloc(ids, sizeof(int32_t) * (size_t)(total > 0 ? total : 1));
     if (!all) {

@@ -42,13 +42,17 @@ static void train_usage(FILE *out) {
             "  --save FILE         write the final weights to FILE (default: data.out_dir/model.safetensors)\n"
             "  --dump-batches FILE append every step's token batch to FILE (raw int32, steps x rows x\n"
             "                      seq_len), so another implementation can train on the same data order\n"
+            "  --backend NAME      where to compute: cpu (default), or in a CUDA build cuda (fp32 GEMMs),\n"
+            "                      cuda-tf32, cuda-bf16 (bf16 GEMM operands, fp32 master weights); a\n"
+            "                      checkpoint resumes on any backend\n"
             "  --help              show this help\n\n"
             "Evaluation (train.eval_every > 0): held-out loss on data.val_paths (comma-separated\n"
             ".npy files, train.eval_batches micro-batches each, in file order) and accuracy on\n"
             "data.eval_tasks (comma-separated multiple-choice .jsonl files, see olmoc eval --help).\n"
             "MFU uses train.peak_flops, or a peak measured with an SGEMM at startup when it is 0.\n\n"
             "environment:\n"
-            "  OLMOC_PROFILE=1     print wall time per op and GEMM GFLOP/s (steps after the first)\n");
+            "  OLMOC_PROFILE=1     print wall time per op and GEMM GFLOP/s (steps after the first; on a\n"
+            "                      CUDA backend add OLMOC_CUDA_SYNC=1, or asynchronous launches are timed)\n");
 }
 
 static void format_duration(char *buf, size_t n, double s) {
@@ -151,7 +155,8 @@ static int run_evals(struct olmo_trainer *tr, const struct evaluators *ev, long 
 }
 
 int cmd_train(int argc, char **argv) {
-    const char *config_path = NULL, *init_path = NULL, *save_path = NULL, *resume_from = NULL, *dump_path = NULL;
+    const char *config_path = NULL, *init_path = NULL, *save_path = NULL, *resume_from = NULL, *dump_path = NULL,
+               *backend_name = "cpu";
     bool resume = false;
     struct olmo_config cfg;
     olmo_config_defaults(&cfg);
@@ -162,7 +167,7 @@ int cmd_train(int argc, char **argv) {
             return 0;
         }
         if (!strcmp(argv[i], "--set") || !strcmp(argv[i], "--init") || !strcmp(argv[i], "--save") ||
-            !strcmp(argv[i], "--resume-from") || !strcmp(argv[i], "--dump-batches")) {
+            !strcmp(argv[i], "--resume-from") || !strcmp(argv[i], "--dump-batches") || !strcmp(argv[i], "--backend")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "olmoc train: %s needs a value\n", argv[i]);
                 return 2;
@@ -192,6 +197,7 @@ int cmd_train(int argc, char **argv) {
         else if (!strcmp(argv[i], "--save")) save_path = argv[++i];
         else if (!strcmp(argv[i], "--resume-from")) resume_from = argv[++i];
         else if (!strcmp(argv[i], "--dump-batches")) dump_path = argv[++i];
+        else if (!strcmp(argv[i], "--backend")) backend_name = argv[++i];
     }
     if (resume_from && resume) {
         fprintf(stderr, "olmoc train: give either --resume or --resume-from, not both\n");
@@ -238,7 +244,9 @@ int cmd_train(int argc, char **argv) {
     struct olmo_trainer tr;
     const char *profile_env = getenv("OLMOC_PROFILE");
     const bool profile = profile_env && *profile_env && strcmp(profile_env, "0") != 0;
-    const struct olmo_backend *be = profile ? olmo_backend_profiled(olmo_backend_cpu()) : olmo_backend_cpu();
+    const struct olmo_backend *be = olmo_backend_by_name(backend_name);
+    if (!be) goto fail;
+    if (profile) be = olmo_backend_profiled(be);
     if (olmo_trainer_init_dist(&tr, &cfg, be, &dist)) goto fail;
     struct evaluators ev = {0};
     if (cfg.train.eval_every == 0 && (cfg.data.val_paths[0] || cfg.data.eval_tasks[0]))
@@ -312,9 +320,11 @@ int cmd_train(int argc, char **argv) {
            cfg.model.n_layers, cfg.model.d_model, rows, t->seq_len, loader.n_instances,
            cfg.data.mix[0] ? cfg.data.mix : cfg.data.train_path);
     if (dist.world > 1)
-        printf("data parallel: %d ranks x %d micro-batches of %d; optimizer state sharded (ZeRO-1)\n", dist.world,
-               t->grad_accum, t->micro_batch);
-    printf("MFU: %.4g FLOPs/token, peak %.4g FLOP/s (%s)\n", flops_per_token, peak, peak_source);
+        printf("data parallel: %d ranks x %d micro-batches of %d; optimizer state sharded (ZeRO-1); gradients "
+               "through %s\n",
+               dist.world, t->grad_accum, t->micro_batch, tr.device_comm ? "NCCL" : "MPI");
+    printf("backend %s | MFU: %.4g FLOPs/token, peak %.4g FLOP/s (%s)\n", be->name, flops_per_token, peak,
+           peak_source);
     if (ckpt[0])
         printf("resumed from %s at step %ld (epoch %ld, instance %zu)\n", ckpt, st.step, st.loader_epoch,
                st.loader_pos);

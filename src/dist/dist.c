@@ -68,6 +68,14 @@ int olmo_dist_barrier(const struct olmo_dist *d) {
     return 0;
 }
 
+int olmo_dist_broadcast_bytes(const struct olmo_dist *d, void *buf, size_t bytes, int root) {
+    if (d->world == 1) return 0;
+    if (bytes > (size_t)1 << 30) return olmo_error("broadcast of %zu bytes: too large", bytes);
+    if (MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD) != MPI_SUCCESS)
+        return olmo_error("MPI_Bcast failed");
+    return 0;
+}
+
 #else /* single process build */
 
 int olmo_dist_init(struct olmo_dist *d, int *argc, char ***argv) {
@@ -95,6 +103,10 @@ int olmo_dist_allgather_f32(const struct olmo_dist *d, float *buf, const size_t 
 }
 int olmo_dist_barrier(const struct olmo_dist *d) {
     (void)d;
+    return 0;
+}
+int olmo_dist_broadcast_bytes(const struct olmo_dist *d, void *buf, size_t bytes, int root) {
+    (void)d, (void)buf, (void)bytes, (void)root;
     return 0;
 }
 #endif

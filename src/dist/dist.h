@@ -1,8 +1,9 @@
 /* Data parallelism across processes through MPI (launched with mpirun).
  * Without MPI in the build, or when not started by mpirun, this is a
  * single-rank no-op, so every caller can use it unconditionally.
- * Buffers are host memory (the CPU backend's); a device backend pairs these
- * calls with NCCL instead. */
+ * Buffers are host memory (the CPU backend's); a device backend moves its
+ * buffers with its own collectives (struct olmo_backend's comm_*: NCCL),
+ * set up through these. */
 #ifndef OLMOC_DIST_H
 #define OLMOC_DIST_H
 
@@ -27,5 +28,7 @@ void olmo_dist_shard(const struct olmo_dist *d, size_t n, size_t *lo, size_t *hi
 /* offsets[r] .. offsets[r+1] = rank r's shard of n items (world + 1 entries). */
 void olmo_dist_shard_offsets(const struct olmo_dist *d, size_t n, size_t *offsets);
 int olmo_dist_barrier(const struct olmo_dist *d);
+/* Copies root's bytes to every rank (e.g. an NCCL unique id). */
+int olmo_dist_broadcast_bytes(const struct olmo_dist *d, void *buf, size_t bytes, int root);
 
 #endif

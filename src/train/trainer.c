@@ -14,11 +14,15 @@ int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cf
     memset(tr, 0, sizeof *tr);
     tr->cfg = *cfg;
     tr->dist = dist;
-    if (dist && dist->world > 1 && strcmp(be->name, "cpu"))
-        return olmo_error("multi-process training moves gradients through MPI in host memory: backend '%s' "
-                          "is not supported yet",
-                          be->name);
     if (olmo_config_validate(cfg)) return -1;
+    if (dist && dist->world > 1 && !be->host_memory) {
+        if (!be->comm_init)
+            return olmo_error("backend '%s' keeps gradients in device memory and this build has no collective "
+                              "library for it (NCCL): it cannot train with %d ranks",
+                              be->name, dist->world);
+        if (be->comm_init(dist)) return -1;
+        tr->device_comm = true;
+    }
     if (olmo_model_create(&tr->model, &cfg->model, be)) return -1;
     if (olmo_model_reserve(&tr->model, cfg->train.micro_batch, cfg->train.seq_len)) return -1;
     if (olmo_optimizer_create(&tr->opt, &tr->model, dist)) return -1;
@@ -30,6 +34,7 @@ int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cf
 }
 
 void olmo_trainer_destroy(struct olmo_trainer *tr) {
+    if (tr->device_comm) tr->model.be->comm_destroy();
     olmo_optimizer_destroy(&tr->opt, &tr->model);
     olmo_model_destroy(&tr->model);
     free(tr->inputs);
@@ -75,8 +80,10 @@ int olmo_trainer_accumulate(struct olmo_trainer *tr, const int32_t *instances, s
         sums[0] += ce_sum;
         sums[1] += z_sum;
     }
-    if (tr->dist && (olmo_dist_allreduce_f32(tr->dist, m->grads, m->n_floats) ||
-                     olmo_dist_allreduce_f64(tr->dist, sums, 2)))
+    if (world_size(tr) > 1 &&
+        ((tr->device_comm ? m->be->comm_allreduce_sum(m->grads, m->n_floats)
+                          : olmo_dist_allreduce_f32(tr->dist, m->grads, m->n_floats)) ||
+         olmo_dist_allreduce_f64(tr->dist, sums, 2)))
         return -1;
     res->ce_loss = sums[0] / (double)total_labels;
     res->z_loss = t->z_loss * sums[1] / (double)total_labels;
@@ -95,7 +102,8 @@ int olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res) {
     size_t *offsets = olmo_malloc(sizeof(size_t) * (size_t)(tr->dist->world + 1), "shard offsets");
     if (!offsets) return -1;
     olmo_dist_shard_offsets(tr->dist, tr->model.n_floats, offsets);
-    int rc = olmo_dist_allgather_f32(tr->dist, tr->model.weights, offsets);
+    int rc = tr->device_comm ? tr->model.be->comm_allgather(tr->model.weights, offsets)
+                             : olmo_dist_allgather_f32(tr->dist, tr->model.weights, offsets);
     free(offsets);
     return rc;
 }

@@ -14,6 +14,7 @@ struct olmo_trainer {
     struct olmo_model model;
     struct olmo_optimizer opt;
     const struct olmo_dist *dist; /* data-parallel ranks; NULL = one process */
+    bool device_comm;             /* collectives through the backend (NCCL), not MPI on host memory */
     int32_t *inputs, *targets;    /* host staging for one micro-batch */
 };
 

@@ -367,6 +367,25 @@ static void test_attention(int B, int T, int H, int HK, int D, int window, bool 
     if (docs) ints_free(&doc);
 }
 
+/* Inference attention over a ring-buffer KV cache: n new rows at pos0, cache of cap rows. */
+static void test_attention_cached(int n, int pos0, int cap, int H, int HK, int D, int window) {
+    struct olmo_attn_shape s = {.n_heads = H, .n_kv_heads = HK, .head_dim = D, .window = window,
+                                .scale = 1.0f / sqrtf((float)D)};
+    if (!dut->attention_cached) {
+        report("attention_cached present", 1.0, 0.0);
+        return;
+    }
+    struct dual q = dual_rand((size_t)n * H * D, 1.0), out = dual_zero((size_t)n * H * D);
+    struct dual kc = dual_rand((size_t)cap * HK * D, 1.0), vc = dual_rand((size_t)cap * HK * D, 1.0);
+    ref->attention_cached(out.r, q.r, kc.r, vc.r, n, pos0, cap, &s);
+    dut->attention_cached(out.d, q.d, kc.d, vc.d, n, pos0, cap, &s);
+    char name[128];
+    snprintf(name, sizeof name, "attention_cached n%d pos0 %d cap %d H%d/%d D%d w%d", n, pos0, cap, H, HK, D, window);
+    report(name, dual_err(out, 1.0), tol.attn);
+    struct dual *all[] = {&q, &out, &kc, &vc};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dual_free(all[i]);
+}
+
 static void test_elementwise(void) {
     const size_t n = 10007;
     struct dual g = dual_rand(n, 3.0), u = dual_rand(n, 1.0), s = dual_zero(n);
@@ -632,6 +651,11 @@ int main(int argc, char **argv) {
     /* windows at the 64-key tile boundaries of the CUDA kernels (1: self only) */
     const int windows[] = {1, 2, 64, 65, 66, 129};
     for (size_t i = 0; i < sizeof windows / sizeof windows[0]; i++) test_attention(1, 200, 2, 1, 8, windows[i], i % 2);
+    test_attention_cached(1, 0, 16, 4, 2, 8, 0);       /* first token */
+    test_attention_cached(5, 11, 40, 4, 4, 16, 0);     /* prefill chunk, full attention */
+    test_attention_cached(1, 300, 320, 2, 1, 128, 0);  /* decode, long context, MQA */
+    test_attention_cached(7, 90, 24, 6, 2, 96, 17);    /* sliding window, ring buffer wrapped */
+    test_attention_cached(1, 100, 4, 4, 2, 33, 4);     /* window = cache */
     test_elementwise();
     test_cross_entropy(19, 1000);
     test_cross_entropy(5, 50000);

@@ -441,6 +441,65 @@ static __global__ void __launch_bounds__(256) att_bwd_dq_kernel(float *dq, const
     }
 }
 
+/* ------------------------------------------------- inference: KV cache */
+
+#define CACHED_THREADS 128
+
+/* One block per (new query row i, head h): the scaled scores of the visible
+ * cached keys (a warp per key, lanes across head_dim) go to scratch, then the
+ * softmax over them, then out[d] = sum_j p_j v_j[d] with a thread per d and
+ * the keys in order, as cpu.c sums them.  Decoding is one row at a time, so
+ * this favours simplicity over the tiling of the training kernels. */
+static __global__ void __launch_bounds__(CACHED_THREADS)
+    att_cached_kernel(float *out, const float *q, const float *k_cache, const float *v_cache, float *scores, int pos0,
+                      int cap, int H, int group, int D, int window, int max_keys, float scale) {
+    __shared__ float q_row[128];
+    __shared__ float warp_max[CACHED_THREADS / 32];
+    __shared__ double warp_sum[CACHED_THREADS / 32];
+    const int i = blockIdx.x, h = blockIdx.y, kh = h / group;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    const int t = pos0 + i, lo = window > 0 && t - window + 1 > 0 ? t - window + 1 : 0;
+    const size_t q_stride = (size_t)H * D, kv_stride = (size_t)(H / group) * D;
+    float *sc = scores + ((size_t)i * H + h) * (size_t)max_keys;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) q_row[d] = q[(size_t)i * q_stride + (size_t)h * D + d];
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int j = lo + warp; j <= t; j += n_warps) { /* warp-uniform loop: every lane reaches the shuffles */
+        const float *kj = k_cache + (size_t)(j % cap) * kv_stride + (size_t)kh * D;
+        float acc = 0.0f;
+        for (int d = lane; d < D; d += 32) acc = fmaf(q_row[d], kj[d], acc);
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        const float s = acc * scale;
+        if (lane == 0) sc[j - lo] = s;
+        mx = fmaxf(mx, s);
+    }
+    if (lane == 0) warp_max[warp] = mx;
+    __syncthreads(); /* also publishes the scores */
+    mx = warp_max[0];
+    for (int w = 1; w < n_warps; w++) mx = fmaxf(mx, warp_max[w]);
+    double part = 0.0;
+    for (int j = lo + (int)threadIdx.x; j <= t; j += blockDim.x) {
+        const float p = expf(sc[j - lo] - mx);
+        sc[j - lo] = p;
+        part += p;
+    }
+    for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+    if (lane == 0) warp_sum[warp] = part;
+    __syncthreads(); /* also publishes the probabilities */
+    double denom = 0.0;
+    for (int w = 0; w < n_warps; w++) denom += warp_sum[w];
+    const float inv = (float)(1.0 / denom);
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        const float *vd = v_cache + (size_t)kh * D + d;
+        float acc = 0.0f;
+        for (int j = lo; j <= t; j++) {
+            const float p = sc[j - lo] * inv;
+            acc += p * vd[(size_t)(j % cap) * kv_stride];
+        }
+        out[(size_t)i * q_stride + (size_t)h * D + d] = acc;
+    }
+}
+
 /* ------------------------------------------------------------------ host */
 
 static struct att_params att_make_params(const struct olmo_attn_shape *s) {
@@ -533,4 +592,18 @@ void olmo_cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout,
     OLMO_CUDA_LAUNCHED("att_delta_kernel");
     if (p.D <= 64) att_bwd_launch<64>(dq, dk, dv, dout, q, k, v, lse, delta, doc_ids, p, s->batch);
     else att_bwd_launch<128>(dq, dk, dv, dout, q, k, v, lse, delta, doc_ids, p, s->batch);
+}
+
+void olmo_cuda_attention_cached(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
+                                int pos0, int cap, const struct olmo_attn_shape *s) {
+    if (n <= 0) return;
+    att_check_shape(s);
+    const int window = s->window > 0 ? s->window : 0;
+    const int max_keys = window > 0 && window < pos0 + n ? window : pos0 + n;
+    float *scores = (float *)olmo_cuda_scratch(SCRATCH_ATTN_SCORES,
+                                               sizeof(float) * (size_t)n * s->n_heads * (size_t)max_keys);
+    OLMO_LAUNCH(att_cached_kernel, dim3((unsigned)n, (unsigned)s->n_heads), CACHED_THREADS, 0, out, q, k_cache,
+                v_cache, scores, pos0, cap, s->n_heads, s->n_heads / s->n_kv_heads, s->head_dim, window, max_keys,
+                s->scale);
+    OLMO_CUDA_LAUNCHED("att_cached_kernel");
 }

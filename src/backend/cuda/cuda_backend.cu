@@ -587,6 +587,22 @@ static bool cuda_init(void) {
         olmo_error("%s", g_cuda.why_unusable);
         return false;
     }
+    /* Under mpirun each rank of a node takes its own device (local rank modulo the count). */
+    const char *local_vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"};
+    for (size_t i = 0; i < sizeof local_vars / sizeof local_vars[0]; i++) {
+        const char *v = getenv(local_vars[i]);
+        if (v && *v) {
+            err = cudaSetDevice(atoi(v) % count);
+            if (err != cudaSuccess) {
+                snprintf(g_cuda.why_unusable, sizeof g_cuda.why_unusable,
+                         "CUDA backend: cannot select device %d for local rank %s (%s)", atoi(v) % count, v,
+                         cudaGetErrorString(err));
+                olmo_error("%s", g_cuda.why_unusable);
+                return false;
+            }
+            break;
+        }
+    }
     const char *sync = getenv("OLMOC_CUDA_SYNC");
     g_cuda.sync_each_launch = sync && *sync && strcmp(sync, "0") != 0;
     cublasStatus_t st = cublasCreate(&g_cuda.blas);
@@ -629,6 +645,13 @@ static void fill_backend(struct olmo_backend *be, const char *name,
     be->sum_squares = cu_sum_squares;
     be->scale = cu_scale;
     be->adamw = cu_adamw;
+    be->attention_cached = olmo_cuda_attention_cached;
+#ifdef OLMOC_HAVE_NCCL
+    be->comm_init = olmo_cuda_comm_init;
+    be->comm_allreduce_sum = olmo_cuda_comm_allreduce_sum;
+    be->comm_allgather = olmo_cuda_comm_allgather;
+    be->comm_destroy = olmo_cuda_comm_destroy;
+#endif
 }
 
 extern "C" const struct olmo_backend *olmo_backend_cuda_precision(enum olmo_cuda_gemm_precision precision) {

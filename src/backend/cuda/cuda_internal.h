@@ -47,6 +47,7 @@ void olmo_cuda_check_launch(const char *kernel, const char *file, int line);
 /* Growable device scratch buffers, one per slot, reused across calls. */
 enum olmo_cuda_scratch_slot {
     SCRATCH_ATTN_DELTA,  /* attention backward: rowsum(dO * O) [batch, heads, seq] */
+    SCRATCH_ATTN_SCORES, /* cached (inference) attention: probabilities [rows, heads, keys] */
     SCRATCH_REDUCE,      /* per-block / per-row partial sums (double) */
     SCRATCH_REDUCE_OUT,  /* final reduced values (double) copied to the host */
     SCRATCH_RMS_DW,      /* rmsnorm backward: per-chunk dw partials (double) */
@@ -63,5 +64,14 @@ void olmo_cuda_attention_fwd(float *out, float *lse, const float *q, const float
 void olmo_cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
                              const float *lse, const float *q, const float *k, const float *v,
                              const int32_t *doc_ids, const struct olmo_attn_shape *shape);
+void olmo_cuda_attention_cached(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
+                                int pos0, int cap, const struct olmo_attn_shape *shape);
+
+/* cuda_comm.cu, in builds with NCCL (OLMOC_HAVE_NCCL) */
+struct olmo_dist;
+extern "C" int olmo_cuda_comm_init(const struct olmo_dist *dist);
+extern "C" int olmo_cuda_comm_allreduce_sum(float *buf, size_t n);
+extern "C" int olmo_cuda_comm_allgather(float *buf, const size_t *offsets);
+extern "C" void olmo_cuda_comm_destroy(void);
 
 #endif

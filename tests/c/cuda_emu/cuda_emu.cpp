@@ -380,6 +380,11 @@ cudaError_t cudaGetDeviceCount(int *count) {
     return cudaSuccess;
 }
 
+cudaError_t cudaSetDevice(int device) {
+    if (device != 0) return last_error = cudaErrorInvalidValue; /* one emulated device */
+    return cudaSuccess;
+}
+
 cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value) {
     if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || (size_t)value > kOptinSmemLimit)
         return last_error = cudaErrorInvalidValue;

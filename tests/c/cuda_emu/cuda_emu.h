@@ -27,6 +27,12 @@
  * operands are real bf16.  This checks the backend's row-major mapping against
  * the interface's definition, not cuBLAS itself.
  *
+ * NCCL (nccl_emu.cpp): the calls of the backend's data-parallel path, done
+ * with MPI on the emulated device memory (host memory), with the checks NCCL
+ * makes: one communicator per process, the same unique id on every rank
+ * (ncclGetUniqueId returns random bytes, so a missing broadcast of rank 0's id
+ * is caught), rank and size consistent with the launch, balanced groups.
+ *
  * Not emulated (unverifiable without a GPU): the memory model between warps,
  * performance, real shared-memory capacity with static shared memory added,
  * cuBLAS's own numerics. */
@@ -99,6 +105,7 @@ cudaError_t cudaGetLastError(void);
 cudaError_t cudaDeviceSynchronize(void);
 const char *cudaGetErrorString(cudaError_t err);
 cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaSetDevice(int device);
 cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value);
 
 /* ---- bf16 ---- */
@@ -132,5 +139,24 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
                             int k, const void *alpha, const void *A, cudaDataType Atype, int lda, const void *B,
                             cudaDataType Btype, int ldb, const void *beta, void *C, cudaDataType Ctype, int ldc,
                             cublasComputeType_t compute, cublasGemmAlgo_t algo);
+
+/* ---- NCCL ---- */
+typedef enum { ncclSuccess = 0, ncclInvalidArgument = 4, ncclInvalidUsage = 5, ncclSystemError = 2 } ncclResult_t;
+typedef enum { ncclFloat32 = 7 } ncclDataType_t;
+typedef enum { ncclSum = 0 } ncclRedOp_t;
+typedef struct {
+    char internal[128];
+} ncclUniqueId;
+typedef struct emu_nccl_comm *ncclComm_t;
+const char *ncclGetErrorString(ncclResult_t result);
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id);
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank);
+ncclResult_t ncclCommDestroy(ncclComm_t comm);
+ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
+                           ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclGroupStart(void);
+ncclResult_t ncclGroupEnd(void);
 
 #endif
