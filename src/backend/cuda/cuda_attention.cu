@@ -579,19 +579,47 @@ void olmo_cuda_attention_fwd(float *out, float *lse, const float *q, const float
     else att_fwd_launch<128>(out, lse, q, k, v, doc_ids, p, s->batch);
 }
 
+/* delta = rowsum(dO * O) [batch, heads, seq], in scratch memory. */
+static const float *att_delta(const float *dout, const float *out, const struct olmo_attn_shape *s) {
+    const size_t n_rows = (size_t)s->batch * s->seq_len;
+    float *delta = (float *)olmo_cuda_scratch(SCRATCH_ATTN_DELTA, sizeof(float) * n_rows * s->n_heads);
+    const size_t threads = n_rows * s->n_heads * 32;
+    OLMO_LAUNCH(att_delta_kernel, (unsigned)((threads + 255) / 256), 256, 0, delta, dout, out, s->seq_len, s->n_heads,
+                s->head_dim, n_rows);
+    OLMO_CUDA_LAUNCHED("att_delta_kernel");
+    return delta;
+}
+
 void olmo_cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
                              const float *lse, const float *q, const float *k, const float *v,
                              const int32_t *doc_ids, const struct olmo_attn_shape *s) {
     if (s->batch <= 0 || s->seq_len <= 0) return;
     att_check_shape(s);
     const struct att_params p = att_make_params(s);
-    const size_t n_rows = (size_t)s->batch * s->seq_len;
-    float *delta = (float *)olmo_cuda_scratch(SCRATCH_ATTN_DELTA, sizeof(float) * n_rows * s->n_heads);
-    const size_t threads = n_rows * s->n_heads * 32;
-    OLMO_LAUNCH(att_delta_kernel, (unsigned)((threads + 255) / 256), 256, 0, delta, dout, out, p.T, p.H, p.D, n_rows);
-    OLMO_CUDA_LAUNCHED("att_delta_kernel");
+    const float *delta = att_delta(dout, out, s);
     if (p.D <= 64) att_bwd_launch<64>(dq, dk, dv, dout, q, k, v, lse, delta, doc_ids, p, s->batch);
     else att_bwd_launch<128>(dq, dk, dv, dout, q, k, v, lse, delta, doc_ids, p, s->batch);
+}
+
+/* cuda-bf16: tensor cores (cuda_attention_tc.cu) where head_dim allows, else the fp32 kernels. */
+void olmo_cuda_attention_fwd_bf16(float *out, float *lse, const float *q, const float *k, const float *v,
+                                  const int32_t *doc_ids, const struct olmo_attn_shape *s) {
+    if (!olmo_cuda_attention_tc_supported(s)) {
+        olmo_cuda_attention_fwd(out, lse, q, k, v, doc_ids, s);
+        return;
+    }
+    olmo_cuda_attention_tc_fwd(out, lse, q, k, v, doc_ids, s);
+}
+
+void olmo_cuda_attention_bwd_bf16(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                  const float *lse, const float *q, const float *k, const float *v,
+                                  const int32_t *doc_ids, const struct olmo_attn_shape *s) {
+    if (!olmo_cuda_attention_tc_supported(s)) {
+        olmo_cuda_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
+        return;
+    }
+    if (s->batch <= 0 || s->seq_len <= 0) return;
+    olmo_cuda_attention_tc_bwd(dq, dk, dv, dout, lse, att_delta(dout, out, s), q, k, v, doc_ids, s);
 }
 
 void olmo_cuda_attention_cached(float *out, const float *q, const float *k_cache, const float *v_cache, int n,

@@ -662,6 +662,9 @@ extern "C" const struct olmo_backend *olmo_backend_cuda_precision(enum olmo_cuda
         fill_backend(&backends[OLMO_CUDA_FP32], "cuda", cu_gemm_fp32);
         fill_backend(&backends[OLMO_CUDA_TF32], "cuda-tf32", cu_gemm_tf32);
         fill_backend(&backends[OLMO_CUDA_BF16], "cuda-bf16", cu_gemm_bf16);
+        /* bf16 operands for attention's products too (tensor cores), as for the GEMMs */
+        backends[OLMO_CUDA_BF16].attention_fwd = olmo_cuda_attention_fwd_bf16;
+        backends[OLMO_CUDA_BF16].attention_bwd = olmo_cuda_attention_bwd_bf16;
         filled = true;
     }
     switch (precision) {

@@ -64,8 +64,21 @@ void olmo_cuda_attention_fwd(float *out, float *lse, const float *q, const float
 void olmo_cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
                              const float *lse, const float *q, const float *k, const float *v,
                              const int32_t *doc_ids, const struct olmo_attn_shape *shape);
+void olmo_cuda_attention_fwd_bf16(float *out, float *lse, const float *q, const float *k, const float *v,
+                                  const int32_t *doc_ids, const struct olmo_attn_shape *shape);
+void olmo_cuda_attention_bwd_bf16(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                  const float *lse, const float *q, const float *k, const float *v,
+                                  const int32_t *doc_ids, const struct olmo_attn_shape *shape);
 void olmo_cuda_attention_cached(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
                                 int pos0, int cap, const struct olmo_attn_shape *shape);
+
+/* cuda_attention_tc.cu: bf16 tensor-core attention (head_dim a multiple of 16, at most 128) */
+bool olmo_cuda_attention_tc_supported(const struct olmo_attn_shape *shape);
+void olmo_cuda_attention_tc_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                                const int32_t *doc_ids, const struct olmo_attn_shape *shape);
+void olmo_cuda_attention_tc_bwd(float *dq, float *dk, float *dv, const float *dout, const float *lse,
+                                const float *delta, const float *q, const float *k, const float *v,
+                                const int32_t *doc_ids, const struct olmo_attn_shape *shape);
 
 /* cuda_comm.cu, in builds with NCCL (OLMOC_HAVE_NCCL) */
 struct olmo_dist;

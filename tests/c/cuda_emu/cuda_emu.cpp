@@ -288,6 +288,22 @@ double __shfl_xor_sync(unsigned mask, double v, int lane_mask) { return shuffle_
 
 void *emu_dynamic_smem(void) { return emu.smem; }
 
+void emu_warp_barrier(void) { shuffle_xor(0xffffffffu, 0.0f, 0); }
+
+/* WMMA's documented requirements: 256-bit aligned pointers, ldm a multiple of 16 bytes. */
+void emu_wmma_check(const void *p, unsigned ldm, size_t elem_bytes, const char *what) {
+    char msg[160];
+    if ((uintptr_t)p % 32) {
+        snprintf(msg, sizeof msg, "wmma::%s: pointer %p is not 32-byte aligned", what, p);
+        emu_abort(msg);
+    }
+    if ((ldm * elem_bytes) % 16) {
+        snprintf(msg, sizeof msg, "wmma::%s: ldm %u is not a multiple of 16 bytes", what, ldm);
+        emu_abort(msg);
+    }
+    emu_warp_barrier();
+}
+
 void emu_launch(const void *kernel, const char *name, dim3 grid, dim3 block, size_t smem_bytes,
                 const std::function<void()> &body) {
     if (emu.in_launch) emu_abort("nested launch");
@@ -296,8 +312,9 @@ void emu_launch(const void *kernel, const char *name, dim3 grid, dim3 block, siz
     emu.in_launch = true;
     if (smem_bytes > emu.smem_bytes) {
         free(emu.smem);
-        emu.smem = (unsigned char *)malloc(smem_bytes);
-        if (!emu.smem) emu_abort("out of memory for shared memory");
+        void *smem = NULL; /* the device's shared window is at least 128-byte aligned */
+        if (posix_memalign(&smem, 128, smem_bytes)) emu_abort("out of memory for shared memory");
+        emu.smem = (unsigned char *)smem;
         emu.smem_bytes = smem_bytes;
     }
     blockDim = block;
@@ -318,8 +335,11 @@ void emu_launch(const void *kernel, const char *name, dim3 grid, dim3 block, siz
 /* ---- runtime ---- */
 
 cudaError_t cudaMalloc(void **p, size_t bytes) {
-    *p = malloc(bytes ? bytes : 1);
-    if (!*p) return last_error = cudaErrorMemoryAllocation;
+    /* cudaMalloc aligns to 256 bytes; the exact size keeps ASan's bounds on kernel accesses */
+    if (posix_memalign(p, 256, bytes ? bytes : 1)) {
+        *p = NULL;
+        return last_error = cudaErrorMemoryAllocation;
+    }
     memset(*p, 0xff, bytes); /* device memory starts undefined: NaN patterns expose reads before writes */
     return cudaSuccess;
 }

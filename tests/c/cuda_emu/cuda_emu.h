@@ -27,6 +27,14 @@
  * operands are real bf16.  This checks the backend's row-major mapping against
  * the interface's definition, not cuBLAS itself.
  *
+ * WMMA (nvcuda::wmma, m16n16k16, bf16 operands, fp32 accumulators): a
+ * fragment's element-to-lane mapping is unspecified by CUDA, so code that only
+ * fills, loads, stores and multiplies fragments cannot depend on it; here every
+ * lane holds the whole 16 x 16 tile.  The calls are warp-collective (all 32
+ * lanes must arrive, as at a shuffle) and check the documented pointer
+ * alignment (32 bytes) and leading-dimension rules.  mma_sync adds the exact
+ * bf16 products to the fp32 accumulator in k order.
+ *
  * NCCL (nccl_emu.cpp): the calls of the backend's data-parallel path, done
  * with MPI on the emulated device memory (host memory), with the checks NCCL
  * makes: one communicator per process, the same unique id on every rank
@@ -44,6 +52,7 @@
 #include <stdint.h>
 
 #include <functional>
+#include <type_traits>
 
 #define __global__
 #define __device__
@@ -139,6 +148,66 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
                             int k, const void *alpha, const void *A, cudaDataType Atype, int lda, const void *B,
                             cudaDataType Btype, int ldb, const void *beta, void *C, cudaDataType Ctype, int ldc,
                             cublasComputeType_t compute, cublasGemmAlgo_t algo);
+
+/* ---- WMMA ---- */
+void emu_warp_barrier(void);
+void emu_wmma_check(const void *p, unsigned ldm, size_t elem_bytes, const char *what);
+namespace nvcuda {
+namespace wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+    static_assert(M == 16 && N == 16 && K == 16, "only m16n16k16 is emulated");
+    float tile[16][16]; /* row-major, the whole tile in every lane */
+};
+template <typename Use, typename T, typename Layout>
+inline void fill_fragment(fragment<Use, 16, 16, 16, T, Layout> &f, float v) {
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) f.tile[r][c] = v;
+}
+template <typename Use, typename Layout>
+inline void load_matrix_sync(fragment<Use, 16, 16, 16, __nv_bfloat16, Layout> &f, const __nv_bfloat16 *p,
+                             unsigned ldm) {
+    emu_wmma_check(p, ldm, sizeof *p, "load_matrix_sync");
+    const bool row = std::is_same<Layout, row_major>::value;
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) f.tile[r][c] = emu_bfloat162float(row ? p[r * ldm + c] : p[c * ldm + r]);
+}
+inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float> &f, const float *p, unsigned ldm,
+                             layout_t layout) {
+    emu_wmma_check(p, ldm, sizeof *p, "load_matrix_sync");
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) f.tile[r][c] = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
+}
+inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, float> &f, unsigned ldm,
+                              layout_t layout) {
+    emu_wmma_check(p, ldm, sizeof *p, "store_matrix_sync");
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.tile[r][c];
+}
+template <typename LA, typename LB>
+inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d,
+                     const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, LA> &a,
+                     const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, LB> &b,
+                     const fragment<accumulator, 16, 16, 16, float> &c) {
+    emu_warp_barrier();
+    float out[16][16];
+    for (int r = 0; r < 16; r++)
+        for (int col = 0; col < 16; col++) {
+            float acc = c.tile[r][col];
+            for (int k = 0; k < 16; k++) acc += a.tile[r][k] * b.tile[k][col]; /* bf16 products are exact */
+            out[r][col] = acc;
+        }
+    for (int r = 0; r < 16; r++)
+        for (int col = 0; col < 16; col++) d.tile[r][col] = out[r][col];
+}
+} // namespace wmma
+} // namespace nvcuda
 
 /* ---- NCCL ---- */
 typedef enum { ncclSuccess = 0, ncclInvalidArgument = 4, ncclInvalidUsage = 5, ncclSystemError = 2 } ncclResult_t;
