@@ -2,13 +2,13 @@
 # The CUDA backend's checks that need a GPU, in one go:
 #   1. build with CUDA (sm_90 = H100/H200 by default; CUDA_ARCH=80 for A100);
 #   2. backend parity: every op and a few training steps of two tiny models on the
-#      CPU backend vs cuda (fp32), cuda-tf32 and cuda-bf16, with the tolerances of
+#      CPU backend vs cuda (fp32), cuda-tf32, cuda-bf16 and cuda-bf16-cublas, with the tolerances of
 #      tests/c/test_backend_parity.c, plus bitwise run-to-run reproducibility;
 #   3. the command line on the GPU (needs data/demo/train.npy: carry data/demo): 6 steps of
 #      configs/olmo3-1m.yaml through `olmoc train` on cpu and on cuda must give the same
 #      losses (1e-4 relative), and `olmoc generate` runs on both (greedy tokens compared);
 #   4. training throughput of configs/olmo3-1b.yaml (Olmo 3 1B, seq_len 8192) on
-#      cuda-bf16, cuda-tf32 and cuda (fp32): tokens/s, model TFLOP/s, MFU against the
+#      cuda-bf16, cuda-bf16-cublas, cuda-tf32 and cuda (fp32): tokens/s, model TFLOP/s, MFU against the
 #      H200 bf16 dense peak (989.4 TFLOP/s) and against the GEMM precision's own peak.
 #
 # usage: scripts/gpu_check.sh [--build-dir DIR] [--skip-build] [--bench-steps N] [--no-bench]
@@ -86,7 +86,7 @@ P="$BUILD/tests/test_backend_parity"
 [ -x "$P" ] || { note "FAIL  $P is missing"; exit 1; }
 
 # Parity: OLMOC_CUDA_SYNC=1 reports a device fault at the op that caused it.
-for b in cuda cuda-tf32 cuda-bf16; do
+for b in cuda cuda-tf32 cuda-bf16 cuda-bf16-cublas; do
   stage "parity-$b" 300 env OLMOC_CUDA_SYNC=1 "$P" "$b"
   grep -E "^FAIL" "$LOGS/parity-$b.log" | head -20 >>"$SUMMARY"
 done
@@ -137,7 +137,7 @@ fi
 if [ $BENCH -eq 1 ]; then
   # Olmo 3 1B at its pre-training sequence length; one micro-batch of 8192 tokens per step
   # (about 55 GB of device memory in fp32 activations + weights, grads and AdamW state).
-  for b in cuda-bf16 cuda-tf32 cuda; do
+  for b in cuda-bf16 cuda-bf16-cublas cuda-tf32 cuda; do
     steps=$BENCH_STEPS
     [ "$b" = cuda ] && steps=2 # fp32 CUDA-core GEMMs: a few seconds per step
     stage "bench-$b" 300 "$BUILD/tests/bench_train" configs/olmo3-1b.yaml "$b" --quick-init --warmup 1 \

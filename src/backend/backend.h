@@ -116,14 +116,17 @@ const struct olmo_backend *olmo_backend_cpu(void);
  * other op, the master weights, gradients and AdamW state are fp32 in all:
  *   OLMO_CUDA_FP32  fp32 SGEMM (matches the CPU backend within fp32 rounding);
  *   OLMO_CUDA_TF32  fp32 operands on TF32 tensor cores, fp32 accumulation;
- *   OLMO_CUDA_BF16  operands rounded to bf16 per call, fp32 accumulation and output.
+ *   OLMO_CUDA_BF16  operands rounded to bf16 per call, fp32 accumulation and output;
+ *   OLMO_CUDA_BF16_CUBLAS  the same inside cuBLAS (CUBLAS_COMPUTE_32F_FAST_16BF on the
+ *                   fp32 operands: no conversion passes, cuBLAS's own rounding).
+ * Both bf16 variants also run attention's products on bf16 tensor cores.
  * NULL (error set) when no CUDA device is usable. */
-enum olmo_cuda_gemm_precision { OLMO_CUDA_FP32, OLMO_CUDA_TF32, OLMO_CUDA_BF16 };
+enum olmo_cuda_gemm_precision { OLMO_CUDA_FP32, OLMO_CUDA_TF32, OLMO_CUDA_BF16, OLMO_CUDA_BF16_CUBLAS };
 const struct olmo_backend *olmo_backend_cuda(void); /* = OLMO_CUDA_FP32 */
 const struct olmo_backend *olmo_backend_cuda_precision(enum olmo_cuda_gemm_precision precision);
 #endif
 
-/* "cpu", and when built with CUDA "cuda" (fp32), "cuda-tf32", "cuda-bf16".
+/* "cpu", and when built with CUDA "cuda" (fp32), "cuda-tf32", "cuda-bf16", "cuda-bf16-cublas".
  * NULL (error set) for an unknown or unavailable backend. */
 const struct olmo_backend *olmo_backend_by_name(const char *name);
 

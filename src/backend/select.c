@@ -10,7 +10,8 @@ const struct olmo_backend *olmo_backend_by_name(const char *name) {
     if (!strcmp(name, "cuda") || !strcmp(name, "cuda-fp32")) return olmo_backend_cuda_precision(OLMO_CUDA_FP32);
     if (!strcmp(name, "cuda-tf32")) return olmo_backend_cuda_precision(OLMO_CUDA_TF32);
     if (!strcmp(name, "cuda-bf16")) return olmo_backend_cuda_precision(OLMO_CUDA_BF16);
-    olmo_error("unknown backend '%s' (available: cpu, cuda, cuda-tf32, cuda-bf16)", name);
+    if (!strcmp(name, "cuda-bf16-cublas")) return olmo_backend_cuda_precision(OLMO_CUDA_BF16_CUBLAS);
+    olmo_error("unknown backend '%s' (available: cpu, cuda, cuda-tf32, cuda-bf16, cuda-bf16-cublas)", name);
 #else
     if (!strncmp(name, "cuda", 4))
         olmo_error("backend '%s': this build has no CUDA backend (configure with -DOLMOC_CUDA=ON)", name);

@@ -40,7 +40,7 @@
 static void usage(FILE *out) {
     fprintf(out, "usage: bench_train CONFIG.yaml BACKEND [--steps N] [--warmup N] [--peak-tflops X] [--quick-init] "
                  "[--set KEY=VALUE ...]\n"
-                 "BACKEND: cpu, cuda, cuda-tf32, cuda-bf16\n");
+                 "BACKEND: cpu, cuda, cuda-tf32, cuda-bf16, cuda-bf16-cublas\n");
 }
 
 /* Matrices uniform in [-a, a] with a = std * sqrt(3) (same std as the real init), norm weights 1. */

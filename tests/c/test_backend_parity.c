@@ -3,7 +3,7 @@
  * random inputs, and compares the results; then trains two tiny models for a
  * few steps on both and compares losses, gradients and parameters.
  *
- *   test_backend_parity BACKEND [--quick]   (cpu | cuda | cuda-tf32 | cuda-bf16)
+ *   test_backend_parity BACKEND [--quick]   (cpu | cuda | cuda-tf32 | cuda-bf16 | cuda-bf16-cublas)
  *
  * --quick trains the tiny models for fewer steps (sanitizer builds).
  *
@@ -613,7 +613,8 @@ static void base_config(struct olmo_config *c) {
 int main(int argc, char **argv) {
     const bool quick = argc == 3 && !strcmp(argv[2], "--quick");
     if (argc != 2 && !quick) {
-        fprintf(stderr, "usage: test_backend_parity BACKEND [--quick]   (cpu, cuda, cuda-tf32, cuda-bf16)\n");
+        fprintf(stderr, "usage: test_backend_parity BACKEND [--quick]   (cpu, cuda, cuda-tf32, cuda-bf16, "
+                        "cuda-bf16-cublas)\n");
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0); /* progress lines appear as they happen under ctest */

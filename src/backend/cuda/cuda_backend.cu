@@ -198,6 +198,10 @@ static void cu_gemm_impl(enum olmo_cuda_gemm_precision precision, bool ta, bool 
                                 lda, &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         break;
     }
+    case OLMO_CUDA_BF16_CUBLAS:
+        BLAS_CHECK(cublasGemmEx(g_cuda.blas, op_b, op_a, n, m, k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda,
+                                &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
+        break;
     }
     if (g_cuda.sync_each_launch) OLMO_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -213,6 +217,10 @@ static void cu_gemm_tf32(bool ta, bool tb, int m, int n, int k, float alpha, con
 static void cu_gemm_bf16(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
                          const float *b, int ldb, float beta, float *c, int ldc) {
     cu_gemm_impl(OLMO_CUDA_BF16, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+static void cu_gemm_bf16_cublas(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                                const float *b, int ldb, float beta, float *c, int ldc) {
+    cu_gemm_impl(OLMO_CUDA_BF16_CUBLAS, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 /* -------------------------------------------------------------- embedding */
@@ -655,22 +663,26 @@ static void fill_backend(struct olmo_backend *be, const char *name,
 }
 
 extern "C" const struct olmo_backend *olmo_backend_cuda_precision(enum olmo_cuda_gemm_precision precision) {
-    static struct olmo_backend backends[3];
+    static struct olmo_backend backends[4];
     static bool filled;
     if (!cuda_init()) return NULL;
     if (!filled) {
         fill_backend(&backends[OLMO_CUDA_FP32], "cuda", cu_gemm_fp32);
         fill_backend(&backends[OLMO_CUDA_TF32], "cuda-tf32", cu_gemm_tf32);
         fill_backend(&backends[OLMO_CUDA_BF16], "cuda-bf16", cu_gemm_bf16);
+        fill_backend(&backends[OLMO_CUDA_BF16_CUBLAS], "cuda-bf16-cublas", cu_gemm_bf16_cublas);
         /* bf16 operands for attention's products too (tensor cores), as for the GEMMs */
-        backends[OLMO_CUDA_BF16].attention_fwd = olmo_cuda_attention_fwd_bf16;
-        backends[OLMO_CUDA_BF16].attention_bwd = olmo_cuda_attention_bwd_bf16;
+        for (int v = OLMO_CUDA_BF16; v <= OLMO_CUDA_BF16_CUBLAS; v++) {
+            backends[v].attention_fwd = olmo_cuda_attention_fwd_bf16;
+            backends[v].attention_bwd = olmo_cuda_attention_bwd_bf16;
+        }
         filled = true;
     }
     switch (precision) {
     case OLMO_CUDA_FP32:
     case OLMO_CUDA_TF32:
     case OLMO_CUDA_BF16:
+    case OLMO_CUDA_BF16_CUBLAS:
         return &backends[precision];
     }
     olmo_error("CUDA backend: unknown GEMM precision %d", (int)precision);

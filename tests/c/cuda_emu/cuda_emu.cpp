@@ -245,10 +245,14 @@ double load(const void *p, cudaDataType type, size_t i) {
     return ((const float *)p)[i];
 }
 
+double bf16(double x) { return emu_bfloat162float(__float2bfloat16((float)x)); }
+
+enum OperandRounding { KEEP, TO_TF32, TO_BF16 };
+
 /* The column-major GEMM of the cuBLAS documentation: C = alpha op(A) op(B) + beta C. */
 cublasStatus_t gemm_reference(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
                               const void *A, cudaDataType at, int lda, const void *B, cudaDataType bt, int ldb,
-                              float beta, float *C, int ldc, bool round_tf32) {
+                              float beta, float *C, int ldc, OperandRounding rounding) {
     if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
     const int a_rows = ta == CUBLAS_OP_N ? m : k, b_rows = tb == CUBLAS_OP_N ? k : n;
     if (lda < (a_rows > 1 ? a_rows : 1) || ldb < (b_rows > 1 ? b_rows : 1) || ldc < (m > 1 ? m : 1))
@@ -259,9 +263,12 @@ cublasStatus_t gemm_reference(cublasOperation_t ta, cublasOperation_t tb, int m,
             for (int l = 0; l < k; l++) {
                 double a = ta == CUBLAS_OP_N ? load(A, at, i + (size_t)l * lda) : load(A, at, l + (size_t)i * lda);
                 double b = tb == CUBLAS_OP_N ? load(B, bt, l + (size_t)j * ldb) : load(B, bt, j + (size_t)l * ldb);
-                if (round_tf32) {
+                if (rounding == TO_TF32) {
                     a = tf32(a);
                     b = tf32(b);
+                } else if (rounding == TO_BF16) {
+                    a = bf16(a);
+                    b = bf16(b);
                 }
                 acc += a * b;
             }
@@ -457,7 +464,7 @@ cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cubl
                            const float *beta, float *C, int ldc) {
     if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
     return gemm_reference(transa, transb, m, n, k, *alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, *beta, C, ldc,
-                          false);
+                          KEEP);
 }
 
 cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
@@ -467,9 +474,11 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
     (void)algo;
     if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
     /* the combinations the backend uses (all in cuBLAS's table of supported GemmEx types) */
-    const bool f32 = Atype == CUDA_R_32F && Btype == CUDA_R_32F && compute == CUBLAS_COMPUTE_32F_FAST_TF32;
-    const bool bf16 = Atype == CUDA_R_16BF && Btype == CUDA_R_16BF && compute == CUBLAS_COMPUTE_32F;
-    if (Ctype != CUDA_R_32F || !(f32 || bf16)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    const bool f32_in = Atype == CUDA_R_32F && Btype == CUDA_R_32F;
+    const bool tf32 = f32_in && compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+    const bool fast_bf16 = f32_in && compute == CUBLAS_COMPUTE_32F_FAST_16BF;
+    const bool bf16_in = Atype == CUDA_R_16BF && Btype == CUDA_R_16BF && compute == CUBLAS_COMPUTE_32F;
+    if (Ctype != CUDA_R_32F || !(tf32 || fast_bf16 || bf16_in)) return CUBLAS_STATUS_NOT_SUPPORTED;
     return gemm_reference(transa, transb, m, n, k, *(const float *)alpha, A, Atype, lda, B, Btype, ldb,
-                          *(const float *)beta, (float *)C, ldc, f32);
+                          *(const float *)beta, (float *)C, ldc, tf32 ? TO_TF32 : fast_bf16 ? TO_BF16 : KEEP);
 }

@@ -135,7 +135,11 @@ typedef enum {
 typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
 typedef enum { CUBLAS_DEFAULT_MATH = 0 } cublasMath_t;
 typedef enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType;
-typedef enum { CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_TF32 = 77 } cublasComputeType_t;
+typedef enum {
+    CUBLAS_COMPUTE_32F = 68,
+    CUBLAS_COMPUTE_32F_FAST_16BF = 75,
+    CUBLAS_COMPUTE_32F_FAST_TF32 = 77
+} cublasComputeType_t;
 typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 
 cublasStatus_t cublasCreate(cublasHandle_t *handle);
