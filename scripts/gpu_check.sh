@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
 # The CUDA backend's checks that need a GPU, in one go:
-#   1. build with CUDA (sm_90 = H100/H200 by default; CUDA_ARCH=80 for A100);
+#   1. build with CUDA (sm_90 = H100/H200 by default; CUDA_ARCH=80 for A100), or use a
+#      build made elsewhere (--skip-build; scripts/gpu_bundle.sh makes gpu-bundle/ for a
+#      machine without our Debian libraries);
 #   2. backend parity: every op and a few training steps of two tiny models on the
-#      CPU backend vs cuda (fp32), cuda-tf32, cuda-bf16 and cuda-bf16-cublas, with the tolerances of
-#      tests/c/test_backend_parity.c, plus bitwise run-to-run reproducibility;
-#   3. the command line on the GPU (needs data/demo/train.npy: carry data/demo): 6 steps of
+#      CPU backend vs cuda (fp32), cuda-tf32, cuda-bf16 and cuda-bf16-cublas, with the
+#      tolerances of tests/c/test_backend_parity.c, plus bitwise run-to-run reproducibility;
+#   3. the command line on the GPU (needs data/demo/validation.npy): 6 steps of
 #      configs/olmo3-1m.yaml through `olmoc train` on cpu and on cuda must give the same
 #      losses (1e-4 relative), and `olmoc generate` runs on both (greedy tokens compared);
 #   4. training throughput of configs/olmo3-1b.yaml (Olmo 3 1B, seq_len 8192) on
-#      cuda-bf16, cuda-bf16-cublas, cuda-tf32 and cuda (fp32): tokens/s, model TFLOP/s, MFU against the
-#      H200 bf16 dense peak (989.4 TFLOP/s) and against the GEMM precision's own peak.
+#      cuda-bf16, cuda-bf16-cublas, cuda-tf32 and cuda (fp32): tokens/s, model TFLOP/s, MFU
+#      against the H200 bf16 dense peak (989.4 TFLOP/s) and against the precision's own peak.
 #
 # usage: scripts/gpu_check.sh [--build-dir DIR] [--skip-build] [--bench-steps N] [--no-bench]
 #                             [--sanitize]
-#   --skip-build   use an existing build in DIR (default build-gpu)
+#   --skip-build   use an existing build in DIR (default build-gpu); DIR/env.sh is sourced
+#                  when present (gpu-bundle/env.sh puts its libraries on LD_LIBRARY_PATH)
 #   --sanitize     also run compute-sanitizer memcheck and racecheck on the quick parity test
-# environment: CUDA_ARCH (default 90), JOBS (default nproc), OUT (log directory; default
-#              gpu_check_logs), GPU_CHECK_DRY_RUN=1 (go through the stages without a GPU).  Every stage has a time limit; the whole run is meant to fit
-#              in about 8 minutes on one H200.
+# environment: CUDA_ARCH (default 90), JOBS (default nproc), OUT (where summary.txt and
+#              logs.tar.gz go; the logs themselves are in gpu_check_logs/),
+#              GPU_CHECK_DRY_RUN=1 (go through the stages without a GPU).  Every stage has a
+#              time limit; the whole run is meant to fit in about 8 minutes on one H200.
+# On this workplace's device machine (nothing can be installed there):
+#   here:   bash scripts/setup.sh && bash scripts/gpu_bundle.sh
+#   device: run command "bash scripts/gpu_check.sh --skip-build --build-dir gpu-bundle",
+#           carry ["gpu-bundle", "data/demo/validation.npy"], timeout_s 540
 # Exit status: 0 when every stage passed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -34,12 +42,21 @@ while [ $# -gt 0 ]; do
     --bench-steps) BENCH_STEPS="$2"; shift 2 ;;
     --no-bench) BENCH=0; shift ;;
     --sanitize) SANITIZE=1; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
   esac
 done
-LOGS="${OUT:-gpu_check_logs}"
+LOGS=gpu_check_logs
+rm -rf "$LOGS"
 mkdir -p "$LOGS"
+# $OUT (the device tool's folder) takes at most 8 files: the summary and one archive of the logs.
+finish() {
+  if [ -n "${OUT:-}" ]; then
+    cp "$SUMMARY" "$OUT/summary.txt"
+    tar -czf "$OUT/logs.tar.gz" "$LOGS"
+  fi
+}
+trap finish EXIT
 SUMMARY="$LOGS/summary.txt"
 : >"$SUMMARY"
 status=0
@@ -82,6 +99,10 @@ if [ $SKIP_BUILD -eq 0 ]; then
     -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DOLMOC_CUDA_EMULATION_TEST=OFF || exit 1
   stage build 600 cmake --build "$BUILD" -j"${JOBS:-$(nproc)}" || exit 1
 fi
+if [ -f "$BUILD/env.sh" ]; then
+  # shellcheck disable=SC1091
+  source "$BUILD/env.sh"
+fi
 P="$BUILD/tests/test_backend_parity"
 [ -x "$P" ] || { note "FAIL  $P is missing"; exit 1; }
 
@@ -109,19 +130,22 @@ compare_losses() {
            if (r > worst) worst = r } END { printf "worst %.2e\n", worst; exit (NR == 0 || worst > 1e-4) }'
 }
 
-if [ -f data/demo/train.npy ]; then
+if [ -f data/demo/validation.npy ]; then
+  RUNS="${TMPDIR:-/tmp}/olmoc-gpu-check" # checkpoints stay out of the logs archive
+  rm -rf "$RUNS"
   for b in cpu cuda; do
-    rm -rf "$LOGS/cli-$b"
     stage "cli-train-$b" 300 "$BUILD/olmoc" train configs/olmo3-1m.yaml --backend "$b" --set train.steps=6 \
-      --set train.eval_every=0 --set train.save_every=6 --set train.peak_flops=1e12 --set "data.out_dir=$LOGS/cli-$b"
+      --set train.eval_every=0 --set train.save_every=6 --set train.peak_flops=1e12 --set "data.out_dir=$RUNS/$b" \
+      --set data.train_path=data/demo/validation.npy
+    cp "$RUNS/$b/metrics.jsonl" "$LOGS/cli-$b-metrics.jsonl" 2>/dev/null
   done
-  if compare_losses "$LOGS/cli-cpu/metrics.jsonl" "$LOGS/cli-cuda/metrics.jsonl" >"$LOGS/cli-compare.log" 2>&1; then
+  if compare_losses "$LOGS/cli-cpu-metrics.jsonl" "$LOGS/cli-cuda-metrics.jsonl" >"$LOGS/cli-compare.log" 2>&1; then
     note "PASS  cli-compare ($(tail -n1 "$LOGS/cli-compare.log"))"
   else
     note "FAIL  cli-compare: losses differ (log: $LOGS/cli-compare.log)"; status=1
   fi
   for b in cpu cuda; do
-    stage "cli-generate-$b" 120 "$BUILD/olmoc" generate "$LOGS/cli-cpu" --backend "$b" --ids 11,12,13,14,15 \
+    stage "cli-generate-$b" 120 "$BUILD/olmoc" generate "$RUNS/cpu" --backend "$b" --ids 11,12,13,14,15 \
       --max-new-tokens 300 --ignore-eos # past the sliding window (128): the ring buffer wraps
   done
   # After 6 steps the model's logits are nearly flat, so a rounding difference may flip a near-tie:
@@ -131,7 +155,7 @@ if [ -f data/demo/train.npy ]; then
          awk '$1 != $2 { exit } { n++ } END { print n + 0 }')
   note "INFO  cli-generate: the first $same of 300 greedy tokens are the same on cpu and cuda"
 else
-  note "SKIP  cli stages: data/demo/train.npy is missing (build it with scripts/setup.sh and carry data/demo)"
+  note "SKIP  cli stages: data/demo/validation.npy is missing (scripts/setup.sh builds it; carry it)"
 fi
 
 if [ $BENCH -eq 1 ]; then
