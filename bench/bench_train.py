@@ -244,7 +244,7 @@ def run_olmoc(args, cfg_path, T, B, accum, window, token_file, out_dir, env):
            "--set", f"train.seq_len={T}", "--set", f"train.micro_batch={B}",
            "--set", f"train.grad_accum={accum}", "--set", f"train.steps={steps}",
            "--set", "train.warmup_steps=1", "--set", "train.log_every=1",
-           "--set", f"model.sliding_window={window}",
+           "--set", f"model.sliding_window={window}", "--set", "train.save_every=0", "--set", "train.eval_every=0",
            "--set", f"data.train_path={token_file}", "--set", f"data.out_dir={out_dir}"]
     # OLMOC_PROFILE: per-op wall time (a clock read per op call, negligible) and in-training GEMM GFLOP/s
     rc, out, err, rss = run_measured(cmd, dict(env, OLMOC_PROFILE="1"))
@@ -292,6 +292,7 @@ def measure_peak(args, env, shape_sets):
         raise SystemExit(f"peak_gemm failed: {err}")
     rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
     fma = next(r for r in rows if r["kind"] == "fma")
+    fma["blas"] = next(r for r in rows if r["kind"] == "blas")
     square = next(r for r in rows if r["kind"] == "sgemm_square")
     per_shape = {(r["m"], r["n"], r["k"], r["ta"], r["tb"]): r for r in rows if r["kind"] == "sgemm_shape"}
     return fma, square, per_shape
@@ -353,6 +354,9 @@ def main():
           f"(implies {peak / (theo['cores'] * theo['fma_pipes'] * theo['datapath_bits'] / 32 * 2):.2f} GHz)")
     print(f"# peak, theoretical: {theo['cores']} cores x {theo['mhz'] / 1000:.2f} GHz ({theo['mhz_source']}) x "
           f"{theo['fma_pipes']} FMA pipes x {theo['datapath_bits'] // 32} lanes x 2 = {theo['gflops']:.1f} GFLOP/s")
+    blas = fma["blas"]
+    print(f"# OpenBLAS kernels: {blas['kernels']}" + (f" (OPENBLAS_CORETYPE={blas['openblas_coretype']} in the "
+          "environment)" if blas["openblas_coretype"] else " (chosen by OpenBLAS for this processor)"))
     print(f"# OpenBLAS SGEMM 2048^3: median {square['gflops']:.1f}, best {square['gflops_best']:.1f} GFLOP/s "
           f"= {100 * square['gflops'] / peak:.0f}% / {100 * square['gflops_best'] / peak:.0f}% of measured peak")
     for c in cases:

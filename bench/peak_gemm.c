@@ -155,6 +155,10 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    /* which kernels OpenBLAS runs: its choice for this processor, or OPENBLAS_CORETYPE's */
+    const char *coretype = getenv("OPENBLAS_CORETYPE");
+    printf("{\"kind\": \"blas\", \"kernels\": \"%s\", \"openblas_coretype\": \"%s\"}\n", openblas_get_corename(),
+           coretype ? coretype : "");
     measure_fma(seconds);
     if (size > 0) measure_sgemm(size, size, size, 0, 0, seconds * 2, "sgemm_square");
     for (int i = 0; i < n_shapes; i++)

@@ -110,6 +110,11 @@ struct olmo_backend {
 
 const struct olmo_backend *olmo_backend_cpu(void);
 
+/* The OpenBLAS kernel family in use, e.g. "Haswell" (AVX2) or "SkylakeX"
+ * (AVX-512): chosen for the processor when OpenBLAS loads, or by
+ * OPENBLAS_CORETYPE. */
+const char *olmo_cpu_blas_kernels(void);
+
 #ifdef OLMOC_HAVE_CUDA
 /* CUDA backend (src/backend/cuda/): device memory, cuBLAS GEMMs, deterministic
  * kernels.  GEMM precision is the only difference between the variants; every

@@ -758,6 +758,10 @@ static void cpu_attention_cached(float *out, const float *q, const float *k_cach
     }
 }
 
+/* ------------------------------------------------------- OpenBLAS kernels */
+
+const char *olmo_cpu_blas_kernels(void) { return openblas_get_corename(); }
+
 const struct olmo_backend *olmo_backend_cpu(void) {
     static const struct olmo_backend cpu = {
         .name = "cpu",
