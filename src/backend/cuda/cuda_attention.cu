@@ -30,7 +30,7 @@
 
 #include "backend/cuda/cuda_internal.h"
 
-#define ATT_TILE 64
+#define ATT_TILE OLMO_ATT_TILE
 #define ATT_TPD 16 /* threads per tile dimension */
 #define ATT_PLD (ATT_TILE + 1)
 
@@ -59,10 +59,6 @@ static __device__ void att_load_docs(int *dst, const int32_t *docs, int row0, in
     }
 }
 
-static __device__ __forceinline__ bool att_visible(int t, int key, int window, int qdoc, int kdoc) {
-    return key <= t && (window == 0 || key > t - window) && qdoc == kdoc;
-}
-
 /* Reductions over the 16 threads sharing ty (lanes differing in bits 0..3). */
 static __device__ __forceinline__ float row16_max(float v) {
     for (int o = 8; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -71,12 +67,6 @@ static __device__ __forceinline__ float row16_max(float v) {
 static __device__ __forceinline__ float row16_sum(float v) {
     for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
-}
-
-/* First key tile that any query of the tile starting at q0 can see. */
-static __device__ __forceinline__ int att_first_key_tile(int q0, int window) {
-    const int lo = window > 0 ? max(0, q0 - window + 1) : 0;
-    return lo / ATT_TILE * ATT_TILE;
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -110,7 +100,7 @@ static __global__ void __launch_bounds__(256) att_fwd_kernel(float *out, float *
     }
 
     const int k_end = min(T, q0 + ATT_TILE);
-    for (int k0 = att_first_key_tile(q0, p.window); k0 < k_end; k0 += ATT_TILE) {
+    for (int k0 = olmo_att_first_key_tile(q0, p.window); k0 < k_end; k0 += ATT_TILE) {
         __syncthreads(); /* previous tile's K/V and P are no longer read */
         att_load_tile(KVs, kb, p.kv_stride, k0, T, D, ld);
         att_load_docs(kdoc, docs, k0, T, -2);
@@ -140,7 +130,7 @@ static __global__ void __launch_bounds__(256) att_fwd_kernel(float *out, float *
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const int c = tx + ATT_TPD * j;
-                s[i][j] = att_visible(t, k0 + c, p.window, qdoc[r], kdoc[c]) ? s[i][j] * p.scale : -INFINITY;
+                s[i][j] = olmo_att_visible(t, k0 + c, p.window, qdoc[r], kdoc[c]) ? s[i][j] * p.scale : -INFINITY;
                 mx = fmaxf(mx, s[i][j]);
             }
             mx = row16_max(mx);
@@ -304,7 +294,7 @@ static __global__ void __launch_bounds__(256) att_bwd_dkdv_kernel(float *dk, flo
                 for (int j = 0; j < 4; j++) {
                     const int c = tx + ATT_TPD * j;
                     float pij = 0.0f, dsij = 0.0f;
-                    if (att_visible(t, k0 + c, p.window, qdoc[r], kdoc[c])) {
+                    if (olmo_att_visible(t, k0 + c, p.window, qdoc[r], kdoc[c])) {
                         pij = expf(s[i][j] * p.scale - lse_s[r]);
                         dsij = pij * (dp[i][j] - delta_s[r]) * p.scale;
                     }
@@ -386,7 +376,7 @@ static __global__ void __launch_bounds__(256) att_bwd_dq_kernel(float *dq, const
         for (int c = 0; c < DPT; c++) dq_acc[i][c] = 0.0f;
 
     const int k_end = min(T, q0 + ATT_TILE);
-    for (int k0 = att_first_key_tile(q0, p.window); k0 < k_end; k0 += ATT_TILE) {
+    for (int k0 = olmo_att_first_key_tile(q0, p.window); k0 < k_end; k0 += ATT_TILE) {
         __syncthreads();
         att_load_tile(Ks, kb, p.kv_stride, k0, T, D, ld);
         att_load_tile(Vs, vb, p.kv_stride, k0, T, D, ld);
@@ -402,7 +392,7 @@ static __global__ void __launch_bounds__(256) att_bwd_dq_kernel(float *dq, const
             for (int j = 0; j < 4; j++) {
                 const int c = tx + ATT_TPD * j;
                 float dsij = 0.0f;
-                if (att_visible(t, k0 + c, p.window, qdoc[r], kdoc[c])) {
+                if (olmo_att_visible(t, k0 + c, p.window, qdoc[r], kdoc[c])) {
                     const float pij = expf(s[i][j] * p.scale - lse_s[r]);
                     dsij = pij * (dp[i][j] - delta_s[r]) * p.scale;
                 }
@@ -532,8 +522,7 @@ static void att_check_shape(const struct olmo_attn_shape *s) {
     }
 }
 
-/* Opt in to more than 48 KiB of dynamic shared memory (once per kernel). */
-static void att_allow_smem(const void *kernel, size_t bytes, bool *done, const char *name) {
+void olmo_cuda_allow_smem(const void *kernel, size_t bytes, bool *done, const char *name) {
     if (*done) return;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
     if (err != cudaSuccess) olmo_cuda_fatal(name, __FILE__, __LINE__, cudaGetErrorString(err));
@@ -545,7 +534,7 @@ static void att_fwd_launch(float *out, float *lse, const float *q, const float *
                            const int32_t *doc_ids, const struct att_params &p, int batch) {
     static bool smem_ok;
     const size_t smem = att_fwd_smem(DMAX + 1);
-    att_allow_smem((const void *)att_fwd_kernel<DMAX>, smem, &smem_ok, "att_fwd_kernel smem attribute");
+    olmo_cuda_allow_smem((const void *)att_fwd_kernel<DMAX>, smem, &smem_ok, "att_fwd_kernel smem attribute");
     dim3 grid((unsigned)((p.T + ATT_TILE - 1) / ATT_TILE), (unsigned)p.H, (unsigned)batch);
     OLMO_LAUNCH(att_fwd_kernel<DMAX>, grid, dim3(ATT_TPD, ATT_TPD), att_fwd_smem(p.ld), out, lse, q, k, v, doc_ids,
                 p);
@@ -557,9 +546,9 @@ static void att_bwd_launch(float *dq, float *dk, float *dv, const float *dout, c
                            const float *v, const float *lse, const float *delta, const int32_t *doc_ids,
                            const struct att_params &p, int batch) {
     static bool smem_dkdv_ok, smem_dq_ok;
-    att_allow_smem((const void *)att_bwd_dkdv_kernel<DMAX>, att_bwd_smem(DMAX + 1, 2), &smem_dkdv_ok,
+    olmo_cuda_allow_smem((const void *)att_bwd_dkdv_kernel<DMAX>, att_bwd_smem(DMAX + 1, 2), &smem_dkdv_ok,
                    "att_bwd_dkdv_kernel smem attribute");
-    att_allow_smem((const void *)att_bwd_dq_kernel<DMAX>, att_bwd_smem(DMAX + 1, 1), &smem_dq_ok,
+    olmo_cuda_allow_smem((const void *)att_bwd_dq_kernel<DMAX>, att_bwd_smem(DMAX + 1, 1), &smem_dq_ok,
                    "att_bwd_dq_kernel smem attribute");
     const unsigned tiles = (unsigned)((p.T + ATT_TILE - 1) / ATT_TILE);
     OLMO_LAUNCH(att_bwd_dkdv_kernel<DMAX>, dim3(tiles, (unsigned)p.HK, (unsigned)batch), dim3(ATT_TPD, ATT_TPD),

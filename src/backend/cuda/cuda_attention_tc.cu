@@ -24,7 +24,7 @@
 
 using namespace nvcuda;
 
-#define TC_TILE 64
+#define TC_TILE OLMO_ATT_TILE
 #define TC_WARPS 8
 #define TC_THREADS (TC_WARPS * 32)
 #define TC_LDS 68 /* float tiles of 64 columns (a multiple of 4, and 16-row blocks stay 32-byte aligned) */
@@ -73,15 +73,6 @@ static __device__ void tc_load_docs(int *dst, const int32_t *docs, int row0, int
         const int t = row0 + threadIdx.x;
         dst[threadIdx.x] = t < T ? (docs ? docs[t] : 0) : pad;
     }
-}
-
-static __device__ __forceinline__ bool tc_visible(int t, int key, int window, int qdoc, int kdoc) {
-    return key <= t && (window == 0 || key > t - window) && qdoc == kdoc;
-}
-
-static __device__ __forceinline__ int tc_first_key_tile(int q0, int window) {
-    const int lo = window > 0 ? max(0, q0 - window + 1) : 0;
-    return lo / TC_TILE * TC_TILE;
 }
 
 /* C[64 x 64] (fp32, ld TC_LDS) = A[64 x D] B[64 x D]^T, both bf16 row-major tiles
@@ -196,7 +187,7 @@ static __global__ void __launch_bounds__(TC_THREADS)
     /* softmax work: 4 threads per row (lanes 4r .. 4r+3 of a warp), 16 columns each */
     const int row = tid >> 2, part = tid & 3, t = q0 + row;
     const int k_end = min(T, q0 + TC_TILE);
-    for (int k0 = tc_first_key_tile(q0, p.window); k0 < k_end; k0 += TC_TILE) {
+    for (int k0 = olmo_att_first_key_tile(q0, p.window); k0 < k_end; k0 += TC_TILE) {
         __syncthreads(); /* the previous tile's K, V and P are no longer read */
         tc_load_tile(Kb, kb, p.kv_stride, k0, T, D, ldb);
         tc_load_tile(Vb, vb, p.kv_stride, k0, T, D, ldb);
@@ -209,7 +200,8 @@ static __global__ void __launch_bounds__(TC_THREADS)
 #pragma unroll
         for (int j = 0; j < 16; j++) {
             const int c = part * 16 + j;
-            s[j] = tc_visible(t, k0 + c, p.window, qdoc[row], kdoc[c]) ? Ss[row * TC_LDS + c] * p.scale : -INFINITY;
+            s[j] = olmo_att_visible(t, k0 + c, p.window, qdoc[row], kdoc[c]) ? Ss[row * TC_LDS + c] * p.scale
+                                                                              : -INFINITY;
             mx = fmaxf(mx, s[j]);
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -312,7 +304,7 @@ static __device__ void tc_p_ds(const tc_bwd_smem &s, const struct tc_params &p, 
     for (int e = threadIdx.x; e < TC_TILE * TC_TILE; e += TC_THREADS) {
         const int r = e >> 6, c = e & 63;
         float pij = 0.0f, dsij = 0.0f;
-        if (tc_visible(q0 + r, k0 + c, p.window, s.qdoc[r], s.kdoc[c])) {
+        if (olmo_att_visible(q0 + r, k0 + c, p.window, s.qdoc[r], s.kdoc[c])) {
             pij = expf(s.Ss[r * TC_LDS + c] * p.scale - s.lse_s[r]);
             dsij = pij * (s.dPs[r * TC_LDS + c] - s.delta_s[r]) * p.scale;
         }
@@ -409,7 +401,7 @@ static __global__ void __launch_bounds__(TC_THREADS)
     for (int i = 0; i < tc_out_frags<DMAX>::MAX; i++) wmma::fill_fragment(dq_acc.f[i], 0.0f);
 
     const int k_end = min(T, q0 + TC_TILE);
-    for (int k0 = tc_first_key_tile(q0, p.window); k0 < k_end; k0 += TC_TILE) {
+    for (int k0 = olmo_att_first_key_tile(q0, p.window); k0 < k_end; k0 += TC_TILE) {
         __syncthreads();
         tc_load_tile(Kb, kb, p.kv_stride, k0, T, D, ldb);
         tc_load_tile(Vb, vb, p.kv_stride, k0, T, D, ldb);
@@ -452,14 +444,7 @@ static struct tc_params tc_make_params(const struct olmo_attn_shape *s) {
     return p;
 }
 
-/* Opts a kernel in to the shared memory of the largest head_dim of its bucket (once). */
-static void tc_allow_smem(const void *kernel, size_t bytes, bool *done, const char *name) {
-    if (*done) return;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-    if (err != cudaSuccess) olmo_cuda_fatal(name, __FILE__, __LINE__, cudaGetErrorString(err));
-    *done = true;
-}
-
+/* The kernels opt in once, for the largest head_dim of their template bucket. */
 static struct tc_params tc_bucket_params(int dmax) {
     struct olmo_attn_shape widest = {1, 1, 1, 1, dmax, 0, 1.0f};
     return tc_make_params(&widest);
@@ -469,7 +454,7 @@ template <int DMAX>
 static void tc_fwd_launch(float *out, float *lse, const float *q, const float *k, const float *v,
                           const int32_t *doc_ids, const struct tc_params &p, int batch) {
     static bool smem_ok;
-    tc_allow_smem((const void *)tc_fwd_kernel<DMAX>, tc_fwd_smem(tc_bucket_params(DMAX)), &smem_ok,
+    olmo_cuda_allow_smem((const void *)tc_fwd_kernel<DMAX>, tc_fwd_smem(tc_bucket_params(DMAX)), &smem_ok,
                   "tc_fwd_kernel smem attribute");
     dim3 grid((unsigned)((p.T + TC_TILE - 1) / TC_TILE), (unsigned)p.H, (unsigned)batch);
     OLMO_LAUNCH(tc_fwd_kernel<DMAX>, grid, TC_THREADS, tc_fwd_smem(p), out, lse, q, k, v, doc_ids, p);
@@ -482,8 +467,9 @@ static void tc_bwd_launch(float *dq, float *dk, float *dv, const float *dout, co
                           const struct tc_params &p, int batch) {
     static bool smem_dkdv_ok, smem_dq_ok;
     const size_t widest = tc_bwd_smem_bytes(tc_bucket_params(DMAX));
-    tc_allow_smem((const void *)tc_bwd_dkdv_kernel<DMAX>, widest, &smem_dkdv_ok, "tc_bwd_dkdv_kernel smem attribute");
-    tc_allow_smem((const void *)tc_bwd_dq_kernel<DMAX>, widest, &smem_dq_ok, "tc_bwd_dq_kernel smem attribute");
+    olmo_cuda_allow_smem((const void *)tc_bwd_dkdv_kernel<DMAX>, widest, &smem_dkdv_ok,
+                         "tc_bwd_dkdv_kernel smem attribute");
+    olmo_cuda_allow_smem((const void *)tc_bwd_dq_kernel<DMAX>, widest, &smem_dq_ok, "tc_bwd_dq_kernel smem attribute");
     const unsigned tiles = (unsigned)((p.T + TC_TILE - 1) / TC_TILE);
     OLMO_LAUNCH(tc_bwd_dkdv_kernel<DMAX>, dim3(tiles, (unsigned)p.HK, (unsigned)batch), TC_THREADS,
                 tc_bwd_smem_bytes(p), dk, dv, dout, q, k, v, lse, delta, doc_ids, p);

@@ -58,6 +58,25 @@ enum olmo_cuda_scratch_slot {
 };
 void *olmo_cuda_scratch(enum olmo_cuda_scratch_slot slot, size_t bytes);
 
+/* ---- attention: shared by cuda_attention.cu and cuda_attention_tc.cu ---- */
+
+#define OLMO_ATT_TILE 64 /* queries and keys per tile in both implementations */
+
+/* Key `key` is visible from query t: causal, within the sliding window
+ * (window 0 = full), same document. */
+static __device__ __forceinline__ bool olmo_att_visible(int t, int key, int window, int qdoc, int kdoc) {
+    return key <= t && (window == 0 || key > t - window) && qdoc == kdoc;
+}
+
+/* First key tile that any query of the tile starting at q0 can see. */
+static __device__ __forceinline__ int olmo_att_first_key_tile(int q0, int window) {
+    const int lo = window > 0 ? max(0, q0 - window + 1) : 0;
+    return lo / OLMO_ATT_TILE * OLMO_ATT_TILE;
+}
+
+/* Opts a kernel in to `bytes` of dynamic shared memory (once: *done). */
+void olmo_cuda_allow_smem(const void *kernel, size_t bytes, bool *done, const char *name);
+
 /* cuda_attention.cu */
 void olmo_cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                              const int32_t *doc_ids, const struct olmo_attn_shape *shape);
