@@ -114,6 +114,10 @@ const struct olmo_backend *olmo_backend_cpu(void);
  * (AVX-512): chosen for the processor when OpenBLAS loads, or by
  * OPENBLAS_CORETYPE. */
 const char *olmo_cpu_blas_kernels(void);
+/* True when the processor has AVX-512 (F, BW, DQ, VL) but OpenBLAS runs its
+ * AVX2 kernels (Haswell, Zen): half the GEMM peak at best on a processor with
+ * full-width AVX-512 (README, CPU performance). */
+bool olmo_cpu_blas_below_avx512(void);
 
 #ifdef OLMOC_HAVE_CUDA
 /* CUDA backend (src/backend/cuda/): device memory, cuBLAS GEMMs, deterministic

@@ -762,6 +762,18 @@ static void cpu_attention_cached(float *out, const float *q, const float *k_cach
 
 const char *olmo_cpu_blas_kernels(void) { return openblas_get_corename(); }
 
+bool olmo_cpu_blas_below_avx512(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    const char *k = openblas_get_corename();
+    return avx512 && (!strcmp(k, "Haswell") || !strcmp(k, "Zen"));
+#else
+    return false;
+#endif
+}
+
 const struct olmo_backend *olmo_backend_cpu(void) {
     static const struct olmo_backend cpu = {
         .name = "cpu",

@@ -331,6 +331,10 @@ int cmd_train(int argc, char **argv) {
     if (be->host_memory) printf("backend %s (OpenBLAS %s kernels) | ", be->name, olmo_cpu_blas_kernels());
     else printf("backend %s | ", be->name);
     printf("MFU: %.4g FLOPs/token, peak %.4g FLOP/s (%s)\n", flops_per_token, peak, peak_source);
+    if (be->host_memory && olmo_cpu_blas_below_avx512())
+        printf("note: this processor has AVX-512 but OpenBLAS runs its AVX2 kernels%s; OPENBLAS_CORETYPE=SkylakeX "
+               "selects its AVX-512 ones (README: CPU performance)\n",
+               getenv("OPENBLAS_CORETYPE") ? " (OPENBLAS_CORETYPE is set)" : "");
     if (ckpt[0])
         printf("resumed from %s at step %ld (epoch %ld, instance %zu)\n", ckpt, st.step, st.loader_epoch,
                st.loader_pos);
