@@ -10,7 +10,8 @@ and prints the median tokens/s of each, the ratio, MFU and peak RSS.
 
 Peak FLOP/s (bench/peak_gemm, built by CMake next to olmoc):
   * measured: a register-only FMA loop on every thread (real clock, real SIMD);
-  * SGEMM: OpenBLAS (the library olmoc links) on a large square problem, and
+  * SGEMM: the GEMM of olmoc's backend (--olmoc-backend: cpu = oneDNN when
+    built with it, cpu-openblas, cpu-onednn) on a large square problem, and
     on every GEMM shape one olmoc training step runs (the "GEMM % of peak");
   * theoretical: cores x GHz (lscpu / /proc/cpuinfo) x FMA pipes x SIMD lanes x 2
     (FMA pipes and datapath width are not in lscpu; see theoretical_peak()).
@@ -240,7 +241,7 @@ def torch_worker(args):
 
 def run_olmoc(args, cfg_path, T, B, accum, window, token_file, out_dir, env):
     steps = args.steps + args.warmup
-    cmd = [str(args.build / "olmoc"), "train", str(cfg_path),
+    cmd = [str(args.build / "olmoc"), "train", str(cfg_path), "--backend", args.olmoc_backend,
            "--set", f"train.seq_len={T}", "--set", f"train.micro_batch={B}",
            "--set", f"train.grad_accum={accum}", "--set", f"train.steps={steps}",
            "--set", "train.warmup_steps=1", "--set", "train.log_every=1",
@@ -284,7 +285,8 @@ def flops_per_token(args, cfg_path, T, window):
 
 def measure_peak(args, env, shape_sets):
     shapes = sorted({s for counts in shape_sets for s in counts})
-    cmd = [str(args.build / "peak_gemm"), "--size", "2048", "--seconds", str(args.gemm_seconds)]
+    cmd = [str(args.build / "peak_gemm"), "--backend", args.olmoc_backend, "--size", "2048",
+           "--seconds", str(args.gemm_seconds)]
     for s in shapes:
         cmd += ["--shape", ",".join(map(str, s))]
     rc, out, err, _ = run_measured(cmd, env)
@@ -314,6 +316,8 @@ def main():
                     help="ref: olmo3_ref.forward as is (materialises T x T scores); sdpa: the same model with "
                          "F.scaled_dot_product_attention")
     ap.add_argument("--build", type=pathlib.Path, default=ROOT / "build")
+    ap.add_argument("--olmoc-backend", default="cpu", choices=["cpu", "cpu-openblas", "cpu-onednn"],
+                    help="olmoc's CPU backend: GEMMs from oneDNN (cpu, when built with it) or OpenBLAS")
     ap.add_argument("--gemm-seconds", type=float, default=0.5)
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--json", type=pathlib.Path, help="also write all results here")
@@ -355,9 +359,9 @@ def main():
     print(f"# peak, theoretical: {theo['cores']} cores x {theo['mhz'] / 1000:.2f} GHz ({theo['mhz_source']}) x "
           f"{theo['fma_pipes']} FMA pipes x {theo['datapath_bits'] // 32} lanes x 2 = {theo['gflops']:.1f} GFLOP/s")
     blas = fma["blas"]
-    print(f"# OpenBLAS kernels: {blas['kernels']}" + (f" (OPENBLAS_CORETYPE={blas['openblas_coretype']} in the "
-          "environment)" if blas["openblas_coretype"] else " (chosen by OpenBLAS for this processor)"))
-    print(f"# OpenBLAS SGEMM 2048^3: median {square['gflops']:.1f}, best {square['gflops_best']:.1f} GFLOP/s "
+    print(f"# olmoc backend {blas['backend']}: {blas['gemm']}" + (f" (OPENBLAS_CORETYPE={blas['openblas_coretype']} "
+          "in the environment)" if blas["openblas_coretype"] else ""))
+    print(f"# {blas['backend']} SGEMM 2048^3: median {square['gflops']:.1f}, best {square['gflops_best']:.1f} GFLOP/s "
           f"= {100 * square['gflops'] / peak:.0f}% / {100 * square['gflops_best'] / peak:.0f}% of measured peak")
     for c in cases:
         for key in ("gflops", "gflops_best"):
@@ -365,7 +369,7 @@ def main():
             tot_t = sum(2.0 * s[0] * s[1] * s[2] * cnt / (per_shape[s][key] * 1e9) for s, cnt in c["shapes"].items())
             c["gemm_" + key] = tot_f / tot_t / 1e9
         worst = min(c["shapes"], key=lambda s: per_shape[s]["gflops_best"])
-        print(f"# OpenBLAS SGEMM at the {c['cfg'].stem} T={c['T']} B={c['B']} step's shapes (FLOP-weighted): "
+        print(f"# {blas['backend']} SGEMM at the {c['cfg'].stem} T={c['T']} B={c['B']} step's shapes (FLOP-weighted): "
               f"median {c['gemm_gflops']:.1f}, best {c['gemm_gflops_best']:.1f} GFLOP/s = "
               f"{100 * c['gemm_gflops'] / peak:.0f}% / {100 * c['gemm_gflops_best'] / peak:.0f}% of measured peak "
               f"(slowest: {worst} at {per_shape[worst]['gflops_best']:.0f})", flush=True)

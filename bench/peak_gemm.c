@@ -1,17 +1,21 @@
 /* Peak FLOP/s of this CPU, measured two ways, for the benchmark's MFU:
  *   fma   - a register-only loop of independent fused multiply-adds on every
  *           thread (the machine's real peak at its real clock, no memory);
- *   sgemm - OpenBLAS cblas_sgemm (the same library olmoc links) on a large
- *           square problem and, with --shape, on the model's own shapes.
+ *   sgemm - the GEMM of an olmoc CPU backend (--backend: cpu, the default,
+ *           cpu-openblas or cpu-onednn; the same function olmoc trains
+ *           with) on a large square problem and, with --shape, on the
+ *           model's own shapes.
  * Prints one JSON object per line; bench/bench_train.py reads them.
  *
- * usage: peak_gemm [--size N] [--seconds S] [--shape M,N,K,TA,TB ...] */
-#include <cblas.h>
+ * usage: peak_gemm [--backend NAME] [--size N] [--seconds S] [--shape M,N,K,TA,TB ...] */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "backend/backend.h"
+#include "util/error.h"
 
 #if defined(__AVX512F__) || defined(__AVX2__) || defined(__FMA__)
 #include <immintrin.h>
@@ -92,6 +96,8 @@ static void measure_fma(double seconds) {
            threads, lanes, best_all * 1e-9, best1 * 1e-9, sink > 0 ? 1.0 : 0.0);
 }
 
+static const struct olmo_backend *be;
+
 static void measure_sgemm(int m, int n, int k, int ta, int tb, double seconds, const char *kind) {
     /* Row-major op(A) m x k, op(B) k x n. */
     size_t sa = (size_t)m * k, sb = (size_t)k * n, sc = (size_t)m * n;
@@ -106,15 +112,13 @@ static void measure_sgemm(int m, int n, int k, int ta, int tb, double seconds, c
     int lda = ta ? m : k, ldb = tb ? k : n;
     double flop = 2.0 * m * n * (double)k;
     /* warm up, then time repetitions until `seconds` pass; report the median */
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a,
-                lda, b, ldb, 0.0f, c, n);
+    be->gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
     double times[256];
     int reps = 0;
     double start = now();
     while (reps < 256 && (reps < 3 || now() - start < seconds)) {
         double t0 = now();
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f,
-                    a, lda, b, ldb, 0.0f, c, n);
+        be->gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
         times[reps++] = now() - t0;
     }
     for (int i = 1; i < reps; i++) /* insertion sort for the median */
@@ -137,8 +141,11 @@ int main(int argc, char **argv) {
     double seconds = 1.0;
     int n_shapes = 0;
     int shapes[64][5];
+    const char *backend = "cpu";
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--size") && i + 1 < argc) {
+        if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
+            backend = argv[++i];
+        } else if (!strcmp(argv[i], "--size") && i + 1 < argc) {
             size = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) {
             seconds = atof(argv[++i]);
@@ -151,14 +158,20 @@ int main(int argc, char **argv) {
             }
             n_shapes++;
         } else {
-            fprintf(stderr, "usage: peak_gemm [--size N] [--seconds S] [--shape M,N,K,TA,TB ...]\n");
+            fprintf(stderr, "usage: peak_gemm [--backend cpu|cpu-openblas|cpu-onednn] [--size N] [--seconds S] "
+                            "[--shape M,N,K,TA,TB ...]\n");
             return 2;
         }
     }
-    /* which kernels OpenBLAS runs: its choice for this processor, or OPENBLAS_CORETYPE's */
+    be = olmo_backend_by_name(backend);
+    if (!be || !be->host_memory) {
+        fprintf(stderr, "peak_gemm: %s\n", be ? "a CPU backend, please" : olmo_last_error());
+        return 2;
+    }
+    /* the library and its kernels (OpenBLAS: its choice for this processor, or OPENBLAS_CORETYPE's) */
     const char *coretype = getenv("OPENBLAS_CORETYPE");
-    printf("{\"kind\": \"blas\", \"kernels\": \"%s\", \"openblas_coretype\": \"%s\"}\n", openblas_get_corename(),
-           coretype ? coretype : "");
+    printf("{\"kind\": \"blas\", \"backend\": \"%s\", \"gemm\": \"%s\", \"openblas_coretype\": \"%s\"}\n", be->name,
+           be->describe(), coretype ? coretype : "");
     measure_fma(seconds);
     if (size > 0) measure_sgemm(size, size, size, 0, 0, seconds * 2, "sgemm_square");
     for (int i = 0; i < n_shapes; i++)

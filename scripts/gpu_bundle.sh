@@ -4,7 +4,8 @@
 # workplace: nothing can be installed there):
 #   gpu-bundle/           olmoc, tests/test_backend_parity and tests/bench_train built for
 #                         sm_90 (H100/H200) in build-gpu/, without MPI or the CUDA emulation,
-#                         for any x86-64-v3 processor (no -march=native)
+#                         for any x86-64-v3 processor (no -march=native); the CPU backend
+#                         uses OpenBLAS there (oneDNN's 38 MB would not fit the carry limit)
 #   gpu-bundle/lib/       the shared libraries they need that a CUDA image may lack
 #                         (OpenBLAS, libyaml, cJSON, PCRE2, libgomp, libgfortran, ...);
 #                         the C library, libstdc++ and CUDA's own libraries come from there
@@ -26,6 +27,7 @@ command -v nvcc >/dev/null || { echo "gpu_bundle: nvcc not found" >&2; exit 1; }
 
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DOLMOC_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
   -DOLMOC_CUDA_EMULATION_TEST=OFF -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON -DOLMOC_BENCH=OFF -DOLMOC_MARCH=x86-64-v3 \
+  -DOLMOC_ONEDNN=OFF \
   >/dev/null
 cmake --build build-gpu -j"$(nproc)" --target olmoc test_backend_parity bench_train
 BUILD=gpu-bundle

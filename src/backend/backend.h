@@ -24,6 +24,8 @@ struct olmo_dist;
 struct olmo_backend {
     const char *name;
     bool host_memory; /* alloc returns host memory (MPI can move it directly) */
+    /* What computes, for log headers, e.g. "GEMMs: oneDNN 2.6.3, AVX-512 JIT kernels"; may be NULL. */
+    const char *(*describe)(void);
 
     void *(*alloc)(size_t bytes); /* zero-filled; NULL on failure (error set) */
     void (*free)(void *p);
@@ -108,16 +110,15 @@ struct olmo_backend {
     void (*comm_destroy)(void);
 };
 
-const struct olmo_backend *olmo_backend_cpu(void);
-
-/* The OpenBLAS kernel family in use, e.g. "Haswell" (AVX2) or "SkylakeX"
- * (AVX-512): chosen for the processor when OpenBLAS loads, or by
- * OPENBLAS_CORETYPE. */
-const char *olmo_cpu_blas_kernels(void);
-/* True when the processor has AVX-512 (F, BW, DQ, VL) but OpenBLAS runs its
- * AVX2 kernels (Haswell, Zen): half the GEMM peak at best on a processor with
- * full-width AVX-512 (README, CPU performance). */
-bool olmo_cpu_blas_below_avx512(void);
+/* The CPU backend.  Its variants differ only in where the GEMMs come from:
+ *   OLMO_CPU_GEMM_BEST      "cpu": oneDNN when this build has it, else OpenBLAS;
+ *   OLMO_CPU_GEMM_OPENBLAS  "cpu-openblas";
+ *   OLMO_CPU_GEMM_ONEDNN    "cpu-onednn" (NULL, error set, in a build without oneDNN).
+ * oneDNN picks its kernels from the instruction sets the processor reports;
+ * OpenBLAS from its processor table or OPENBLAS_CORETYPE. */
+enum olmo_cpu_gemm_library { OLMO_CPU_GEMM_BEST, OLMO_CPU_GEMM_OPENBLAS, OLMO_CPU_GEMM_ONEDNN };
+const struct olmo_backend *olmo_backend_cpu_gemm(enum olmo_cpu_gemm_library library);
+const struct olmo_backend *olmo_backend_cpu(void); /* = OLMO_CPU_GEMM_BEST */
 
 #ifdef OLMOC_HAVE_CUDA
 /* CUDA backend (src/backend/cuda/): device memory, cuBLAS GEMMs, deterministic
@@ -135,7 +136,8 @@ const struct olmo_backend *olmo_backend_cuda(void); /* = OLMO_CUDA_FP32 */
 const struct olmo_backend *olmo_backend_cuda_precision(enum olmo_cuda_gemm_precision precision);
 #endif
 
-/* "cpu", and when built with CUDA "cuda" (fp32), "cuda-tf32", "cuda-bf16", "cuda-bf16-cublas".
+/* "cpu", "cpu-openblas", "cpu-onednn", and when built with CUDA "cuda" (fp32), "cuda-tf32", "cuda-bf16",
+ * "cuda-bf16-cublas".
  * NULL (error set) for an unknown or unavailable backend. */
 const struct olmo_backend *olmo_backend_by_name(const char *name);
 

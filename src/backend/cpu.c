@@ -1,5 +1,5 @@
-/* CPU backend: OpenBLAS for the GEMMs (also for the tiles of attention),
- * OpenMP loops for everything else.
+/* CPU backend: GEMMs from oneDNN or OpenBLAS (attention's tiles: its own
+ * AVX-512 kernel, else OpenBLAS), OpenMP loops for everything else.
  *
  * Numerics: reductions are done in double where an fp32 sum over a long axis
  * would lose the 1e-5 agreement with the PyTorch reference; exponentials use
@@ -20,6 +20,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef OLMOC_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+#endif
 
 #include "backend/backend.h"
 #include "util/error.h"
@@ -112,11 +116,24 @@ static float max_of(const float *x, int n) {
     return mx;
 }
 
-static void cpu_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                     const float *b, int ldb, float beta, float *c, int ldc) {
+static void gemm_openblas(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                          const float *b, int ldb, float beta, float *c, int ldc) {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
                 alpha, a, lda, b, ldb, beta, c, ldc);
 }
+
+#ifdef OLMOC_HAVE_ONEDNN
+/* dnnl_sgemm is row-major with BLAS semantics (C is not read when beta is 0). */
+static void gemm_onednn(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                        const float *b, int ldb, float beta, float *c, int ldc) {
+    dnnl_status_t status = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (status != dnnl_success) { /* only invalid arguments fail: a bug of ours, and the op has no error path */
+        fprintf(stderr, "olmoc: oneDNN sgemm(%c%c, m %d n %d k %d, lda %d ldb %d ldc %d) failed with status %d\n",
+                ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, lda, ldb, ldc, (int)status);
+        abort();
+    }
+}
+#endif
 
 static void cpu_embedding_fwd(float *out, const float *table, const int32_t *tokens, int n, int dim) {
 #pragma omp parallel for if ((size_t)n * dim >= PAR_MIN)
@@ -758,49 +775,90 @@ static void cpu_attention_cached(float *out, const float *q, const float *k_cach
     }
 }
 
-/* ------------------------------------------------------- OpenBLAS kernels */
+/* ------------------------------------------------------- GEMM libraries */
 
-const char *olmo_cpu_blas_kernels(void) { return openblas_get_corename(); }
-
-bool olmo_cpu_blas_below_avx512(void) {
+static bool has_avx512(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
-    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-    const char *k = openblas_get_corename();
-    return avx512 && (!strcmp(k, "Haswell") || !strcmp(k, "Zen"));
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
 #else
     return false;
 #endif
 }
 
-const struct olmo_backend *olmo_backend_cpu(void) {
-    static const struct olmo_backend cpu = {
-        .name = "cpu",
-        .host_memory = true,
-        .alloc = cpu_alloc,
-        .free = cpu_free,
-        .to_device = cpu_copy,
-        .to_host = cpu_copy,
-        .zero = cpu_zero,
-        .copy = cpu_copy,
-        .gemm = cpu_gemm,
-        .embedding_fwd = cpu_embedding_fwd,
-        .embedding_bwd = cpu_embedding_bwd,
-        .rmsnorm_fwd = cpu_rmsnorm_fwd,
-        .rmsnorm_bwd = cpu_rmsnorm_bwd,
-        .rope_fwd = cpu_rope_fwd,
-        .rope_bwd = cpu_rope_bwd,
-        .attention_fwd = cpu_attention_fwd,
-        .attention_bwd = cpu_attention_bwd,
-        .swiglu_fwd = cpu_swiglu_fwd,
-        .swiglu_bwd = cpu_swiglu_bwd,
-        .add = cpu_add,
-        .cross_entropy = cpu_cross_entropy,
-        .sum_squares = cpu_sum_squares,
-        .scale = cpu_scale,
-        .adamw = cpu_adamw,
-        .attention_cached = cpu_attention_cached,
-    };
-    return &cpu;
+/* OpenBLAS names its kernel family ("Haswell", "SkylakeX", ...): chosen for the
+ * processor when it loads, or by OPENBLAS_CORETYPE.  Haswell and Zen are AVX2:
+ * on a processor with full-width AVX-512 that is half the peak at best. */
+static const char *describe_openblas(void) {
+    static char text[256];
+    const char *kernels = openblas_get_corename();
+    const bool avx2_only = !strcmp(kernels, "Haswell") || !strcmp(kernels, "Zen");
+#ifdef OLMOC_HAVE_ONEDNN
+    const char *warning = ": AVX2 on an AVX-512 processor, half its peak at best; backend cpu has oneDNN's AVX-512 ones";
+#else
+    const char *warning = ": AVX2 on an AVX-512 processor, half its peak at best; README: CPU performance";
+#endif
+    snprintf(text, sizeof text, "GEMMs: OpenBLAS, %s kernels%s", kernels, avx2_only && has_avx512() ? warning : "");
+    return text;
 }
+
+#ifdef OLMOC_HAVE_ONEDNN
+static const char *onednn_isa_name(dnnl_cpu_isa_t isa) {
+    switch (isa) {
+    case dnnl_cpu_isa_sse41: return "SSE4.1";
+    case dnnl_cpu_isa_avx: return "AVX";
+    case dnnl_cpu_isa_avx2: return "AVX2";
+    case dnnl_cpu_isa_avx2_vnni: return "AVX2-VNNI";
+    case dnnl_cpu_isa_avx512_core: return "AVX-512";
+    case dnnl_cpu_isa_avx512_core_vnni: return "AVX-512 VNNI";
+    case dnnl_cpu_isa_avx512_core_bf16: return "AVX-512 BF16";
+    case dnnl_cpu_isa_avx512_core_amx: return "AVX-512 AMX";
+    default: return "other";
+    }
+}
+
+static const char *describe_onednn(void) {
+    static char text[128];
+    const dnnl_version_t *v = dnnl_version();
+    snprintf(text, sizeof text, "GEMMs: oneDNN %d.%d.%d, %s JIT kernels", v->major, v->minor, v->patch,
+             onednn_isa_name(dnnl_get_effective_cpu_isa()));
+    return text;
+}
+#endif
+
+/* Every op but the GEMM is the same in all CPU variants. */
+#define CPU_OPS                                                                                                    \
+    .host_memory = true, .alloc = cpu_alloc, .free = cpu_free, .to_device = cpu_copy, .to_host = cpu_copy,         \
+    .zero = cpu_zero, .copy = cpu_copy, .embedding_fwd = cpu_embedding_fwd, .embedding_bwd = cpu_embedding_bwd,    \
+    .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_bwd = cpu_rmsnorm_bwd, .rope_fwd = cpu_rope_fwd,                      \
+    .rope_bwd = cpu_rope_bwd, .attention_fwd = cpu_attention_fwd, .attention_bwd = cpu_attention_bwd,              \
+    .swiglu_fwd = cpu_swiglu_fwd, .swiglu_bwd = cpu_swiglu_bwd, .add = cpu_add, .cross_entropy = cpu_cross_entropy, \
+    .sum_squares = cpu_sum_squares, .scale = cpu_scale, .adamw = cpu_adamw, .attention_cached = cpu_attention_cached
+
+const struct olmo_backend *olmo_backend_cpu_gemm(enum olmo_cpu_gemm_library library) {
+    static const struct olmo_backend openblas = {
+        .name = "cpu-openblas", .gemm = gemm_openblas, .describe = describe_openblas, CPU_OPS};
+#ifdef OLMOC_HAVE_ONEDNN
+    static const struct olmo_backend onednn = {
+        .name = "cpu-onednn", .gemm = gemm_onednn, .describe = describe_onednn, CPU_OPS};
+    static const struct olmo_backend best = {.name = "cpu", .gemm = gemm_onednn, .describe = describe_onednn, CPU_OPS};
+#else
+    static const struct olmo_backend best = {
+        .name = "cpu", .gemm = gemm_openblas, .describe = describe_openblas, CPU_OPS};
+#endif
+    switch (library) {
+    case OLMO_CPU_GEMM_BEST: return &best;
+    case OLMO_CPU_GEMM_OPENBLAS: return &openblas;
+    case OLMO_CPU_GEMM_ONEDNN:
+#ifdef OLMOC_HAVE_ONEDNN
+        return &onednn;
+#else
+        olmo_error("backend 'cpu-onednn': this build has no oneDNN (install libdnnl-dev and reconfigure)");
+        return NULL;
+#endif
+    }
+    return NULL;
+}
+
+const struct olmo_backend *olmo_backend_cpu(void) { return olmo_backend_cpu_gemm(OLMO_CPU_GEMM_BEST); }

@@ -42,7 +42,11 @@ static void train_usage(FILE *out) {
             "  --save FILE         write the final weights to FILE (default: data.out_dir/model.safetensors)\n"
             "  --dump-batches FILE append every step's token batch to FILE (raw int32, steps x rows x\n"
             "                      seq_len), so another implementation can train on the same data order\n"
-            "  --backend NAME      where to compute: cpu (default), or in a CUDA build\n"
+            "  --backend NAME      where to compute: cpu (default), or\n"
+            "                        cpu-openblas      the CPU with OpenBLAS GEMMs (cpu uses oneDNN's\n"
+            "                                          when the build has it)\n"
+            "                        cpu-onednn        the CPU with oneDNN GEMMs\n"
+            "                      or in a CUDA build\n"
             "                        cuda              fp32 GEMMs (matches cpu within fp32 rounding)\n"
             "                        cuda-tf32         GEMMs on TF32 tensor cores\n"
             "                        cuda-bf16         bf16 GEMM and attention operands, fp32 accumulation,\n"
@@ -328,13 +332,9 @@ int cmd_train(int argc, char **argv) {
         printf("data parallel: %d ranks x %d micro-batches of %d; optimizer state sharded (ZeRO-1); gradients "
                "through %s\n",
                dist.world, t->grad_accum, t->micro_batch, tr.device_comm ? "NCCL" : "MPI");
-    if (be->host_memory) printf("backend %s (OpenBLAS %s kernels) | ", be->name, olmo_cpu_blas_kernels());
-    else printf("backend %s | ", be->name);
-    printf("MFU: %.4g FLOPs/token, peak %.4g FLOP/s (%s)\n", flops_per_token, peak, peak_source);
-    if (be->host_memory && olmo_cpu_blas_below_avx512())
-        printf("note: this processor has AVX-512 but OpenBLAS runs its AVX2 kernels%s; OPENBLAS_CORETYPE=SkylakeX "
-               "selects its AVX-512 ones (README: CPU performance)\n",
-               getenv("OPENBLAS_CORETYPE") ? " (OPENBLAS_CORETYPE is set)" : "");
+    printf("backend %s", be->name);
+    if (be->describe) printf(" (%s)", be->describe());
+    printf(" | MFU: %.4g FLOPs/token, peak %.4g FLOP/s (%s)\n", flops_per_token, peak, peak_source);
     if (ckpt[0])
         printf("resumed from %s at step %ld (epoch %ld, instance %zu)\n", ckpt, st.step, st.loader_epoch,
                st.loader_pos);

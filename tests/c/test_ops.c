@@ -1,7 +1,9 @@
 /* Finite-difference gradient checks for every backward op of the CPU
  * backend, and for the whole model.  Each check builds a scalar loss
  * L = sum(c * op(x)) with a random c, compares dL/dx from the op's backward
- * with central differences (evaluated in double from fp32 outputs). */
+ * with central differences (evaluated in double from fp32 outputs).
+ * First, every GEMM library of the CPU backend against a double-precision
+ * GEMM. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "model/model.h"
+#include "util/error.h"
 #include "util/rng.h"
 
 static const struct olmo_backend *be;
@@ -63,6 +66,69 @@ static void check_grad(const char *what, float *x, const float *grad, size_t n, 
 
 /* ---- rmsnorm ---- */
 struct rms_ctx { float *x, *w, *y, *rstd, *c; int n, d; };
+/* c = alpha op(a) op(b) + beta c in double, row-major (the backend's contract). */
+static void gemm_double(bool ta, bool tb, int m, int n, int k, double alpha, const float *a, int lda,
+                        const float *b, int ldb, double beta, const float *c, int ldc, double *out) {
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double acc = 0.0;
+            for (int p = 0; p < k; p++)
+                acc += (double)(ta ? a[(size_t)p * lda + i] : a[(size_t)i * lda + p]) *
+                       (tb ? b[(size_t)j * ldb + p] : b[(size_t)p * ldb + j]);
+            out[(size_t)i * n + j] = alpha * acc + (beta != 0.0 ? beta * c[(size_t)i * ldc + j] : 0.0);
+        }
+}
+
+/* Every transpose case with padded leading dimensions, beta 0 (C must not be
+ * read: it holds NaNs) and beta != 0, vectors (m or n = 1) and a shape past
+ * the libraries' small-matrix paths; the error is relative to sum_k |a||b|. */
+static void test_gemm_library(enum olmo_cpu_gemm_library library) {
+    const struct olmo_backend *g = olmo_backend_cpu_gemm(library);
+    if (!g) {
+        printf("skip %-40s %s\n", "gemm", olmo_last_error());
+        return;
+    }
+    const int shapes[][3] = {{37, 53, 300}, {1, 70, 33}, {45, 1, 64}, {130, 260, 190}};
+    const int pad = 3;
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (int acc = 0; acc < 2; acc++) {
+                    const int m = shapes[sh][0], n = shapes[sh][1], k = shapes[sh][2];
+                    const int lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+                    float *a = rand_buf((size_t)(ta ? k : m) * lda, 1.0), *b = rand_buf((size_t)(tb ? n : k) * ldb, 1.0);
+                    float *c = rand_buf((size_t)m * ldc, 1.0);
+                    const float alpha = 0.7f, beta = acc ? 1.3f : 0.0f;
+                    if (!acc)
+                        for (size_t i = 0; i < (size_t)m * ldc; i++) c[i] = NAN;
+                    double *want = malloc(sizeof(double) * (size_t)m * n);
+                    gemm_double(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, want);
+                    g->gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+                    double worst = 0.0;
+                    for (int i = 0; i < m; i++)
+                        for (int j = 0; j < n; j++) {
+                            double scale = 0.0; /* |alpha| sum_k |a||b| + |beta c|: the size of the rounding */
+                            for (int p = 0; p < k; p++)
+                                scale += fabs((double)(ta ? a[(size_t)p * lda + i] : a[(size_t)i * lda + p]) *
+                                              (tb ? b[(size_t)j * ldb + p] : b[(size_t)p * ldb + j]));
+                            scale = alpha * scale + 1.3 * 4.0 + 1e-30;
+                            double err = fabs(c[(size_t)i * ldc + j] - want[(size_t)i * n + j]) / scale;
+                            if (!(err <= worst)) worst = isnan(err) ? INFINITY : err;
+                        }
+                    char what[96];
+                    snprintf(what, sizeof what, "%s gemm %s%s %dx%dx%d beta=%.1f", g->name, ta ? "T" : "N",
+                             tb ? "T" : "N", m, n, k, beta);
+                    checks++;
+                    const bool ok = worst < 1e-6;
+                    if (!ok) failures++;
+                    printf("%s %-44s err %.2e\n", ok ? "ok  " : "FAIL", what, worst);
+                    free(want);
+                    be->free(a);
+                    be->free(b);
+                    be->free(c);
+                }
+}
+
 static double rms_loss(void *p) {
     struct rms_ctx *c = p;
     be->rmsnorm_fwd(c->y, c->rstd, c->x, c->w, c->n, c->d, 1e-6f);
@@ -240,6 +306,8 @@ static void test_model(void) {
 int main(void) {
     be = olmo_backend_cpu();
     olmo_rng_seed(&rng, 1234);
+    test_gemm_library(OLMO_CPU_GEMM_OPENBLAS);
+    test_gemm_library(OLMO_CPU_GEMM_ONEDNN);
     test_rmsnorm();
     test_rope();
     test_attention(0, false, 4, "(full, MHA)");

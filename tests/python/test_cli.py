@@ -1,6 +1,7 @@
 """olmoc's command line: help, clear errors on bad configs / files, and a
 short real training run (loss goes down; identical reruns are bit-identical).
 Error paths run the ASan+UBSan build too when OLMOC_BUILD_ASAN is set."""
+import json
 import os
 import pathlib
 import struct
@@ -162,6 +163,34 @@ def test_bad_safetensors(build_dir, tiny, tmp_path):
 
 def losses(stdout):
     return [float(line.split("loss ")[1].split()[0]) for line in stdout.splitlines() if line.startswith("step ")]
+
+
+def test_cpu_gemm_libraries_agree(build_dir, tiny, tmp_path):
+    """Backend cpu (oneDNN's GEMMs when the build has oneDNN) and cpu-openblas
+    train the same trajectory up to fp32 rounding, and say which library runs."""
+    cfg, data = tiny
+    rows, headers = {}, {}
+    for backend in ("cpu", "cpu-openblas"):
+        out = tmp_path / backend
+        r = olmoc(build_dir, "train", cfg, "--backend", backend, "--set", f"data.train_path={data}",
+                  "--set", f"data.out_dir={out}", "--set", "train.steps=8", "--set", "train.lr=2e-3")
+        assert r.returncode == 0, r.stderr
+        headers[backend] = next(line for line in r.stdout.splitlines() if line.startswith("backend "))
+        rows[backend] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+                         if json.loads(line)["type"] == "train"]
+    assert "GEMMs: OpenBLAS" in headers["cpu-openblas"]
+    onednn = "GEMMs: oneDNN" in headers["cpu"]
+    assert onednn or "GEMMs: OpenBLAS" in headers["cpu"], headers["cpu"]
+    assert len(rows["cpu"]) == 8
+    for a, b in zip(rows["cpu"], rows["cpu-openblas"]):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a, b)
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * abs(a["grad_norm"]), (a, b)
+    r = olmoc(build_dir, "train", cfg, "--backend", "cpu-onednn", "--set", f"data.train_path={data}",
+              "--set", f"data.out_dir={tmp_path / 'onednn'}", "--set", "train.steps=1")
+    if onednn:
+        assert r.returncode == 0 and "backend cpu-onednn (GEMMs: oneDNN" in r.stdout, r.stderr
+    else:
+        assert r.returncode == 1 and "this build has no oneDNN" in r.stderr, r.stderr
 
 
 def test_training_learns_and_is_deterministic(build_dir, tiny, tmp_path):
