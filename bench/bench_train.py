@@ -11,7 +11,7 @@ and prints the median tokens/s of each, the ratio, MFU and peak RSS.
 Peak FLOP/s (bench/peak_gemm, built by CMake next to olmoc):
   * measured: a register-only FMA loop on every thread (real clock, real SIMD);
   * SGEMM: the GEMM of olmoc's backend (--olmoc-backend: cpu = oneDNN when
-    built with it, cpu-openblas, cpu-onednn) on a large square problem, and
+    built with it, cpu-openblas, cpu-onednn, cpu-bf16) on a large square problem, and
     on every GEMM shape one olmoc training step runs (the "GEMM % of peak");
   * theoretical: cores x GHz (lscpu / /proc/cpuinfo) x FMA pipes x SIMD lanes x 2
     (FMA pipes and datapath width are not in lscpu; see theoretical_peak()).
@@ -316,8 +316,9 @@ def main():
                     help="ref: olmo3_ref.forward as is (materialises T x T scores); sdpa: the same model with "
                          "F.scaled_dot_product_attention")
     ap.add_argument("--build", type=pathlib.Path, default=ROOT / "build")
-    ap.add_argument("--olmoc-backend", default="cpu", choices=["cpu", "cpu-openblas", "cpu-onednn"],
-                    help="olmoc's CPU backend: GEMMs from oneDNN (cpu, when built with it) or OpenBLAS")
+    ap.add_argument("--olmoc-backend", default="cpu", choices=["cpu", "cpu-openblas", "cpu-onednn", "cpu-bf16"],
+                    help="olmoc's CPU backend: GEMMs from oneDNN (cpu, when built with it) or OpenBLAS; "
+                         "cpu-bf16: bf16 GEMM operands (MFU then against the same fp32 FMA peak)")
     ap.add_argument("--gemm-seconds", type=float, default=0.5)
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--json", type=pathlib.Path, help="also write all results here")

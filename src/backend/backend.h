@@ -113,10 +113,18 @@ struct olmo_backend {
 /* The CPU backend.  Its variants differ only in where the GEMMs come from:
  *   OLMO_CPU_GEMM_BEST      "cpu": oneDNN when this build has it, else OpenBLAS;
  *   OLMO_CPU_GEMM_OPENBLAS  "cpu-openblas";
- *   OLMO_CPU_GEMM_ONEDNN    "cpu-onednn" (NULL, error set, in a build without oneDNN).
+ *   OLMO_CPU_GEMM_ONEDNN    "cpu-onednn" (NULL, error set, in a build without oneDNN);
+ *   OLMO_CPU_GEMM_ONEDNN_BF16  "cpu-bf16": operands rounded to bf16, fp32 accumulation
+ *                           and output (oneDNN 2.x matmul; NULL, error set, where it has
+ *                           no bf16 kernels for the processor).
  * oneDNN picks its kernels from the instruction sets the processor reports;
  * OpenBLAS from its processor table or OPENBLAS_CORETYPE. */
-enum olmo_cpu_gemm_library { OLMO_CPU_GEMM_BEST, OLMO_CPU_GEMM_OPENBLAS, OLMO_CPU_GEMM_ONEDNN };
+enum olmo_cpu_gemm_library {
+    OLMO_CPU_GEMM_BEST,
+    OLMO_CPU_GEMM_OPENBLAS,
+    OLMO_CPU_GEMM_ONEDNN,
+    OLMO_CPU_GEMM_ONEDNN_BF16
+};
 const struct olmo_backend *olmo_backend_cpu_gemm(enum olmo_cpu_gemm_library library);
 const struct olmo_backend *olmo_backend_cpu(void); /* = OLMO_CPU_GEMM_BEST */
 
@@ -136,7 +144,7 @@ const struct olmo_backend *olmo_backend_cuda(void); /* = OLMO_CUDA_FP32 */
 const struct olmo_backend *olmo_backend_cuda_precision(enum olmo_cuda_gemm_precision precision);
 #endif
 
-/* "cpu", "cpu-openblas", "cpu-onednn", and when built with CUDA "cuda" (fp32), "cuda-tf32", "cuda-bf16",
+/* "cpu", "cpu-openblas", "cpu-onednn", "cpu-bf16", and when built with CUDA "cuda" (fp32), "cuda-tf32", "cuda-bf16",
  * "cuda-bf16-cublas".
  * NULL (error set) for an unknown or unavailable backend. */
 const struct olmo_backend *olmo_backend_by_name(const char *name);

@@ -23,6 +23,7 @@
 
 #ifdef OLMOC_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
 #endif
 
 #include "backend/backend.h"
@@ -57,7 +58,7 @@ static void *scratch(size_t bytes) {
 /* Large per-call buffers are kept between calls, one set per calling thread:
  * fresh multi-megabyte allocations come from mmap and pay a page fault per
  * 4 KiB on every call (10% of attention at seq_len 512).  Grow-only. */
-enum { SLOT_KT, SLOT_VT, SLOT_DELTA, SLOT_DQ_PARTS, N_SLOTS };
+enum { SLOT_KT, SLOT_VT, SLOT_DELTA, SLOT_DQ_PARTS, SLOT_BF16_A, SLOT_BF16_B, N_SLOTS };
 static _Thread_local struct {
     void *p;
     size_t bytes;
@@ -133,7 +134,157 @@ static void gemm_onednn(bool ta, bool tb, int m, int n, int k, float alpha, cons
         abort();
     }
 }
-#endif
+
+/* cpu-bf16: GEMM operands rounded to bf16 (round to nearest even) and
+ * multiplied with fp32 accumulation and fp32 output by oneDNN's matmul
+ * primitive (AVX512-BF16 or AMX kernels where the processor has them); every
+ * other op, the weights, gradients and AdamW state stay fp32: the numerics
+ * of cuda-bf16.  The matmul API used here is oneDNN 2.x's. */
+#if DNNL_VERSION_MAJOR == 2
+#define OLMOC_CPU_BF16 1
+
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays a (quiet) NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* rows x cols of src (leading dimension ld), times scale, packed into dst[rows][cols] as bf16. */
+static void pack_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld, float scale) {
+#pragma omp parallel for schedule(static) if ((size_t)rows * cols >= PAR_MIN)
+    for (int r = 0; r < rows; r++) {
+        const float *in = src + (size_t)r * ld;
+        uint16_t *out = dst + (size_t)r * cols;
+        for (int c = 0; c < cols; c++) out[c] = to_bf16(in[c] * scale);
+    }
+}
+
+/* One matmul primitive per GEMM shape (a model has a dozen or two), made on first use. */
+struct bf16_matmul {
+    bool ta, tb, accumulate;
+    int m, n, k, ldc;
+    dnnl_memory_desc_t a_md, b_md, c_md;
+    dnnl_primitive_t prim;
+};
+static struct {
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    struct bf16_matmul *items;
+    int count, cap;
+    char impl[64]; /* the implementation oneDNN chose for the probe shape */
+} bf16;
+static pthread_mutex_t bf16_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* NULL with *status set when oneDNN has no bf16 matmul for this processor. */
+static struct bf16_matmul *bf16_matmul_for(bool ta, bool tb, int m, int n, int k, int ldc, bool accumulate,
+                                           dnnl_status_t *status) {
+    for (int i = 0; i < bf16.count; i++) {
+        struct bf16_matmul *it = &bf16.items[i];
+        if (it->ta == ta && it->tb == tb && it->accumulate == accumulate && it->m == m && it->n == n &&
+            it->k == k && it->ldc == ldc)
+            return it;
+    }
+    if ((*status = bf16.engine ? dnnl_success : dnnl_engine_create(&bf16.engine, dnnl_cpu, 0)) != dnnl_success)
+        return NULL;
+    if (!bf16.stream &&
+        (*status = dnnl_stream_create(&bf16.stream, bf16.engine, dnnl_stream_default_flags)) != dnnl_success)
+        return NULL;
+    if (bf16.count == bf16.cap) {
+        int cap = bf16.cap ? 2 * bf16.cap : 32;
+        struct bf16_matmul *items = realloc(bf16.items, sizeof *items * (size_t)cap);
+        if (!items) {
+            *status = dnnl_out_of_memory;
+            return NULL;
+        }
+        bf16.items = items;
+        bf16.cap = cap;
+    }
+    struct bf16_matmul it = {.ta = ta, .tb = tb, .accumulate = accumulate, .m = m, .n = n, .k = k, .ldc = ldc};
+    /* the packed operands keep their stored layout; a transpose is a stride swap */
+    const dnnl_dims_t a_dims = {m, k}, a_strides = {ta ? 1 : k, ta ? m : 1};
+    const dnnl_dims_t b_dims = {k, n}, b_strides = {tb ? 1 : n, tb ? k : 1};
+    const dnnl_dims_t c_dims = {m, n}, c_strides = {ldc, 1};
+    dnnl_matmul_desc_t desc;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t post_ops = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    if ((*status = dnnl_memory_desc_init_by_strides(&it.a_md, 2, a_dims, dnnl_bf16, a_strides)) ||
+        (*status = dnnl_memory_desc_init_by_strides(&it.b_md, 2, b_dims, dnnl_bf16, b_strides)) ||
+        (*status = dnnl_memory_desc_init_by_strides(&it.c_md, 2, c_dims, dnnl_f32, c_strides)) ||
+        (*status = dnnl_matmul_desc_init(&desc, &it.a_md, &it.b_md, NULL, &it.c_md)) ||
+        (*status = dnnl_primitive_attr_create(&attr)))
+        return NULL;
+    if (accumulate) { /* C += product: the sum post-op adds the C already there */
+        if ((*status = dnnl_post_ops_create(&post_ops)) == dnnl_success &&
+            (*status = dnnl_post_ops_append_sum(post_ops, 1.0f)) == dnnl_success)
+            *status = dnnl_primitive_attr_set_post_ops(attr, post_ops);
+    }
+    if (*status == dnnl_success) *status = dnnl_primitive_desc_create(&pd, &desc, attr, bf16.engine, NULL);
+    if (*status == dnnl_success) *status = dnnl_primitive_create(&it.prim, pd);
+    if (*status == dnnl_success && !bf16.impl[0]) {
+        const char *impl = NULL;
+        if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
+            snprintf(bf16.impl, sizeof bf16.impl, "%s", impl);
+    }
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (post_ops) dnnl_post_ops_destroy(post_ops);
+    dnnl_primitive_attr_destroy(attr);
+    if (*status != dnnl_success) return NULL;
+    bf16.items[bf16.count] = it;
+    return &bf16.items[bf16.count++];
+}
+
+/* alpha is folded into A before its rounding; beta other than 0 and 1 scales C first. */
+static void gemm_onednn_bf16(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                             const float *b, int ldb, float beta, float *c, int ldc) {
+    if (m <= 0 || n <= 0) return;
+    if (beta != 0.0f && beta != 1.0f)
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) c[(size_t)i * ldc + j] *= beta;
+    if (k <= 0) { /* an empty product: C = beta C */
+        if (beta == 0.0f)
+            for (int i = 0; i < m; i++) memset(c + (size_t)i * ldc, 0, sizeof(float) * (size_t)n);
+        return;
+    }
+    uint16_t *pa = cached_scratch(SLOT_BF16_A, sizeof(uint16_t) * (size_t)m * k);
+    uint16_t *pb = cached_scratch(SLOT_BF16_B, sizeof(uint16_t) * (size_t)k * n);
+    pack_bf16(pa, a, ta ? k : m, ta ? m : k, lda, alpha);
+    pack_bf16(pb, b, tb ? n : k, tb ? k : n, ldb, 1.0f);
+    dnnl_status_t status = dnnl_success;
+    pthread_mutex_lock(&bf16_lock);
+    struct bf16_matmul *mm = bf16_matmul_for(ta, tb, m, n, k, ldc, beta != 0.0f, &status);
+    dnnl_memory_t mem_a = NULL, mem_b = NULL, mem_c = NULL;
+    if (mm && !(status = dnnl_memory_create(&mem_a, &mm->a_md, bf16.engine, pa)) &&
+        !(status = dnnl_memory_create(&mem_b, &mm->b_md, bf16.engine, pb)) &&
+        !(status = dnnl_memory_create(&mem_c, &mm->c_md, bf16.engine, c))) {
+        const dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, mem_a}, {DNNL_ARG_WEIGHTS, mem_b}, {DNNL_ARG_DST, mem_c}};
+        if (!(status = dnnl_primitive_execute(mm->prim, bf16.stream, 3, args))) status = dnnl_stream_wait(bf16.stream);
+    }
+    if (mem_a) dnnl_memory_destroy(mem_a);
+    if (mem_b) dnnl_memory_destroy(mem_b);
+    if (mem_c) dnnl_memory_destroy(mem_c);
+    pthread_mutex_unlock(&bf16_lock);
+    if (status != dnnl_success) { /* the backend was probed when chosen: a bug of ours, and no error path */
+        fprintf(stderr, "olmoc: oneDNN bf16 matmul (%c%c, m %d n %d k %d, ldc %d) failed with status %d\n",
+                ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, ldc, (int)status);
+        abort();
+    }
+}
+
+/* Whether oneDNN has a bf16 matmul here (not on processors without AVX-512). */
+static bool bf16_available(void) {
+    dnnl_status_t status = dnnl_success;
+    pthread_mutex_lock(&bf16_lock);
+    const bool ok = bf16_matmul_for(false, true, 64, 64, 64, 64, false, &status) != NULL;
+    pthread_mutex_unlock(&bf16_lock);
+    if (!ok)
+        olmo_error("backend 'cpu-bf16': oneDNN has no bf16 matmul on this processor (status %d); use cpu",
+                   (int)status);
+    return ok;
+}
+#endif /* DNNL_VERSION_MAJOR == 2 */
+#endif /* OLMOC_HAVE_ONEDNN */
 
 static void cpu_embedding_fwd(float *out, const float *table, const int32_t *tokens, int n, int dim) {
 #pragma omp parallel for if ((size_t)n * dim >= PAR_MIN)
@@ -825,6 +976,16 @@ static const char *describe_onednn(void) {
              onednn_isa_name(dnnl_get_effective_cpu_isa()));
     return text;
 }
+
+#ifdef OLMOC_CPU_BF16
+static const char *describe_onednn_bf16(void) {
+    static char text[160];
+    const dnnl_version_t *v = dnnl_version();
+    snprintf(text, sizeof text, "GEMMs: oneDNN %d.%d.%d matmul, bf16 operands, fp32 accumulation, %s", v->major,
+             v->minor, v->patch, bf16.impl[0] ? bf16.impl : "kernels chosen on first use");
+    return text;
+}
+#endif
 #endif
 
 /* Every op but the GEMM is the same in all CPU variants. */
@@ -847,6 +1008,10 @@ const struct olmo_backend *olmo_backend_cpu_gemm(enum olmo_cpu_gemm_library libr
     static const struct olmo_backend best = {
         .name = "cpu", .gemm = gemm_openblas, .describe = describe_openblas, CPU_OPS};
 #endif
+#ifdef OLMOC_CPU_BF16
+    static const struct olmo_backend onednn_bf16 = {
+        .name = "cpu-bf16", .gemm = gemm_onednn_bf16, .describe = describe_onednn_bf16, CPU_OPS};
+#endif
     switch (library) {
     case OLMO_CPU_GEMM_BEST: return &best;
     case OLMO_CPU_GEMM_OPENBLAS: return &openblas;
@@ -855,6 +1020,16 @@ const struct olmo_backend *olmo_backend_cpu_gemm(enum olmo_cpu_gemm_library libr
         return &onednn;
 #else
         olmo_error("backend 'cpu-onednn': this build has no oneDNN (install libdnnl-dev and reconfigure)");
+        return NULL;
+#endif
+    case OLMO_CPU_GEMM_ONEDNN_BF16:
+#ifdef OLMOC_CPU_BF16
+        return bf16_available() ? &onednn_bf16 : NULL;
+#elif defined(OLMOC_HAVE_ONEDNN)
+        olmo_error("backend 'cpu-bf16' needs oneDNN 2.x's matmul API (this build has oneDNN %d)", DNNL_VERSION_MAJOR);
+        return NULL;
+#else
+        olmo_error("backend 'cpu-bf16': this build has no oneDNN (install libdnnl-dev and reconfigure)");
         return NULL;
 #endif
     }

@@ -8,19 +8,20 @@ const struct olmo_backend *olmo_backend_by_name(const char *name) {
     if (!strcmp(name, "cpu")) return olmo_backend_cpu_gemm(OLMO_CPU_GEMM_BEST);
     if (!strcmp(name, "cpu-openblas")) return olmo_backend_cpu_gemm(OLMO_CPU_GEMM_OPENBLAS);
     if (!strcmp(name, "cpu-onednn")) return olmo_backend_cpu_gemm(OLMO_CPU_GEMM_ONEDNN);
+    if (!strcmp(name, "cpu-bf16")) return olmo_backend_cpu_gemm(OLMO_CPU_GEMM_ONEDNN_BF16);
 #ifdef OLMOC_HAVE_CUDA
     if (!strcmp(name, "cuda") || !strcmp(name, "cuda-fp32")) return olmo_backend_cuda_precision(OLMO_CUDA_FP32);
     if (!strcmp(name, "cuda-tf32")) return olmo_backend_cuda_precision(OLMO_CUDA_TF32);
     if (!strcmp(name, "cuda-bf16")) return olmo_backend_cuda_precision(OLMO_CUDA_BF16);
     if (!strcmp(name, "cuda-bf16-cublas")) return olmo_backend_cuda_precision(OLMO_CUDA_BF16_CUBLAS);
-    olmo_error("unknown backend '%s' (available: cpu, cpu-openblas, cpu-onednn, cuda, cuda-tf32, cuda-bf16, "
+    olmo_error("unknown backend '%s' (available: cpu, cpu-openblas, cpu-onednn, cpu-bf16, cuda, cuda-tf32, cuda-bf16, "
                "cuda-bf16-cublas)",
                name);
 #else
     if (!strncmp(name, "cuda", 4))
         olmo_error("backend '%s': this build has no CUDA backend (configure with -DOLMOC_CUDA=ON)", name);
     else
-        olmo_error("unknown backend '%s' (available: cpu, cpu-openblas, cpu-onednn)", name);
+        olmo_error("unknown backend '%s' (available: cpu, cpu-openblas, cpu-onednn, cpu-bf16)", name);
 #endif
     return NULL;
 }

@@ -31,8 +31,8 @@ static void eval_usage(FILE *out) {
             "  --json              print results as JSON lines only\n"
             "  --config CFG.yaml   the model config (required for a bare .safetensors file)\n"
             "  --set KEY=VALUE     override a config value (e.g. train.micro_batch, train.seq_len)\n"
-            "  --backend NAME      cpu (default), cpu-openblas, cpu-onednn, or in a CUDA build cuda,\n"
-            "                      cuda-tf32, cuda-bf16, cuda-bf16-cublas (see olmoc train --help)\n");
+            "  --backend NAME      cpu (default), cpu-openblas, cpu-onednn, cpu-bf16, or in a CUDA\n"
+            "                      build cuda, cuda-tf32, cuda-bf16, cuda-bf16-cublas (see olmoc train --help)\n");
 }
 
 int cmd_eval(int argc, char **argv) {

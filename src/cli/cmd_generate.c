@@ -26,8 +26,8 @@ static void generate_usage(FILE *out) {
             "  --json                print {\"prompt\": [...], \"generated\": [...], ...} instead\n"
             "  --config CFG.yaml     the model config (required for a bare .safetensors file)\n"
             "  --set KEY=VALUE       override a config value\n"
-            "  --backend NAME        cpu (default), cpu-openblas, cpu-onednn, or in a CUDA build cuda,\n"
-            "                        cuda-tf32, cuda-bf16, cuda-bf16-cublas (see olmoc train --help)\n");
+            "  --backend NAME        cpu (default), cpu-openblas, cpu-onednn, cpu-bf16, or in a CUDA\n"
+            "                        build cuda, cuda-tf32, cuda-bf16, cuda-bf16-cublas (see olmoc train --help)\n");
 }
 
 static int parse_ids(const char *text, int32_t **ids, int *n) {

@@ -46,6 +46,8 @@ static void train_usage(FILE *out) {
             "                        cpu-openblas      the CPU with OpenBLAS GEMMs (cpu uses oneDNN's\n"
             "                                          when the build has it)\n"
             "                        cpu-onednn        the CPU with oneDNN GEMMs\n"
+            "                        cpu-bf16          the CPU with bf16 GEMM operands, fp32 accumulation,\n"
+            "                                          fp32 master weights and optimizer state (oneDNN)\n"
             "                      or in a CUDA build\n"
             "                        cuda              fp32 GEMMs (matches cpu within fp32 rounding)\n"
             "                        cuda-tf32         GEMMs on TF32 tensor cores\n"

@@ -81,8 +81,9 @@ static void gemm_double(bool ta, bool tb, int m, int n, int k, double alpha, con
 
 /* Every transpose case with padded leading dimensions, beta 0 (C must not be
  * read: it holds NaNs) and beta != 0, vectors (m or n = 1) and a shape past
- * the libraries' small-matrix paths; the error is relative to sum_k |a||b|. */
-static void test_gemm_library(enum olmo_cpu_gemm_library library) {
+ * the libraries' small-matrix paths; the error is relative to sum_k |a||b|:
+ * fp32 rounding for tol 1e-6, bf16 operands (relative 2^-9 each) for 1e-2. */
+static void test_gemm_library(enum olmo_cpu_gemm_library library, double tol) {
     const struct olmo_backend *g = olmo_backend_cpu_gemm(library);
     if (!g) {
         printf("skip %-40s %s\n", "gemm", olmo_last_error());
@@ -119,7 +120,7 @@ static void test_gemm_library(enum olmo_cpu_gemm_library library) {
                     snprintf(what, sizeof what, "%s gemm %s%s %dx%dx%d beta=%.1f", g->name, ta ? "T" : "N",
                              tb ? "T" : "N", m, n, k, beta);
                     checks++;
-                    const bool ok = worst < 1e-6;
+                    const bool ok = worst < tol;
                     if (!ok) failures++;
                     printf("%s %-44s err %.2e\n", ok ? "ok  " : "FAIL", what, worst);
                     free(want);
@@ -127,6 +128,27 @@ static void test_gemm_library(enum olmo_cpu_gemm_library library) {
                     be->free(b);
                     be->free(c);
                 }
+}
+
+/* cpu-bf16 rounds its operands to bf16 (8 significant bits) to nearest, ties
+ * to even: 1 + 2^-8 is a tie between 1 and 1 + 2^-7 (goes to 1), 1 + 3 * 2^-8
+ * one between 1 + 2^-7 and 1 + 2^-6 (goes to 1 + 2^-6), 1 + 2^-8 + 2^-20 is
+ * above the tie (1 + 2^-7).  Truncation or no rounding at all differ. */
+static void test_bf16_rounding(void) {
+    const struct olmo_backend *g = olmo_backend_cpu_gemm(OLMO_CPU_GEMM_ONEDNN_BF16);
+    if (!g) {
+        printf("skip %-40s %s\n", "bf16 rounding", olmo_last_error());
+        return;
+    }
+    const float one = 1.0f, b[3] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-20f};
+    const float want[3] = {1.0f, 1.0f + 0x1p-6f, 1.0f + 0x1p-7f};
+    float c[3];
+    g->gemm(false, false, 1, 3, 1, 1.0f, &one, 1, b, 3, 0.0f, c, 3);
+    const bool ok = c[0] == want[0] && c[1] == want[1] && c[2] == want[2];
+    checks++;
+    if (!ok) failures++;
+    printf("%s %-44s %.9g %.9g %.9g\n", ok ? "ok  " : "FAIL", "cpu-bf16 operands round to nearest even", c[0], c[1],
+           c[2]);
 }
 
 static double rms_loss(void *p) {
@@ -306,8 +328,10 @@ static void test_model(void) {
 int main(void) {
     be = olmo_backend_cpu();
     olmo_rng_seed(&rng, 1234);
-    test_gemm_library(OLMO_CPU_GEMM_OPENBLAS);
-    test_gemm_library(OLMO_CPU_GEMM_ONEDNN);
+    test_gemm_library(OLMO_CPU_GEMM_OPENBLAS, 1e-6);
+    test_gemm_library(OLMO_CPU_GEMM_ONEDNN, 1e-6);
+    test_gemm_library(OLMO_CPU_GEMM_ONEDNN_BF16, 1e-2);
+    test_bf16_rounding();
     test_rmsnorm();
     test_rope();
     test_attention(0, false, 4, "(full, MHA)");
