@@ -295,6 +295,7 @@ def measure_peak(args, env, shape_sets):
     rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
     fma = next(r for r in rows if r["kind"] == "fma")
     fma["blas"] = next(r for r in rows if r["kind"] == "blas")
+    fma["bf16_dot"] = next((r for r in rows if r["kind"] == "bf16_dot"), None)
     square = next(r for r in rows if r["kind"] == "sgemm_square")
     per_shape = {(r["m"], r["n"], r["k"], r["ta"], r["tb"]): r for r in rows if r["kind"] == "sgemm_shape"}
     return fma, square, per_shape
@@ -318,7 +319,7 @@ def main():
     ap.add_argument("--build", type=pathlib.Path, default=ROOT / "build")
     ap.add_argument("--olmoc-backend", default="cpu", choices=["cpu", "cpu-openblas", "cpu-onednn", "cpu-bf16"],
                     help="olmoc's CPU backend: GEMMs from oneDNN (cpu, when built with it) or OpenBLAS; "
-                         "cpu-bf16: bf16 GEMM operands (MFU then against the same fp32 FMA peak)")
+                         "cpu-bf16: bf16 GEMM operands (MFU then against the measured bf16 dot-product peak)")
     ap.add_argument("--gemm-seconds", type=float, default=0.5)
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--json", type=pathlib.Path, help="also write all results here")
@@ -359,6 +360,15 @@ def main():
           f"(implies {peak / (theo['cores'] * theo['fma_pipes'] * theo['datapath_bits'] / 32 * 2):.2f} GHz)")
     print(f"# peak, theoretical: {theo['cores']} cores x {theo['mhz'] / 1000:.2f} GHz ({theo['mhz_source']}) x "
           f"{theo['fma_pipes']} FMA pipes x {theo['datapath_bits'] // 32} lanes x 2 = {theo['gflops']:.1f} GFLOP/s")
+    if args.olmoc_backend == "cpu-bf16":
+        # bf16 GEMMs: MFU against the bf16 dot-product peak (twice the fp32 FMA peak where it runs at full width)
+        dot = fma["bf16_dot"]
+        if dot is None:
+            raise SystemExit("cpu-bf16: peak_gemm has no bf16_dot peak (built without AVX512-BF16)")
+        peak = max(dot["gflops"], dot["gflops_one_thread"] * min(dot["threads"], theo["cores"]))
+        print(f"# peak for cpu-bf16, measured bf16 dot-product loop (vdpbf16ps): {dot['gflops']:.1f} GFLOP/s on "
+              f"{dot['threads']} threads, {dot['gflops_one_thread']:.1f} on one -> MFU and GEMM shares below "
+              f"against {peak:.1f} GFLOP/s")
     blas = fma["blas"]
     print(f"# olmoc backend {blas['backend']}: {blas['gemm']}" + (f" (OPENBLAS_CORETYPE={blas['openblas_coretype']} "
           "in the environment)" if blas["openblas_coretype"] else ""))

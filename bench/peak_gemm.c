@@ -1,6 +1,7 @@
 /* Peak FLOP/s of this CPU, measured two ways, for the benchmark's MFU:
  *   fma   - a register-only loop of independent fused multiply-adds on every
  *           thread (the machine's real peak at its real clock, no memory);
+ *           with AVX512-BF16 also the same for bf16 dot products (bf16_dot);
  *   sgemm - the GEMM of an olmoc CPU backend (--backend: cpu, the default,
  *           cpu-openblas or cpu-onednn; the same function olmoc trains
  *           with) on a large square problem and, with --shape, on the
@@ -61,15 +62,33 @@ static double fma_loop(long iters, int *lanes) {
 #endif
 }
 
-/* FLOP/s of the FMA loop: the best of many short rounds (a round that no
- * other process interrupted shows the real peak), on one thread and on all. */
-static void measure_fma(double seconds) {
+#if defined(__AVX512BF16__)
+/* The bf16 peak (cpu-bf16's GEMMs): vdpbf16ps adds two bf16 products to each
+ * of 16 fp32 lanes, 4 FLOPs per lane and instruction. */
+static double bf16_dot_loop(long iters, int *lanes) {
+    __m512 acc[CHAINS];
+    const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.999f), _mm512_set1_ps(0.999f)),
+                   b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-7f), _mm512_set1_ps(1e-7f));
+    for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_set1_ps((float)c);
+    for (long i = 0; i < iters; i++)
+        for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+    __m512 s = acc[0];
+    for (int c = 1; c < CHAINS; c++) s = _mm512_add_ps(s, acc[c]);
+    *lanes = 16;
+    return (double)_mm512_reduce_add_ps(s);
+}
+#endif
+
+/* FLOP/s of a register-only loop (flops_per_lane per lane, chain and
+ * iteration): the best of many short rounds (a round that no other process
+ * interrupted shows the real peak), on one thread and on all. */
+static void measure_loop(const char *kind, double (*loop)(long, int *), double flops_per_lane, double seconds) {
     long iters = 1 << 12;
     int lanes = 1;
     double sink = 0.0;
     for (;;) { /* calibrate to ~1 ms per round: short enough to often run uninterrupted */
         double t0 = now();
-        sink += fma_loop(iters, &lanes);
+        sink += loop(iters, &lanes);
         if (now() - t0 > 0.001 || iters > (1L << 34)) break;
         iters *= 2;
     }
@@ -77,8 +96,8 @@ static void measure_fma(double seconds) {
     double best1 = 0.0, best_all = 0.0;
     for (double start = now(); now() - start < seconds / 2;) {
         double t0 = now();
-        sink += fma_loop(iters, &lanes);
-        double f = 2.0 * lanes * CHAINS * (double)iters / (now() - t0);
+        sink += loop(iters, &lanes);
+        double f = flops_per_lane * lanes * CHAINS * (double)iters / (now() - t0);
         if (f > best1) best1 = f;
     }
     for (double start = now(); now() - start < seconds / 2;) {
@@ -86,14 +105,14 @@ static void measure_fma(double seconds) {
 #pragma omp parallel reduction(+ : sink)
         {
             int l;
-            sink += fma_loop(iters, &l);
+            sink += loop(iters, &l);
         }
-        double f = 2.0 * lanes * CHAINS * (double)iters * threads / (now() - t0);
+        double f = flops_per_lane * lanes * CHAINS * (double)iters * threads / (now() - t0);
         if (f > best_all) best_all = f;
     }
-    printf("{\"kind\": \"fma\", \"threads\": %d, \"simd_lanes\": %d, \"gflops\": %.2f, \"gflops_one_thread\": %.2f, "
+    printf("{\"kind\": \"%s\", \"threads\": %d, \"simd_lanes\": %d, \"gflops\": %.2f, \"gflops_one_thread\": %.2f, "
            "\"sink\": %.1f}\n",
-           threads, lanes, best_all * 1e-9, best1 * 1e-9, sink > 0 ? 1.0 : 0.0);
+           kind, threads, lanes, best_all * 1e-9, best1 * 1e-9, sink > 0 ? 1.0 : 0.0);
 }
 
 static const struct olmo_backend *be;
@@ -172,7 +191,10 @@ int main(int argc, char **argv) {
     const char *coretype = getenv("OPENBLAS_CORETYPE");
     printf("{\"kind\": \"blas\", \"backend\": \"%s\", \"gemm\": \"%s\", \"openblas_coretype\": \"%s\"}\n", be->name,
            be->describe(), coretype ? coretype : "");
-    measure_fma(seconds);
+    measure_loop("fma", fma_loop, 2.0, seconds);
+#if defined(__AVX512BF16__)
+    measure_loop("bf16_dot", bf16_dot_loop, 4.0, seconds);
+#endif
     if (size > 0) measure_sgemm(size, size, size, 0, 0, seconds * 2, "sgemm_square");
     for (int i = 0; i < n_shapes; i++)
         measure_sgemm(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4], seconds, "sgemm_shape");
