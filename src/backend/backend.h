@@ -110,13 +110,14 @@ struct olmo_backend {
     void (*comm_destroy)(void);
 };
 
-/* The CPU backend.  Its variants differ only in where the GEMMs come from:
+/* The CPU backend.  Its variants differ in where the GEMMs come from:
  *   OLMO_CPU_GEMM_BEST      "cpu": oneDNN when this build has it, else OpenBLAS;
  *   OLMO_CPU_GEMM_OPENBLAS  "cpu-openblas";
  *   OLMO_CPU_GEMM_ONEDNN    "cpu-onednn" (NULL, error set, in a build without oneDNN);
  *   OLMO_CPU_GEMM_ONEDNN_BF16  "cpu-bf16": operands rounded to bf16, fp32 accumulation
  *                           and output (oneDNN 2.x matmul; NULL, error set, where it has
- *                           no bf16 kernels for the processor).
+ *                           no bf16 kernels for the processor), and the same for
+ *                           attention's products in builds with AVX512-BF16.
  * oneDNN picks its kernels from the instruction sets the processor reports;
  * OpenBLAS from its processor table or OPENBLAS_CORETYPE. */
 enum olmo_cpu_gemm_library {

@@ -58,7 +58,11 @@ static void *scratch(size_t bytes) {
 /* Large per-call buffers are kept between calls, one set per calling thread:
  * fresh multi-megabyte allocations come from mmap and pay a page fault per
  * 4 KiB on every call (10% of attention at seq_len 512).  Grow-only. */
-enum { SLOT_KT, SLOT_VT, SLOT_DELTA, SLOT_DQ_PARTS, SLOT_BF16_A, SLOT_BF16_B, N_SLOTS };
+enum {
+    SLOT_KT, SLOT_VT, SLOT_DELTA, SLOT_DQ_PARTS, SLOT_BF16_A, SLOT_BF16_B,
+    SLOT_Q16, SLOT_DO16, SLOT_QP, SLOT_DOP, SLOT_KP, SLOT_VP, /* cpu-bf16 attention's operands */
+    N_SLOTS
+};
 static _Thread_local struct {
     void *p;
     size_t bytes;
@@ -104,6 +108,14 @@ static inline float fast_expf(float x) {
     return x < lo ? 0.0f : y;
 }
 
+/* fp32 -> bf16, rounded to nearest even: the operands of cpu-bf16's GEMMs and attention products. */
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays a (quiet) NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 /* max of x[0..n), n >= 1; 16 running maxima so that gcc and clang both vectorise it. */
 static float max_of(const float *x, int n) {
     float lanes[16];
@@ -142,13 +154,6 @@ static void gemm_onednn(bool ta, bool tb, int m, int n, int k, float alpha, cons
  * of cuda-bf16.  The matmul API used here is oneDNN 2.x's. */
 #if DNNL_VERSION_MAJOR == 2
 #define OLMOC_CPU_BF16 1
-
-static inline uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays a (quiet) NaN */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 
 /* rows x cols of src (leading dimension ld), times scale, packed into dst[rows][cols] as bf16. */
 static void pack_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld, float scale) {
@@ -389,20 +394,27 @@ static void cpu_rope_bwd(float *dx, const float *cos_t, const float *sin_t, int 
 }
 
 /* ---- attention -------------------------------------------------------------
- * Flash-style, with tile products through cblas_sgemm (single-threaded
- * inside the OpenMP region) and softmax in between:
+ * Flash-style, with tile products (tile_gemm, single-threaded inside the
+ * OpenMP region) and softmax in between:
  *   forward: a task per (batch, head, block of ATT_QB queries) walks the
  *     visible keys in chunks of ATT_KC with an online softmax;
  *   backward: a task per (batch, kv head, block of ATT_KB keys) walks the
  *     queries that see them in chunks of ATT_QC (FlashAttention-2 order).
  * K and V are first transposed per head ([D][T]) so every score tile is a
- * plain NN product (OpenBLAS's small NT kernel is markedly slower).  Memory
- * beyond inputs and outputs is O(seq_len) per head (bounds, delta, the
- * transposed K/V, dq partials) plus tiles of at most ATT_QC x ATT_KC per
- * thread: no seq_len^2 buffer.
+ * plain NN product.  Memory beyond inputs and outputs is O(seq_len) per head
+ * (bounds, delta, the transposed K/V, dq partials) plus tiles of at most
+ * ATT_QC x ATT_KC per thread: no seq_len^2 buffer.
  * Query t sees keys lo[t]..t, lo[t] = max(t - window + 1, start of t's
  * document): documents are runs of equal doc ids, as the model builds them.
- * lo is non-decreasing in t, which the block bounds below rely on. */
+ * lo is non-decreasing in t, which the block bounds below rely on.
+ *
+ * cpu-bf16 runs the seven products (S = Q K^T, O += P V; S, dP = dO V^T,
+ * dV += P^T dO, dK += dS^T Q, dQ += dS K) on bf16 operands with fp32
+ * accumulation, as cuda-bf16 does on tensor cores, when the build has
+ * AVX512-BF16 (vdpbf16ps) and head_dim is even; softmax, lse, delta and the
+ * accumulators stay fp32.  Its operands are rounded to bf16 (to nearest
+ * even, as the GEMMs round them) and packed in pairs along the product's k:
+ * elements k = 2p and 2p + 1 in the low and high half of one 32-bit word. */
 enum { ATT_QB = 64, ATT_KC = 256, ATT_KB = 64, ATT_QC = 64 };
 
 /* lo[b * T + t]: first key visible from query t of sequence b. */
@@ -426,7 +438,8 @@ static int *attn_bounds(const struct olmo_attn_shape *s, const int32_t *doc_ids)
  * (4 rows x 64 columns of C in 16 registers, B rows loaded once per 4 rows,
  * masked column tails): on these small shapes (k = 64..256) it beats
  * OpenBLAS, whose small-matrix path and packing cost a third of the
- * time.  Otherwise OpenBLAS. */
+ * time.  Otherwise OpenBLAS.  With AVX512-BF16 the same kernel multiplies
+ * bf16 pairs with vdpbf16ps (tile_product, bf16: k counts pairs). */
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -434,36 +447,54 @@ static inline __mmask16 col_mask(int left) {
     return left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1u);
 }
 
+#if defined(__AVX512BF16__)
+#define OLMOC_ATTN_BF16 1
+#endif
+
+/* acc + a b on 16 lanes of fp32 values or of bf16 pairs (bf16 is a constant in each caller) */
+static inline __attribute__((always_inline)) __m512 tile_mac(bool bf16, __m512 acc, __m512i a, __m512i b) {
+#ifdef OLMOC_ATTN_BF16
+    if (bf16) return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+#else
+    (void)bf16;
+#endif
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), acc);
+}
+
 #define TILE_ROWS 4
-static void tile_gemm(bool ta, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
-                      float beta, float *c, int ldc) {
+/* 32-bit elements of the operands: floats, or bf16 pairs (read through this type, so may_alias) */
+typedef int32_t __attribute__((may_alias)) tile_word;
+
+static inline __attribute__((always_inline)) void tile_kernel(bool bf16, bool ta, int m, int n, int k, float alpha,
+                                                              const tile_word *a, int lda, const tile_word *b, int ldb,
+                                                              float beta, float *c, int ldc) {
     const __m512 valpha = _mm512_set1_ps(alpha);
     for (int c0 = 0; c0 < n; c0 += 64) {
         const __mmask16 m0 = col_mask(n - c0), m1 = col_mask(n - c0 - 16), m2 = col_mask(n - c0 - 32),
                         m3 = col_mask(n - c0 - 48);
-        const float *bc = b + c0;
+        const tile_word *bc = b + c0;
         int r0 = 0;
         for (; r0 + TILE_ROWS <= m; r0 += TILE_ROWS) {
             __m512 x00 = _mm512_setzero_ps(), x01 = x00, x02 = x00, x03 = x00, x10 = x00, x11 = x00, x12 = x00,
                    x13 = x00, x20 = x00, x21 = x00, x22 = x00, x23 = x00, x30 = x00, x31 = x00, x32 = x00, x33 = x00;
             for (int kk = 0; kk < k; kk++) {
-                const float *br = bc + (size_t)kk * ldb;
-                const __m512 b0 = _mm512_maskz_loadu_ps(m0, br), b1 = _mm512_maskz_loadu_ps(m1, br + 16),
-                             b2 = _mm512_maskz_loadu_ps(m2, br + 32), b3 = _mm512_maskz_loadu_ps(m3, br + 48);
-                const float *ar = ta ? a + (size_t)kk * lda + r0 : a + (size_t)r0 * lda + kk;
+                const tile_word *br = bc + (size_t)kk * ldb;
+                const __m512i b0 = _mm512_maskz_loadu_epi32(m0, br), b1 = _mm512_maskz_loadu_epi32(m1, br + 16),
+                              b2 = _mm512_maskz_loadu_epi32(m2, br + 32), b3 = _mm512_maskz_loadu_epi32(m3, br + 48);
+                const tile_word *ar = ta ? a + (size_t)kk * lda + r0 : a + (size_t)r0 * lda + kk;
                 const size_t step = ta ? 1 : (size_t)lda;
-                __m512 av = _mm512_set1_ps(ar[0]);
-                x00 = _mm512_fmadd_ps(av, b0, x00), x01 = _mm512_fmadd_ps(av, b1, x01);
-                x02 = _mm512_fmadd_ps(av, b2, x02), x03 = _mm512_fmadd_ps(av, b3, x03);
-                av = _mm512_set1_ps(ar[step]);
-                x10 = _mm512_fmadd_ps(av, b0, x10), x11 = _mm512_fmadd_ps(av, b1, x11);
-                x12 = _mm512_fmadd_ps(av, b2, x12), x13 = _mm512_fmadd_ps(av, b3, x13);
-                av = _mm512_set1_ps(ar[2 * step]);
-                x20 = _mm512_fmadd_ps(av, b0, x20), x21 = _mm512_fmadd_ps(av, b1, x21);
-                x22 = _mm512_fmadd_ps(av, b2, x22), x23 = _mm512_fmadd_ps(av, b3, x23);
-                av = _mm512_set1_ps(ar[3 * step]);
-                x30 = _mm512_fmadd_ps(av, b0, x30), x31 = _mm512_fmadd_ps(av, b1, x31);
-                x32 = _mm512_fmadd_ps(av, b2, x32), x33 = _mm512_fmadd_ps(av, b3, x33);
+                __m512i av = _mm512_set1_epi32(ar[0]);
+                x00 = tile_mac(bf16, x00, av, b0), x01 = tile_mac(bf16, x01, av, b1);
+                x02 = tile_mac(bf16, x02, av, b2), x03 = tile_mac(bf16, x03, av, b3);
+                av = _mm512_set1_epi32(ar[step]);
+                x10 = tile_mac(bf16, x10, av, b0), x11 = tile_mac(bf16, x11, av, b1);
+                x12 = tile_mac(bf16, x12, av, b2), x13 = tile_mac(bf16, x13, av, b3);
+                av = _mm512_set1_epi32(ar[2 * step]);
+                x20 = tile_mac(bf16, x20, av, b0), x21 = tile_mac(bf16, x21, av, b1);
+                x22 = tile_mac(bf16, x22, av, b2), x23 = tile_mac(bf16, x23, av, b3);
+                av = _mm512_set1_epi32(ar[3 * step]);
+                x30 = tile_mac(bf16, x30, av, b0), x31 = tile_mac(bf16, x31, av, b1);
+                x32 = tile_mac(bf16, x32, av, b2), x33 = tile_mac(bf16, x33, av, b3);
             }
             __m512 rows[TILE_ROWS][4] = {{x00, x01, x02, x03}, {x10, x11, x12, x13}, {x20, x21, x22, x23},
                                          {x30, x31, x32, x33}};
@@ -480,12 +511,12 @@ static void tile_gemm(bool ta, int m, int n, int k, float alpha, const float *a,
         for (; r0 < m; r0++) { /* leftover rows, one at a time */
             __m512 x0 = _mm512_setzero_ps(), x1 = x0, x2 = x0, x3 = x0;
             for (int kk = 0; kk < k; kk++) {
-                const float *br = bc + (size_t)kk * ldb;
-                const __m512 av = _mm512_set1_ps(ta ? a[(size_t)kk * lda + r0] : a[(size_t)r0 * lda + kk]);
-                x0 = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m0, br), x0);
-                x1 = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m1, br + 16), x1);
-                x2 = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m2, br + 32), x2);
-                x3 = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m3, br + 48), x3);
+                const tile_word *br = bc + (size_t)kk * ldb;
+                const __m512i av = _mm512_set1_epi32(ta ? a[(size_t)kk * lda + r0] : a[(size_t)r0 * lda + kk]);
+                x0 = tile_mac(bf16, x0, av, _mm512_maskz_loadu_epi32(m0, br));
+                x1 = tile_mac(bf16, x1, av, _mm512_maskz_loadu_epi32(m1, br + 16));
+                x2 = tile_mac(bf16, x2, av, _mm512_maskz_loadu_epi32(m2, br + 32));
+                x3 = tile_mac(bf16, x3, av, _mm512_maskz_loadu_epi32(m3, br + 48));
             }
             const __m512 xs[4] = {x0, x1, x2, x3};
             const __mmask16 masks[4] = {m0, m1, m2, m3};
@@ -498,6 +529,11 @@ static void tile_gemm(bool ta, int m, int n, int k, float alpha, const float *a,
         }
     }
 }
+
+static void tile_gemm(bool ta, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
+                      float beta, float *c, int ldc) {
+    tile_kernel(false, ta, m, n, k, alpha, (const tile_word *)a, lda, (const tile_word *)b, ldb, beta, c, ldc);
+}
 #else
 static void tile_gemm(bool ta, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
                       float beta, float *c, int ldc) {
@@ -505,6 +541,77 @@ static void tile_gemm(bool ta, int m, int n, int k, float alpha, const float *a,
                 ldc);
 }
 #endif
+
+/* Whether attention of this shape runs its products in bf16 (cpu-bf16 asks for it). */
+static bool attn_bf16(bool requested, const struct olmo_attn_shape *s) {
+#ifdef OLMOC_ATTN_BF16
+    return requested && s->head_dim % 2 == 0;
+#else
+    (void)requested, (void)s;
+    return false;
+#endif
+}
+
+/* C = alpha * op(A) B + beta * C with fp32 operands, or with bf16 pairs (k is
+ * then the number of k elements; the pairs are (k + 1) / 2, zero-padded). */
+static void tile_product(bool bf16, bool ta, int m, int n, int k, float alpha, const void *a, int lda, const void *b,
+                         int ldb, float beta, float *c, int ldc) {
+#ifdef OLMOC_ATTN_BF16
+    if (bf16) {
+        tile_kernel(true, ta, m, n, (k + 1) / 2, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+#endif
+    (void)bf16;
+    tile_gemm(ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/* dst[r][c] = bf16(src[r][c]) for c < cols, and a zero at c = cols when cols is odd. */
+static void pack_bf16_rows(uint16_t *dst, int ldd, const float *src, int lds, int rows, int cols) {
+    for (int r = 0; r < rows; r++) {
+        const float *in = src + (size_t)r * lds;
+        uint16_t *out = dst + (size_t)r * ldd;
+        for (int c = 0; c < cols; c++) out[c] = to_bf16(in[c]);
+        if (cols % 2) out[cols] = 0;
+    }
+}
+
+/* dst[p][c] = the pair (src[2p][c], src[2p+1][c]) for p < (rows + 1) / 2, c < cols; a missing row is zero. */
+static void pack_bf16_pairs(uint32_t *dst, int ldd, const float *src, int lds, int rows, int cols) {
+    for (int p = 0; p < (rows + 1) / 2; p++) {
+        const float *r0 = src + (size_t)2 * p * lds;
+        uint32_t *out = dst + (size_t)p * ldd;
+        if (2 * p + 1 < rows) {
+            const float *r1 = r0 + lds;
+            for (int c = 0; c < cols; c++) out[c] = (uint32_t)to_bf16(r0[c]) | (uint32_t)to_bf16(r1[c]) << 16;
+        } else {
+            for (int c = 0; c < cols; c++) out[c] = to_bf16(r0[c]);
+        }
+    }
+}
+
+/* The row pairs of x [B*T][width] per sequence: [B][(T + 1) / 2][width] (B operands whose k is the position). */
+static uint32_t *bf16_position_pairs(int slot, const float *x, int B, int T, int width) {
+    const int pairs = (T + 1) / 2, blocks = (pairs + 31) / 32;
+    uint32_t *xp = cached_scratch(slot, sizeof(uint32_t) * (size_t)B * pairs * width);
+#pragma omp parallel for if ((size_t)B * T * width >= PAR_MIN)
+    for (int job = 0; job < B * blocks; job++) {
+        const int b = job / blocks, p0 = job % blocks * 32, t0 = 2 * p0, rows = T - t0 < 64 ? T - t0 : 64;
+        pack_bf16_pairs(xp + ((size_t)b * pairs + p0) * width, width, x + ((size_t)b * T + t0) * width, width, rows,
+                        width);
+    }
+    return xp;
+}
+
+/* x [B*T][heads*D] as bf16 rows, the same layout (A operands whose k is head_dim; D even). */
+static uint32_t *bf16_rows(int slot, const float *x, int B, int T, int width) {
+    uint16_t *xb = cached_scratch(slot, sizeof(uint16_t) * (size_t)B * T * width);
+#pragma omp parallel for if ((size_t)B * T * width >= PAR_MIN)
+    for (int r0 = 0; r0 < B * T; r0 += 64)
+        pack_bf16_rows(xb + (size_t)r0 * width, width, x + (size_t)r0 * width, width, B * T - r0 < 64 ? B * T - r0 : 64,
+                       width);
+    return (uint32_t *)xb;
+}
 
 /* Keys j0+a .. j0+e of a tile of nk keys are visible from query t (empty when e < a). */
 static inline void row_visible(const int *lo, int t, int j0, int nk, int *a, int *e) {
@@ -576,38 +683,57 @@ static float exp_visible(float *row, int n, int a, int e, float shift) {
  * a power of two. */
 static int transposed_ld(int T) { return (T + 15) / 16 * 16 + 16; }
 
-/* xt[((b * heads + h) * D + d) * ld + t] = x[(b * T + t) * heads * D + h * D + d], ld = transposed_ld(T) */
-static float *transpose_heads(int slot, const float *x, int B, int T, int heads, int D) {
+/* Each head of x [B*T][heads*D] transposed, ld = transposed_ld(T):
+ *   fp32: xt[((b * heads + h) * D + d) * ld + t] = x[(b * T + t) * heads * D + h * D + d];
+ *   bf16: xt[((b * heads + h) * D/2 + p) * ld + t] = the pair (d = 2p, 2p + 1) of the same row
+ *   (B operands whose k is head_dim). */
+static void *transpose_heads(int slot, bool bf16, const float *x, int B, int T, int heads, int D) {
     const size_t ld = (size_t)transposed_ld(T);
-    float *xt = cached_scratch(slot, sizeof(float) * (size_t)B * ld * heads * D);
+    const int rows = bf16 ? D / 2 : D; /* per head */
+    void *xt = cached_scratch(slot, sizeof(float) * (size_t)B * ld * heads * rows);
     const int tiles = (T + 63) / 64;
 #pragma omp parallel for if ((size_t)B * T * heads * D >= PAR_MIN)
     for (int job = 0; job < B * heads * tiles; job++) {
         const int tt = job % tiles, h = (job / tiles) % heads, b = job / (tiles * heads);
         const int t0 = tt * 64, t1 = t0 + 64 < T ? t0 + 64 : T;
-        float *dst = xt + ((size_t)b * heads + h) * D * ld;
+        const size_t head = ((size_t)b * heads + h) * rows * ld;
         for (int t = t0; t < t1; t++) {
             const float *src = x + ((size_t)b * T + t) * heads * D + (size_t)h * D;
-            for (int d = 0; d < D; d++) dst[(size_t)d * ld + t] = src[d];
+            if (bf16) {
+                uint32_t *dst = (uint32_t *)xt + head;
+                for (int p = 0; p < rows; p++)
+                    dst[(size_t)p * ld + t] = (uint32_t)to_bf16(src[2 * p]) | (uint32_t)to_bf16(src[2 * p + 1]) << 16;
+            } else {
+                float *dst = (float *)xt + head;
+                for (int d = 0; d < D; d++) dst[(size_t)d * ld + t] = src[d];
+            }
         }
     }
     return xt;
 }
 
-static void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
-                              const int32_t *doc_ids, const struct olmo_attn_shape *s) {
+/* &base[offset] for arrays of 4-byte elements (floats or bf16 pairs) */
+static inline const void *word_at(const void *base, size_t offset) { return (const char *)base + 4 * offset; }
+
+static void attention_fwd(bool bf16_products, float *out, float *lse, const float *q, const float *k, const float *v,
+                          const int32_t *doc_ids, const struct olmo_attn_shape *s) {
     const int T = s->seq_len, H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim;
     const int group = H / HK, qblocks = (T + ATT_QB - 1) / ATT_QB;
     const int q_stride = H * D, kv_stride = HK * D;
+    const bool bf16 = attn_bf16(bf16_products, s);
+    const int wq = bf16 ? 2 : 1; /* floats per element of Q's operand (a bf16 pair holds two) */
+    const int kt_rows = D / wq, ldt = transposed_ld(T), pairs = (T + 1) / 2;
     int *lo = attn_bounds(s, doc_ids);
-    float *kt = transpose_heads(SLOT_KT, k, s->batch, T, HK, D);
-    const int ldt = transposed_ld(T);
+    const void *kt = transpose_heads(SLOT_KT, bf16, k, s->batch, T, HK, D);
+    const void *qa = bf16 ? (const void *)bf16_rows(SLOT_Q16, q, s->batch, T, q_stride) : q;
+    const uint32_t *vp = bf16 ? bf16_position_pairs(SLOT_VP, v, s->batch, T, kv_stride) : NULL;
     const int tasks = s->batch * H * qblocks;
     /* Each task owns its output rows, so any schedule gives the same result. */
 #pragma omp parallel if (tasks > 1)
     {
         float *sc = scratch(sizeof(float) * ATT_QB * ATT_KC);
         float *acc = scratch(sizeof(float) * ATT_QB * (size_t)D);
+        uint16_t *pb = bf16 ? scratch(sizeof(uint16_t) * ATT_QB * ATT_KC) : NULL; /* P as bf16 */
         float mrow[ATT_QB];
         double lrow[ATT_QB];
 #pragma omp for schedule(dynamic)
@@ -616,19 +742,18 @@ static void cpu_attention_fwd(float *out, float *lse, const float *q, const floa
             const int h = (task / qblocks) % H, b = task / (qblocks * H), kh = h / group;
             const int i0 = qb * ATT_QB, nq = i0 + ATT_QB < T ? ATT_QB : T - i0, i1 = i0 + nq;
             const int *lob = lo + (size_t)b * T;
-            const float *qblk = q + ((size_t)b * T + i0) * q_stride + (size_t)h * D;
-            const float *kth = kt + ((size_t)b * HK + kh) * D * ldt;
+            const size_t qoff = ((size_t)b * T + i0) * q_stride + (size_t)h * D;
+            const size_t kth = ((size_t)b * HK + kh) * kt_rows * ldt;
             memset(acc, 0, sizeof(float) * (size_t)nq * D);
             for (int r = 0; r < nq; r++) {
                 mrow[r] = -INFINITY;
                 lrow[r] = 0.0;
             }
-            /* keys lob[i0] .. i1-1 in chunks; the first one is partial so the last ends at i1 */
-            const int span = i1 - lob[i0];
-            for (int j0 = lob[i0], nk = (span - 1) % ATT_KC + 1; j0 < i1; j0 += nk, nk = ATT_KC) {
-                const float *vblk = v + ((size_t)b * T + j0) * kv_stride + (size_t)kh * D;
-                tile_gemm(false, nq, nk, D, s->scale, qblk, q_stride, kth + j0,
-                            ldt, 0.0f, sc, ATT_KC);
+            /* keys from lob[i0] (rounded down to even, for the bf16 pairs) to i1-1, in chunks */
+            for (int j0 = lob[i0] & ~1, nk; j0 < i1; j0 += nk) {
+                nk = i1 - j0 < ATT_KC ? i1 - j0 : ATT_KC;
+                tile_product(bf16, false, nq, nk, D, s->scale, word_at(qa, qoff / wq), q_stride / wq,
+                             word_at(kt, kth + j0), ldt, 0.0f, sc, ATT_KC);
                 for (int r = 0; r < nq; r++) {
                     float *row = sc + (size_t)r * ATT_KC;
                     int a, e;
@@ -650,8 +775,15 @@ static void cpu_attention_fwd(float *out, float *lse, const float *q, const floa
                     lrow[r] += sum;
                     mrow[r] = mx;
                 }
-                tile_gemm(false, nq, D, nk, 1.0f, sc, ATT_KC, vblk, kv_stride,
-                            1.0f, acc, D);
+                if (bf16) { /* O += P V: P's rows and V's position pairs (j0 is even) */
+                    pack_bf16_rows(pb, ATT_KC, sc, ATT_KC, nq, nk);
+                    tile_product(true, false, nq, D, nk, 1.0f, pb, ATT_KC / 2,
+                                 vp + ((size_t)b * pairs + j0 / 2) * kv_stride + (size_t)kh * D, kv_stride, 1.0f,
+                                 acc, D);
+                } else {
+                    tile_gemm(false, nq, D, nk, 1.0f, sc, ATT_KC, v + ((size_t)b * T + j0) * kv_stride + (size_t)kh * D,
+                              kv_stride, 1.0f, acc, D);
+                }
             }
             for (int r = 0; r < nq; r++) {
                 float *orow = out + ((size_t)b * T + i0 + r) * q_stride + (size_t)h * D;
@@ -663,6 +795,7 @@ static void cpu_attention_fwd(float *out, float *lse, const float *q, const floa
         }
         free(sc);
         free(acc);
+        free(pb);
     }
     free(lo);
 }
@@ -687,16 +820,25 @@ static int task_cost_desc(const void *pa, const void *pb) {
     return a->kb - b->kb;
 }
 
-static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
-                              const float *lse, const float *q, const float *k, const float *v,
-                              const int32_t *doc_ids, const struct olmo_attn_shape *s) {
+static void attention_bwd(bool bf16_products, float *dq, float *dk, float *dv, const float *dout, const float *out,
+                          const float *lse, const float *q, const float *k, const float *v, const int32_t *doc_ids,
+                          const struct olmo_attn_shape *s) {
     const int T = s->seq_len, H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim, B = s->batch;
     const int group = H / HK, kblocks = (T + ATT_KB - 1) / ATT_KB;
     const int q_stride = H * D, kv_stride = HK * D;
     const size_t n_q = (size_t)B * T * q_stride;
+    const bool bf16 = attn_bf16(bf16_products, s);
+    const int wq = bf16 ? 2 : 1; /* floats per element of the operands with k = head_dim */
+    const int kt_rows = D / wq, ldt = transposed_ld(T), pairs = (T + 1) / 2;
     int *lo = attn_bounds(s, doc_ids);
-    float *kt = transpose_heads(SLOT_KT, k, B, T, HK, D), *vt = transpose_heads(SLOT_VT, v, B, T, HK, D);
-    const int ldt = transposed_ld(T);
+    const void *kt = transpose_heads(SLOT_KT, bf16, k, B, T, HK, D);
+    const void *vt = transpose_heads(SLOT_VT, bf16, v, B, T, HK, D);
+    /* bf16 only: Q and dO as rows (S, dP), and Q, dO, K as position pairs (dK, dV, dQ) */
+    const void *qa = bf16 ? (const void *)bf16_rows(SLOT_Q16, q, B, T, q_stride) : q;
+    const void *doa = bf16 ? (const void *)bf16_rows(SLOT_DO16, dout, B, T, q_stride) : dout;
+    const uint32_t *qp = bf16 ? bf16_position_pairs(SLOT_QP, q, B, T, q_stride) : NULL;
+    const uint32_t *dop = bf16 ? bf16_position_pairs(SLOT_DOP, dout, B, T, q_stride) : NULL;
+    const uint32_t *kp = bf16 ? bf16_position_pairs(SLOT_KP, k, B, T, kv_stride) : NULL;
     /* delta[(b*H + h)*T + t] = dO . O (= sum_j p_j dO . v_j) */
     float *delta = cached_scratch(SLOT_DELTA, sizeof(float) * (size_t)B * H * T);
 #pragma omp parallel for if (n_q >= PAR_MIN)
@@ -750,6 +892,10 @@ static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout
     {
         const int tid = omp_get_thread_num(), team = omp_get_num_threads();
         float *p = scratch(sizeof(float) * ATT_QC * ATT_KB), *ds = scratch(sizeof(float) * ATT_QC * ATT_KB);
+        /* bf16: P^T and dS^T as query pairs, dS as rows */
+        uint32_t *pt = bf16 ? scratch(sizeof(uint32_t) * ATT_QC / 2 * ATT_KB) : NULL;
+        uint32_t *dst = bf16 ? scratch(sizeof(uint32_t) * ATT_QC / 2 * ATT_KB) : NULL;
+        uint16_t *dsr = bf16 ? scratch(sizeof(uint16_t) * ATT_QC * ATT_KB) : NULL;
         for (int i = 0; i < n_tasks; i++) {
             /* a smaller team than asked for (nested parallelism) still covers every task */
             if (owner[i] % team != tid) continue;
@@ -758,7 +904,7 @@ static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout
             const int *lob = lo + (size_t)b * T;
             const size_t koff = ((size_t)b * T + j0) * kv_stride + (size_t)kh * D;
             const float *kblk = k + koff;
-            const float *ktb = kt + ((size_t)b * HK + kh) * D * ldt + j0, *vtb = vt + ((size_t)b * HK + kh) * D * ldt + j0;
+            const size_t kth = ((size_t)b * HK + kh) * kt_rows * ldt + j0; /* of kt and vt */
             float *dkblk = dk + koff, *dvblk = dv + koff, *dqt = dq_part[tid];
             for (int j = 0; j < nk; j++) {
                 memset(dkblk + (size_t)j * kv_stride, 0, sizeof(float) * (size_t)D);
@@ -773,8 +919,8 @@ static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout
                     const int nq = i0 + ATT_QC < tend ? ATT_QC : tend - i0;
                     const size_t qoff = ((size_t)b * T + i0) * q_stride + (size_t)h * D;
                     const float *qblk = q + qoff, *doblk = dout + qoff;
-                    tile_gemm(false, nq, nk, D, s->scale, qblk, q_stride, ktb, ldt,
-                                0.0f, p, ATT_KB);
+                    tile_product(bf16, false, nq, nk, D, s->scale, word_at(qa, qoff / wq), q_stride / wq,
+                                 word_at(kt, kth), ldt, 0.0f, p, ATT_KB);
                     for (int r = 0; r < nq; r++) {
                         float *row = p + (size_t)r * ATT_KB;
                         int a, e;
@@ -782,12 +928,18 @@ static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout
                         const float l = lse_bh[i0 + r];
                         exp_visible(row, nk, a, e, l);
                     }
-                    /* dV += P^T dO */
-                    tile_gemm(true, nk, D, nq, 1.0f, p, ATT_KB, doblk, q_stride,
-                                1.0f, dvblk, kv_stride);
+                    /* dV += P^T dO (i0 is even: dO's pairs start at i0 / 2) */
+                    const size_t qpairs = ((size_t)b * pairs + i0 / 2) * q_stride + (size_t)h * D;
+                    if (bf16) {
+                        pack_bf16_pairs(pt, ATT_KB, p, ATT_KB, nq, nk);
+                        tile_product(true, true, nk, D, nq, 1.0f, pt, ATT_KB, dop + qpairs, q_stride, 1.0f, dvblk,
+                                     kv_stride);
+                    } else {
+                        tile_gemm(true, nk, D, nq, 1.0f, p, ATT_KB, doblk, q_stride, 1.0f, dvblk, kv_stride);
+                    }
                     /* dP = dO V^T, then dS = P * (dP - delta) * scale */
-                    tile_gemm(false, nq, nk, D, 1.0f, doblk, q_stride, vtb, ldt,
-                                0.0f, ds, ATT_KB);
+                    tile_product(bf16, false, nq, nk, D, 1.0f, word_at(doa, qoff / wq), q_stride / wq,
+                                 word_at(vt, kth), ldt, 0.0f, ds, ATT_KB);
                     for (int r = 0; r < nq; r++) {
                         const float *pr = p + (size_t)r * ATT_KB;
                         float *dr = ds + (size_t)r * ATT_KB;
@@ -795,16 +947,27 @@ static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout
 #pragma omp simd
                         for (int c = 0; c < nk; c++) dr[c] = pr[c] * (dr[c] - dl) * s->scale;
                     }
-                    /* dK += dS^T Q;  dQ += dS K */
-                    tile_gemm(true, nk, D, nq, 1.0f, ds, ATT_KB, qblk, q_stride,
-                                1.0f, dkblk, kv_stride);
-                    tile_gemm(false, nq, D, nk, 1.0f, ds, ATT_KB, kblk,
-                                kv_stride, 1.0f, dqt + qoff, q_stride);
+                    /* dK += dS^T Q;  dQ += dS K (j0 is even: K's pairs start at j0 / 2) */
+                    if (bf16) {
+                        pack_bf16_pairs(dst, ATT_KB, ds, ATT_KB, nq, nk);
+                        tile_product(true, true, nk, D, nq, 1.0f, dst, ATT_KB, qp + qpairs, q_stride, 1.0f, dkblk,
+                                     kv_stride);
+                        pack_bf16_rows(dsr, ATT_KB, ds, ATT_KB, nq, nk);
+                        tile_product(true, false, nq, D, nk, 1.0f, dsr, ATT_KB / 2,
+                                     kp + ((size_t)b * pairs + j0 / 2) * kv_stride + (size_t)kh * D, kv_stride, 1.0f,
+                                     dqt + qoff, q_stride);
+                    } else {
+                        tile_gemm(true, nk, D, nq, 1.0f, ds, ATT_KB, qblk, q_stride, 1.0f, dkblk, kv_stride);
+                        tile_gemm(false, nq, D, nk, 1.0f, ds, ATT_KB, kblk, kv_stride, 1.0f, dqt + qoff, q_stride);
+                    }
                 }
             }
         }
         free(p);
         free(ds);
+        free(pt);
+        free(dst);
+        free(dsr);
     }
     if (nth > 1) {
 #pragma omp parallel for if (n_q >= PAR_MIN)
@@ -819,6 +982,31 @@ static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout
     free(tasks);
     free(lo);
 }
+
+static void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                              const int32_t *doc_ids, const struct olmo_attn_shape *s) {
+    attention_fwd(false, out, lse, q, k, v, doc_ids, s);
+}
+
+static void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                              const float *lse, const float *q, const float *k, const float *v,
+                              const int32_t *doc_ids, const struct olmo_attn_shape *s) {
+    attention_bwd(false, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
+}
+
+#ifdef OLMOC_CPU_BF16
+/* cpu-bf16: the products on bf16 operands (see the top of this section) */
+static void cpu_attention_fwd_bf16(float *out, float *lse, const float *q, const float *k, const float *v,
+                                   const int32_t *doc_ids, const struct olmo_attn_shape *s) {
+    attention_fwd(true, out, lse, q, k, v, doc_ids, s);
+}
+
+static void cpu_attention_bwd_bf16(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                   const float *lse, const float *q, const float *k, const float *v,
+                                   const int32_t *doc_ids, const struct olmo_attn_shape *s) {
+    attention_bwd(true, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
+}
+#endif
 
 /* silu(x) = x / (1 + exp(-x)) */
 static void cpu_swiglu_fwd(float *out, const float *g, const float *u, size_t n) {
@@ -1030,38 +1218,46 @@ static const char *describe_onednn(void) {
 
 #ifdef OLMOC_CPU_BF16
 static const char *describe_onednn_bf16(void) {
-    static char text[160];
+    static char text[256];
     const dnnl_version_t *v = dnnl_version();
-    snprintf(text, sizeof text, "GEMMs: oneDNN %d.%d.%d matmul, bf16 operands, fp32 accumulation, %s", v->major,
-             v->minor, v->patch, bf16.impl[0] ? bf16.impl : "kernels chosen on first use");
+#ifdef OLMOC_ATTN_BF16
+    const char *attention = "attention products: bf16 operands (AVX512-BF16) for even head_dim";
+#else
+    const char *attention = "attention: fp32 (this build has no AVX512-BF16)";
+#endif
+    snprintf(text, sizeof text, "GEMMs: oneDNN %d.%d.%d matmul, bf16 operands, fp32 accumulation, %s; %s", v->major,
+             v->minor, v->patch, bf16.impl[0] ? bf16.impl : "kernels chosen on first use", attention);
     return text;
 }
 #endif
 #endif
 
-/* Every op but the GEMM is the same in all CPU variants. */
-#define CPU_OPS                                                                                                    \
+/* Every op but the GEMM and attention's precision is the same in all CPU variants. */
+#define CPU_OPS(attn_fwd, attn_bwd)                                                                                \
     .host_memory = true, .alloc = cpu_alloc, .free = cpu_free, .to_device = cpu_copy, .to_host = cpu_copy,         \
     .zero = cpu_zero, .copy = cpu_copy, .embedding_fwd = cpu_embedding_fwd, .embedding_bwd = cpu_embedding_bwd,    \
     .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_bwd = cpu_rmsnorm_bwd, .rope_fwd = cpu_rope_fwd,                      \
-    .rope_bwd = cpu_rope_bwd, .attention_fwd = cpu_attention_fwd, .attention_bwd = cpu_attention_bwd,              \
-    .swiglu_fwd = cpu_swiglu_fwd, .swiglu_bwd = cpu_swiglu_bwd, .add = cpu_add, .cross_entropy = cpu_cross_entropy, \
+    .rope_bwd = cpu_rope_bwd, .attention_fwd = attn_fwd, .attention_bwd = attn_bwd, .swiglu_fwd = cpu_swiglu_fwd,  \
+    .swiglu_bwd = cpu_swiglu_bwd, .add = cpu_add, .cross_entropy = cpu_cross_entropy,                              \
     .sum_squares = cpu_sum_squares, .scale = cpu_scale, .adamw = cpu_adamw, .attention_cached = cpu_attention_cached
+#define CPU_FP32_OPS CPU_OPS(cpu_attention_fwd, cpu_attention_bwd)
 
 const struct olmo_backend *olmo_backend_cpu_gemm(enum olmo_cpu_gemm_library library) {
     static const struct olmo_backend openblas = {
-        .name = "cpu-openblas", .gemm = gemm_openblas, .describe = describe_openblas, CPU_OPS};
+        .name = "cpu-openblas", .gemm = gemm_openblas, .describe = describe_openblas, CPU_FP32_OPS};
 #ifdef OLMOC_HAVE_ONEDNN
     static const struct olmo_backend onednn = {
-        .name = "cpu-onednn", .gemm = gemm_onednn, .describe = describe_onednn, CPU_OPS};
-    static const struct olmo_backend best = {.name = "cpu", .gemm = gemm_onednn, .describe = describe_onednn, CPU_OPS};
+        .name = "cpu-onednn", .gemm = gemm_onednn, .describe = describe_onednn, CPU_FP32_OPS};
+    static const struct olmo_backend best = {
+        .name = "cpu", .gemm = gemm_onednn, .describe = describe_onednn, CPU_FP32_OPS};
 #else
     static const struct olmo_backend best = {
-        .name = "cpu", .gemm = gemm_openblas, .describe = describe_openblas, CPU_OPS};
+        .name = "cpu", .gemm = gemm_openblas, .describe = describe_openblas, CPU_FP32_OPS};
 #endif
 #ifdef OLMOC_CPU_BF16
     static const struct olmo_backend onednn_bf16 = {
-        .name = "cpu-bf16", .gemm = gemm_onednn_bf16, .describe = describe_onednn_bf16, CPU_OPS};
+        .name = "cpu-bf16", .gemm = gemm_onednn_bf16, .describe = describe_onednn_bf16,
+        CPU_OPS(cpu_attention_fwd_bf16, cpu_attention_bwd_bf16)};
 #endif
     switch (library) {
     case OLMO_CPU_GEMM_BEST: return &best;
