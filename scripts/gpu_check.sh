@@ -11,7 +11,9 @@
 #      losses (1e-4 relative), and `olmoc generate` runs on both (greedy tokens compared);
 #   4. training throughput of configs/olmo3-1b.yaml (Olmo 3 1B, seq_len 8192) on
 #      cuda-bf16, cuda-bf16-cublas, cuda-tf32 and cuda (fp32): tokens/s, model TFLOP/s, MFU
-#      against the H200 bf16 dense peak (989.4 TFLOP/s) and against the precision's own peak.
+#      against the H200 bf16 dense peak (989.4 TFLOP/s) and against the precision's own peak;
+#      then one more step with every op timed (time per op, GFLOP/s of each GEMM shape and of
+#      attention: where the time goes).
 #
 # usage: scripts/gpu_check.sh [--build-dir DIR] [--skip-build] [--bench-steps N] [--no-bench]
 #                             [--sanitize]
@@ -165,8 +167,10 @@ if [ $BENCH -eq 1 ]; then
     steps=$BENCH_STEPS
     [ "$b" = cuda ] && steps=2 # fp32 CUDA-core GEMMs: a few seconds per step
     stage "bench-$b" 300 "$BUILD/tests/bench_train" configs/olmo3-1b.yaml "$b" --quick-init --warmup 1 \
-      --steps "$steps"
-    grep -E "^(throughput|device|RESULT)" "$LOGS/bench-$b.log" >>"$SUMMARY"
+      --steps "$steps" --profile-steps 1
+    # the per-op table and the GEMM / attention rates; the per-shape lines stay in the log
+    grep -E "^(throughput|device|RESULT|profile: [a-z].*%|profile: (gemm|attention [bf]wd) [0-9])" "$LOGS/bench-$b.log" \
+      >>"$SUMMARY"
   done
 fi
 

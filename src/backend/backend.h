@@ -33,6 +33,9 @@ struct olmo_backend {
     void (*to_host)(void *dst, const void *src, size_t bytes);
     void (*zero)(void *p, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes); /* device to device */
+    /* Returns when every op queued so far has run (a device runs them
+     * asynchronously); NULL where each op returns when it is done (CPU). */
+    void (*synchronize)(void);
 
     /* c = alpha * op(a) @ op(b) + beta * c; op(a) is m x k, op(b) is k x n. */
     void (*gemm)(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a, int lda,

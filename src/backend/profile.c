@@ -1,7 +1,7 @@
 #include "backend/profile.h"
 #include "util/clock.h"
 
-#include <time.h>
+#include <stdbool.h>
 
 enum {
     P_GEMM, P_EMBED, P_RMSNORM, P_ROPE, P_ATTN_FWD, P_ATTN_BWD, P_SWIGLU, P_ADD, P_CE, P_OPTIM, P_COPY, P_COUNT
@@ -10,14 +10,28 @@ static const char *const names[P_COUNT] = {"gemm", "embedding", "rmsnorm", "rope
                                            "swiglu", "add", "cross-entropy", "optimizer + norm", "copy/zero"};
 static double seconds[P_COUNT], gemm_flops;
 static long calls[P_COUNT];
+/* attention's model FLOPs and the seconds of the calls they were counted for (no document masking) */
+static double attn_flops[2], attn_counted_seconds[2];
+static long attn_uncounted;
 static const struct olmo_backend *in;
+static bool enabled = true;
 
-#define TIMED(slot, call)                \
-    do {                                 \
-        double t0_ = olmo_now_seconds();              \
-        call;                            \
-        seconds[slot] += olmo_now_seconds() - t0_;    \
-        calls[slot]++;                   \
+/* A device runs ops asynchronously: wait for the queue before reading the clock, on both sides. */
+static double clock_after_queue(void) {
+    if (in->synchronize) in->synchronize();
+    return olmo_now_seconds();
+}
+
+#define TIMED(slot, call)                                   \
+    do {                                                    \
+        if (!enabled) {                                     \
+            call;                                           \
+            break;                                          \
+        }                                                   \
+        const double t0_ = clock_after_queue();             \
+        call;                                               \
+        seconds[slot] += clock_after_queue() - t0_;         \
+        calls[slot]++;                                      \
     } while (0)
 
 static void p_zero(void *p, size_t bytes) { TIMED(P_COPY, in->zero(p, bytes)); }
@@ -34,9 +48,13 @@ static int n_shapes;
 
 static void p_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
                    int ldb, float beta, float *c, int ldc) {
-    double t0 = olmo_now_seconds();
+    if (!enabled) {
+        in->gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    const double t0 = clock_after_queue();
     in->gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    double t = olmo_now_seconds() - t0;
+    const double t = clock_after_queue() - t0;
     seconds[P_GEMM] += t;
     calls[P_GEMM]++;
     gemm_flops += 2.0 * m * n * (double)k;
@@ -71,14 +89,36 @@ static void p_rope_fwd(float *x, const float *c, const float *s, int rows, int s
 static void p_rope_bwd(float *x, const float *c, const float *s, int rows, int seq, int heads, int hd) {
     TIMED(P_ROPE, in->rope_bwd(x, c, s, rows, seq, heads, hd));
 }
+/* Query-key pairs that attention computes: sum over positions t of the keys t sees, min(t + 1, window). */
+static double visible_pairs(const struct olmo_attn_shape *s) {
+    const double T = s->seq_len, w = s->window > 0 && s->window < s->seq_len ? s->window : s->seq_len;
+    return (double)s->batch * (w * (w + 1) / 2.0 + (T - w) * w);
+}
+
+/* Model FLOPs as olmo_model_flops_per_token counts them: 2 products of 2 FLOPs per pair, head and
+ * head_dim element forward (S = QK^T, PV), twice that backward.  Document masking hides pairs that
+ * only the device knows (doc_ids is device memory), so those calls are timed but not counted. */
+static void count_attention(int pass, const int32_t *doc_ids, const struct olmo_attn_shape *s, double t) {
+    if (doc_ids) {
+        attn_uncounted++;
+        return;
+    }
+    attn_flops[pass] += (pass ? 8.0 : 4.0) * visible_pairs(s) * s->n_heads * s->head_dim;
+    attn_counted_seconds[pass] += t;
+}
+
 static void p_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                             const int32_t *doc_ids, const struct olmo_attn_shape *s) {
+    const double before = seconds[P_ATTN_FWD];
     TIMED(P_ATTN_FWD, in->attention_fwd(out, lse, q, k, v, doc_ids, s));
+    if (enabled) count_attention(0, doc_ids, s, seconds[P_ATTN_FWD] - before);
 }
 static void p_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                             const float *q, const float *k, const float *v, const int32_t *doc_ids,
                             const struct olmo_attn_shape *s) {
+    const double before = seconds[P_ATTN_BWD];
     TIMED(P_ATTN_BWD, in->attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s));
+    if (enabled) count_attention(1, doc_ids, s, seconds[P_ATTN_BWD] - before);
 }
 static void p_swiglu_fwd(float *s, const float *g, const float *u, size_t n) {
     TIMED(P_SWIGLU, in->swiglu_fwd(s, g, u, n));
@@ -128,6 +168,8 @@ const struct olmo_backend *olmo_backend_profiled(const struct olmo_backend *inne
     return &be;
 }
 
+void olmo_profile_enable(bool on) { enabled = on; }
+
 void olmo_profile_reset(void) {
     for (int i = 0; i < P_COUNT; i++) {
         seconds[i] = 0.0;
@@ -135,6 +177,8 @@ void olmo_profile_reset(void) {
     }
     gemm_flops = 0.0;
     n_shapes = 0;
+    for (int pass = 0; pass < 2; pass++) attn_flops[pass] = attn_counted_seconds[pass] = 0.0;
+    attn_uncounted = 0;
 }
 
 void olmo_profile_report(FILE *out) {
@@ -152,4 +196,13 @@ void olmo_profile_report(FILE *out) {
     }
     fprintf(out, "profile: gemm %.1f GFLOP/s over %.3g FLOP; ops total %.3f s\n",
             seconds[P_GEMM] > 0 ? gemm_flops / seconds[P_GEMM] * 1e-9 : 0.0, gemm_flops, total);
+    for (int pass = 0; pass < 2; pass++) {
+        if (attn_flops[pass] <= 0) continue;
+        const double rate = attn_counted_seconds[pass] > 0 ? attn_flops[pass] / attn_counted_seconds[pass] : 0.0;
+        fprintf(out, "profile: attention %s %.1f GFLOP/s over %.3g model FLOP (%d x visible pairs x heads x "
+                "head_dim)\n", pass ? "bwd" : "fwd", rate * 1e-9, attn_flops[pass], pass ? 8 : 4);
+    }
+    if (attn_uncounted)
+        fprintf(out, "profile: attention: %ld calls with document masking are timed, not in GFLOP/s\n",
+                attn_uncounted);
 }

@@ -61,8 +61,8 @@ static void train_usage(FILE *out) {
             "data.eval_tasks (comma-separated multiple-choice .jsonl files, see olmoc eval --help).\n"
             "MFU uses train.peak_flops, or a peak measured with an SGEMM at startup when it is 0.\n\n"
             "environment:\n"
-            "  OLMOC_PROFILE=1     print wall time per op and GEMM GFLOP/s (steps after the first; on a\n"
-            "                      CUDA backend add OLMOC_CUDA_SYNC=1, or asynchronous launches are timed)\n");
+            "  OLMOC_PROFILE=1     print wall time per op, GEMM and attention GFLOP/s (steps after the\n"
+            "                      first; on a CUDA backend each op waits for the device, so the run is slower)\n");
 }
 
 static void format_duration(char *buf, size_t n, double s) {

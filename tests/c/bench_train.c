@@ -3,7 +3,12 @@
  * are needed.  Prints tokens/s, achieved model TFLOP/s and MFU.
  *
  *   bench_train CONFIG.yaml BACKEND [--steps N] [--warmup N] [--peak-tflops X] [--quick-init]
- *               [--set KEY=VALUE ...]
+ *               [--profile-steps N] [--set KEY=VALUE ...]
+ *
+ * --profile-steps N runs N more steps after the timed ones with every op
+ * timed (backend/profile.h: time per op, GEMM and attention GFLOP/s).  On a
+ * device each op then waits for the one before, so these steps are not part
+ * of the throughput.
  *
  * --quick-init fills the matrices with uniform noise of the configured std (a
  * few seconds for 1.5e9 parameters) instead of the seeded truncated normal
@@ -23,6 +28,7 @@
 
 #include "util/clock.h"
 #include "backend/backend.h"
+#include "backend/profile.h"
 #include "config/config.h"
 #include "model/model.h"
 #include "train/trainer.h"
@@ -39,7 +45,7 @@
 
 static void usage(FILE *out) {
     fprintf(out, "usage: bench_train CONFIG.yaml BACKEND [--steps N] [--warmup N] [--peak-tflops X] [--quick-init] "
-                 "[--set KEY=VALUE ...]\n"
+                 "[--profile-steps N] [--set KEY=VALUE ...]\n"
                  "BACKEND: cpu, cuda, cuda-tf32, cuda-bf16, cuda-bf16-cublas\n");
 }
 
@@ -72,7 +78,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *config_path = argv[1], *backend_name = argv[2];
-    int steps = 5, warmup = 1;
+    int steps = 5, warmup = 1, profile_steps = 0;
     bool fast_init = false;
     double peak_override = 0.0;
     struct olmo_config cfg;
@@ -89,6 +95,7 @@ int main(int argc, char **argv) {
         }
         if (!strcmp(argv[i], "--steps")) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup")) warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--profile-steps")) profile_steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--peak-tflops")) peak_override = atof(argv[++i]);
         else if (!strcmp(argv[i], "--set")) {
             if (olmo_config_set(&cfg, argv[++i])) goto fail;
@@ -97,13 +104,17 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (steps < 1 || warmup < 0) {
+    if (steps < 1 || warmup < 0 || profile_steps < 0) {
         usage(stderr);
         return 2;
     }
     if (olmo_config_validate(&cfg)) goto fail;
     const struct olmo_backend *be = olmo_backend_by_name(backend_name);
     if (!be) goto fail;
+    if (profile_steps > 0) { /* wrapped from the start, timing only the profiled steps */
+        be = olmo_backend_profiled(be);
+        olmo_profile_enable(false);
+    }
 
     const struct olmo_train_config *t = &cfg.train;
     const struct olmo_model_config *mc = &cfg.model;
@@ -139,7 +150,12 @@ int main(int argc, char **argv) {
     struct olmo_rng rng;
     olmo_rng_seed(&rng, t->seed + 1);
     double timed = 0.0;
-    for (int s = 0; s < warmup + steps; s++) {
+    for (int s = 0; s < warmup + steps + profile_steps; s++) {
+        const bool timed_step = s >= warmup && s < warmup + steps, profiled = s >= warmup + steps;
+        if (s == warmup + steps) {
+            olmo_profile_reset();
+            olmo_profile_enable(true);
+        }
         for (size_t i = 0; i < tokens_per_step; i++)
             batch[i] = (int32_t)(olmo_rng_next(&rng) % (uint64_t)mc->vocab_size);
         const double t0 = olmo_now_seconds();
@@ -148,9 +164,10 @@ int main(int argc, char **argv) {
         float probe; /* the update is asynchronous on a device: wait for it */
         be->to_host(&probe, tr.model.weights, sizeof probe);
         const double dt = olmo_now_seconds() - t0;
-        if (s >= warmup) timed += dt;
-        printf("%s step %d: loss %.4f | grad norm %.3f | %.3fs | %.0f tok/s\n", s < warmup ? "warmup" : "timed ",
-               s + 1, res.ce_loss, res.grad_norm, dt, tokens_per_step / dt);
+        if (timed_step) timed += dt;
+        printf("%s step %d: loss %.4f | grad norm %.3f | %.3fs | %.0f tok/s\n",
+               timed_step ? "timed  " : profiled ? "profile" : "warmup ", s + 1, res.ce_loss, res.grad_norm, dt,
+               tokens_per_step / dt);
         fflush(stdout);
     }
     const double tok_s = (double)tokens_per_step * steps / timed;
@@ -177,6 +194,11 @@ int main(int argc, char **argv) {
     printf("RESULT backend=%s config=%s seq_len=%d batch_rows=%zu tokens_per_s=%.1f model_tflops=%.3f "
            "mfu_bf16_peak=%.4f\n",
            be->name, config_path, t->seq_len, rows, tok_s, tflops, tflops / H200_BF16_DENSE_TFLOPS);
+    if (profile_steps > 0) {
+        printf("profile of the last %d step%s (each op waits for the one before):\n", profile_steps,
+               profile_steps > 1 ? "s" : "");
+        olmo_profile_report(stdout);
+    }
     free(batch);
     olmo_trainer_destroy(&tr);
     return 0;

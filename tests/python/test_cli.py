@@ -4,6 +4,7 @@ Error paths run the ASan+UBSan build too when OLMOC_BUILD_ASAN is set."""
 import json
 import os
 import pathlib
+import re
 import struct
 import subprocess
 
@@ -219,6 +220,60 @@ def test_cpu_bf16_trains_like_fp32(build_dir, tiny, tmp_path):
         norm_tol = 1e-2 if a["step"] == 1 else 2e-1
         assert abs(a["grad_norm"] - b["grad_norm"]) <= norm_tol * abs(a["grad_norm"]), (a, b)
         assert a["loss"] != b["loss"] or a["grad_norm"] != b["grad_norm"], "bf16 GEMMs must round somewhere"
+
+
+def attention_fwd_model_flops(layout, window, seq_len, rows, heads, head_dim):
+    """Attention's forward model FLOPs over `rows` sequences: 4 per visible (query, key) pair,
+    query head and head_dim element (S = QK^T and PV), a query at t seeing min(t + 1, window) keys."""
+    pairs = 0
+    for kind in layout:
+        w = seq_len if kind == "F" else min(window, seq_len)
+        pairs += sum(min(t + 1, w) for t in range(seq_len))
+    return 4.0 * pairs * rows * heads * head_dim
+
+
+def profiled_attention(stdout):
+    """{"fwd": (calls, model FLOPs), "bwd": ...} from a profile report."""
+    out = {}
+    for p in ("fwd", "bwd"):
+        calls = int(re.search(rf"^profile: attention {p} +(\d+) ", stdout, re.M).group(1))
+        flops = float(re.search(rf"^profile: attention {p} [0-9.]+ GFLOP/s over (\S+) model FLOP", stdout,
+                                re.M).group(1))
+        out[p] = (calls, flops)
+    return out
+
+
+def test_profile_counts_attention_flops(build_dir, tiny, tmp_path):
+    """OLMOC_PROFILE=1 olmoc train times every op after the first step and reports attention's
+    GFLOP/s over the model FLOPs of olmo_model_flops_per_token (4 per visible pair, head and
+    head_dim element forward, 8 backward); bench_train --profile-steps N profiles only its last N steps."""
+    cfg, data = tiny
+    layout = re.search(r"# attention: ([SF]+)", olmoc(build_dir, "info", cfg).stdout).group(1)
+    assert len(layout) == 4
+    # the tiny config: seq_len 32, window 8, micro-batch 2, grad_accum 2, 4 query heads of 8
+    per_step = attention_fwd_model_flops(layout, 8, 32, 2, 4, 8) * 2
+    env = dict(os.environ, OLMOC_PROFILE="1")
+    r = subprocess.run([str(build_dir / "olmoc"), "train", cfg, "--set", f"data.train_path={data}",
+                        "--set", f"data.out_dir={tmp_path / 'run'}", "--set", "train.steps=3"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    att = profiled_attention(r.stdout)
+    calls = len(layout) * 2 * 2  # layers x micro-batches x the 2 steps after the first
+    assert att["fwd"][0] == att["bwd"][0] == calls, r.stdout
+    # the report prints 3 significant digits
+    assert abs(att["fwd"][1] - 2 * per_step) <= 6e-3 * 2 * per_step, (att, per_step)
+    assert abs(att["bwd"][1] - 4 * per_step) <= 6e-3 * 4 * per_step, (att, per_step)
+
+    r = subprocess.run([str(build_dir / "tests" / "bench_train"), cfg, "cpu", "--warmup", "1", "--steps", "2",
+                        "--profile-steps", "1"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("timed   step") == 2 and r.stdout.count("profile step") == 1, r.stdout
+    att = profiled_attention(r.stdout)
+    assert att["fwd"][0] == att["bwd"][0] == len(layout) * 2, r.stdout
+    assert abs(att["fwd"][1] - per_step) <= 6e-3 * per_step, (att, per_step)
+    r = subprocess.run([str(build_dir / "tests" / "bench_train"), cfg, "cpu", "--steps", "1"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "profile:" not in r.stdout, r.stdout + r.stderr
 
 
 def test_training_learns_and_is_deterministic(build_dir, tiny, tmp_path):

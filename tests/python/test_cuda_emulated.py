@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from test_cli import tiny  # noqa: F401  (fixture: tiny config + token file)
+from test_cli import profiled_attention, tiny  # noqa: F401  (tiny: fixture, tiny config + token file)
 
 MPIRUN = shutil.which("mpirun")
 
@@ -26,21 +26,21 @@ def emu(build_dir):
     return path
 
 
-def run(binary, *args, ranks=1):
+def run(binary, *args, ranks=1, env=None):
     cmd = [str(binary), *map(str, args)]
     if ranks > 1:
         cmd = [MPIRUN, "--oversubscribe", "--allow-run-as-root", "-np", str(ranks), *cmd]
     # the emulation runs a kernel's threads on one CPU thread; idle OpenMP threads must not spin against it
-    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive", **(env or {}))
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
 
 
-def train(binary, cfg, data, out, *extra, ranks=1):
+def train(binary, cfg, data, out, *extra, ranks=1, env=None):
     # peak_flops given: measuring it with a 1024^3 GEMM would take long under emulation
     stdout = run(binary, "train", cfg, "--set", f"data.train_path={data}", "--set", f"data.out_dir={out}",
-                 "--set", "train.peak_flops=1e12", *extra, ranks=ranks)
+                 "--set", "train.peak_flops=1e12", *extra, ranks=ranks, env=env)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [row for row in rows if row["type"] == "train"], stdout
 
@@ -67,6 +67,22 @@ def test_train_on_cuda_matches_cpu(build_dir, emu, tiny, tmp_path):  # noqa: F81
     assert "backend cuda |" in stdout
     assert cuda[-1]["loss"] < cuda[0]["loss"]
     assert_same_trajectory(cpu, cuda)
+
+
+def test_profile_on_cuda(build_dir, emu, tiny, tmp_path):  # noqa: F811
+    """OLMOC_PROFILE=1 on the device backend, whose ops run asynchronously on a GPU: the profiler
+    waits for the device around each op (backend synchronize) and reports the same ops and
+    attention FLOPs as on the CPU."""
+    cfg, data = tiny
+    reports = {}
+    for name, binary, extra in (("cpu", build_dir / "olmoc", ()), ("cuda", emu, ("--backend", "cuda"))):
+        _, stdout = train(binary, cfg, data, tmp_path / name, "--set", "train.steps=2", *extra,
+                          env={"OLMOC_PROFILE": "1"})
+        reports[name] = stdout
+    assert profiled_attention(reports["cpu"]) == profiled_attention(reports["cuda"])
+    calls = [[line.split()[-3] for line in r.splitlines() if line.startswith("profile: ") and "%" in line]
+             for r in (reports["cpu"], reports["cuda"])]
+    assert calls[0] == calls[1] and len(calls[0]) == 11, reports["cuda"]
 
 
 def test_checkpoint_moves_between_backends(build_dir, emu, tiny, tmp_path):  # noqa: F811

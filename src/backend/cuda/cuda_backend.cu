@@ -154,6 +154,8 @@ static void cu_copy(void *dst, const void *src, size_t bytes) {
     if (bytes && dst != src) OLMO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
 }
 
+static void cu_synchronize(void) { OLMO_CUDA_CHECK(cudaDeviceSynchronize()); }
+
 /* ------------------------------------------------------------------- GEMM */
 
 static __global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n) {
@@ -637,6 +639,7 @@ static void fill_backend(struct olmo_backend *be, const char *name,
     be->to_host = cu_to_host;
     be->zero = cu_zero;
     be->copy = cu_copy;
+    be->synchronize = cu_synchronize;
     be->gemm = gemm;
     be->embedding_fwd = cu_embedding_fwd;
     be->embedding_bwd = cu_embedding_bwd;
