@@ -46,7 +46,22 @@
 static void usage(FILE *out) {
     fprintf(out, "usage: bench_train CONFIG.yaml BACKEND [--steps N] [--warmup N] [--peak-tflops X] [--quick-init] "
                  "[--profile-steps N] [--set KEY=VALUE ...]\n"
-                 "BACKEND: cpu, cuda, cuda-tf32, cuda-bf16, cuda-bf16-cublas\n");
+                 "Training throughput (tokens/s, model TFLOP/s, MFU) of CONFIG on BACKEND, on random tokens.\n"
+                 "BACKEND: cpu, cpu-openblas, cpu-onednn, cpu-bf16, and in CUDA builds cuda, cuda-tf32, cuda-bf16,\n"
+                 "         cuda-bf16-cublas\n"
+                 "  --steps N          timed steps (default 5)\n"
+                 "  --warmup N         untimed steps first (default 1)\n"
+                 "  --peak-tflops X    MFU against X instead of the H200 peak of the backend's precision\n"
+                 "  --quick-init       uniform weights of the configured std (fast for large models)\n"
+                 "  --profile-steps N  N more steps with every op timed, then a profile (default 0)\n"
+                 "  --set KEY=VALUE    override a config value (as in olmoc train)\n");
+}
+
+/* A whole non-negative decimal number, or -1. */
+static int count_arg(const char *text) {
+    char *end;
+    const long v = strtol(text, &end, 10);
+    return *text && !*end && v >= 0 && v <= 1000000 ? (int)v : -1;
 }
 
 /* Matrices uniform in [-a, a] with a = std * sqrt(3) (same std as the real init), norm weights 1. */
@@ -73,6 +88,11 @@ static int quick_init(struct olmo_model *m, uint64_t seed) {
 }
 
 int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        }
     if (argc < 3) {
         usage(stderr);
         return 2;
@@ -93,10 +113,17 @@ int main(int argc, char **argv) {
             usage(stderr);
             return 2;
         }
-        if (!strcmp(argv[i], "--steps")) steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--warmup")) warmup = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--profile-steps")) profile_steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--peak-tflops")) peak_override = atof(argv[++i]);
+        if (!strcmp(argv[i], "--steps")) steps = count_arg(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup")) warmup = count_arg(argv[++i]);
+        else if (!strcmp(argv[i], "--profile-steps")) profile_steps = count_arg(argv[++i]);
+        else if (!strcmp(argv[i], "--peak-tflops")) {
+            char *end;
+            peak_override = strtod(argv[++i], &end);
+            if (*end || !(peak_override > 0.0)) {
+                fprintf(stderr, "bench_train: --peak-tflops wants a positive number, not '%s'\n", argv[i]);
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--set")) {
             if (olmo_config_set(&cfg, argv[++i])) goto fail;
         } else {
@@ -105,6 +132,7 @@ int main(int argc, char **argv) {
         }
     }
     if (steps < 1 || warmup < 0 || profile_steps < 0) {
+        fprintf(stderr, "bench_train: --steps wants a whole number >= 1, --warmup and --profile-steps >= 0\n");
         usage(stderr);
         return 2;
     }

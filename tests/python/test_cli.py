@@ -276,6 +276,19 @@ def test_profile_counts_attention_flops(build_dir, tiny, tmp_path):
     assert r.returncode == 0 and "profile:" not in r.stdout, r.stdout + r.stderr
 
 
+def test_bench_train_arguments(build_dir, tiny):
+    cfg, _ = tiny
+    bench = str(build_dir / "tests" / "bench_train")
+    r = subprocess.run([bench, "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "usage: bench_train" in r.stdout and "--profile-steps" in r.stdout
+    for args, message in ((["--steps", "x"], "--steps wants a whole number"),
+                          (["--profile-steps", "-1"], "--profile-steps >= 0"),
+                          (["--peak-tflops", "fast"], "--peak-tflops wants a positive number"),
+                          (["--frobnicate", "1"], "usage: bench_train")):
+        r = subprocess.run([bench, cfg, "cpu", *args], capture_output=True, text=True)
+        assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
+
+
 def test_training_learns_and_is_deterministic(build_dir, tiny, tmp_path):
     cfg, data = tiny
     runs = []
