@@ -254,8 +254,12 @@ def run_olmoc(args, cfg_path, T, B, accum, window, token_file, out_dir, env):
     tok_s = [float(x) for x in re.findall(r"\| (\d+) tok/s \|", out)]
     gemm = float(re.search(r"profile: gemm ([0-9.]+) GFLOP/s", out).group(1))
     profile = {m.group(1).strip(): float(m.group(2)) for m in re.finditer(r"profile: (.+?) +\d+ +[0-9.]+ +([0-9.]+)%", out)}
+    # attention's model FLOPs over its time, forward and backward together
+    passes = [(float(m.group(1)), float(m.group(2)))
+              for m in re.finditer(r"profile: attention [bf]wd ([0-9.]+) GFLOP/s over (\S+) model FLOP", out)]
+    attn = sum(f for _, f in passes) / sum(f / r for r, f in passes) if passes and all(r > 0 for r, _ in passes) else 0
     return {"tok_s": statistics.median(tok_s[args.warmup:]), "steps_tok_s": tok_s, "rss_mib": rss,
-            "gemm_gflops": gemm, "time_share": profile}
+            "gemm_gflops": gemm, "attention_gflops": attn, "time_share": profile}
 
 
 def run_torch(args, model, T, B, accum, window, env):
@@ -403,11 +407,13 @@ def main():
             o = statistics.median(r["tok_s"] for r in c["olmoc"])
             ob = max(max(r["steps_tok_s"][args.warmup:]) for r in c["olmoc"])
             g = statistics.median(r["gemm_gflops"] for r in c["olmoc"])
+            a = statistics.median(r["attention_gflops"] for r in c["olmoc"])
             share = c["olmoc"][0]["time_share"]
             line = (f"{c['cfg'].stem:12s} T={c['T']:5d} B={c['B']:2d} | olmoc {o:7.1f} ({ob:7.1f}) tok/s "
                     f"MFU {100 * c['fpt'] * o / (peak * 1e9):4.1f}% RSS {max(r['rss_mib'] for r in c['olmoc']):6.0f} MiB "
                     f"GEMM {100 * g / peak:3.0f}% of peak ({share.get('gemm', 0):.0f}% of op time; attention "
-                    f"{share.get('attention fwd', 0) + share.get('attention bwd', 0):.0f}%)")
+                    f"{share.get('attention fwd', 0) + share.get('attention bwd', 0):.0f}% at {100 * a / peak:.0f}% "
+                    "of peak)")
             if c["torch"]:
                 t = statistics.median(r["tok_s"] for r in c["torch"])
                 tb = max(max(r["steps_tok_s"][args.warmup:]) for r in c["torch"])
@@ -420,8 +426,8 @@ def main():
     print(f"# load average after: {load_avg()}")
     print("# tok/s: median over the timed steps (first --warmup steps dropped) and over --repeats, in brackets the "
           "best timed step (other processes only ever slow a step down); MFU (of the median) against the measured "
-          f"peak {peak:.1f} GFLOP/s; GEMM: in-training GEMM GFLOP/s (OLMOC_PROFILE) / peak; RSS: peak resident set "
-          "of each process")
+          f"peak {peak:.1f} GFLOP/s; GEMM: in-training GEMM GFLOP/s (OLMOC_PROFILE) / peak; attention: its model "
+          "FLOPs (as MFU counts them) over its time / peak; RSS: peak resident set of each process")
     if args.json:
         for c in cases:
             c["cfg"] = str(c["cfg"])
