@@ -31,7 +31,7 @@
 #include "backend/profile.h"
 #include "config/config.h"
 #include "model/model.h"
-#include "train/trainer.h"
+#include "train/run.h"
 #include "util/error.h"
 #include "util/rng.h"
 
@@ -86,6 +86,20 @@ static int quick_init(struct olmo_model *m, uint64_t seed) {
     free(host);
     return 0;
 }
+
+struct bench {
+    struct olmo_rng rng;
+    int vocab;
+    uint64_t seed;
+};
+
+static int random_batch(void *ctx, int32_t *batch, size_t rows, int seq_len) {
+    struct bench *b = ctx;
+    for (size_t i = 0; i < rows * (size_t)seq_len; i++) batch[i] = (int32_t)(olmo_rng_next(&b->rng) % (uint64_t)b->vocab);
+    return 0;
+}
+
+static int init_weights(void *ctx, struct olmo_model *m) { return quick_init(m, ((const struct bench *)ctx)->seed); }
 
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
@@ -163,20 +177,19 @@ int main(int argc, char **argv) {
 #endif
     fflush(stdout);
 
-    struct olmo_trainer tr;
+    /* The training run of olmoc train (train/run.h) without files: random tokens, no evaluation or checkpoints. */
+    struct bench bench = {.vocab = mc->vocab_size, .seed = t->seed};
+    olmo_rng_seed(&bench.rng, t->seed + 1);
+    if (cfg.train.peak_flops <= 0) cfg.train.peak_flops = H200_BF16_DENSE_TFLOPS * 1e12; /* no startup measurement */
+    const struct olmo_run_options opts = {
+        .cfg = &cfg, .be = be, .config_path = config_path, .next_batch = random_batch,
+        .init_weights = fast_init ? init_weights : NULL, .ctx = &bench,
+        .stop_after = warmup + steps + profile_steps};
+    struct olmo_run run;
     double t_init = olmo_now_seconds();
-    if (olmo_trainer_init(&tr, &cfg, be)) goto fail;
-    if (fast_init) {
-        if (quick_init(&tr.model, t->seed)) goto fail;
-    } else {
-        olmo_model_init_weights(&tr.model, t->seed);
-    }
+    if (olmo_run_open(&run, &opts)) goto fail;
     printf("init (%s): %.1fs\n", fast_init ? "uniform, --quick-init" : "truncated normal", olmo_now_seconds() - t_init);
 
-    int32_t *batch = olmo_malloc(tokens_per_step * sizeof(int32_t), "batch");
-    if (!batch) goto fail;
-    struct olmo_rng rng;
-    olmo_rng_seed(&rng, t->seed + 1);
     double timed = 0.0;
     for (int s = 0; s < warmup + steps + profile_steps; s++) {
         const bool timed_step = s >= warmup && s < warmup + steps, profiled = s >= warmup + steps;
@@ -184,20 +197,15 @@ int main(int argc, char **argv) {
             olmo_profile_reset();
             olmo_profile_enable(true);
         }
-        for (size_t i = 0; i < tokens_per_step; i++)
-            batch[i] = (int32_t)(olmo_rng_next(&rng) % (uint64_t)mc->vocab_size);
-        const double t0 = olmo_now_seconds();
-        struct olmo_step_result res;
-        if (olmo_trainer_step(&tr, batch, &res)) goto fail;
-        float probe; /* the update is asynchronous on a device: wait for it */
-        be->to_host(&probe, tr.model.weights, sizeof probe);
-        const double dt = olmo_now_seconds() - t0;
-        if (timed_step) timed += dt;
+        struct olmo_run_step st;
+        if (olmo_run_step(&run, &st) != 1) goto fail;
+        if (timed_step) timed += st.seconds;
         printf("%s step %d: loss %.4f | grad norm %.3f | %.3fs | %.0f tok/s\n",
-               timed_step ? "timed  " : profiled ? "profile" : "warmup ", s + 1, res.ce_loss, res.grad_norm, dt,
-               tokens_per_step / dt);
+               timed_step ? "timed  " : profiled ? "profile" : "warmup ", s + 1, st.res.ce_loss, st.res.grad_norm,
+               st.seconds, st.tokens_per_s);
         fflush(stdout);
     }
+    if (olmo_run_finish(&run)) goto fail;
     const double tok_s = (double)tokens_per_step * steps / timed;
     const double tflops = tok_s * flops_per_token / 1e12;
     double own_peak = peak_override;
@@ -227,8 +235,7 @@ int main(int argc, char **argv) {
                profile_steps > 1 ? "s" : "");
         olmo_profile_report(stdout);
     }
-    free(batch);
-    olmo_trainer_destroy(&tr);
+    olmo_run_close(&run);
     return 0;
 fail:
     fprintf(stderr, "bench_train: %s\n", olmo_last_error());
