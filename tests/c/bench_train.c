@@ -95,7 +95,8 @@ struct bench {
 
 static int random_batch(void *ctx, int32_t *batch, size_t rows, int seq_len) {
     struct bench *b = ctx;
-    for (size_t i = 0; i < rows * (size_t)seq_len; i++) batch[i] = (int32_t)(olmo_rng_next(&b->rng) % (uint64_t)b->vocab);
+    for (size_t i = 0; i < rows * (size_t)seq_len; i++)
+        batch[i] = (int32_t)(olmo_rng_next(&b->rng) % (uint64_t)b->vocab);
     return 0;
 }
 
