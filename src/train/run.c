@@ -24,9 +24,11 @@ double olmo_measure_peak_flops(const struct olmo_backend *be) {
     double best = 0.0;
     if (a && b && c) {
         be->gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up */
+        if (be->synchronize) be->synchronize();
         for (int rep = 0; rep < 3; rep++) {
             const double t0 = olmo_now_seconds();
             be->gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+            if (be->synchronize) be->synchronize(); /* a device only queues the product */
             const double dt = olmo_now_seconds() - t0;
             if (dt > 0 && 2.0 * n * n * (double)n / dt > best) best = 2.0 * n * n * (double)n / dt;
         }
