@@ -39,6 +39,34 @@ double olmo_measure_peak_flops(const struct olmo_backend *be) {
     return best;
 }
 
+/* flock on out_dir/.lock, which then holds this process's PID for the next one to name. */
+static int lock_out_dir(const char *dir, int *fd_out) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/.lock", dir);
+    const int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return olmo_error("cannot create the run lock '%s': %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB)) {
+        const int err = errno;
+        char pid[32] = "";
+        const ssize_t n = err == EWOULDBLOCK ? pread(fd, pid, sizeof pid - 1, 0) : -1;
+        close(fd);
+        if (err != EWOULDBLOCK) return olmo_error("cannot lock '%s': %s", path, strerror(err));
+        pid[n > 0 ? strcspn(pid, "\n") : 0] = 0;
+        return olmo_error("data.out_dir '%s' is in use by another training run (pid %s, holding '%s'): wait for it "
+                          "to finish, or choose another data.out_dir",
+                          dir, pid[0] ? pid : "unknown", path);
+    }
+    char pid[32];
+    const int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) || pwrite(fd, pid, (size_t)len, 0) != len) {
+        const int err = errno;
+        close(fd);
+        return olmo_error("cannot write the run lock '%s': %s", path, strerror(err));
+    }
+    *fd_out = fd;
+    return 0;
+}
+
 /* Which checkpoint, if any, the run continues from (run->ckpt, "" for none). */
 static int choose_start(struct olmo_run *run) {
     const struct olmo_run_options *o = &run->o;
@@ -169,7 +197,8 @@ int olmo_run_open(struct olmo_run *run, const struct olmo_run_options *opts) {
         return olmo_error("a step of %zu instances x train.seq_len %d tokens is more than %d tokens", run->rows,
                           cfg->train.seq_len, INT_MAX);
     if (opts->write_files) {
-        if (run->leader && olmo_make_dirs(cfg->data.out_dir)) return -1;
+        if (run->leader && (olmo_make_dirs(cfg->data.out_dir) || lock_out_dir(cfg->data.out_dir, &run->lock_fd)))
+            return -1;
         if (choose_start(run)) return -1;
     }
     if (open_model_and_data(run) || open_outputs(run)) return -1;
