@@ -119,3 +119,15 @@ def test_a_failing_rank_ends_the_mpi_job(build_dir, tiny, tmp_path):  # noqa: F8
         pytest.fail("the job hung after rank 0 failed")
     assert p.returncode != 0, stdout + stderr
     assert "olmoc train (rank 0): cannot open" in stderr, stderr
+
+
+def test_names_in_the_metrics_log_are_escaped(build_dir, tiny, tmp_path):  # noqa: F811
+    cfg, data = tiny
+    val = tmp_path / 'held "out"\\set.npy'
+    shutil.copy(data, val)
+    out = tmp_path / "run"
+    r = olmoc(build_dir, *train_args(cfg, data, out, "--set", "train.steps=2", "--set", "train.eval_every=2",
+                                     "--set", f"data.val_paths={val}", "--set", "train.eval_batches=1"))
+    assert r.returncode == 0, r.stderr
+    recs = [strict_json(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["set"] for x in recs if x["type"] == "eval"] == ['held "out"\\set']
