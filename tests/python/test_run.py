@@ -60,6 +60,29 @@ def test_full_disk_under_the_metrics_log_fails_the_run(build_dir, tiny, tmp_path
         assert not (out / "model.safetensors").exists()
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 KiB tmpfs (needs root; skipped where mounting is not allowed)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(disk)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_metrics_log_filling_a_small_disk_fails_the_run(build_dir, tiny, tmp_path, small_disk):  # noqa: F811
+    """The log grows until the disk is full (the final weights go elsewhere):
+    the run stops with the error instead of finishing with a truncated log."""
+    cfg, data = tiny
+    r = olmoc(build_dir, *train_args(cfg, data, small_disk / "run", "--set", "train.steps=2000", "--set",
+                                     "train.log_every=1000", "--save", tmp_path / "final.safetensors"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "metrics.jsonl' failed: No space left on device" in r.stderr, r.stderr
+    assert not (tmp_path / "final.safetensors").exists()
+
+
 def test_nan_losses_are_json_and_survive_resume(build_dir, tiny, tmp_path):  # noqa: F811
     cfg, data = tiny
     out = tmp_path / "run"
