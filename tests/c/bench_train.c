@@ -102,6 +102,35 @@ static int random_batch(void *ctx, int32_t *batch, size_t rows, int seq_len) {
 
 static int init_weights(void *ctx, struct olmo_model *m) { return quick_init(m, ((const struct bench *)ctx)->seed); }
 
+/* The steps of the run: warmup, timed, profiled; returns the timed steps' seconds, or -1. */
+static double run_steps(struct olmo_run *run, int warmup, int steps, int profile_steps) {
+    double timed = 0.0;
+    for (int s = 0; s < warmup + steps + profile_steps; s++) {
+        const bool timed_step = s >= warmup && s < warmup + steps, profiled = s >= warmup + steps;
+        if (s == warmup + steps) {
+            olmo_profile_reset();
+            olmo_profile_enable(true);
+        }
+        struct olmo_run_step st;
+        if (olmo_run_step(run, &st) != 1) return -1.0;
+        if (timed_step) timed += st.seconds;
+        printf("%s step %d: loss %.4f | grad norm %.3f | %.3fs | %.0f tok/s\n",
+               timed_step ? "timed  " : profiled ? "profile" : "warmup ", s + 1, st.res.ce_loss, st.res.grad_norm,
+               st.seconds, st.tokens_per_s);
+        fflush(stdout);
+    }
+    return timed;
+}
+
+/* The H200 datasheet peak of the precision the backend computes GEMMs in (0 for the CPU); its name. */
+static const char *datasheet_peak(const char *backend, double *tflops) {
+    if (strstr(backend, "bf16")) return *tflops = H200_BF16_DENSE_TFLOPS, "H200 bf16 dense";
+    if (strstr(backend, "tf32")) return *tflops = H200_TF32_DENSE_TFLOPS, "H200 tf32 dense";
+    if (!strncmp(backend, "cuda", 4)) return *tflops = H200_FP32_TFLOPS, "H200 fp32 non-tensor";
+    *tflops = 0.0;
+    return "";
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -191,31 +220,13 @@ int main(int argc, char **argv) {
     if (olmo_run_open(&run, &opts)) goto fail;
     printf("init (%s): %.1fs\n", fast_init ? "uniform, --quick-init" : "truncated normal", olmo_now_seconds() - t_init);
 
-    double timed = 0.0;
-    for (int s = 0; s < warmup + steps + profile_steps; s++) {
-        const bool timed_step = s >= warmup && s < warmup + steps, profiled = s >= warmup + steps;
-        if (s == warmup + steps) {
-            olmo_profile_reset();
-            olmo_profile_enable(true);
-        }
-        struct olmo_run_step st;
-        if (olmo_run_step(&run, &st) != 1) goto fail;
-        if (timed_step) timed += st.seconds;
-        printf("%s step %d: loss %.4f | grad norm %.3f | %.3fs | %.0f tok/s\n",
-               timed_step ? "timed  " : profiled ? "profile" : "warmup ", s + 1, st.res.ce_loss, st.res.grad_norm,
-               st.seconds, st.tokens_per_s);
-        fflush(stdout);
-    }
+    const double timed = run_steps(&run, warmup, steps, profile_steps);
+    if (timed < 0) goto fail;
     if (olmo_run_finish(&run)) goto fail;
     const double tok_s = (double)tokens_per_step * steps / timed;
     const double tflops = tok_s * flops_per_token / 1e12;
     double own_peak = peak_override;
-    const char *own = "--peak-tflops";
-    if (own_peak <= 0.0) {
-        if (strstr(be->name, "bf16")) own_peak = H200_BF16_DENSE_TFLOPS, own = "H200 bf16 dense";
-        else if (strstr(be->name, "tf32")) own_peak = H200_TF32_DENSE_TFLOPS, own = "H200 tf32 dense";
-        else if (!strncmp(be->name, "cuda", 4)) own_peak = H200_FP32_TFLOPS, own = "H200 fp32 non-tensor";
-    }
+    const char *own = own_peak > 0.0 ? "--peak-tflops" : datasheet_peak(be->name, &own_peak);
     printf("throughput: %.0f tokens/s | %.2f model TFLOP/s | MFU %.2f%% of %.1f TFLOP/s (H200 bf16 dense peak)",
            tok_s, tflops, 100.0 * tflops / H200_BF16_DENSE_TFLOPS, H200_BF16_DENSE_TFLOPS);
     if (own_peak > 0.0) printf(" | %.2f%% of %.1f TFLOP/s (%s)", 100.0 * tflops / own_peak, own_peak, own);
