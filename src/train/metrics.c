@@ -104,9 +104,12 @@ static int truncate_log(const char *path, long keep_through, FILE *log) {
     int rc = cut_log(path, text, len, keep_through, &kept, &dropped, &partial);
     if (!rc && kept != len) {
         rc = olmo_write_file_atomic(path, text, kept);
-        if (!rc && log && dropped)
+        if (!rc && log && dropped && keep_through > 0)
             fprintf(log, "note: removed %ld record%s after step %ld from %s (this run writes them again)\n",
                     dropped, dropped == 1 ? "" : "s", keep_through, path);
+        else if (!rc && log && dropped)
+            fprintf(log, "note: removed %ld record%s of an earlier run without checkpoints from %s\n", dropped,
+                    dropped == 1 ? "" : "s", path);
         if (!rc && log && partial) fprintf(log, "note: removed an incomplete last line from %s\n", path);
     }
     free(text);

@@ -106,6 +106,16 @@ static void test_records(const char *dir) {
     check(cJSON_IsString(set) && !strcmp(set->valuestring, "a \"quoted\"\\name\n"), "the record parses back");
     cJSON_Delete(back);
     free(text);
+    /* a new run in the directory of one that saved no checkpoint */
+    FILE *notes = tmpfile();
+    check(notes && olmo_metrics_open(&m, path, 0, notes) == 0 && olmo_metrics_close(&m) == 0, "start over");
+    char said[512] = "";
+    rewind(notes);
+    said[fread(said, 1, sizeof said - 1, notes)] = 0;
+    fclose(notes);
+    text = slurp(path);
+    check(text && !text[0] && strstr(said, "removed 1 record of an earlier run"), "the old records go, and it is said");
+    free(text);
 }
 
 static void test_full_disk(void) {
