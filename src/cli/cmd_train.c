@@ -59,86 +59,89 @@ static void train_usage(FILE *out) {
             "                      first; on a CUDA backend each op waits for the device, so the run is slower)\n");
 }
 
-int cmd_train(int argc, char **argv) {
-    const char *config_path = NULL, *init_path = NULL, *save_path = NULL, *resume_from = NULL, *dump_path = NULL,
-               *backend_name = "cpu";
-    bool resume = false;
-    struct olmo_config cfg;
-    olmo_config_defaults(&cfg);
+/* Reads the command line into cfg (the config file, then --set) and o.
+ * Returns -1 when cmd_train should stop: with *status 0 (--help), 2 (usage)
+ * or 1 (an error, in olmo_last_error). */
+static int parse_args(int argc, char **argv, struct olmo_config *cfg, struct olmo_run_options *o,
+                      const char **backend_name, int *status) {
     /* First pass: find the config so --set applies on top of it. */
     for (int i = 1; i < argc; i++) {
+        *status = 2;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             train_usage(stdout);
-            return 0;
+            *status = 0;
+            return -1;
         }
         if (!strcmp(argv[i], "--set") || !strcmp(argv[i], "--init") || !strcmp(argv[i], "--save") ||
             !strcmp(argv[i], "--resume-from") || !strcmp(argv[i], "--dump-batches") || !strcmp(argv[i], "--backend")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "olmoc train: %s needs a value\n", argv[i]);
-                return 2;
+                return -1;
             }
             i++;
         } else if (!strcmp(argv[i], "--resume")) {
-            resume = true;
+            o->resume = true;
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "olmoc train: unknown option '%s'\n", argv[i]);
             train_usage(stderr);
-            return 2;
-        } else if (config_path) {
-            fprintf(stderr, "olmoc train: more than one config given ('%s', '%s')\n", config_path, argv[i]);
-            return 2;
+            return -1;
+        } else if (o->config_path) {
+            fprintf(stderr, "olmoc train: more than one config given ('%s', '%s')\n", o->config_path, argv[i]);
+            return -1;
         } else {
-            config_path = argv[i];
+            o->config_path = argv[i];
         }
     }
-    if (!config_path) {
+    *status = 2;
+    if (!o->config_path) {
         train_usage(stderr);
-        return 2;
+        return -1;
     }
-    if (olmo_config_load(&cfg, config_path)) goto fail;
+    *status = 1;
+    if (olmo_config_load(cfg, o->config_path)) return -1;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--set") && olmo_config_set(&cfg, argv[++i])) goto fail;
-        else if (!strcmp(argv[i], "--init")) init_path = argv[++i];
-        else if (!strcmp(argv[i], "--save")) save_path = argv[++i];
-        else if (!strcmp(argv[i], "--resume-from")) resume_from = argv[++i];
-        else if (!strcmp(argv[i], "--dump-batches")) dump_path = argv[++i];
-        else if (!strcmp(argv[i], "--backend")) backend_name = argv[++i];
+        if (!strcmp(argv[i], "--set") && olmo_config_set(cfg, argv[++i])) return -1;
+        else if (!strcmp(argv[i], "--init")) o->init_path = argv[++i];
+        else if (!strcmp(argv[i], "--save")) o->save_path = argv[++i];
+        else if (!strcmp(argv[i], "--resume-from")) o->resume_from = argv[++i];
+        else if (!strcmp(argv[i], "--dump-batches")) o->dump_path = argv[++i];
+        else if (!strcmp(argv[i], "--backend")) *backend_name = argv[++i];
     }
-    if (resume_from && resume) {
+    *status = 2;
+    if (o->resume_from && o->resume) {
         fprintf(stderr, "olmoc train: give either --resume or --resume-from, not both\n");
-        return 2;
+        return -1;
     }
-    if (init_path && (resume || resume_from)) {
+    if (o->init_path && (o->resume || o->resume_from)) {
         fprintf(stderr, "olmoc train: --init starts a new run; it cannot be combined with --resume\n");
-        return 2;
+        return -1;
+    }
+    return 0;
+}
+
+int cmd_train(int argc, char **argv) {
+    struct olmo_config cfg;
+    olmo_config_defaults(&cfg);
+    struct olmo_run_options opts = {.cfg = &cfg, .write_files = true, .log = stdout};
+    const char *backend_name = "cpu";
+    static struct olmo_dist dist; /* static: zero (world 0) if an earlier error reaches fail */
+    int status;
+    if (parse_args(argc, argv, &cfg, &opts, &backend_name, &status)) {
+        if (status == 1) goto fail;
+        return status;
     }
     /* Under mpirun every rank runs the same steps on its slice of each batch;
      * rank 0 alone prints and writes files. */
-    static struct olmo_dist dist; /* static: zero (world 0) if an earlier error reaches fail */
     if (olmo_dist_init(&dist, NULL, NULL)) goto fail;
     if (dist.rank != 0 && !freopen("/dev/null", "w", stdout)) {
         olmo_error("cannot silence rank %d's output", dist.rank);
         goto fail;
     }
     const char *profile_env = getenv("OLMOC_PROFILE");
-    const bool profile = profile_env && *profile_env && strcmp(profile_env, "0") != 0;
-    const struct olmo_backend *be = olmo_backend_by_name(backend_name);
-    if (!be) goto fail;
-    if (profile) be = olmo_backend_profiled(be);
-    const struct olmo_run_options opts = {
-        .cfg = &cfg,
-        .be = be,
-        .dist = &dist,
-        .config_path = config_path,
-        .write_files = true,
-        .resume = resume,
-        .resume_from = resume_from,
-        .init_path = init_path,
-        .save_path = save_path,
-        .dump_path = dump_path,
-        .profile = profile,
-        .log = stdout,
-    };
+    opts.profile = profile_env && *profile_env && strcmp(profile_env, "0") != 0;
+    if (!(opts.be = olmo_backend_by_name(backend_name))) goto fail;
+    if (opts.profile) opts.be = olmo_backend_profiled(opts.be);
+    opts.dist = &dist;
     if (olmo_run_train(&opts)) goto fail;
     olmo_dist_finalize(&dist);
     return 0;
