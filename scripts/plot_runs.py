@@ -32,6 +32,8 @@ def read_metrics(run):
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 raise SystemExit(f"plot_runs: {path}:{n}: not JSON")
+            if rec.get("type") in ("train", "eval") and rec.get("loss") is None:
+                continue  # a loss that is not finite (a diverged run): olmoc writes null
             if rec.get("type") == "train":
                 train.append((rec["step"], rec["loss"]))
             elif rec.get("type") == "eval":

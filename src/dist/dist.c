@@ -32,6 +32,10 @@ void olmo_dist_finalize(struct olmo_dist *d) {
     d->mpi_active = 0;
 }
 
+void olmo_dist_abort(const struct olmo_dist *d, int code) {
+    if (d->mpi_active && d->world > 1) MPI_Abort(MPI_COMM_WORLD, code);
+}
+
 static int allreduce(const struct olmo_dist *d, void *buf, size_t n, MPI_Datatype type, size_t elem) {
     if (d->world == 1) return 0;
     for (size_t off = 0; off < n; off += MPI_CHUNK) {
@@ -89,6 +93,7 @@ int olmo_dist_init(struct olmo_dist *d, int *argc, char ***argv) {
     return 0;
 }
 void olmo_dist_finalize(struct olmo_dist *d) { (void)d; }
+void olmo_dist_abort(const struct olmo_dist *d, int code) { (void)d, (void)code; }
 int olmo_dist_allreduce_f32(const struct olmo_dist *d, float *buf, size_t n) {
     (void)d, (void)buf, (void)n;
     return 0;

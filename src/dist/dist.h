@@ -17,6 +17,10 @@ struct olmo_dist {
 /* Initialises MPI when the process was launched by an MPI launcher. */
 int olmo_dist_init(struct olmo_dist *d, int *argc, char ***argv);
 void olmo_dist_finalize(struct olmo_dist *d);
+/* After a failure on this rank: ends every rank of the job (MPI_Abort), so
+ * that none waits forever in a collective this one will never join.  Returns
+ * only when there is no job to end (one process). */
+void olmo_dist_abort(const struct olmo_dist *d, int code);
 /* In-place sums over all ranks. */
 int olmo_dist_allreduce_f32(const struct olmo_dist *d, float *buf, size_t n);
 int olmo_dist_allreduce_f64(const struct olmo_dist *d, double *buf, size_t n);

@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +16,12 @@ int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cf
     tr->cfg = *cfg;
     tr->dist = dist;
     if (olmo_config_validate(cfg)) return -1;
+    /* the model indexes a micro-batch's tokens with int */
+    const long long micro_tokens = (long long)cfg->train.micro_batch * cfg->train.seq_len;
+    if (micro_tokens > INT_MAX)
+        return olmo_error("train.micro_batch x train.seq_len = %d x %d = %lld tokens: more than a micro-batch can "
+                          "hold (%d)",
+                          cfg->train.micro_batch, cfg->train.seq_len, micro_tokens, INT_MAX);
     if (dist && dist->world > 1 && !be->host_memory) {
         if (!be->comm_init)
             return olmo_error("backend '%s' keeps gradients in device memory and this build has no collective "

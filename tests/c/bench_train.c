@@ -31,7 +31,7 @@
 #include "backend/profile.h"
 #include "config/config.h"
 #include "model/model.h"
-#include "train/trainer.h"
+#include "train/run.h"
 #include "util/error.h"
 #include "util/rng.h"
 
@@ -85,6 +85,50 @@ static int quick_init(struct olmo_model *m, uint64_t seed) {
     m->be->to_device(m->weights, host, m->n_floats * sizeof(float));
     free(host);
     return 0;
+}
+
+struct bench {
+    struct olmo_rng rng;
+    int vocab;
+    uint64_t seed;
+};
+
+static int random_batch(void *ctx, int32_t *batch, size_t rows, int seq_len) {
+    struct bench *b = ctx;
+    for (size_t i = 0; i < rows * (size_t)seq_len; i++)
+        batch[i] = (int32_t)(olmo_rng_next(&b->rng) % (uint64_t)b->vocab);
+    return 0;
+}
+
+static int init_weights(void *ctx, struct olmo_model *m) { return quick_init(m, ((const struct bench *)ctx)->seed); }
+
+/* The steps of the run: warmup, timed, profiled; returns the timed steps' seconds, or -1. */
+static double run_steps(struct olmo_run *run, int warmup, int steps, int profile_steps) {
+    double timed = 0.0;
+    for (int s = 0; s < warmup + steps + profile_steps; s++) {
+        const bool timed_step = s >= warmup && s < warmup + steps, profiled = s >= warmup + steps;
+        if (s == warmup + steps) {
+            olmo_profile_reset();
+            olmo_profile_enable(true);
+        }
+        struct olmo_run_step st;
+        if (olmo_run_step(run, &st) != 1) return -1.0;
+        if (timed_step) timed += st.seconds;
+        printf("%s step %d: loss %.4f | grad norm %.3f | %.3fs | %.0f tok/s\n",
+               timed_step ? "timed  " : profiled ? "profile" : "warmup ", s + 1, st.res.ce_loss, st.res.grad_norm,
+               st.seconds, st.tokens_per_s);
+        fflush(stdout);
+    }
+    return timed;
+}
+
+/* The H200 datasheet peak of the precision the backend computes GEMMs in (0 for the CPU); its name. */
+static const char *datasheet_peak(const char *backend, double *tflops) {
+    if (strstr(backend, "bf16")) return *tflops = H200_BF16_DENSE_TFLOPS, "H200 bf16 dense";
+    if (strstr(backend, "tf32")) return *tflops = H200_TF32_DENSE_TFLOPS, "H200 tf32 dense";
+    if (!strncmp(backend, "cuda", 4)) return *tflops = H200_FP32_TFLOPS, "H200 fp32 non-tensor";
+    *tflops = 0.0;
+    return "";
 }
 
 int main(int argc, char **argv) {
@@ -163,50 +207,26 @@ int main(int argc, char **argv) {
 #endif
     fflush(stdout);
 
-    struct olmo_trainer tr;
+    /* The training run of olmoc train (train/run.h) without files: random tokens, no evaluation or checkpoints. */
+    struct bench bench = {.vocab = mc->vocab_size, .seed = t->seed};
+    olmo_rng_seed(&bench.rng, t->seed + 1);
+    if (cfg.train.peak_flops <= 0) cfg.train.peak_flops = H200_BF16_DENSE_TFLOPS * 1e12; /* no startup measurement */
+    const struct olmo_run_options opts = {
+        .cfg = &cfg, .be = be, .config_path = config_path, .next_batch = random_batch,
+        .init_weights = fast_init ? init_weights : NULL, .ctx = &bench,
+        .stop_after = warmup + steps + profile_steps};
+    struct olmo_run run;
     double t_init = olmo_now_seconds();
-    if (olmo_trainer_init(&tr, &cfg, be)) goto fail;
-    if (fast_init) {
-        if (quick_init(&tr.model, t->seed)) goto fail;
-    } else {
-        olmo_model_init_weights(&tr.model, t->seed);
-    }
+    if (olmo_run_open(&run, &opts)) goto fail;
     printf("init (%s): %.1fs\n", fast_init ? "uniform, --quick-init" : "truncated normal", olmo_now_seconds() - t_init);
 
-    int32_t *batch = olmo_malloc(tokens_per_step * sizeof(int32_t), "batch");
-    if (!batch) goto fail;
-    struct olmo_rng rng;
-    olmo_rng_seed(&rng, t->seed + 1);
-    double timed = 0.0;
-    for (int s = 0; s < warmup + steps + profile_steps; s++) {
-        const bool timed_step = s >= warmup && s < warmup + steps, profiled = s >= warmup + steps;
-        if (s == warmup + steps) {
-            olmo_profile_reset();
-            olmo_profile_enable(true);
-        }
-        for (size_t i = 0; i < tokens_per_step; i++)
-            batch[i] = (int32_t)(olmo_rng_next(&rng) % (uint64_t)mc->vocab_size);
-        const double t0 = olmo_now_seconds();
-        struct olmo_step_result res;
-        if (olmo_trainer_step(&tr, batch, &res)) goto fail;
-        float probe; /* the update is asynchronous on a device: wait for it */
-        be->to_host(&probe, tr.model.weights, sizeof probe);
-        const double dt = olmo_now_seconds() - t0;
-        if (timed_step) timed += dt;
-        printf("%s step %d: loss %.4f | grad norm %.3f | %.3fs | %.0f tok/s\n",
-               timed_step ? "timed  " : profiled ? "profile" : "warmup ", s + 1, res.ce_loss, res.grad_norm, dt,
-               tokens_per_step / dt);
-        fflush(stdout);
-    }
+    const double timed = run_steps(&run, warmup, steps, profile_steps);
+    if (timed < 0) goto fail;
+    if (olmo_run_finish(&run)) goto fail;
     const double tok_s = (double)tokens_per_step * steps / timed;
     const double tflops = tok_s * flops_per_token / 1e12;
     double own_peak = peak_override;
-    const char *own = "--peak-tflops";
-    if (own_peak <= 0.0) {
-        if (strstr(be->name, "bf16")) own_peak = H200_BF16_DENSE_TFLOPS, own = "H200 bf16 dense";
-        else if (strstr(be->name, "tf32")) own_peak = H200_TF32_DENSE_TFLOPS, own = "H200 tf32 dense";
-        else if (!strncmp(be->name, "cuda", 4)) own_peak = H200_FP32_TFLOPS, own = "H200 fp32 non-tensor";
-    }
+    const char *own = own_peak > 0.0 ? "--peak-tflops" : datasheet_peak(be->name, &own_peak);
     printf("throughput: %.0f tokens/s | %.2f model TFLOP/s | MFU %.2f%% of %.1f TFLOP/s (H200 bf16 dense peak)",
            tok_s, tflops, 100.0 * tflops / H200_BF16_DENSE_TFLOPS, H200_BF16_DENSE_TFLOPS);
     if (own_peak > 0.0) printf(" | %.2f%% of %.1f TFLOP/s (%s)", 100.0 * tflops / own_peak, own_peak, own);
@@ -227,8 +247,7 @@ int main(int argc, char **argv) {
                profile_steps > 1 ? "s" : "");
         olmo_profile_report(stdout);
     }
-    free(batch);
-    olmo_trainer_destroy(&tr);
+    olmo_run_close(&run);
     return 0;
 fail:
     fprintf(stderr, "bench_train: %s\n", olmo_last_error());

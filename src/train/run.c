@@ -1,0 +1,397 @@
+/* The training run (train/run.h): starting point, the step loop with its
+ * metrics, progress lines, evaluation and checkpoint cadence, and the end. */
+#include "train/run.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include "backend/profile.h"
+#include "model/weights.h"
+#include "util/clock.h"
+#include "util/error.h"
+#include "util/fs.h"
+
+double olmo_measure_peak_flops(const struct olmo_backend *be) {
+    const int n = 2048; /* 1024^3 products, timed right after start-up, came out at half the speed on 2 cores */
+    const size_t bytes = sizeof(float) * (size_t)n * n;
+    float *a = be->alloc(bytes), *b = be->alloc(bytes), *c = be->alloc(bytes);
+    double best = 0.0;
+    if (a && b && c) {
+        be->gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up */
+        if (be->synchronize) be->synchronize();
+        for (int rep = 0; rep < 3; rep++) {
+            const double t0 = olmo_now_seconds();
+            be->gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+            if (be->synchronize) be->synchronize(); /* a device only queues the product */
+            const double dt = olmo_now_seconds() - t0;
+            if (dt > 0 && 2.0 * n * n * (double)n / dt > best) best = 2.0 * n * n * (double)n / dt;
+        }
+    }
+    be->free(a);
+    be->free(b);
+    be->free(c);
+    return best;
+}
+
+/* flock on out_dir/.lock, which then holds this process's PID for the next one to name. */
+static int lock_out_dir(const char *dir, int *fd_out) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/.lock", dir);
+    const int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return olmo_error("cannot create the run lock '%s': %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB)) {
+        const int err = errno;
+        char pid[32] = "";
+        const ssize_t n = err == EWOULDBLOCK ? pread(fd, pid, sizeof pid - 1, 0) : -1;
+        close(fd);
+        if (err != EWOULDBLOCK) return olmo_error("cannot lock '%s': %s", path, strerror(err));
+        pid[n > 0 ? strcspn(pid, "\n") : 0] = 0;
+        return olmo_error("data.out_dir '%s' is in use by another training run (pid %s, holding '%s'): wait for it "
+                          "to finish, or choose another data.out_dir",
+                          dir, pid[0] ? pid : "unknown", path);
+    }
+    char pid[32];
+    const int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) || pwrite(fd, pid, (size_t)len, 0) != len) {
+        const int err = errno;
+        close(fd);
+        return olmo_error("cannot write the run lock '%s': %s", path, strerror(err));
+    }
+    *fd_out = fd;
+    return 0;
+}
+
+/* Which checkpoint, if any, the run continues from (run->ckpt, "" for none). */
+static int choose_start(struct olmo_run *run) {
+    const struct olmo_run_options *o = &run->o;
+    if (o->resume_from) {
+        snprintf(run->ckpt, sizeof run->ckpt, "%s", o->resume_from);
+        return 0;
+    }
+    const int found = olmo_ckpt_find_latest(run->cfg.data.out_dir, run->ckpt, sizeof run->ckpt);
+    if (found < 0) return -1;
+    if (found && !o->resume)
+        return olmo_error("data.out_dir '%s' already holds checkpoint '%s': pass --resume to continue that run, or "
+                          "choose another data.out_dir",
+                          run->cfg.data.out_dir, run->ckpt);
+    if (!found) run->ckpt[0] = 0;
+    return 0;
+}
+
+/* Loads run->ckpt and checks that it continues this data in this directory. */
+static int resume_checkpoint(struct olmo_run *run) {
+    const struct olmo_config *cfg = &run->cfg;
+    struct olmo_ckpt_state *st = &run->st;
+    if (olmo_ckpt_load(run->ckpt, &run->tr, st)) return -1;
+    if (run->loader_ready) {
+        if (st->loader_seed != cfg->train.seed || st->loader_instances != run->loader.n_instances)
+            return olmo_error("checkpoint '%s' was written reading %zu instances with seed %llu, but "
+                              "data.train_path '%s' has %zu instances (seed %llu): not the same data",
+                              run->ckpt, st->loader_instances, (unsigned long long)st->loader_seed,
+                              cfg->data.train_path, run->loader.n_instances, (unsigned long long)cfg->train.seed);
+        if (olmo_ckpt_seek_loader(&run->loader, st)) return -1;
+    }
+    /* Newer checkpoints in out_dir would belong to another trajectory: the
+     * next auto-resume, and keep-last retention, would mix the two runs. */
+    char newest[4096];
+    const int found = olmo_ckpt_find_latest(cfg->data.out_dir, newest, sizeof newest);
+    if (found < 0) return -1;
+    if (found && strcmp(newest, run->ckpt)) {
+        const char *base = strrchr(newest, '/');
+        const long newest_step = base ? strtol(base + 1 + strlen("step-"), NULL, 10) : 0;
+        if (newest_step > st->step)
+            return olmo_error("data.out_dir '%s' holds '%s', newer than the checkpoint to resume from (step %ld): "
+                              "continuing would mix two runs; remove the newer checkpoints or use another "
+                              "data.out_dir",
+                              cfg->data.out_dir, newest, st->step);
+    }
+    return 0;
+}
+
+/* The model, the data, the evaluators, and the weights to start from. */
+static int open_model_and_data(struct olmo_run *run) {
+    const struct olmo_run_options *o = &run->o;
+    const struct olmo_config *cfg = &run->cfg;
+    if (!o->next_batch) {
+        if (olmo_loader_open_config(&run->loader, &cfg->data, cfg->train.seq_len, cfg->model.vocab_size,
+                                    cfg->train.seed))
+            return -1;
+        run->loader_ready = true;
+    }
+    if (olmo_trainer_init_dist(&run->tr, cfg, o->be, o->dist)) return -1;
+    run->trainer_ready = true;
+    if (o->log && cfg->train.eval_every == 0 && (cfg->data.val_paths[0] || cfg->data.eval_tasks[0]))
+        fprintf(o->log, "note: data.val_paths / data.eval_tasks are set but train.eval_every is 0: no evaluation\n");
+    if (o->write_files && cfg->train.eval_every > 0) {
+        if (olmo_val_sets_open(cfg->data.val_paths, cfg->train.seq_len, &run->ev.val, &run->ev.n_val)) return -1;
+        if (olmo_mc_tasks_load(cfg->data.eval_tasks, cfg->model.vocab_size, &run->ev.tasks, &run->ev.n_tasks))
+            return -1;
+    }
+    if (run->ckpt[0]) return resume_checkpoint(run);
+    if (o->init_path) return olmo_weights_load(&run->tr.model, o->init_path);
+    if (o->init_weights) return o->init_weights(o->ctx, &run->tr.model);
+    olmo_model_init_weights(&run->tr.model, cfg->train.seed);
+    return 0;
+}
+
+/* config.yaml, the metrics log and the batch dump (rank 0). */
+static int open_outputs(struct olmo_run *run) {
+    const struct olmo_run_options *o = &run->o;
+    char path[4200];
+    if (!o->write_files || !run->leader) return olmo_metrics_open(&run->metrics, NULL, 0, NULL);
+    snprintf(path, sizeof path, "%s/config.yaml", run->cfg.data.out_dir);
+    if (olmo_config_write(&run->cfg, path)) return -1;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run->cfg.data.out_dir);
+    if (olmo_metrics_open(&run->metrics, path, run->st.step, o->log)) return -1;
+    if (o->dump_path && !(run->dump = fopen(o->dump_path, run->ckpt[0] ? "ab" : "wb")))
+        return olmo_error("cannot write '%s': %s", o->dump_path, strerror(errno));
+    return 0;
+}
+
+static void print_header(const struct olmo_run *run) {
+    FILE *log = run->o.log;
+    const struct olmo_config *cfg = &run->cfg;
+    const struct olmo_backend *be = run->o.be;
+    const int world = run->o.dist ? run->o.dist->world : 1;
+    if (!log) return;
+    fprintf(log,
+            "olmoc train: %s | %zu params (%zu non-embedding) | %d layers d_model %d | batch %zu x %d tokens | "
+            "%zu instances in %s\n",
+            run->o.config_path ? run->o.config_path : "-", olmo_model_count_params(&cfg->model, true),
+            olmo_model_count_params(&cfg->model, false), cfg->model.n_layers, cfg->model.d_model, run->rows,
+            cfg->train.seq_len, run->loader.n_instances, cfg->data.mix[0] ? cfg->data.mix : cfg->data.train_path);
+    if (world > 1)
+        fprintf(log,
+                "data parallel: %d ranks x %d micro-batches of %d; optimizer state sharded (ZeRO-1); gradients "
+                "through %s\n",
+                world, cfg->train.grad_accum, cfg->train.micro_batch, run->tr.device_comm ? "NCCL" : "MPI");
+    fprintf(log, "backend %s", be->name);
+    if (be->describe) fprintf(log, " (%s)", be->describe());
+    fprintf(log, " | MFU: %.4g FLOPs/token, peak %.4g FLOP/s (%s)\n", run->flops_per_token, run->peak,
+            run->peak_source);
+    if (run->ckpt[0])
+        fprintf(log, "resumed from %s at step %ld (epoch %ld, instance %zu)\n", run->ckpt, run->st.step,
+                run->st.loader_epoch, run->st.loader_pos);
+    fflush(log);
+}
+
+int olmo_run_open(struct olmo_run *run, const struct olmo_run_options *opts) {
+    memset(run, 0, sizeof *run);
+    run->lock_fd = -1;
+    run->o = *opts;
+    run->cfg = *opts->cfg;
+    const struct olmo_config *cfg = &run->cfg;
+    const int world = opts->dist ? opts->dist->world : 1;
+    run->leader = !opts->dist || opts->dist->rank == 0;
+    if (olmo_config_validate(cfg)) return -1;
+    if (!opts->next_batch && !cfg->data.train_path[0] && !cfg->data.mix[0])
+        return olmo_error("neither data.train_path nor data.mix is set: give token files in the config or with --set");
+    run->rows = (size_t)world * cfg->train.grad_accum * cfg->train.micro_batch;
+    if (run->rows * (size_t)cfg->train.seq_len > (size_t)INT_MAX)
+        return olmo_error("a step of %zu instances x train.seq_len %d tokens is more than %d tokens", run->rows,
+                          cfg->train.seq_len, INT_MAX);
+    if (opts->write_files) {
+        if (run->leader && (olmo_make_dirs(cfg->data.out_dir) || lock_out_dir(cfg->data.out_dir, &run->lock_fd)))
+            return -1;
+        if (choose_start(run)) return -1;
+    }
+    if (open_model_and_data(run) || open_outputs(run)) return -1;
+    run->tokens_per_step = (long)(run->rows * (size_t)cfg->train.seq_len);
+    if (!(run->batch = olmo_malloc(run->rows * (size_t)cfg->train.seq_len * sizeof(int32_t), "batch"))) return -1;
+    run->flops_per_token = olmo_model_flops_per_token(&cfg->model, cfg->train.seq_len);
+    run->peak = cfg->train.peak_flops;
+    run->peak_source = "train.peak_flops";
+    if (run->peak <= 0) {
+        run->peak = olmo_measure_peak_flops(opts->be);
+        run->peak_source = "measured: best of 3 SGEMMs 2048^3";
+    }
+    run->peak *= world; /* every rank has the same peak */
+    print_header(run);
+    run->step = run->st.step;
+    run->tokens = run->st.tokens;
+    run->start = run->last = olmo_now_seconds();
+    return 0;
+}
+
+static void format_duration(char *buf, size_t n, double s) {
+    const long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+}
+
+static int run_evals(struct olmo_run *run) {
+    const struct olmo_config *cfg = &run->cfg;
+    FILE *log = run->o.log;
+    for (int i = 0; i < run->ev.n_val; i++) {
+        double loss;
+        long tokens;
+        const double t0 = olmo_now_seconds();
+        if (olmo_eval_val_set(&run->tr.model, &run->ev.val[i], cfg->train.eval_batches, cfg->train.intra_doc_masking,
+                              &loss, &tokens))
+            return -1;
+        if (log)
+            fprintf(log, "eval step %ld | %s | loss %.4f | ppl %.3f | %ld tokens | %.2fs\n", run->step,
+                    run->ev.val[i].name, loss, exp(loss), tokens, olmo_now_seconds() - t0);
+        cJSON *rec = olmo_metrics_record("eval", run->step);
+        cJSON_AddStringToObject(rec, "set", run->ev.val[i].name);
+        olmo_metrics_add_num(rec, "loss", "%.17g", loss);
+        olmo_metrics_add_num(rec, "ppl", "%.17g", exp(loss));
+        olmo_metrics_add_int(rec, "tokens", tokens);
+        if (olmo_metrics_write(&run->metrics, rec)) return -1;
+    }
+    const int vocab = cfg->model.vocab_size, pad_id = cfg->model.pad_token_id;
+    const int pad = pad_id >= 0 && pad_id < vocab ? pad_id : cfg->model.eos_token_id;
+    for (int i = 0; i < run->ev.n_tasks; i++) {
+        struct olmo_mc_result r;
+        if (olmo_mc_eval(&run->tr.model, &run->ev.tasks[i], pad, &r, NULL)) return -1;
+        if (log)
+            fprintf(log, "eval step %ld | task %s | acc %.4f | acc_per_token %.4f | %d examples\n", run->step,
+                    run->ev.tasks[i].name, r.acc, r.acc_per_token, r.n);
+        cJSON *rec = olmo_metrics_record("downstream", run->step);
+        cJSON_AddStringToObject(rec, "task", run->ev.tasks[i].name);
+        olmo_metrics_add_num(rec, "acc", "%.17g", r.acc);
+        olmo_metrics_add_num(rec, "acc_per_token", "%.17g", r.acc_per_token);
+        olmo_metrics_add_int(rec, "n", r.n);
+        if (olmo_metrics_write(&run->metrics, rec)) return -1;
+    }
+    if (log) fflush(log);
+    return 0;
+}
+
+static int save_checkpoint(struct olmo_run *run) {
+    const double t0 = olmo_now_seconds();
+    const struct olmo_ckpt_state cs = {
+        .step = run->step,
+        .tokens = run->tokens,
+        .elapsed = run->st.elapsed + (olmo_now_seconds() - run->start),
+        .loader_epoch = run->loader.epoch,
+        .loader_pos = run->loader.pos,
+        .loader_instances = run->loader.n_instances,
+        .loader_seed = run->cfg.train.seed,
+        .loader_fingerprint = run->loader.fingerprint,
+    };
+    char saved[4096];
+    if (olmo_ckpt_save(run->cfg.data.out_dir, &run->tr, &cs, saved, sizeof saved) ||
+        (run->leader && olmo_ckpt_retain(run->cfg.data.out_dir, run->cfg.train.keep_last)))
+        return -1;
+    if (run->o.log) {
+        fprintf(run->o.log, "checkpoint step %ld: %s (%.2fs)\n", run->step, saved, olmo_now_seconds() - t0);
+        fflush(run->o.log);
+    }
+    return 0;
+}
+
+/* The metrics record of a step, and every log_every steps the progress line. */
+static int report_step(struct olmo_run *run, const struct olmo_run_step *s, double now) {
+    const struct olmo_train_config *t = &run->cfg.train;
+    cJSON *rec = olmo_metrics_record("train", s->step);
+    olmo_metrics_add_num(rec, "loss", "%.17g", s->res.ce_loss);
+    olmo_metrics_add_num(rec, "z_loss", "%.17g", s->res.z_loss);
+    olmo_metrics_add_num(rec, "grad_norm", "%.17g", s->res.grad_norm);
+    olmo_metrics_add_num(rec, "lr", "%.17g", s->res.lr);
+    olmo_metrics_add_int(rec, "tokens", run->tokens);
+    olmo_metrics_add_num(rec, "tokens_per_s", "%.6g", s->tokens_per_s);
+    olmo_metrics_add_num(rec, "mfu", "%.6g", s->mfu);
+    olmo_metrics_add_num(rec, "elapsed", "%.6f", run->st.elapsed + (now - run->start));
+    if (olmo_metrics_write(&run->metrics, rec)) return -1;
+    if (!run->o.log || (s->step % t->log_every != 0 && s->step != t->steps)) return 0;
+    const double tok_s = (double)(run->steps_since_log * run->tokens_per_step) / run->interval;
+    char eta[32];
+    const long done = s->step - run->st.step;
+    format_duration(eta, sizeof eta, (now - run->start) / (double)done * (double)(t->steps - s->step));
+    fprintf(run->o.log,
+            "step %ld/%ld | loss %.4f | z %.2e | grad norm %.3f | lr %.3e | %.0f tok/s | MFU %.2f%% | ETA %s\n",
+            s->step, t->steps, s->res.ce_loss, s->res.z_loss, s->res.grad_norm, s->res.lr, tok_s,
+            100.0 * (run->peak > 0 ? tok_s * run->flops_per_token / run->peak : 0.0), eta);
+    fflush(run->o.log);
+    run->steps_since_log = 0;
+    run->interval = 0.0;
+    return 0;
+}
+
+int olmo_run_step(struct olmo_run *run, struct olmo_run_step *out) {
+    const struct olmo_run_options *o = &run->o;
+    const struct olmo_train_config *t = &run->cfg.train;
+    if (run->step >= (o->stop_after > 0 ? o->stop_after : t->steps)) return 0;
+    const int seq = t->seq_len;
+    struct olmo_run_step s = {.step = ++run->step};
+    const int rc = o->next_batch ? o->next_batch(o->ctx, run->batch, run->rows, seq)
+                                 : olmo_loader_next(&run->loader, run->batch, (int)run->rows);
+    if (rc) return -1;
+    if (run->dump && fwrite(run->batch, sizeof(int32_t), run->rows * seq, run->dump) != run->rows * seq)
+        return olmo_error("writing '%s' failed: %s", o->dump_path, strerror(errno));
+    if (olmo_trainer_step(&run->tr, run->batch, &s.res)) return -1;
+    if (o->be->synchronize) o->be->synchronize(); /* the update is asynchronous on a device */
+    run->tokens += run->tokens_per_step;
+    run->steps_since_log++;
+    const double now = olmo_now_seconds();
+    s.seconds = now - run->last > 0 ? now - run->last : 1e-9;
+    s.tokens_per_s = (double)run->tokens_per_step / s.seconds;
+    s.mfu = run->peak > 0 ? s.tokens_per_s * run->flops_per_token / run->peak : 0.0;
+    run->interval += s.seconds;
+    if (report_step(run, &s, now)) return -1;
+    const bool last_step = s.step == t->steps;
+    if (t->eval_every > 0 && (s.step % t->eval_every == 0 || last_step) && (run->ev.n_val || run->ev.n_tasks) &&
+        run_evals(run))
+        return -1;
+    if (o->write_files && t->save_every > 0 && (s.step % t->save_every == 0 || last_step) && save_checkpoint(run))
+        return -1;
+    if (o->profile && s.step == run->st.step + 1) olmo_profile_reset(); /* the first step pays for page faults */
+    run->last = olmo_now_seconds(); /* evaluation and checkpoint time do not count as step time */
+    if (out) *out = s;
+    return 1;
+}
+
+int olmo_run_finish(struct olmo_run *run) {
+    const struct olmo_run_options *o = &run->o;
+    if (olmo_metrics_close(&run->metrics)) return -1;
+    if (run->dump) {
+        const int rc = fclose(run->dump);
+        run->dump = NULL;
+        if (rc) return olmo_error("writing '%s' failed: %s", o->dump_path, strerror(errno));
+    }
+    if (o->profile && o->log) olmo_profile_report(o->log);
+    const double total = olmo_now_seconds() - run->start;
+    char weights_path[4200];
+    const char *save = o->save_path;
+    if (o->write_files && !save) {
+        snprintf(weights_path, sizeof weights_path, "%s/model.safetensors", run->cfg.data.out_dir);
+        save = weights_path;
+    }
+    if (o->write_files && run->leader && olmo_weights_save(&run->tr.model, run->tr.model.weights, save)) return -1;
+    const long done = run->step - run->st.step;
+    if (o->log)
+        fprintf(o->log, "done: %ld steps in %.1fs (%.0f tok/s average); weights in %s\n", done, total,
+                total > 0 ? (double)done * (double)run->tokens_per_step / total : 0.0, save ? save : "-");
+    return 0;
+}
+
+void olmo_run_close(struct olmo_run *run) {
+    if (run->metrics.f) fclose(run->metrics.f);
+    if (run->dump) fclose(run->dump);
+    free(run->batch);
+    olmo_val_sets_close(run->ev.val, run->ev.n_val);
+    olmo_mc_tasks_free(run->ev.tasks, run->ev.n_tasks);
+    if (run->trainer_ready) olmo_trainer_destroy(&run->tr);
+    if (run->loader_ready) olmo_loader_close(&run->loader);
+    if (run->lock_fd >= 0) close(run->lock_fd);
+    memset(run, 0, sizeof *run);
+    run->lock_fd = -1;
+}
+
+int olmo_run_train(const struct olmo_run_options *opts) {
+    struct olmo_run run;
+    int rc = olmo_run_open(&run, opts);
+    if (!rc)
+        while ((rc = olmo_run_step(&run, NULL)) > 0) {
+        }
+    if (!rc) rc = olmo_run_finish(&run);
+    olmo_run_close(&run);
+    return rc;
+}
