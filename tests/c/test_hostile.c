@@ -16,6 +16,7 @@
 #include "config/config.h"
 #include "data/token_file.h"
 #include "io/safetensors.h"
+#include "model/hf.h"
 #include "util/error.h"
 
 static int failures, checks;
@@ -48,7 +49,7 @@ static void write_bytes(const char *name, const void *p, size_t n) {
     }
 }
 
-static __attribute__((unused)) void write_text(const char *name, const char *text) { write_bytes(name, text, strlen(text)); }
+static void write_text(const char *name, const char *text) { write_bytes(name, text, strlen(text)); }
 
 static int error_has(const char *a, const char *b) {
     const char *e = olmo_last_error();
@@ -135,6 +136,133 @@ static void test_token_file_shrinks(void) {
     free(rows);
 }
 
+/* ---------------------------------------------------------------- configs */
+
+/* Strings with YAML's special characters: config.yaml was written with them
+ * unescaped, and every checkpoint of the run failed to load. */
+static void test_config_yaml_round_trip(void) {
+    static const char *const hostile[] = {
+        "a\"b",          "back\\slash",      "C:\\new\\table",     "tab\there",    "new\nline",
+        "cr\rlf",        "ctrl\x01\x1f\x7f", "# not a comment",    "key: value",   "- item",
+        "[flow]",        "{map}",            "&anchor *alias",     "!tag",         "%directive",
+        "@at `tick`",    "---",              "...",                " lead trail ", "'single'",
+        "true",          "null",             "~",                  "0x1F",         "1e3",
+        "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", "bom\xef\xbb\xbf", "nel\xc2\x85 ls\xe2\x80\xa8", "",
+    };
+    const char *cfg_path = path_of("round.yaml");
+    for (size_t i = 0; i < sizeof hostile / sizeof hostile[0]; i++) {
+        struct olmo_config a, b;
+        olmo_config_defaults(&a);
+        a.model.vocab_size = 64;
+        snprintf(a.data.out_dir, sizeof a.data.out_dir, "runs/%s/x", hostile[i]);
+        snprintf(a.data.train_path, sizeof a.data.train_path, "%s", hostile[i]);
+        snprintf(a.data.eval_tasks, sizeof a.data.eval_tasks, "%s,%s", hostile[i], hostile[i]);
+        CHECK(!olmo_config_write(&a, cfg_path), "write %zu: %s", i, olmo_last_error());
+        olmo_config_defaults(&b);
+        int rc = olmo_config_load(&b, cfg_path);
+        CHECK(!rc, "string %zu reads back: %s", i, olmo_last_error());
+        CHECK(!rc && !strcmp(a.data.out_dir, b.data.out_dir) && !strcmp(a.data.train_path, b.data.train_path) &&
+                  !strcmp(a.data.eval_tasks, b.data.eval_tasks) && b.model.vocab_size == 64,
+              "string %zu round-trips: '%s' -> '%s'", i, a.data.train_path, b.data.train_path);
+    }
+    /* a path that is not UTF-8 cannot be YAML text: a clear error, not a file that does not load */
+    struct olmo_config c;
+    olmo_config_defaults(&c);
+    snprintf(c.data.train_path, sizeof c.data.train_path, "bad\xff.npy");
+    CHECK(olmo_config_write(&c, cfg_path) && error_has("data.train_path", NULL), "non-UTF-8 path: %s",
+          olmo_last_error());
+}
+
+static int load_text(const char *text) {
+    write_text("c.yaml", text);
+    struct olmo_config cfg;
+    olmo_config_defaults(&cfg);
+    return olmo_config_load(&cfg, path_of("c.yaml"));
+}
+
+/* Duplicate keys, duplicate sections and extra documents: last one won. */
+static void test_config_duplicates(void) {
+    CHECK(!load_text("model:\n  vocab_size: 8\ntrain:\n  seq_len: 4\n"), "plain config: %s", olmo_last_error());
+    CHECK(load_text("model:\n  vocab_size: 8\n  d_model: 4\n  vocab_size: 9\n") &&
+              error_has("c.yaml:4", "'model.vocab_size' appears twice (first at line 2)"),
+          "duplicate key: %s", olmo_last_error());
+    CHECK(load_text("model:\n  vocab_size: 8\ntrain:\n  lr: 1\nmodel:\n  d_model: 4\n") &&
+              error_has("c.yaml:5", "section 'model' appears twice (first at line 1)"),
+          "duplicate section: %s", olmo_last_error());
+    CHECK(load_text("model: {vocab_size: 8, vocab_size: 9}\n") && error_has("c.yaml", "appears twice"),
+          "duplicate key, flow style: %s", olmo_last_error());
+    CHECK(load_text("model:\n  vocab_size: 8\n---\nmodel:\n  vocab_size: 9\n") &&
+              error_has("c.yaml:3", "second YAML document"),
+          "second document: %s", olmo_last_error());
+}
+
+/* An empty config was reported as "model.vocab_size must be positive" without naming the file. */
+static void test_config_empty(void) {
+    static const char *const empty[] = {"", "# only a comment\n", "---\n", "~\n", "{}\n"};
+    for (size_t i = 0; i < sizeof empty / sizeof empty[0]; i++)
+        CHECK(load_text(empty[i]) && error_has("c.yaml", "is empty"), "empty config %zu: %s", i, olmo_last_error());
+}
+
+/* A subnormal number was "expects a number"; out-of-range ones now say so. */
+static void test_config_numbers(void) {
+    struct olmo_config cfg;
+    olmo_config_defaults(&cfg);
+    CHECK(!olmo_config_set(&cfg, "train.eps=1e-310") && cfg.train.eps == 1e-310, "subnormal accepted: %s",
+          olmo_last_error());
+    CHECK(!olmo_config_set(&cfg, "train.eps=4.9e-324") && cfg.train.eps > 0, "smallest subnormal: %s",
+          olmo_last_error());
+    CHECK(olmo_config_set(&cfg, "train.eps=1e-400") && error_has("train.eps", "underflows to 0"), "underflow: %s",
+          olmo_last_error());
+    CHECK(olmo_config_set(&cfg, "train.lr=1e400") && error_has("train.lr", "out of range"), "overflow: %s",
+          olmo_last_error());
+    CHECK(olmo_config_set(&cfg, "train.lr=nan") && error_has("train.lr", "expects a number"), "nan: %s",
+          olmo_last_error());
+    CHECK(olmo_config_set(&cfg, "train.lr=fast") && error_has("train.lr", "expects a number"), "word: %s",
+          olmo_last_error());
+}
+
+static void small_config(struct olmo_config *cfg) {
+    olmo_config_defaults(cfg);
+    cfg->model = (struct olmo_model_config){.vocab_size = 64, .d_model = 32, .n_layers = 2, .n_heads = 4,
+                                            .n_kv_heads = 2, .mlp_hidden = 64, .rope_theta = 1e4,
+                                            .rms_norm_eps = 1e-6, .init_std = 0.02};
+    cfg->train.seq_len = 16;
+}
+
+/* Absurd sizes are refused up front, naming the key and the limit. */
+static void test_config_limits(void) {
+    struct olmo_config cfg;
+    small_config(&cfg);
+    CHECK(!olmo_config_validate(&cfg), "small config valid: %s", olmo_last_error());
+    static const struct {
+        const char *set, *key;
+    } cases[] = {
+        {"model.n_layers=2147483647", "model.n_layers is 2147483647, above olmoc's limit of 1024"},
+        {"model.vocab_size=16777217", "model.vocab_size is 16777217, above olmoc's limit of 16777216"},
+        {"model.d_model=131072", "model.d_model is 131072, above olmoc's limit of 65536"},
+        {"model.mlp_hidden=2000000000", "model.mlp_hidden is 2000000000"},
+        {"train.seq_len=2000000000", "train.seq_len is 2000000000"},
+        {"train.micro_batch=100000", "train.micro_batch is 100000"},
+        {"train.micro_batch=4096", "train.micro_batch x train.seq_len is"}, /* with seq_len 2^20 below */
+        {"train.grad_accum=2000000000", "train.grad_accum is 2000000000"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        small_config(&cfg);
+        if (i == 6) cfg.train.seq_len = 1 << 20;
+        CHECK(!olmo_config_set(&cfg, cases[i].set), "set %s", cases[i].set);
+        CHECK(olmo_config_validate(&cfg) && error_has(cases[i].key, NULL), "%s refused: %s", cases[i].set,
+              olmo_last_error());
+    }
+    /* a Hugging Face config.json with 2^31-1 layers: 72 s and 2 GB before failing */
+    write_text("config.json", "{\"model_type\": \"olmo3\", \"vocab_size\": 64, \"hidden_size\": 32, "
+                              "\"num_hidden_layers\": 2147483647, \"num_attention_heads\": 4, "
+                              "\"intermediate_size\": 64}");
+    small_config(&cfg);
+    CHECK(olmo_hf_read_config(path_of("config.json"), &cfg) &&
+              error_has("config.json", "'num_hidden_layers' is 2147483647, above olmoc's limit of 1024"),
+          "HF config with 2^31-1 layers: %s", olmo_last_error());
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
@@ -142,6 +270,11 @@ static const struct {
     {"mix_weight_overflow", test_mix_weight_overflow},
     {"fifo_token_file", test_fifo_token_file},
     {"token_file_shrinks", test_token_file_shrinks},
+    {"config_yaml_round_trip", test_config_yaml_round_trip},
+    {"config_duplicates", test_config_duplicates},
+    {"config_empty", test_config_empty},
+    {"config_numbers", test_config_numbers},
+    {"config_limits", test_config_limits},
 };
 
 /* test_hostile [NAME...]: the named cases only (all by default). */
