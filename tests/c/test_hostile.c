@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "config/config.h"
@@ -263,6 +264,119 @@ static void test_config_limits(void) {
           "HF config with 2^31-1 layers: %s", olmo_last_error());
 }
 
+/* ---------------------------------------------------------------- safetensors */
+
+/* 8-byte length, the header as given, then `data` zero bytes. */
+static void write_st(const char *name, const char *header, size_t data) {
+    size_t hlen = strlen(header);
+    unsigned char *buf = calloc(1, 8 + hlen + data);
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    memcpy(buf + 8, header, hlen);
+    write_bytes(name, buf, 8 + hlen + data);
+    free(buf);
+}
+
+static int st_open_fails(const char *header, size_t data, const char *message) {
+    write_st("h.safetensors", header, data);
+    struct st_file f;
+    if (!st_open(&f, path_of("h.safetensors"))) {
+        st_close(&f);
+        printf("  accepted: %s\n", header);
+        return 0;
+    }
+    if (!error_has("h.safetensors", message)) {
+        printf("  wrong message: %s\n", olmo_last_error());
+        return 0;
+    }
+    return 1;
+}
+
+/* The header checks, tightened to what the format says. */
+static void test_safetensors_format(void) {
+    struct st_file f;
+    write_st("ok.safetensors",
+             "{\"__metadata__\":{\"format\":\"pt\"},\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+             "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]}}   ",
+             8);
+    CHECK(!st_open(&f, path_of("ok.safetensors")) && f.n_tensors == 2 && st_find(&f, "z"), "valid file: %s",
+          olmo_last_error());
+    st_close(&f);
+    /* a zero-length entry sorting between two overlapping tensors hid the overlap */
+    CHECK(st_open_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                        "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]},"
+                        "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+                        12, "overlap"),
+          "overlap around a zero-length tensor");
+    CHECK(st_open_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}xyz", 4,
+                        "not whitespace padding"),
+          "bytes after the JSON inside the header length");
+    CHECK(st_open_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0.5,4.5]}}", 8,
+                        "data_offsets must be integers"),
+          "fractional offsets");
+    CHECK(st_open_fails("{\"__metadata__\":5,\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
+                        "__metadata__ is not an object"),
+          "non-object __metadata__");
+    CHECK(st_open_fails("{\"__metadata__\":{\"format\":1},\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
+                        "\"data_offsets\":[0,4]}}",
+                        4, "is not a string"),
+          "non-string __metadata__ value");
+    CHECK(st_open_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                        "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
+                        12, "bytes [4, 8) of the data section belong to no tensor"),
+          "a hole between tensors");
+    CHECK(st_open_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 12,
+                        "the last 8 bytes of the data section belong to no tensor"),
+          "bytes after the last tensor");
+    CHECK(st_open_fails(" {\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "byte 8 is not '{'"),
+          "header not starting with '{'");
+}
+
+/* Header parsing was quadratic in the number of tensors (13 MB: 221 s). */
+static void test_safetensors_many_tensors(void) {
+    enum { N = 200000 };
+    size_t cap = (size_t)N * 80 + 16, len = 0;
+    char *h = malloc(cap);
+    h[len++] = '{';
+    for (int i = 0; i < N; i++)
+        len += (size_t)snprintf(h + len, cap - len, "%s\"layer.%d.w\":{\"dtype\":\"F32\",\"shape\":[1],"
+                                "\"data_offsets\":[%d,%d]}", i ? "," : "", i, 4 * i, 4 * i + 4);
+    h[len++] = '}';
+    h[len] = 0;
+    printf("  header of %zu bytes, %d tensors\n", len, N);
+    write_st("many.safetensors", h, (size_t)N * 4);
+    free(h);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    struct st_file f;
+    int rc = st_open(&f, path_of("many.safetensors"));
+    CHECK(!rc && f.n_tensors == N, "open: %s", olmo_last_error());
+    bool found = true;
+    for (int i = 0; i < N && !rc; i += 997) {
+        char name[64];
+        snprintf(name, sizeof name, "layer.%d.w", i);
+        const struct st_tensor *t = st_find(&f, name);
+        found &= t && t->begin == (size_t)4 * i;
+    }
+    CHECK(found && !st_find(&f, "layer.x.w"), "names found");
+    if (!rc) st_close(&f);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    printf("  parsed in %.2f s\n", s);
+    CHECK(s < 15, "a %d-tensor header parses in seconds, took %.1f s", N, s);
+}
+
+/* An F64 tensor was "not a float type". */
+static void test_safetensors_f64_message(void) {
+    write_st("f64.safetensors", "{\"w\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[0,16]}}", 16);
+    struct st_file f;
+    CHECK(!st_open(&f, path_of("f64.safetensors")), "open: %s", olmo_last_error());
+    float out[2];
+    CHECK(st_read_f32(&f, st_find(&f, "w"), out) && error_has("is F64", "must be F32, BF16 or F16") &&
+              !error_has("not a float type", NULL),
+          "F64 message: %s", olmo_last_error());
+    st_close(&f);
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
@@ -275,6 +389,9 @@ static const struct {
     {"config_empty", test_config_empty},
     {"config_numbers", test_config_numbers},
     {"config_limits", test_config_limits},
+    {"safetensors_format", test_safetensors_format},
+    {"safetensors_many_tensors", test_safetensors_many_tensors},
+    {"safetensors_f64_message", test_safetensors_f64_message},
 };
 
 /* test_hostile [NAME...]: the named cases only (all by default). */
