@@ -18,6 +18,7 @@
 #include "data/token_file.h"
 #include "io/safetensors.h"
 #include "model/hf.h"
+#include "train/evaluate.h"
 #include "util/error.h"
 
 static int failures, checks;
@@ -377,6 +378,29 @@ static void test_safetensors_f64_message(void) {
     st_close(&f);
 }
 
+/* ---------------------------------------------------------------- task files */
+
+/* A NUL byte ended the file there: the examples after it were dropped silently. */
+static void test_task_file_nul(void) {
+    static const char ex[] = "{\"context\": [1, 2], \"choices\": [[3], [4]], \"label\": 0}\n";
+    const size_t obj = sizeof ex - 2; /* the object without its newline */
+    char text[512];
+    size_t n = 0;
+    memcpy(text + n, ex, obj), n += obj;
+    text[n++] = 0; /* right after the first object: before the fix, one example and no error */
+    for (int i = 0; i < 3; i++) memcpy(text + n, ex, sizeof ex - 1), n += sizeof ex - 1;
+    write_bytes("nul.jsonl", text, n);
+    struct olmo_mc_task t;
+    char want[64];
+    snprintf(want, sizeof want, "NUL byte at offset %zu (line 1)", obj);
+    CHECK(olmo_mc_task_load(path_of("nul.jsonl"), 64, &t) && error_has("nul.jsonl", want), "NUL refused: %s",
+          olmo_last_error());
+    write_bytes("ok.jsonl", ex, sizeof ex - 1);
+    CHECK(!olmo_mc_task_load(path_of("ok.jsonl"), 64, &t) && t.n == 1, "a clean task file loads: %s",
+          olmo_last_error());
+    olmo_mc_task_free(&t);
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
@@ -392,6 +416,7 @@ static const struct {
     {"safetensors_format", test_safetensors_format},
     {"safetensors_many_tensors", test_safetensors_many_tensors},
     {"safetensors_f64_message", test_safetensors_f64_message},
+    {"task_file_nul", test_task_file_nul},
 };
 
 /* test_hostile [NAME...]: the named cases only (all by default). */
