@@ -1,6 +1,7 @@
 #include "config/config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <float.h>
 #include <limits.h>
 #include <math.h>
@@ -8,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 #include "util/error.h"
@@ -278,8 +281,19 @@ static int load_events(struct olmo_config *cfg, yaml_parser_t *parser, const cha
 }
 
 int olmo_config_load(struct olmo_config *cfg, const char *path) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return olmo_error("cannot open config '%s': %s", path, strerror(errno));
+    /* O_NONBLOCK: a FIFO is refused instead of waiting for a writer */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st)) {
+        int err = errno;
+        if (fd >= 0) close(fd);
+        return olmo_error("cannot open config '%s': %s", path, strerror(err));
+    }
+    FILE *fp = S_ISREG(st.st_mode) ? fdopen(fd, "rb") : NULL;
+    if (!fp) {
+        close(fd);
+        return olmo_error("config '%s' is not a regular file", path);
+    }
     yaml_parser_t parser;
     yaml_parser_initialize(&parser);
     yaml_parser_set_input_file(&parser, fp);

@@ -200,10 +200,14 @@ static int read_entries(struct st_file *f, const cJSON *root) {
 int st_open(struct st_file *f, const char *path) {
     memset(f, 0, sizeof *f);
     snprintf(f->path, sizeof f->path, "%s", path);
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* NONBLOCK: a FIFO must not wait for a writer */
     if (fd < 0) return olmo_error("cannot open '%s': %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) || st.st_size < 8) {
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return olmo_error("'%s' is not a regular file", path);
+    }
+    if (st.st_size < 8) {
         close(fd);
         return olmo_error("'%s': too small to be a safetensors file", path);
     }

@@ -103,6 +103,17 @@ static void test_fifo_token_file(void) {
     CHECK(olmo_token_file_open(&f, path_of("fifo.u16")) && error_has("fifo.u16", "not a regular file"),
           "FIFO refused: %s", olmo_last_error());
     CHECK(olmo_token_file_open(&f, dir) && error_has(dir, "directory"), "directory refused: %s", olmo_last_error());
+    /* the other inputs opened by name: safetensors, YAML configs, task files (read whole) */
+    struct st_file st;
+    CHECK(st_open(&st, path_of("fifo.u16")) && error_has("fifo.u16", "not a regular file"), "FIFO as safetensors: %s",
+          olmo_last_error());
+    struct olmo_config cfg;
+    olmo_config_defaults(&cfg);
+    CHECK(olmo_config_load(&cfg, path_of("fifo.u16")) && error_has("fifo.u16", "not a regular file"),
+          "FIFO as config: %s", olmo_last_error());
+    struct olmo_mc_task t;
+    CHECK(olmo_mc_task_load(path_of("fifo.u16"), 64, &t) && error_has("fifo.u16", "not a regular file"),
+          "FIFO as task file: %s", olmo_last_error());
 }
 
 /* The file shrinks while mapped: reading the vanished pages raised SIGBUS. */
