@@ -315,6 +315,9 @@ int olmo_config_check_limits(const struct olmo_config *cfg) {
         const char *key;
         long long value, max;
     } limits[] = {
+        /* the products first: they are what overflows */
+        {"train.micro_batch x train.seq_len", (long long)t->micro_batch * t->seq_len, OLMO_MAX_BATCH_TOKENS},
+        {"train.micro_batch x train.grad_accum", (long long)t->micro_batch * t->grad_accum, OLMO_MAX_BATCH_INSTANCES},
         {"model.vocab_size", m->vocab_size, OLMO_MAX_VOCAB_SIZE},
         {"model.d_model", m->d_model, OLMO_MAX_D_MODEL},
         {"model.n_layers", m->n_layers, OLMO_MAX_N_LAYERS},
@@ -324,8 +327,6 @@ int olmo_config_check_limits(const struct olmo_config *cfg) {
         {"train.seq_len", t->seq_len, OLMO_MAX_SEQ_LEN},
         {"train.micro_batch", t->micro_batch, OLMO_MAX_MICRO_BATCH},
         {"train.grad_accum", t->grad_accum, OLMO_MAX_BATCH_INSTANCES},
-        {"train.micro_batch x train.seq_len", (long long)t->micro_batch * t->seq_len, OLMO_MAX_BATCH_TOKENS},
-        {"train.micro_batch x train.grad_accum", (long long)t->micro_batch * t->grad_accum, OLMO_MAX_BATCH_INSTANCES},
     };
     for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++)
         if (limits[i].value > limits[i].max)
