@@ -1,12 +1,16 @@
 #include "config/config.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 #include "util/error.h"
@@ -117,8 +121,14 @@ static int parse_value(struct olmo_config *cfg, const struct field *f, const cha
     }
     case F_DOUBLE: {
         double v = strtod(value, &end);
-        if (end == value || *end || errno || !isfinite(v))
-            return olmo_error("'%s' expects a number, got '%s'", f->key, value);
+        if (end == value || *end) return olmo_error("'%s' expects a number, got '%s'", f->key, value);
+        /* ERANGE: overflow (inf), or underflow, where a subnormal result is still the number written */
+        if (isinf(v) || (errno == ERANGE && fabs(v) >= DBL_MIN))
+            return olmo_error("'%s' is out of range: %s (a double ends at %g)", f->key, value, DBL_MAX);
+        if (errno == ERANGE && v == 0)
+            return olmo_error("'%s' underflows to 0: %s (the smallest positive double is %g)", f->key, value,
+                              4.9406564584124654e-324);
+        if (isnan(v)) return olmo_error("'%s' expects a number, got '%s'", f->key, value);
         *(double *)base = v;
         return 0;
     }
@@ -161,77 +171,129 @@ int olmo_config_set(struct olmo_config *cfg, const char *assignment) {
     return 0;
 }
 
-/* Walks a two-level mapping (section -> key -> scalar). */
+enum { N_FIELDS = sizeof fields / sizeof fields[0], N_SECTIONS = 3 };
+static const char *const section_names[N_SECTIONS] = {"model", "train", "data"};
+
+/* Where the YAML walk is; each section and key may appear once (YAML says
+ * mapping keys are unique; libyaml leaves that check to the application). */
+struct load_state {
+    const char *path;
+    char section[128], key[128];
+    int depth; /* mapping depth */
+    bool expect_key;
+    int documents;
+    size_t section_line[N_SECTIONS], field_line[N_FIELDS]; /* where each was set; 0 = not yet */
+    size_t key_line;
+};
+
+static int on_section(struct load_state *ls, const char *text, size_t line) {
+    snprintf(ls->section, sizeof ls->section, "%s", text);
+    ls->expect_key = false;
+    for (int i = 0; i < N_SECTIONS; i++) {
+        if (strcmp(text, section_names[i])) continue;
+        if (ls->section_line[i])
+            return olmo_error("%s:%zu: section '%s' appears twice (first at line %zu)", ls->path, line, text,
+                              ls->section_line[i]);
+        ls->section_line[i] = line;
+        return 0;
+    }
+    return olmo_error("%s:%zu: unknown section '%s' (expected model, train or data)", ls->path, line, text);
+}
+
+static int on_value(struct olmo_config *cfg, struct load_state *ls, const char *text, size_t line) {
+    char full[300];
+    snprintf(full, sizeof full, "%s.%s", ls->section, ls->key);
+    ls->expect_key = true;
+    const struct field *f = find_field(full);
+    if (!f) return olmo_error("%s:%zu: unknown key '%s'", ls->path, ls->key_line, full);
+    size_t *seen = &ls->field_line[f - fields];
+    if (*seen)
+        return olmo_error("%s:%zu: key '%s' appears twice (first at line %zu)", ls->path, ls->key_line, full, *seen);
+    *seen = ls->key_line;
+    if (parse_value(cfg, f, text)) return olmo_error_context("%s:%zu", ls->path, line);
+    return 0;
+}
+
+static int on_scalar(struct olmo_config *cfg, struct load_state *ls, const yaml_event_t *ev, size_t line) {
+    const char *text = (const char *)ev->data.scalar.value;
+    if (ls->depth == 1 && ls->expect_key) return on_section(ls, text, line);
+    if (ls->depth == 1) return olmo_error("%s:%zu: section '%s' must be a mapping of keys", ls->path, line, ls->section);
+    if (ls->depth == 2 && ls->expect_key) {
+        snprintf(ls->key, sizeof ls->key, "%s", text);
+        ls->key_line = line;
+        ls->expect_key = false;
+        return 0;
+    }
+    if (ls->depth == 2) return on_value(cfg, ls, text, line);
+    if (!text[0] || !strcmp(text, "~") || !strcmp(text, "null"))
+        return olmo_error("config '%s' is empty (expected model, train and data sections)", ls->path);
+    return olmo_error("%s:%zu: expected a mapping of sections", ls->path, line);
+}
+
+/* One event of the two-level mapping (section -> key -> scalar). */
+static int on_event(struct olmo_config *cfg, struct load_state *ls, const yaml_event_t *ev) {
+    size_t line = ev->start_mark.line + 1;
+    switch (ev->type) {
+    case YAML_DOCUMENT_START_EVENT:
+        if (++ls->documents > 1)
+            return olmo_error("%s:%zu: a second YAML document; a config is a single document", ls->path, line);
+        return 0;
+    case YAML_MAPPING_START_EVENT:
+        if (ls->depth == 0) {
+            ls->depth = 1;
+        } else if (ls->depth == 1 && !ls->expect_key) {
+            ls->depth = 2;
+            ls->expect_key = true;
+        } else {
+            return olmo_error("%s:%zu: nesting deeper than section.key is not supported", ls->path, line);
+        }
+        return 0;
+    case YAML_MAPPING_END_EVENT:
+        ls->depth--;
+        ls->expect_key = true;
+        return 0;
+    case YAML_SEQUENCE_START_EVENT:
+        return olmo_error("%s:%zu: a list is not valid here (key '%s%s%s')", ls->path, line, ls->section,
+                          ls->depth == 2 ? "." : "", ls->depth == 2 ? ls->key : "");
+    case YAML_ALIAS_EVENT: return olmo_error("%s:%zu: YAML aliases are not supported", ls->path, line);
+    case YAML_SCALAR_EVENT: return on_scalar(cfg, ls, ev, line);
+    default: return 0;
+    }
+}
+
 static int load_events(struct olmo_config *cfg, yaml_parser_t *parser, const char *path) {
-    char section[128] = "", key[128] = "";
-    int depth = 0; /* mapping depth */
-    bool expect_key = true;
+    struct load_state ls = {.path = path, .expect_key = true};
     for (;;) {
         yaml_event_t ev;
         if (!yaml_parser_parse(parser, &ev))
             return olmo_error("%s:%zu: YAML error: %s", path, parser->problem_mark.line + 1,
                               parser->problem ? parser->problem : "unknown");
-        size_t line = ev.start_mark.line + 1;
-        int rc = 0;
-        switch (ev.type) {
-        case YAML_STREAM_END_EVENT:
-            yaml_event_delete(&ev);
-            return 0;
-        case YAML_MAPPING_START_EVENT:
-            if (depth == 0) {
-                depth = 1;
-            } else if (depth == 1 && !expect_key) {
-                depth = 2;
-                expect_key = true;
-            } else {
-                rc = olmo_error("%s:%zu: nesting deeper than section.key is not supported", path, line);
-            }
-            break;
-        case YAML_MAPPING_END_EVENT:
-            depth--;
-            expect_key = true;
-            break;
-        case YAML_SEQUENCE_START_EVENT:
-            rc = olmo_error("%s:%zu: a list is not valid here (key '%s%s%s')", path, line, section,
-                            depth == 2 ? "." : "", depth == 2 ? key : "");
-            break;
-        case YAML_ALIAS_EVENT:
-            rc = olmo_error("%s:%zu: YAML aliases are not supported", path, line);
-            break;
-        case YAML_SCALAR_EVENT: {
-            const char *text = (const char *)ev.data.scalar.value;
-            if (depth == 1 && expect_key) {
-                snprintf(section, sizeof section, "%s", text);
-                if (strcmp(section, "model") && strcmp(section, "train") && strcmp(section, "data"))
-                    rc = olmo_error("%s:%zu: unknown section '%s' (expected model, train or data)", path, line,
-                                    section);
-                expect_key = false;
-            } else if (depth == 1) {
-                rc = olmo_error("%s:%zu: section '%s' must be a mapping of keys", path, line, section);
-            } else if (depth == 2 && expect_key) {
-                snprintf(key, sizeof key, "%s", text);
-                expect_key = false;
-            } else if (depth == 2) {
-                char full[300];
-                snprintf(full, sizeof full, "%s.%s", section, key);
-                if (set_key(cfg, full, text)) rc = olmo_error_context("%s:%zu", path, line);
-                expect_key = true;
-            } else {
-                rc = olmo_error("%s:%zu: expected a mapping of sections", path, line);
-            }
-            break;
-        }
-        default:
-            break;
-        }
+        bool end = ev.type == YAML_STREAM_END_EVENT;
+        int rc = end ? 0 : on_event(cfg, &ls, &ev);
         yaml_event_delete(&ev);
         if (rc) return rc;
+        if (!end) continue;
+        bool any = false;
+        for (int i = 0; i < N_SECTIONS; i++) any |= ls.section_line[i] != 0;
+        if (!any) return olmo_error("config '%s' is empty (expected model, train and data sections)", path);
+        return 0;
     }
 }
 
 int olmo_config_load(struct olmo_config *cfg, const char *path) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return olmo_error("cannot open config '%s': %s", path, strerror(errno));
+    /* O_NONBLOCK: a FIFO is refused instead of waiting for a writer */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st)) {
+        int err = errno;
+        if (fd >= 0) close(fd);
+        return olmo_error("cannot open config '%s': %s", path, strerror(err));
+    }
+    FILE *fp = S_ISREG(st.st_mode) ? fdopen(fd, "rb") : NULL;
+    if (!fp) {
+        close(fd);
+        return olmo_error("config '%s' is not a regular file", path);
+    }
     yaml_parser_t parser;
     yaml_parser_initialize(&parser);
     yaml_parser_set_input_file(&parser, fp);
@@ -244,6 +306,33 @@ int olmo_config_load(struct olmo_config *cfg, const char *path) {
 bool olmo_layer_is_full_attention(const struct olmo_model_config *m, int layer) {
     if (m->full_attention_last && layer == m->n_layers - 1) return true;
     return m->full_attention_every > 0 && (layer + 1) % m->full_attention_every == 0;
+}
+
+int olmo_config_check_limits(const struct olmo_config *cfg) {
+    const struct olmo_model_config *m = &cfg->model;
+    const struct olmo_train_config *t = &cfg->train;
+    const struct {
+        const char *key;
+        long long value, max;
+    } limits[] = {
+        /* the products first: they are what overflows */
+        {"train.micro_batch x train.seq_len", (long long)t->micro_batch * t->seq_len, OLMO_MAX_BATCH_TOKENS},
+        {"train.micro_batch x train.grad_accum", (long long)t->micro_batch * t->grad_accum, OLMO_MAX_BATCH_INSTANCES},
+        {"model.vocab_size", m->vocab_size, OLMO_MAX_VOCAB_SIZE},
+        {"model.d_model", m->d_model, OLMO_MAX_D_MODEL},
+        {"model.n_layers", m->n_layers, OLMO_MAX_N_LAYERS},
+        {"model.n_heads", m->n_heads, OLMO_MAX_N_HEADS},
+        {"model.n_kv_heads", m->n_kv_heads, OLMO_MAX_N_HEADS},
+        {"model.mlp_hidden", m->mlp_hidden, OLMO_MAX_MLP_HIDDEN},
+        {"train.seq_len", t->seq_len, OLMO_MAX_SEQ_LEN},
+        {"train.micro_batch", t->micro_batch, OLMO_MAX_MICRO_BATCH},
+        {"train.grad_accum", t->grad_accum, OLMO_MAX_BATCH_INSTANCES},
+    };
+    for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++)
+        if (limits[i].value > limits[i].max)
+            return olmo_error("%s is %lld, above olmoc's limit of %lld", limits[i].key, limits[i].value,
+                              limits[i].max);
+    return 0;
 }
 
 int olmo_config_validate(const struct olmo_config *cfg) {
@@ -266,6 +355,7 @@ int olmo_config_validate(const struct olmo_config *cfg) {
     POSITIVE(t->log_every, "train.log_every");
     POSITIVE(t->lr, "train.lr");
 #undef POSITIVE
+    if (olmo_config_check_limits(cfg)) return -1;
     if (m->d_model % m->n_heads)
         return olmo_error("model.d_model (%d) must be divisible by model.n_heads (%d)", m->d_model, m->n_heads);
     if ((m->d_model / m->n_heads) % 2)
@@ -323,21 +413,77 @@ int olmo_config_format(const struct olmo_config *cfg, const char *key, char *buf
     return 0;
 }
 
+static bool emit_scalar(yaml_emitter_t *e, const char *text, yaml_scalar_style_t style) {
+    yaml_event_t ev;
+    return yaml_scalar_event_initialize(&ev, NULL, NULL, (yaml_char_t *)text, (int)strlen(text), 1, 1, style) &&
+           yaml_emitter_emit(e, &ev);
+}
+
+static bool emit_event(yaml_emitter_t *e, int which) {
+    yaml_event_t ev;
+    bool ok = false;
+    switch (which) {
+    case YAML_STREAM_START_EVENT: ok = yaml_stream_start_event_initialize(&ev, YAML_UTF8_ENCODING); break;
+    case YAML_STREAM_END_EVENT: ok = yaml_stream_end_event_initialize(&ev); break;
+    case YAML_DOCUMENT_START_EVENT: ok = yaml_document_start_event_initialize(&ev, NULL, NULL, NULL, 1); break;
+    case YAML_DOCUMENT_END_EVENT: ok = yaml_document_end_event_initialize(&ev, 1); break;
+    case YAML_MAPPING_START_EVENT:
+        ok = yaml_mapping_start_event_initialize(&ev, NULL, NULL, 1, YAML_BLOCK_MAPPING_STYLE);
+        break;
+    case YAML_MAPPING_END_EVENT: ok = yaml_mapping_end_event_initialize(&ev); break;
+    default: break;
+    }
+    return ok && yaml_emitter_emit(e, &ev);
+}
+
+/* Every field, section by section; strings double-quoted with YAML's escapes
+ * (libyaml's emitter), so any path reads back as written. */
+static bool emit_config(yaml_emitter_t *e, const struct olmo_config *cfg, const char **bad_key) {
+    if (!emit_event(e, YAML_STREAM_START_EVENT) || !emit_event(e, YAML_DOCUMENT_START_EVENT) ||
+        !emit_event(e, YAML_MAPPING_START_EVENT))
+        return false;
+    const char *section = NULL;
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const struct field *f = &fields[i];
+        const char *dot = strchr(f->key, '.');
+        if (!section || strncmp(section, f->key, (size_t)(dot - f->key) + 1)) {
+            char name[32];
+            snprintf(name, sizeof name, "%.*s", (int)(dot - f->key), f->key);
+            if ((section && !emit_event(e, YAML_MAPPING_END_EVENT)) || !emit_scalar(e, name, YAML_PLAIN_SCALAR_STYLE) ||
+                !emit_event(e, YAML_MAPPING_START_EVENT))
+                return false;
+            section = f->key;
+        }
+        char value[4200];
+        format_field(cfg, f, value, sizeof value);
+        *bad_key = f->key; /* e.g. a path that is not UTF-8 (YAML text is Unicode) */
+        if (!emit_scalar(e, dot + 1, YAML_PLAIN_SCALAR_STYLE) ||
+            !emit_scalar(e, value, f->type == F_STRING ? YAML_DOUBLE_QUOTED_SCALAR_STYLE : YAML_PLAIN_SCALAR_STYLE))
+            return false;
+        *bad_key = NULL;
+    }
+    return emit_event(e, YAML_MAPPING_END_EVENT) && emit_event(e, YAML_MAPPING_END_EVENT) &&
+           emit_event(e, YAML_DOCUMENT_END_EVENT) && emit_event(e, YAML_STREAM_END_EVENT) && yaml_emitter_flush(e);
+}
+
 int olmo_config_write(const struct olmo_config *cfg, const char *path) {
     FILE *fp = fopen(path, "w");
     if (!fp) return olmo_error("cannot write '%s': %s", path, strerror(errno));
-    const char *section = "";
-    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-        const struct field *f = &fields[i];
-        const char *dot = strchr(f->key, '.');
-        if (strncmp(section, f->key, (size_t)(dot - f->key) + 1)) {
-            fprintf(fp, "%.*s:\n", (int)(dot - f->key), f->key);
-            section = f->key;
-        }
-        char value[1100];
-        format_field(cfg, f, value, sizeof value);
-        fprintf(fp, f->type == F_STRING ? "  %s: \"%s\"\n" : "  %s: %s\n", dot + 1, value);
+    yaml_emitter_t e;
+    if (!yaml_emitter_initialize(&e)) {
+        fclose(fp);
+        return olmo_error("out of memory writing '%s'", path);
     }
-    if (fclose(fp)) return olmo_error("writing '%s' failed: %s", path, strerror(errno));
+    yaml_emitter_set_output_file(&e, fp);
+    yaml_emitter_set_unicode(&e, 1); /* UTF-8 as is; only non-printable characters escaped */
+    yaml_emitter_set_width(&e, -1);  /* no line folding */
+    const char *bad_key = NULL;
+    bool ok = emit_config(&e, cfg, &bad_key);
+    char problem[300];
+    snprintf(problem, sizeof problem, "%s%s%s", e.problem ? e.problem : "cannot emit YAML",
+             bad_key ? " in the value of " : "", bad_key ? bad_key : "");
+    yaml_emitter_delete(&e);
+    if (fclose(fp) || !ok)
+        return olmo_error("writing '%s' failed: %s", path, ok ? strerror(errno) : problem);
     return 0;
 }

@@ -66,6 +66,24 @@ struct olmo_config {
     struct olmo_data_config data;
 };
 
+/* Upper limits on the shapes (olmo_config_validate): far above any real model
+ * (Olmo 3 7B: vocab 100278, d_model 4096, 32 layers, 32 heads, mlp_hidden
+ * 11008, seq_len 8192), and low enough that no size or index product the code
+ * forms can overflow: tokens per micro-batch (micro_batch x seq_len) and
+ * attention's batch x heads x query-block task counts stay in int, parameter
+ * and activation element counts (<= 2^50) in size_t, micro_batch and n_heads
+ * within CUDA's 65535 grid rows.  A config beyond them is refused up front
+ * instead of spending minutes and gigabytes before an allocation fails. */
+#define OLMO_MAX_VOCAB_SIZE (1LL << 24)      /* 16,777,216 */
+#define OLMO_MAX_D_MODEL (1LL << 16)         /* 65,536 */
+#define OLMO_MAX_N_LAYERS 1024LL
+#define OLMO_MAX_N_HEADS 1024LL
+#define OLMO_MAX_MLP_HIDDEN (1LL << 20)      /* 1,048,576 */
+#define OLMO_MAX_SEQ_LEN (1LL << 20)         /* 1,048,576 */
+#define OLMO_MAX_MICRO_BATCH 4096LL
+#define OLMO_MAX_BATCH_TOKENS (1LL << 24)    /* micro_batch x seq_len */
+#define OLMO_MAX_BATCH_INSTANCES (1LL << 20) /* micro_batch x grad_accum (instances per step and rank) */
+
 void olmo_config_defaults(struct olmo_config *cfg);
 /* Loads YAML over the defaults; unknown keys, wrong types and bad shapes are errors. */
 int olmo_config_load(struct olmo_config *cfg, const char *path);
@@ -73,6 +91,8 @@ int olmo_config_load(struct olmo_config *cfg, const char *path);
 int olmo_config_set(struct olmo_config *cfg, const char *assignment);
 /* Checks cross-field consistency (head_dim integral and even, GQA groups, ...). */
 int olmo_config_validate(const struct olmo_config *cfg);
+/* The limits above (also part of olmo_config_validate); the error names the key. */
+int olmo_config_check_limits(const struct olmo_config *cfg);
 /* Writes every field as YAML (used for run directories and checkpoints). */
 int olmo_config_write(const struct olmo_config *cfg, const char *path);
 

@@ -4,6 +4,9 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,15 +109,29 @@ static int setup_raw(struct olmo_token_file *f, enum olmo_dtype dtype) {
     return 0;
 }
 
+static const char *file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "directory";
+    if (S_ISFIFO(m)) return "FIFO";
+    if (S_ISCHR(m)) return "character device";
+    if (S_ISBLK(m)) return "block device";
+    if (S_ISSOCK(m)) return "socket";
+    return "special file";
+}
+
 int olmo_token_file_open_ex(struct olmo_token_file *f, const char *path, enum olmo_dtype dtype) {
     memset(f, 0, sizeof *f);
     snprintf(f->path, sizeof f->path, "%s", path);
-    int fd = open(path, O_RDONLY);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below) */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return olmo_error("cannot open token file '%s': %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st)) {
         close(fd);
         return olmo_error("cannot stat token file '%s': %s", path, strerror(errno));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return olmo_error("token file '%s' is not a regular file (it is a %s)", path, file_kind(st.st_mode));
     }
     if (st.st_size == 0) {
         close(fd);
@@ -156,7 +173,47 @@ void olmo_token_file_close(struct olmo_token_file *f) {
     memset(f, 0, sizeof *f);
 }
 
-int olmo_token_file_read(const struct olmo_token_file *f, size_t start, size_t n, int vocab_size, int32_t *dst) {
+/* A token file that shrinks while it is mapped (truncated or rewritten in
+ * place under a running trainer) makes reads of the vanished pages raise
+ * SIGBUS.  Reads go through a guard: a SIGBUS handler that, when the faulting
+ * address lies in the range this thread is copying from, jumps back to
+ * olmo_token_file_read, which reports the file.  Any other SIGBUS goes to the
+ * previous disposition (the default: the process dies as before). */
+static _Thread_local struct {
+    sigjmp_buf jump;
+    const uint8_t *lo, *hi; /* the mapping being read */
+    volatile sig_atomic_t armed;
+} read_guard;
+static struct sigaction previous_sigbus;
+static pthread_once_t sigbus_once = PTHREAD_ONCE_INIT;
+
+static void on_sigbus(int sig, siginfo_t *info, void *context) {
+    const uint8_t *addr = info ? (const uint8_t *)info->si_addr : NULL;
+    if (read_guard.armed && addr >= read_guard.lo && addr < read_guard.hi) {
+        read_guard.armed = 0;
+        siglongjmp(read_guard.jump, 1);
+    }
+    if ((previous_sigbus.sa_flags & SA_SIGINFO) && previous_sigbus.sa_sigaction) {
+        previous_sigbus.sa_sigaction(sig, info, context);
+    } else if (!(previous_sigbus.sa_flags & SA_SIGINFO) && previous_sigbus.sa_handler != SIG_DFL &&
+               previous_sigbus.sa_handler != SIG_IGN) {
+        previous_sigbus.sa_handler(sig);
+    } else {
+        signal(SIGBUS, SIG_DFL); /* the default action: the process dies of SIGBUS */
+        raise(SIGBUS);
+    }
+}
+
+static void install_sigbus_handler(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER; /* NODEFER: SIGBUS stays unblocked after the jump */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &previous_sigbus);
+}
+
+static int copy_tokens(const struct olmo_token_file *f, size_t start, size_t n, int vocab_size, int32_t *dst) {
     for (size_t i = 0; i < n; i++) {
         size_t idx = start + i;
         uint32_t v;
@@ -173,6 +230,26 @@ int olmo_token_file_read(const struct olmo_token_file *f, size_t start, size_t n
         dst[i] = (int32_t)v;
     }
     return 0;
+}
+
+int olmo_token_file_read(const struct olmo_token_file *f, size_t start, size_t n, int vocab_size, int32_t *dst) {
+    if (start > f->n_tokens || n > f->n_tokens - start)
+        return olmo_error("'%s': tokens [%zu, %zu + %zu) are outside its %zu tokens", f->path, start, start, n,
+                          f->n_tokens);
+    pthread_once(&sigbus_once, install_sigbus_handler);
+    read_guard.lo = f->map;
+    read_guard.hi = f->map + f->map_size;
+    if (sigsetjmp(read_guard.jump, 0)) {
+        struct stat st;
+        long long now = stat(f->path, &st) ? -1 : (long long)st.st_size;
+        return olmo_error("token file '%s' shrank while it was being read (%zu bytes when opened, %lld now): it "
+                          "must not be modified while olmoc runs",
+                          f->path, f->map_size, now);
+    }
+    read_guard.armed = 1;
+    int rc = copy_tokens(f, start, n, vocab_size, dst);
+    read_guard.armed = 0;
+    return rc;
 }
 
 
@@ -362,11 +439,29 @@ static int open_entries(struct olmo_loader *l, struct mix_entry *entries, int n_
     size_t given = 0;
     double *frac = olmo_malloc((size_t)n_entries * sizeof(double), "data mix");
     if (!frac) goto fail;
+    /* Huge weights (1e308 + 1e308 = inf) would make N * w / sum(w) NaN or inf:
+     * then all weights are scaled by a power of two, which keeps every
+     * product and quotient as it was, only without the overflow. */
+    int scale = 0;
+    double wmax = 0;
+    for (int s = 0; s < n_entries; s++) wmax = fmax(wmax, l->sources[s].weight);
+    if (!isfinite(wsum) || !isfinite((double)l->n_instances * wmax)) {
+        scale = -ilogb(wmax);
+        wsum = 0;
+        for (int s = 0; s < n_entries; s++) wsum += ldexp(l->sources[s].weight, scale);
+    }
     for (int s = 0; s < n_entries; s++) {
-        double exact = (double)l->n_instances * l->sources[s].weight / wsum;
+        double exact = (double)l->n_instances * ldexp(l->sources[s].weight, scale) / wsum;
+        if (!(exact >= 0)) exact = 0;
+        if (exact > (double)l->n_instances) exact = (double)l->n_instances;
         l->sources[s].take = (size_t)exact;
         frac[s] = exact - (double)l->sources[s].take;
         given += l->sources[s].take;
+    }
+    if (given > l->n_instances) { /* rounding can never get here; the order array is sized by the total */
+        free(frac);
+        olmo_error("data mix: the weights give %zu instances per epoch for %zu", given, l->n_instances);
+        goto fail;
     }
     while (given < l->n_instances) {
         int best = 0;

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,12 @@ size_t st_numel(const struct st_tensor *t) {
     return n;
 }
 
+/* A JSON number that is a non-negative integer no larger than max. */
+static bool is_index(const cJSON *v, double max) {
+    return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble == floor(v->valuedouble) &&
+           v->valuedouble <= max;
+}
+
 static int parse_tensor(struct st_file *f, const cJSON *item, struct st_tensor *t) {
     const char *name = item->string;
     if (strlen(name) >= sizeof t->name) return olmo_error("tensor name too long: '%.60s...'", name);
@@ -60,9 +67,7 @@ static int parse_tensor(struct st_file *f, const cJSON *item, struct st_tensor *
     double numel = 1.0;
     for (int d = 0; d < t->ndim; d++) {
         const cJSON *s = cJSON_GetArrayItem(shape, d);
-        if (!cJSON_IsNumber(s) || s->valuedouble < 0 || s->valuedouble != floor(s->valuedouble) ||
-            s->valuedouble > 9.0e15)
-            return olmo_error("tensor '%s': bad shape entry", name);
+        if (!is_index(s, 9.0e15)) return olmo_error("tensor '%s': bad shape entry", name);
         t->shape[d] = (int64_t)s->valuedouble;
         numel *= s->valuedouble;
     }
@@ -70,6 +75,9 @@ static int parse_tensor(struct st_file *f, const cJSON *item, struct st_tensor *
     if (!cJSON_IsNumber(b) || !cJSON_IsNumber(e) || b->valuedouble < 0 || e->valuedouble < b->valuedouble ||
         e->valuedouble > (double)f->data_size)
         return olmo_error("tensor '%s': data_offsets outside the %zu-byte data section", name, f->data_size);
+    if (!is_index(b, 9.0e15) || !is_index(e, 9.0e15))
+        return olmo_error("tensor '%s': data_offsets must be integers, got [%.17g, %.17g]", name, b->valuedouble,
+                          e->valuedouble);
     t->begin = (size_t)b->valuedouble;
     t->end = (size_t)e->valuedouble;
     if ((double)(t->end - t->begin) != numel * (double)dtype_size(t->dtype))
@@ -78,34 +86,128 @@ static int parse_tensor(struct st_file *f, const cJSON *item, struct st_tensor *
     return 0;
 }
 
-static int cmp_begin(const void *a, const void *b) {
+static int cmp_range(const void *a, const void *b) {
     const struct st_tensor *x = *(const struct st_tensor *const *)a, *y = *(const struct st_tensor *const *)b;
-    return (x->begin > y->begin) - (x->begin < y->begin);
+    if (x->begin != y->begin) return (x->begin > y->begin) - (x->begin < y->begin);
+    return (x->end > y->end) - (x->end < y->end);
 }
 
-/* Byte ranges of different tensors must not overlap. */
-static int check_overlaps(const struct st_file *f) {
-    if (f->n_tensors < 2) return 0;
-    const struct st_tensor **order = malloc(sizeof *order * (size_t)f->n_tensors);
+/* As the format (and Hugging Face's reader) requires: the byte ranges, in
+ * order, tile the data section exactly: no overlap, no hole, nothing after
+ * the last tensor.  Zero-length tensors sit anywhere on the seams. */
+static int check_coverage(const struct st_file *f) {
+    const struct st_tensor **order = malloc(sizeof *order * ((size_t)f->n_tensors + 1));
     if (!order) return olmo_error("out of memory reading '%s'", f->path);
     for (int i = 0; i < f->n_tensors; i++) order[i] = &f->tensors[i];
-    qsort(order, (size_t)f->n_tensors, sizeof *order, cmp_begin);
+    qsort(order, (size_t)f->n_tensors, sizeof *order, cmp_range);
     int rc = 0;
-    for (int i = 1; i < f->n_tensors && !rc; i++)
-        if (order[i]->begin < order[i - 1]->end && order[i]->end > order[i]->begin)
-            rc = olmo_error("'%s': tensors '%s' and '%s' overlap in the data section", f->path, order[i - 1]->name,
-                            order[i]->name);
+    size_t pos = 0;
+    const struct st_tensor *prev = NULL;
+    for (int i = 0; i < f->n_tensors && !rc; i++) {
+        const struct st_tensor *t = order[i];
+        if (t->begin < pos)
+            rc = olmo_error("'%s': tensors '%s' and '%s' overlap in the data section", f->path, prev->name, t->name);
+        else if (t->begin > pos)
+            rc = olmo_error("'%s': bytes [%zu, %zu) of the data section belong to no tensor (before '%s')", f->path,
+                            pos, t->begin, t->name);
+        if (t->end > t->begin) prev = t;
+        pos = t->end;
+    }
+    if (!rc && pos != f->data_size)
+        rc = olmo_error("'%s': the last %zu bytes of the data section belong to no tensor", f->path,
+                        f->data_size - pos);
     free(order);
     return rc;
+}
+
+/* Tensor names, hashed (open addressing): duplicate detection and st_find in
+ * constant time, so a header with many tensors parses in linear time. */
+static uint64_t name_hash(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ULL;
+    return h;
+}
+
+/* The slot of `name`: its index in f->tensors, or -1 (an empty slot) when absent. */
+static size_t name_slot(const struct st_file *f, const char *name) {
+    size_t mask = f->n_slots - 1, i = (size_t)name_hash(name) & mask;
+    while (f->slots[i] >= 0 && strcmp(f->tensors[f->slots[i]].name, name)) i = (i + 1) & mask;
+    return i;
+}
+
+/* The JSON header: an object from its first byte, then only whitespace
+ * (the format's padding) up to the announced length. */
+static cJSON *parse_header(struct st_file *f, size_t hlen) {
+    const char *text = (const char *)f->map + 8, *end = NULL;
+    if (!hlen || text[0] != '{') {
+        olmo_error("'%s': header is not a JSON object (byte 8 is not '{')", f->path);
+        return NULL;
+    }
+    cJSON *root = cJSON_ParseWithLengthOpts(text, hlen, &end, 0);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        olmo_error("'%s': header is not a JSON object", f->path);
+        return NULL;
+    }
+    for (const char *p = end; p < text + hlen; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            cJSON_Delete(root);
+            olmo_error("'%s': %zu bytes after the header's JSON (at file offset %zu) are not whitespace padding",
+                       f->path, (size_t)(text + hlen - p), (size_t)(p - (const char *)f->map));
+            return NULL;
+        }
+    return root;
+}
+
+/* "__metadata__" is a map of strings to strings. */
+static int check_metadata(const struct st_file *f, const cJSON *meta) {
+    if (!cJSON_IsObject(meta)) return olmo_error("'%s': __metadata__ is not an object", f->path);
+    const cJSON *item;
+    cJSON_ArrayForEach(item, meta) {
+        if (!cJSON_IsString(item))
+            return olmo_error("'%s': __metadata__ entry '%s' is not a string", f->path, item->string);
+    }
+    return 0;
+}
+
+static int read_entries(struct st_file *f, const cJSON *root) {
+    size_t count = 0;
+    const cJSON *item;
+    cJSON_ArrayForEach(item, root) count++;
+    f->n_slots = 16;
+    while (f->n_slots < 2 * count) f->n_slots *= 2;
+    f->tensors = calloc(count + 1, sizeof *f->tensors);
+    f->slots = malloc(f->n_slots * sizeof *f->slots);
+    if (!f->tensors || !f->slots) return olmo_error("out of memory reading '%s'", f->path);
+    for (size_t i = 0; i < f->n_slots; i++) f->slots[i] = -1;
+    int n_meta = 0;
+    cJSON_ArrayForEach(item, root) {
+        if (!strcmp(item->string, "__metadata__")) {
+            if (n_meta++) return olmo_error("'%s': __metadata__ appears twice in the header", f->path);
+            if (check_metadata(f, item)) return -1;
+            continue;
+        }
+        if (!cJSON_IsObject(item)) return olmo_error("'%s': entry '%s' is not an object", f->path, item->string);
+        if (parse_tensor(f, item, &f->tensors[f->n_tensors])) return olmo_error_context("'%s'", f->path);
+        size_t slot = name_slot(f, item->string);
+        if (f->slots[slot] >= 0)
+            return olmo_error("'%s': tensor '%s' appears twice in the header", f->path, item->string);
+        f->slots[slot] = f->n_tensors++;
+    }
+    return 0;
 }
 
 int st_open(struct st_file *f, const char *path) {
     memset(f, 0, sizeof *f);
     snprintf(f->path, sizeof f->path, "%s", path);
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* NONBLOCK: a FIFO must not wait for a writer */
     if (fd < 0) return olmo_error("cannot open '%s': %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) || st.st_size < 8) {
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return olmo_error("'%s' is not a regular file", path);
+    }
+    if (st.st_size < 8) {
         close(fd);
         return olmo_error("'%s': too small to be a safetensors file", path);
     }
@@ -125,55 +227,29 @@ int st_open(struct st_file *f, const char *path) {
     }
     f->data = f->map + 8 + hlen;
     f->data_size = f->map_size - 8 - hlen;
-    cJSON *root = cJSON_ParseWithLength((const char *)f->map + 8, (size_t)hlen);
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        st_close(f);
-        return olmo_error("'%s': header is not a JSON object", path);
-    }
-    int count = cJSON_GetArraySize(root);
-    f->tensors = calloc((size_t)count + 1, sizeof *f->tensors);
-    if (!f->tensors) {
-        cJSON_Delete(root);
-        st_close(f);
-        return olmo_error("out of memory reading '%s'", path);
-    }
-    const cJSON *item;
-    cJSON_ArrayForEach(item, root) {
-        if (!strcmp(item->string, "__metadata__")) continue;
-        if (!cJSON_IsObject(item) || parse_tensor(f, item, &f->tensors[f->n_tensors])) {
-            if (!cJSON_IsObject(item)) olmo_error("entry '%s' is not an object", item->string);
-            cJSON_Delete(root);
-            st_close(f);
-            return olmo_error_context("'%s'", path);
-        }
-        for (int i = 0; i < f->n_tensors; i++)
-            if (!strcmp(f->tensors[i].name, f->tensors[f->n_tensors].name)) {
-                olmo_error("'%s': tensor '%s' appears twice in the header", path, item->string);
-                cJSON_Delete(root);
-                st_close(f);
-                return -1;
-            }
-        f->n_tensors++;
-    }
-    cJSON_Delete(root);
-    if (check_overlaps(f)) {
+    cJSON *root = parse_header(f, (size_t)hlen);
+    if (!root) {
         st_close(f);
         return -1;
     }
-    return 0;
+    int rc = read_entries(f, root);
+    cJSON_Delete(root);
+    if (!rc) rc = check_coverage(f);
+    if (rc) st_close(f);
+    return rc;
 }
 
 void st_close(struct st_file *f) {
     if (f->map) munmap(f->map, f->map_size);
     free(f->tensors);
+    free(f->slots);
     memset(f, 0, sizeof *f);
 }
 
 const struct st_tensor *st_find(const struct st_file *f, const char *name) {
-    for (int i = 0; i < f->n_tensors; i++)
-        if (!strcmp(f->tensors[i].name, name)) return &f->tensors[i];
-    return NULL;
+    if (!f->n_slots) return NULL;
+    int i = f->slots[name_slot(f, name)];
+    return i >= 0 ? &f->tensors[i] : NULL;
 }
 
 static float half_to_float(uint16_t h) {
@@ -199,6 +275,10 @@ int st_read_f32(const struct st_file *f, const struct st_tensor *t, float *dst) 
     case ST_F16:
         for (size_t i = 0; i < n; i++) dst[i] = half_to_float((uint16_t)(src[2 * i] | (src[2 * i + 1] << 8)));
         return 0;
+    case ST_F64:
+        return olmo_error("tensor '%s' in '%s' is F64 (float64), which olmoc does not read: weights must be F32, "
+                          "BF16 or F16",
+                          t->name, f->path);
     default: return olmo_error("tensor '%s' in '%s' is %s, not a float type", t->name, f->path, dtype_name(t->dtype));
     }
 }

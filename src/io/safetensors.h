@@ -2,7 +2,10 @@
  * header length, a JSON header naming each tensor's dtype, shape and byte
  * range, then the raw data.  The reader never trusts the header: its size is
  * bounded and every offset, shape and dtype is checked against the file;
- * duplicate names and overlapping byte ranges are rejected. */
+ * as the format says, the header is one JSON object (padding: whitespace
+ * only), names are unique, `__metadata__` maps strings to strings, offsets
+ * are integers and the byte ranges tile the data section (no overlap, no
+ * hole).  Names are hashed: a header parses in time linear in its size. */
 #ifndef OLMOC_SAFETENSORS_H
 #define OLMOC_SAFETENSORS_H
 
@@ -27,6 +30,8 @@ struct st_file {
     size_t data_size;
     int n_tensors;
     struct st_tensor *tensors;
+    int *slots; /* hash table of the names: index into tensors, -1 = empty */
+    size_t n_slots;
 };
 
 int st_open(struct st_file *f, const char *path);

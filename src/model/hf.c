@@ -141,6 +141,25 @@ static int read_layer_types(const cJSON *root, struct olmo_model_config *m, cons
     return 0;
 }
 
+/* olmoc's shape limits (config.h), checked before anything is sized by them
+ * (2^31-1 layers took 72 s and 2 GB before failing). */
+static int check_limits(const struct olmo_model_config *m, const char *path) {
+    const struct {
+        const char *key;
+        int value;
+        long long max;
+    } limits[] = {
+        {"vocab_size", m->vocab_size, OLMO_MAX_VOCAB_SIZE},   {"hidden_size", m->d_model, OLMO_MAX_D_MODEL},
+        {"num_hidden_layers", m->n_layers, OLMO_MAX_N_LAYERS}, {"num_attention_heads", m->n_heads, OLMO_MAX_N_HEADS},
+        {"num_key_value_heads", m->n_kv_heads, OLMO_MAX_N_HEADS}, {"intermediate_size", m->mlp_hidden, OLMO_MAX_MLP_HIDDEN},
+    };
+    for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++)
+        if (limits[i].value > limits[i].max)
+            return olmo_error("%s: '%s' is %d, above olmoc's limit of %lld", path, limits[i].key, limits[i].value,
+                              limits[i].max);
+    return 0;
+}
+
 int olmo_hf_read_config(const char *path, struct olmo_config *cfg) {
     char *text;
     if (olmo_read_file(path, 1u << 20, &text, NULL)) return -1;
@@ -196,6 +215,7 @@ int olmo_hf_read_config(const char *path, struct olmo_config *cfg) {
         olmo_error("%s: hidden_size, num_hidden_layers and num_attention_heads must be positive", path);
         goto done;
     }
+    if (check_limits(m, path)) goto done;
     int head_dim = 0;
     if (get_int(root, "head_dim", m->d_model / m->n_heads, false, &head_dim, path)) goto done;
     if (head_dim * m->n_heads != m->d_model) {

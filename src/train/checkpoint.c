@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -300,7 +302,7 @@ int olmo_ckpt_retain(const char *out_dir, int keep) {
 
 static int json_long(const cJSON *obj, const char *key, long *out, const char *dir) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9.0e15)
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9.0e15 || v->valuedouble != floor(v->valuedouble))
         return olmo_error("checkpoint '%s': state.json has no valid '%s'", dir, key);
     *out = (long)v->valuedouble;
     return 0;
@@ -474,7 +476,23 @@ int olmo_ckpt_load_weights(const char *dir, struct olmo_model *m) {
     return 0;
 }
 
+/* state.json is not covered by a hash (it holds the others): its loader
+ * position must agree with the tokens trained on, which every step advances
+ * by the same instances the loader hands out (tokens = instances x seq_len). */
+static int check_loader_position(const struct olmo_loader *l, const struct olmo_ckpt_state *st) {
+    size_t n = l->n_instances, seq = (size_t)l->seq_len;
+    size_t epoch = (size_t)st->loader_epoch, tokens = (size_t)st->tokens;
+    bool ok = st->loader_epoch >= 0 && st->tokens >= 0 && st->loader_pos <= n && tokens % seq == 0 &&
+              epoch <= (SIZE_MAX - st->loader_pos) / n && epoch * n + st->loader_pos == tokens / seq;
+    if (!ok)
+        return olmo_error("state.json is inconsistent: loader epoch %ld, position %zu (of %zu instances per epoch) "
+                          "does not match %ld tokens trained on (%ld instances of %d tokens)",
+                          st->loader_epoch, st->loader_pos, n, st->tokens, st->tokens / l->seq_len, l->seq_len);
+    return 0;
+}
+
 int olmo_ckpt_seek_loader(struct olmo_loader *l, const struct olmo_ckpt_state *st) {
+    if (check_loader_position(l, st)) return olmo_error_context("restoring the data loader position");
     struct olmo_loader_state state = {
         .epoch = (uint64_t)st->loader_epoch,
         .position = st->loader_pos,

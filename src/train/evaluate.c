@@ -205,7 +205,17 @@ int olmo_mc_task_load(const char *path, int vocab_size, struct olmo_mc_task *t) 
     memset(t, 0, sizeof *t);
     short_name(path, ".jsonl", t->name, sizeof t->name);
     char *text;
-    if (olmo_read_file(path, (size_t)1 << 30, &text, NULL)) return olmo_error_context("task file");
+    size_t len;
+    if (olmo_read_file(path, (size_t)1 << 30, &text, &len)) return olmo_error_context("task file");
+    const char *nul = memchr(text, 0, len); /* would silently end the file there */
+    if (nul) {
+        int at_line = 1;
+        for (const char *c = text; c < nul; c++) at_line += *c == '\n';
+        size_t offset = (size_t)(nul - text);
+        free(text);
+        return olmo_error("task file '%s': NUL byte at offset %zu (line %d); a task file is JSON lines text", path,
+                          offset, at_line);
+    }
     int cap = 0, rc = 0, line = 0;
     for (char *l = text; l && !rc;) {
         char *nl = strchr(l, '\n');

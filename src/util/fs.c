@@ -77,8 +77,14 @@ int olmo_write_file_atomic(const char *path, const void *data, size_t len) {
 
 int olmo_read_file(const char *path, size_t max_bytes, char **out, size_t *len) {
     *out = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return olmo_error("cannot open '%s': %s", path, strerror(errno));
+    /* O_NONBLOCK: a FIFO is refused below instead of waiting for a writer */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    FILE *fp = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (!fp) {
+        int err = errno;
+        if (fd >= 0) close(fd);
+        return olmo_error("cannot open '%s': %s", path, strerror(err));
+    }
     struct stat st;
     if (fstat(fileno(fp), &st) || !S_ISREG(st.st_mode)) {
         fclose(fp);
