@@ -16,11 +16,18 @@ if [ -n "$missing" ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
 fi
 
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import torch, transformers, safetensors, pytest, matplotlib" 2>/dev/null; then
-  echo "setup: creating .venv with the PyTorch reference (first time: a few minutes)"
+# The venv is (re)made when a reference is missing or torch is not the pinned version.
+TORCH_PIN=$(sed -n 's/^torch==//p' requirements-test.txt)
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "
+import torch, transformers, safetensors, pytest, matplotlib, olmo_core, olmo_eval.metrics
+assert torch.__version__.split('+')[0] == '$TORCH_PIN'" 2>/dev/null; then
+  echo "setup: creating .venv with the PyTorch, OLMo-core and OLMo-eval references (first time: a few minutes)"
+  rm -rf .venv
   python3 -m venv .venv
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -r requirements-test.txt
+  # OLMo's in-loop evaluation tasks and metrics; --no-deps: see requirements-test.txt
+  .venv/bin/pip install -q --no-deps ai2-olmo-eval==0.9.0
 fi
 
 echo "setup: building build/ (Release, with the CUDA backend when nvcc is found), build-asan/ (sanitizers)"
