@@ -323,9 +323,7 @@ int olmo_config_format(const struct olmo_config *cfg, const char *key, char *buf
     return 0;
 }
 
-int olmo_config_write(const struct olmo_config *cfg, const char *path) {
-    FILE *fp = fopen(path, "w");
-    if (!fp) return olmo_error("cannot write '%s': %s", path, strerror(errno));
+int olmo_config_write_fp(const struct olmo_config *cfg, FILE *fp) {
     const char *section = "";
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         const struct field *f = &fields[i];
@@ -338,6 +336,13 @@ int olmo_config_write(const struct olmo_config *cfg, const char *path) {
         format_field(cfg, f, value, sizeof value);
         fprintf(fp, f->type == F_STRING ? "  %s: \"%s\"\n" : "  %s: %s\n", dot + 1, value);
     }
+    return ferror(fp) ? olmo_error("writing the config failed") : 0;
+}
+
+int olmo_config_write(const struct olmo_config *cfg, const char *path) {
+    FILE *fp = fopen(path, "w");
+    if (!fp) return olmo_error("cannot write '%s': %s", path, strerror(errno));
+    olmo_config_write_fp(cfg, fp);
     if (fclose(fp)) return olmo_error("writing '%s' failed: %s", path, strerror(errno));
     return 0;
 }
