@@ -431,12 +431,22 @@ static char *read_whole_file(const char *path, size_t *len) {
     return buf;
 }
 
+/* A token id: a whole number in [0, OLMO_TOKENIZER_MAX_IDS).  Per-id tables
+ * are sized by the largest id, so an absurd one (say 2^31 - 2) would cost
+ * seconds and gigabytes before anything else is checked: refused here.
+ * Returns 0, -1 when v is not an id at all, -2 when it is too large. */
 static int json_id(const cJSON *v, uint32_t *id) {
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= 2147483647.0 ||
-        v->valuedouble != (double)(long long)v->valuedouble)
-        return -1;
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != (double)(long long)v->valuedouble) return -1;
+    if (v->valuedouble >= (double)OLMO_TOKENIZER_MAX_IDS) return -2;
     *id = (uint32_t)v->valuedouble;
     return 0;
+}
+
+static int bad_id(const struct olmo_tokenizer *t, const char *what, const cJSON *v, int why) {
+    if (why == -2)
+        return olmo_error("'%s': %s has id %.0f; token ids must be below %u (olmoc's limit on the vocabulary size)",
+                          t->path, what, v->valuedouble, (unsigned)OLMO_TOKENIZER_MAX_IDS);
+    return olmo_error("'%s': %s has a bad id (not a whole number >= 0)", t->path, what);
 }
 
 static int cmp_added(const void *a, const void *b) {
@@ -483,15 +493,21 @@ static int load_model(struct olmo_tokenizer *t, const cJSON *root) {
     const cJSON *it;
     cJSON_ArrayForEach(it, vocab) {
         uint32_t id;
-        if (json_id(it, &id)) return olmo_error("'%s': vocab entry '%.60s' has a bad id", t->path, it->string);
+        int why = json_id(it, &id);
+        if (why) {
+            char what[100];
+            snprintf(what, sizeof what, "vocab entry '%.60s'", it->string);
+            return bad_id(t, what, it, why);
+        }
         if (id + 1 > max_id) max_id = id + 1;
         n_vocab++;
     }
     if (cJSON_IsArray(added)) {
         cJSON_ArrayForEach(it, added) {
             uint32_t id;
-            if (json_id(cJSON_GetObjectItemCaseSensitive(it, "id"), &id))
-                return olmo_error("'%s': added token without a valid \"id\"", t->path);
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(it, "id");
+            int why = json_id(v, &id);
+            if (why) return bad_id(t, "an added token", v, why);
             if (id + 1 > max_id) max_id = id + 1;
         }
     }

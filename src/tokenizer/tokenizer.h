@@ -43,6 +43,10 @@ struct olmo_ids {
 int olmo_ids_push(struct olmo_ids *v, uint32_t id);
 void olmo_ids_free(struct olmo_ids *v);
 
+/* Token ids must be below this (16M; the largest real vocabularies have
+ * about 1M tokens): tables are sized by the largest id. */
+#define OLMO_TOKENIZER_MAX_IDS (1u << 24)
+
 int olmo_tokenizer_load(struct olmo_tokenizer **out, const char *path);
 void olmo_tokenizer_free(struct olmo_tokenizer *t);
 
