@@ -813,6 +813,26 @@ static int parse_args(struct options *o, int argc, char **argv) {
     return 0;
 }
 
+/* Refuses an output (or its .tmp) that is one of the inputs: the same file
+ * by device and inode, so a link or another spelling of the path counts. */
+static int check_output_not_input(const struct options *o, const char *tmp_path) {
+    const char *outs[2] = {o->output, tmp_path};
+    for (int k = 0; k < 2; k++) {
+        struct stat so;
+        if (stat(outs[k], &so)) continue; /* does not exist yet: cannot be an input */
+        for (int i = 0; i < o->n_inputs; i++) {
+            struct stat si;
+            bool is_stdin = !strcmp(o->inputs[i], "-");
+            if (is_stdin ? fstat(STDIN_FILENO, &si) : stat(o->inputs[i], &si)) continue;
+            if (si.st_dev == so.st_dev && si.st_ino == so.st_ino)
+                return olmo_error("the output '%s' is the input '%s'%s: writing it would destroy the input "
+                                  "(choose another -o)",
+                                  outs[k], o->inputs[i], is_stdin ? " (standard input)" : "");
+        }
+    }
+    return 0;
+}
+
 int cmd_tokenize(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -860,6 +880,10 @@ int cmd_tokenize(int argc, char **argv) {
         goto fail;
     }
     snprintf(c->tmp_path, sizeof c->tmp_path, "%s.tmp", c->opt.output);
+    if (check_output_not_input(&c->opt, c->tmp_path)) {
+        c->tmp_path[0] = 0; /* not ours to remove */
+        goto fail;
+    }
     c->out = fopen(c->tmp_path, "wb");
     if (!c->out) {
         olmo_error("cannot create '%s': %s", c->tmp_path, strerror(errno));

@@ -244,3 +244,31 @@ def test_under_sanitizers(tok, tmp_path):
     r = subprocess.run([exe, "tokenize", "--tokenizer", str(path), "-o", str(tmp_path / "c.npy"), "--threads", "2",
                         str(tmp_path / "in.jsonl")], capture_output=True, text=True, env=env)
     assert r.returncode == 1 and "malformed JSON" in r.stderr and "ERROR: AddressSanitizer" not in r.stderr
+
+
+def test_output_that_is_an_input_is_refused(build_dir, tok, tmp_path):
+    """`-o X X` replaced the input with the output; refused by inode, so a
+    hard link, another spelling of the path, the .tmp file or standard input
+    count too.  The input is left as it was."""
+    path, _ = tok
+    src = tmp_path / "in.txt"
+    src.write_text("hello world\n")
+    os.link(src, tmp_path / "link.txt")
+    (tmp_path / "sub").mkdir()
+    cases = [
+        (["-o", src, src], {}),
+        (["-o", tmp_path / "sub" / ".." / "in.txt", tmp_path / "other.txt", src], {}),
+        (["-o", tmp_path / "link.txt", src], {}),
+        (["-o", tmp_path / "in", tmp_path / "in.tmp"], {}),
+        (["-o", src, "-"], {"stdin": src}),
+    ]
+    (tmp_path / "other.txt").write_text("more text\n")
+    os.link(src, tmp_path / "in.tmp")
+    for args, kw in cases:
+        stdin = open(kw["stdin"]) if "stdin" in kw else None
+        r = subprocess.run([str(build_dir / "olmoc"), "tokenize", "--tokenizer", str(path), *map(str, args)],
+                           capture_output=True, text=True, stdin=stdin)
+        assert r.returncode == 1 and "is the input" in r.stderr, (args, r.stderr)
+        assert src.read_text() == "hello world\n"
+    # a different file of the same name elsewhere is fine
+    run(build_dir, "--tokenizer", path, "-o", tmp_path / "sub" / "in.txt", src)
