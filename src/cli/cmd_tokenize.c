@@ -26,6 +26,7 @@
 #include "util/error.h"
 
 #define ITEM_BYTES (1u << 20)
+#define CARRY_MAX (4u * ITEM_BYTES)
 
 enum input_format { FMT_AUTO, FMT_JSONL, FMT_TEXT };
 enum doc_unit { DOC_FILE, DOC_PARAGRAPH, DOC_LINE };
@@ -271,8 +272,13 @@ static int encode_piece(struct ctx *c, struct olmo_encoder *enc, struct item *it
     st->carry_n += fn;
     if (it->piece == 0 && c->bos_id >= 0 && (rc = olmo_ids_push(&it->ids, (uint32_t)c->bos_id))) goto out;
     size_t before = it->ids.n, consumed = st->carry_n;
-    int f = flags | (final ? 0 : OLMO_ENCODE_PARTIAL) | (st->started ? OLMO_ENCODE_CONTINUATION : 0);
-    if ((rc = olmo_encode(enc, (const char *)st->carry, st->carry_n, f, &it->ids, final ? NULL : &consumed, NULL)))
+    /* Text the encoder could not finish yet (one long pre-token) is carried
+     * to the next piece; beyond CARRY_MAX it is encoded as if the text ended
+     * there, which bounds memory and time (a 100 MB word, a 16 MB run of
+     * spaces) and changes nothing for text with pre-tokens shorter than that. */
+    bool whole = final || st->carry_n > CARRY_MAX;
+    int f = flags | (whole ? 0 : OLMO_ENCODE_PARTIAL) | (st->started ? OLMO_ENCODE_CONTINUATION : 0);
+    if ((rc = olmo_encode(enc, (const char *)st->carry, st->carry_n, f, &it->ids, whole ? NULL : &consumed, NULL)))
         goto out;
     if (st->carry_n) st->nonempty = true;
     if (consumed) st->started = true;
@@ -408,7 +414,9 @@ static void *worker_main(void *arg) {
         int rc;
         if (!enc) rc = -1;
         else if (c->opt.format == FMT_JSONL) rc = process_jsonl(c, enc, it, &jt, flags);
-        else rc = process_text(c, enc, it, flags);
+        else if ((rc = process_text(c, enc, it, flags)))
+            olmo_error_context("%s, in the text at byte offsets %llu..%llu", c->opt.inputs[it->file],
+                               (unsigned long long)it->offset0, (unsigned long long)(it->offset0 + it->len));
         if (rc) item_fail(it);
         pthread_mutex_lock(&c->mu);
         c->slots[it->seq % c->window] = it;
@@ -422,16 +430,20 @@ static void *worker_main(void *arg) {
 
 /* --------------------------------------------------------------- writer */
 
-static void release_item(struct ctx *c, struct item *it) {
-    if (it->stream) {
-        pthread_mutex_lock(&c->mu);
-        bool last = --it->stream->refs == 0;
-        pthread_mutex_unlock(&c->mu);
-        if (last) {
-            free(it->stream->carry);
-            free(it->stream);
-        }
+/* Drops one reference to a streamed document: one per item of it, and one
+ * the reader holds while the document is still being cut into items. */
+static void stream_unref(struct ctx *c, struct stream *st) {
+    pthread_mutex_lock(&c->mu);
+    bool last = --st->refs == 0;
+    pthread_mutex_unlock(&c->mu);
+    if (last) {
+        free(st->carry);
+        free(st);
     }
+}
+
+static void release_item(struct ctx *c, struct item *it) {
+    if (it->stream) stream_unref(c, it->stream);
     olmo_ids_free(&it->ids);
     free(it->buf);
     free(it);
@@ -510,12 +522,8 @@ static bool submit(struct ctx *c, struct item *it) {
     pthread_mutex_lock(&c->mu);
     while (c->submitted - c->written >= c->window && !c->abort) pthread_cond_wait(&c->cv_space, &c->mu);
     if (c->abort) {
-        bool last = it->stream && --it->stream->refs == 0;
         pthread_mutex_unlock(&c->mu);
-        if (last) {
-            free(it->stream->carry);
-            free(it->stream);
-        }
+        if (it->stream) stream_unref(c, it->stream);
         free(it->buf);
         free(it);
         return false;
@@ -690,6 +698,7 @@ static int read_file(struct ctx *c, int fi) {
                     break;
                 }
                 open_stream->last_id = -1;
+                open_stream->refs = 1; /* the reader's, until the document's last item */
                 piece = 0;
             }
             it->stream = open_stream;
@@ -697,7 +706,10 @@ static int read_file(struct ctx *c, int fi) {
             pthread_mutex_lock(&c->mu);
             open_stream->refs++;
             pthread_mutex_unlock(&c->mu);
-            if (!last_continues) open_stream = NULL;
+            if (!last_continues) {
+                stream_unref(c, open_stream);
+                open_stream = NULL;
+            }
         }
         memmove(buf, buf + cut, n - cut);
         n -= cut;
@@ -711,6 +723,7 @@ static int read_file(struct ctx *c, int fi) {
             break;
         }
     }
+    if (open_stream) stream_unref(c, open_stream);
     free(buf);
     gzclose(f);
     return rc;

@@ -945,7 +945,7 @@ static struct heap_entry heap_pop(struct heap_entry *h, size_t *n) {
 
 /* BPE of one pre-token (raw bytes), exactly as tokenizers' Word::merge_all:
  * repeatedly apply the lowest-ranked merge, leftmost first. */
-static int bpe_word(struct olmo_encoder *e, const uint8_t *p, size_t n, struct olmo_ids *out) {
+static int bpe_one(struct olmo_encoder *e, const uint8_t *p, size_t n, struct olmo_ids *out) {
     const struct olmo_tokenizer *t = e->t;
     if (n == 1 && t->byte_id[p[0]] >= 0) return olmo_ids_push(out, (uint32_t)t->byte_id[p[0]]);
     if (t->ignore_merges) {
@@ -1043,6 +1043,22 @@ static int bpe_word(struct olmo_encoder *e, const uint8_t *p, size_t n, struct o
     return 0;
 }
 
+/* BPE of one pre-token.  Its scratch space is ~36 bytes per byte, so a
+ * pre-token longer than OLMO_MAX_PRETOKEN_BYTES (one 100 MB "word" took
+ * 2.8 GB) is cut into pieces of at most that many bytes, at character
+ * starts, each merged on its own.  `tokenizers` merges it whole; the ids
+ * differ only for such pre-tokens, which text does not have. */
+static int bpe_word(struct olmo_encoder *e, const uint8_t *p, size_t n, struct olmo_ids *out) {
+    while (n > OLMO_MAX_PRETOKEN_BYTES) {
+        size_t cut = OLMO_MAX_PRETOKEN_BYTES;
+        while (cut > OLMO_MAX_PRETOKEN_BYTES - 4 && (p[cut] & 0xC0) == 0x80) cut--;
+        if (bpe_one(e, p, cut, out)) return -1;
+        p += cut;
+        n -= cut;
+    }
+    return bpe_one(e, p, n, out);
+}
+
 /* Runs step d's regex over p[0, len) and lists the (gap, match) elements
  * covering it, like tokenizers' Pattern::find_matches.  In partial mode it
  * stops where more text could change a match and sets *end to that point. */
@@ -1055,6 +1071,9 @@ static int find_elems(struct olmo_encoder *e, int d, const uint8_t *p, size_t le
     uint32_t opts = PCRE2_NO_UTF_CHECK | (partial ? PCRE2_PARTIAL_HARD : 0);
     size_t off = 0, prev = 0;
     *end = len;
+    /* PCRE2's default match limit (10M steps) fails a 16 MB run of spaces
+     * (\s*[\r\n] backtracks over it once); allow steps linear in the text. */
+    pcre2_set_match_limit(e->mctx, len < 100000000 ? 10000000 + 40 * (uint32_t)len : 0xFFFFFFFFu);
     while (off <= len) {
         int rc = st->jit ? pcre2_jit_match(st->re, p, len, off, opts, md, e->mctx)
                          : pcre2_match(st->re, p, len, off, opts, md, e->mctx);
@@ -1066,7 +1085,8 @@ static int find_elems(struct olmo_encoder *e, int d, const uint8_t *p, size_t le
         if (rc < 0) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(rc, msg, sizeof msg);
-            return olmo_error("pre-tokenizer regex failed: %s", (const char *)msg);
+            return olmo_error("pre-tokenizer regex failed at byte %zu of a %zu-byte piece of text: %s", off, len,
+                              (const char *)msg);
         }
         size_t s = ov[0], en = ov[1];
         if (vec_reserve(v, v->n + 2, sizeof(struct elem))) return -1;

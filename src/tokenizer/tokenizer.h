@@ -47,6 +47,10 @@ void olmo_ids_free(struct olmo_ids *v);
  * about 1M tokens): tables are sized by the largest id. */
 #define OLMO_TOKENIZER_MAX_IDS (1u << 24)
 
+/* Pre-tokens longer than this are merged in pieces of at most this many
+ * bytes (see bpe_word), which bounds the encoder's memory. */
+#define OLMO_MAX_PRETOKEN_BYTES ((size_t)1 << 20)
+
 int olmo_tokenizer_load(struct olmo_tokenizer **out, const char *path);
 void olmo_tokenizer_free(struct olmo_tokenizer *t);
 
