@@ -466,14 +466,10 @@ static bool emit_config(yaml_emitter_t *e, const struct olmo_config *cfg, const 
            emit_event(e, YAML_DOCUMENT_END_EVENT) && emit_event(e, YAML_STREAM_END_EVENT) && yaml_emitter_flush(e);
 }
 
-int olmo_config_write(const struct olmo_config *cfg, const char *path) {
-    FILE *fp = fopen(path, "w");
-    if (!fp) return olmo_error("cannot write '%s': %s", path, strerror(errno));
+/* Emits the config to fp; name is the file for messages.  Does not close fp. */
+static int emit_to(const struct olmo_config *cfg, FILE *fp, const char *name) {
     yaml_emitter_t e;
-    if (!yaml_emitter_initialize(&e)) {
-        fclose(fp);
-        return olmo_error("out of memory writing '%s'", path);
-    }
+    if (!yaml_emitter_initialize(&e)) return olmo_error("out of memory writing '%s'", name);
     yaml_emitter_set_output_file(&e, fp);
     yaml_emitter_set_unicode(&e, 1); /* UTF-8 as is; only non-printable characters escaped */
     yaml_emitter_set_width(&e, -1);  /* no line folding */
@@ -483,7 +479,17 @@ int olmo_config_write(const struct olmo_config *cfg, const char *path) {
     snprintf(problem, sizeof problem, "%s%s%s", e.problem ? e.problem : "cannot emit YAML",
              bad_key ? " in the value of " : "", bad_key ? bad_key : "");
     yaml_emitter_delete(&e);
-    if (fclose(fp) || !ok)
-        return olmo_error("writing '%s' failed: %s", path, ok ? strerror(errno) : problem);
+    if (!ok) return olmo_error("writing '%s' failed: %s", name, problem);
+    if (fflush(fp) || ferror(fp)) return olmo_error("writing '%s' failed: %s", name, strerror(errno));
     return 0;
+}
+
+int olmo_config_write_fp(const struct olmo_config *cfg, FILE *fp) { return emit_to(cfg, fp, "the config"); }
+
+int olmo_config_write(const struct olmo_config *cfg, const char *path) {
+    FILE *fp = fopen(path, "w");
+    if (!fp) return olmo_error("cannot write '%s': %s", path, strerror(errno));
+    int rc = emit_to(cfg, fp, path);
+    if (fclose(fp) && rc == 0) rc = olmo_error("writing '%s' failed: %s", path, strerror(errno));
+    return rc;
 }

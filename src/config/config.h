@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 enum olmo_schedule_kind { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT };
 
@@ -95,6 +96,8 @@ int olmo_config_validate(const struct olmo_config *cfg);
 int olmo_config_check_limits(const struct olmo_config *cfg);
 /* Writes every field as YAML (used for run directories and checkpoints). */
 int olmo_config_write(const struct olmo_config *cfg, const char *path);
+/* The same YAML to an open stream (e.g. stdout, shared with other output). */
+int olmo_config_write_fp(const struct olmo_config *cfg, FILE *fp);
 
 /* Config keys in table order ("section.key"); NULL past the end. */
 const char *olmo_config_key(int index);
