@@ -25,6 +25,23 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import torch, transformer
   .venv/bin/pip install -q -r requirements-test.txt
 fi
 
+# PCRE2 10.47 (Unicode 16.0.0 tables, as Hugging Face `tokenizers` has): the sources
+# PyPI's `pcre2` bindings ship in their source package, built by our CMake into the
+# tokenizer (CMakeLists.txt: OLMOC_PCRE2_SOURCE_DIR).  Only the sdist is fetched.
+PCRE2_PACKAGE=pcre2==0.7.1
+PCRE2_SHA256=69ced4288892e2571dd792e7bfb12371bb059f226204bf03300664177c508b64
+if [ ! -f third_party/pcre2/src/pcre2_ucd.c ]; then
+  echo "setup: fetching PCRE2 10.47 sources ($PCRE2_PACKAGE source package) into third_party/pcre2"
+  tmp=$(mktemp -d)
+  .venv/bin/pip download -q --no-deps --no-binary pcre2 "$PCRE2_PACKAGE" -d "$tmp"
+  echo "$PCRE2_SHA256  $(ls "$tmp"/pcre2-*.tar.gz)" | sha256sum -c --quiet
+  tar xzf "$tmp"/pcre2-*.tar.gz -C "$tmp"
+  mkdir -p third_party
+  rm -rf third_party/pcre2
+  mv "$tmp"/pcre2-*/src/libpcre2 third_party/pcre2
+  rm -rf "$tmp"
+fi
+
 echo "setup: building build/ (Release, with the CUDA backend when nvcc is found), build-asan/ (sanitizers)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
