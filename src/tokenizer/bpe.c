@@ -128,7 +128,10 @@ static int bpe_one(struct olmo_encoder *e, const uint8_t *p, size_t n, struct ol
             olmo_tok_vec_reserve(&e->cache_vals, e->cache_vals.n + n_ids, sizeof(uint32_t)))
             return -1;
         memcpy((uint8_t *)e->cache_keys.p + e->cache_keys.n, p, n);
-        memcpy((uint32_t *)e->cache_vals.p + e->cache_vals.n, out->ids + first, n_ids * sizeof(uint32_t));
+        /* a word may leave no ids (every byte unknown, no unk_token): then out->ids and the
+         * value store may still be NULL, and NULL + 0 is undefined */
+        if (n_ids)
+            memcpy((uint32_t *)e->cache_vals.p + e->cache_vals.n, out->ids + first, n_ids * sizeof(uint32_t));
         e->cache[slot] = (struct cache_slot){h, (uint32_t)e->cache_keys.n, (uint32_t)e->cache_vals.n, (uint16_t)n,
                                              (uint16_t)n_ids};
         e->cache_keys.n += n;
