@@ -119,6 +119,17 @@ static int parse_args(int argc, char **argv, struct olmo_config *cfg, struct olm
     return 0;
 }
 
+/* Every rank stopped after the same step (one that was not finite): no rank
+ * needs to bring the job down. */
+static int stopped(struct olmo_dist *dist) {
+    fflush(stdout);
+    if (dist->world > 1) fprintf(stderr, "olmoc train (rank %d): %s\n", dist->rank, olmo_last_error());
+    else fprintf(stderr, "olmoc train: %s\n", olmo_last_error());
+    fflush(stderr);
+    olmo_dist_finalize(dist);
+    return 1;
+}
+
 int cmd_train(int argc, char **argv) {
     struct olmo_config cfg;
     olmo_config_defaults(&cfg);
@@ -142,7 +153,9 @@ int cmd_train(int argc, char **argv) {
     if (!(opts.be = olmo_backend_by_name(backend_name))) goto fail;
     if (opts.profile) opts.be = olmo_backend_profiled(opts.be);
     opts.dist = &dist;
-    if (olmo_run_train(&opts)) goto fail;
+    const int rc = olmo_run_train(&opts);
+    if (rc == OLMO_RUN_STOPPED) return stopped(&dist);
+    if (rc) goto fail;
     olmo_dist_finalize(&dist);
     return 0;
 fail:

@@ -97,12 +97,17 @@ struct olmo_run {
 int olmo_run_open(struct olmo_run *run, const struct olmo_run_options *opts);
 /* The next optimizer step (with its metrics record, progress line, and any
  * evaluation and checkpoint due): 1 done (out filled, may be NULL), 0 all
- * train.steps done, -1 error. */
+ * train.steps done, -1 error, OLMO_RUN_STOPPED: every rank stopped after the
+ * same step, the reason in olmo_last_error:
+ *   - its loss or gradient norm was not finite and train.nonfinite is stop:
+ *     nothing of the step is applied or saved (the last checkpoint stays the
+ *     newest); train.nonfinite: skip logs the step and applies no update. */
+#define OLMO_RUN_STOPPED (-2)
 int olmo_run_step(struct olmo_run *run, struct olmo_run_step *out);
 /* Closes the logs, writes the final weights, prints the summary. */
 int olmo_run_finish(struct olmo_run *run);
 void olmo_run_close(struct olmo_run *run);
-/* open, every step, finish, close. */
+/* open, every step, finish, close: 0, -1 or OLMO_RUN_STOPPED. */
 int olmo_run_train(const struct olmo_run_options *opts);
 
 /* Peak FLOP/s of the backend's SGEMM: best of a few 2048^3 products, each
