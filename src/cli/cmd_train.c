@@ -12,6 +12,7 @@
 #include "config/config.h"
 #include "dist/dist.h"
 #include "train/run.h"
+#include "train/signals.h"
 #include "util/error.h"
 
 static void train_usage(FILE *out) {
@@ -119,21 +120,22 @@ static int parse_args(int argc, char **argv, struct olmo_config *cfg, struct olm
     return 0;
 }
 
-/* Every rank stopped after the same step (one that was not finite): no rank
- * needs to bring the job down. */
+/* Every rank stopped after the same step (a signal, or a step that was not
+ * finite): no rank needs to bring the job down. */
 static int stopped(struct olmo_dist *dist) {
     fflush(stdout);
     if (dist->world > 1) fprintf(stderr, "olmoc train (rank %d): %s\n", dist->rank, olmo_last_error());
     else fprintf(stderr, "olmoc train: %s\n", olmo_last_error());
     fflush(stderr);
     olmo_dist_finalize(dist);
-    return 1;
+    const int sig = olmo_signals_stopped_by();
+    return sig ? 128 + sig : 1; /* as a shell reports a process ended by that signal */
 }
 
 int cmd_train(int argc, char **argv) {
     struct olmo_config cfg;
     olmo_config_defaults(&cfg);
-    struct olmo_run_options opts = {.cfg = &cfg, .write_files = true, .log = stdout};
+    struct olmo_run_options opts = {.cfg = &cfg, .write_files = true, .log = stdout, .handle_signals = true};
     const char *backend_name = "cpu";
     static struct olmo_dist dist; /* static: zero (world 0) if an earlier error reaches fail */
     int status;

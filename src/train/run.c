@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -13,6 +14,7 @@
 
 #include "backend/profile.h"
 #include "model/weights.h"
+#include "train/signals.h"
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/fs.h"
@@ -189,6 +191,10 @@ int olmo_run_open(struct olmo_run *run, const struct olmo_run_options *opts) {
     const struct olmo_config *cfg = &run->cfg;
     const int world = opts->dist ? opts->dist->world : 1;
     run->leader = !opts->dist || opts->dist->rank == 0;
+    if (opts->handle_signals) {
+        if (olmo_signals_install()) return -1;
+        run->signals_installed = true;
+    }
     if (olmo_config_validate(cfg)) return -1;
     if (!opts->next_batch && !cfg->data.train_path[0] && !cfg->data.mix[0])
         return olmo_error("neither data.train_path nor data.mix is set: give token files in the config or with --set");
@@ -281,6 +287,7 @@ static int save_checkpoint(struct olmo_run *run) {
     if (olmo_ckpt_save(run->cfg.data.out_dir, &run->tr, &cs, saved, sizeof saved) ||
         (run->leader && olmo_ckpt_retain(run->cfg.data.out_dir, run->cfg.train.keep_last)))
         return -1;
+    run->saved_step = run->step;
     if (run->o.log) {
         fprintf(run->o.log, "checkpoint step %ld: %s (%.2fs)\n", run->step, saved, olmo_now_seconds() - t0);
         fflush(run->o.log);
@@ -325,6 +332,24 @@ static int stop_nonfinite(struct olmo_run *run, const char *why) {
                "instead); nothing of this step was applied or saved; %s%s%s",
                run->step, why, last[0] ? "the last checkpoint is '" : "there is no checkpoint to resume from",
                last, last[0] ? "'" : "");
+    return OLMO_RUN_STOPPED;
+}
+
+/* After a step, on every rank: stop if any rank was sent SIGTERM/SIGINT,
+ * with a checkpoint of this step. */
+static int stop_on_signal(struct olmo_run *run, long limit) {
+    int sig;
+    if (!run->signals_installed || run->step >= limit) return 0; /* the last step: the run ends anyway */
+    if (olmo_signals_agree(run->o.dist, &sig)) return -1;
+    if (!sig) return 0;
+    const char *name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    if (!run->o.write_files) {
+        olmo_error("stopped by %s after step %ld (this run writes no checkpoints)", name, run->step);
+        return OLMO_RUN_STOPPED;
+    }
+    if (run->saved_step != run->step && save_checkpoint(run)) return -1;
+    olmo_error("stopped by %s after step %ld: checkpoint '%s/step-%06ld' written; continue with --resume", name,
+               run->step, run->cfg.data.out_dir, run->step);
     return OLMO_RUN_STOPPED;
 }
 
@@ -376,7 +401,8 @@ int olmo_run_step(struct olmo_run *run, struct olmo_run_step *out) {
     if (o->profile && s.step == run->st.step + 1) olmo_profile_reset(); /* the first step pays for page faults */
     run->last = olmo_now_seconds(); /* evaluation and checkpoint time do not count as step time */
     if (out) *out = s;
-    return 1;
+    const int stop = stop_on_signal(run, limit);
+    return stop ? stop : 1;
 }
 
 int olmo_run_finish(struct olmo_run *run) {
@@ -412,6 +438,7 @@ void olmo_run_close(struct olmo_run *run) {
     if (run->trainer_ready) olmo_trainer_destroy(&run->tr);
     if (run->loader_ready) olmo_loader_close(&run->loader);
     if (run->lock_fd >= 0) close(run->lock_fd);
+    if (run->signals_installed) olmo_signals_restore();
     memset(run, 0, sizeof *run);
     run->lock_fd = -1;
 }

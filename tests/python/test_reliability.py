@@ -236,3 +236,193 @@ def test_nonfinite_or_negative_optimizer_state_is_refused(build_dir, tiny, tmp_p
         for build in builds(build_dir):
             r = olmoc(build, *train_args(cfg, data, tmp_path / "o", "--set", "train.steps=3", "--resume-from", bad))
             assert r.returncode == 1 and f"tensor '{tensor}' {message}" in r.stderr, r.stderr
+
+
+# ---- SIGTERM / SIGINT
+
+
+def sanitizer_env(build):
+    return dict(os.environ, ASAN_OPTIONS="detect_leaks=1", OMP_NUM_THREADS="1")
+
+
+def no_sanitizer_report(stderr):
+    assert "Sanitizer" not in stderr and "runtime error:" not in stderr, stderr
+
+
+CONSTANT = ["--set", "train.schedule=constant", "--set", "train.save_every=1000", "--set", "train.keep_last=0"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_after_the_step_with_a_checkpoint(build_dir, tiny, tmp_path, sig):  # noqa: F811
+    """A signal mid-run: the run finishes its step, writes a checkpoint of it
+    (here the only one: train.save_every is far away) and exits 128 + signal;
+    resumed, it ends bit-identical to a run never interrupted."""
+    cfg, data = tiny
+    out = tmp_path / "run"
+    cmd = [str(build_dir / "olmoc"), *map(str, train_args(cfg, data, out, "--set", "train.steps=1000000",
+                                                           *CONSTANT))]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:
+        if line.startswith("step 5/"):
+            break
+    p.send_signal(sig)
+    stdout, stderr = p.communicate(timeout=120)
+    name = signal.Signals(sig).name
+    assert p.returncode == 128 + sig, (p.returncode, stderr)
+    assert f"olmoc: {name}: finishing this step, then writing a checkpoint" in stderr, stderr
+    steps = [x["step"] for x in records(out)]
+    n = steps[-1]
+    assert n >= 5 and steps == list(range(1, n + 1))
+    assert f"olmoc train: stopped by {name} after step {n}: checkpoint '{out}/step-{n:06d}' written; continue " \
+           "with --resume" in stderr, stderr
+    assert f"checkpoint step {n}: {out}/step-{n:06d}" in stdout
+    assert checkpoints(out) == [f"step-{n:06d}"] and not (out / "model.safetensors").exists()
+    total = n + 3
+    r = olmoc(build_dir, *train_args(cfg, data, out, "--set", f"train.steps={total}", *CONSTANT, "--resume"))
+    assert r.returncode == 0 and f"resumed from {out}/step-{n:06d}" in r.stdout, r.stderr
+    ref = tmp_path / "ref"
+    r = olmoc(build_dir, *train_args(cfg, data, ref, "--set", f"train.steps={total}", *CONSTANT))
+    assert r.returncode == 0, r.stderr
+    assert deterministic(records(out)) == deterministic(records(ref))
+    assert (out / "model.safetensors").read_bytes() == (ref / "model.safetensors").read_bytes()
+    for f in ("model.safetensors", "optim.safetensors"):
+        assert (out / f"step-{total:06d}" / f).read_bytes() == (ref / f"step-{total:06d}" / f).read_bytes()
+
+
+def blocked_on_dump_fifo(build, cfg, data, out, fifo):
+    """A run held in olmoc's open of --dump-batches FIFO (its signal handlers
+    already installed: metrics.jsonl, opened just before, exists)."""
+    os.mkfifo(fifo)
+    cmd = [str(build / "olmoc"), *map(str, train_args(cfg, data, out, "--set", "train.steps=50", *CONSTANT,
+                                                      "--dump-batches", fifo))]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=sanitizer_env(build))
+    deadline = time.monotonic() + 60
+    while not (out / "metrics.jsonl").exists():
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+        time.sleep(0.02)
+    time.sleep(0.2)
+    return p
+
+
+def test_a_second_signal_exits_at_once(build_dir, tiny, tmp_path):  # noqa: F811
+    """Held before its first step (blocked opening a FIFO nobody reads), a run
+    signalled once would still do a step and write a checkpoint; signalled
+    twice it ends at once, by the signal, writing nothing."""
+    cfg, data = tiny
+    for build in builds(build_dir):
+        out = tmp_path / f"run_{build.name}"
+        p = blocked_on_dump_fifo(build, cfg, data, out, tmp_path / f"fifo_{build.name}")
+        p.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        assert p.poll() is None
+        p.send_signal(signal.SIGINT)
+        _, stderr = p.communicate(timeout=60)
+        assert p.returncode == -signal.SIGINT, (p.returncode, stderr)
+        assert "olmoc: SIGTERM: finishing this step" in stderr and \
+            "olmoc: second signal: exiting at once, without a checkpoint" in stderr, stderr
+        assert checkpoints(out) == [] and records(out) == []
+
+
+def test_one_signal_before_the_first_step(build_dir, tiny, tmp_path):  # noqa: F811
+    """The same held run signalled once: released, it trains one step, writes
+    step-000001 and stops (under ASan: with nothing leaked)."""
+    cfg, data = tiny
+    for build in builds(build_dir):
+        out = tmp_path / f"run_{build.name}"
+        fifo = tmp_path / f"fifo_{build.name}"
+        p = blocked_on_dump_fifo(build, cfg, data, out, fifo)
+        p.send_signal(signal.SIGTERM)
+        drained = []
+        reader = threading.Thread(target=lambda: drained.append(len(fifo.read_bytes())))
+        reader.start()
+        stdout, stderr = p.communicate(timeout=120)
+        if reader.is_alive():  # olmoc died without opening the FIFO: let the reader's open return
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join()
+        assert p.returncode == 128 + signal.SIGTERM, (p.returncode, stderr)
+        no_sanitizer_report(stderr)
+        assert f"stopped by SIGTERM after step 1: checkpoint '{out}/step-000001' written" in stderr, stderr
+        assert checkpoints(out) == ["step-000001"] and [x["step"] for x in records(out)] == [1]
+        assert drained == [4 * 32 * 4]  # one step's batch
+        r = olmoc(build, *train_args(cfg, data, out, "--set", "train.steps=2", *CONSTANT, "--resume"))
+        assert r.returncode == 0 and "resumed from" in r.stdout, r.stderr
+
+
+def rank_pids(launcher_pid, n, timeout=60):
+    """PIDs of the ranks mpirun started, by rank (OMPI_COMM_WORLD_RANK)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                stat = open(f"/proc/{d}/stat").read()
+                if int(stat.rsplit(")", 1)[1].split()[1]) != launcher_pid:
+                    continue
+                env = open(f"/proc/{d}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            for kv in env:
+                if kv.startswith(b"OMPI_COMM_WORLD_RANK="):
+                    found[int(kv.split(b"=")[1])] = int(d)
+        if len(found) == n:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"did not find {n} ranks under mpirun (pid {launcher_pid})")
+
+
+def mpi_cmd(build_dir, ranks, args):
+    return [MPIRUN, "--oversubscribe", "--allow-run-as-root", "-np", str(ranks), str(build_dir / "olmoc"),
+            *map(str, args)]
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="OpenMPI (mpirun) is not installed")
+def test_signals_under_mpirun_stop_every_rank_at_the_same_step(build_dir, tiny, tmp_path):  # noqa: F811
+    """Three ranks; the scheduler's SIGTERM reaches rank 1, then (a little
+    later) rank 2, never rank 0: every rank stops after the same step, the checkpoint of
+    that step is complete, and resuming it on 3 ranks matches an uninterrupted
+    3-rank run."""
+    cfg, data = tiny
+    out = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    args = train_args(cfg, data, out, "--set", "train.steps=1000000", "--set", "train.grad_accum=1", *CONSTANT)
+    p = subprocess.Popen(mpi_cmd(build_dir, 3, args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env, start_new_session=True)
+    try:
+        pids = rank_pids(p.pid, 3)
+        for line in p.stdout:
+            if line.startswith("step 3/"):
+                break
+        os.kill(pids[1], signal.SIGTERM)
+        time.sleep(0.01)
+        try:
+            os.kill(pids[2], signal.SIGTERM)
+        except ProcessLookupError:
+            pass  # rank 2 has already stopped (told by rank 1 through the all-reduce) and exited
+        stdout, stderr = p.communicate(timeout=120)
+    except BaseException:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise
+    assert p.returncode != 0, stdout + stderr
+    stopped = {}
+    for line in stderr.splitlines():
+        if "): stopped by SIGTERM after step " in line:
+            rank = int(line.split("(rank ")[1].split(")")[0])
+            stopped[rank] = int(line.split("after step ")[1].split(":")[0])
+    assert sorted(stopped) == [0, 1, 2] and len(set(stopped.values())) == 1, stderr
+    n = stopped[0]
+    assert checkpoints(out) == [f"step-{n:06d}"] and [x["step"] for x in records(out)] == list(range(1, n + 1))
+    total = n + 2
+    more = ["--set", f"train.steps={total}", "--set", "train.grad_accum=1", *CONSTANT]
+    r = subprocess.run(mpi_cmd(build_dir, 3, train_args(cfg, data, out, *more, "--resume")), capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode == 0 and f"resumed from {out}/step-{n:06d}" in r.stdout, r.stdout + r.stderr
+    ref = tmp_path / "ref"
+    r = subprocess.run(mpi_cmd(build_dir, 3, train_args(cfg, data, ref, *more)), capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert deterministic(records(out)) == deterministic(records(ref))
+    assert (out / "model.safetensors").read_bytes() == (ref / "model.safetensors").read_bytes()
+    print(f"\nmpirun -np 3: SIGTERM to ranks 1 and 2 only; all 3 ranks stopped after step {n}")
