@@ -426,3 +426,115 @@ def test_signals_under_mpirun_stop_every_rank_at_the_same_step(build_dir, tiny, 
     assert deterministic(records(out)) == deterministic(records(ref))
     assert (out / "model.safetensors").read_bytes() == (ref / "model.safetensors").read_bytes()
     print(f"\nmpirun -np 3: SIGTERM to ranks 1 and 2 only; all 3 ranks stopped after step {n}")
+
+
+# ---- error paths free what they allocated
+
+
+def test_refused_runs_free_what_they_allocated(build_dir, tiny, tmp_path):  # noqa: F811
+    """Every refusal of a resume or of a bad input, on each build; on the
+    sanitizer build (OLMOC_BUILD_ASAN) with leak detection on, where olmoc()
+    fails the test on any LeakSanitizer or AddressSanitizer report."""
+    cfg, data = tiny
+    out = tmp_path / "run"
+    base = ["--set", "train.steps=4", "--set", "train.save_every=2", "--set", "train.keep_last=0"]
+    r = olmoc(build_dir, *train_args(cfg, data, out, *base))
+    assert r.returncode == 0, r.stderr
+    ck = out / "step-000002"
+
+    def state_edit(fn):
+        def mutate(d):
+            state = json.loads((d / "state.json").read_text())
+            fn(state)
+            (d / "state.json").write_text(json.dumps(state))
+        return mutate
+
+    def tensors_edit(name, fn):
+        def mutate(d):
+            tensors = load_file(str(d / name))
+            fn(tensors)
+            save_file(tensors, str(d / name), metadata={"format": "pt"})
+            rehash(d)
+        return mutate
+
+    def write(name, content, rehashed=True):
+        def mutate(d):
+            (d / name).write_bytes(content(d) if callable(content) else content)
+            if rehashed:
+                rehash(d)
+        return mutate
+
+    emb = "model.embed_tokens.weight"
+    checkpoint_cases = {
+        "no state.json": (lambda d: (d / "state.json").unlink(), "is incomplete or corrupt"),
+        "state.json not JSON": (write("state.json", b"{not json", False), "state.json is not a JSON object"),
+        "state.json a list": (write("state.json", b"[1, 2]", False), "state.json is not a JSON object"),
+        "other format": (state_edit(lambda s: s.update(format="x")), "is not an olmoc checkpoint state"),
+        "version 7": (state_edit(lambda s: s.update(version=7)), "format version 7"),
+        "no step": (state_edit(lambda s: s.pop("step")), "state.json has no valid 'step'"),
+        "negative tokens": (state_edit(lambda s: s.update(tokens=-5)), "state.json has no valid 'tokens'"),
+        "no loader": (state_edit(lambda s: s.pop("loader")), "state.json has no valid 'loader'"),
+        "epoch a string": (state_edit(lambda s: s["loader"].update(epoch="1")), "has no valid 'epoch'"),
+        "no files": (state_edit(lambda s: s.pop("files")), "state.json lists no files"),
+        "no optim hash": (state_edit(lambda s: s["files"]["optim.safetensors"].pop("hash64")),
+                          "has no size/hash for optim.safetensors"),
+        "negative skipped_steps": (state_edit(lambda s: s.update(skipped_steps=-1)), "no valid 'skipped_steps'"),
+        "no config.yaml": (lambda d: (d / "config.yaml").unlink(), "config.yaml is missing"),
+        "truncated model": (write("model.safetensors", lambda d: (d / "model.safetensors").read_bytes()[:999], False),
+                            "model.safetensors has 999 bytes"),
+        "flipped byte": (write("model.safetensors", lambda d: (d / "model.safetensors").read_bytes()[:-3] + b"\x7f\x7f\x7f",
+                               False), "the content hash of model.safetensors"),
+        "model header garbage": (write("model.safetensors", b"\x10\0\0\0\0\0\0\0{garbage garbage}"), "model.safetensors"),
+        "model truncated, rehashed": (write("model.safetensors", lambda d: (d / "model.safetensors").read_bytes()[:4000]),
+                                      "model.safetensors"),
+        "model missing a tensor": (tensors_edit("model.safetensors", lambda t: t.pop("lm_head.weight")),
+                                   "has no tensor 'lm_head.weight'"),
+        "model wrong shape": (tensors_edit("model.safetensors", lambda t: t.update({emb: t[emb][:, :16].clone()})),
+                              f"tensor '{emb}' has shape [64, 16] but the config needs [64, 32]"),
+        "model extra tensor": (tensors_edit("model.safetensors", lambda t: t.update(extra=torch.zeros(2))),
+                               "has unexpected tensor 'extra'"),
+        "optim missing a moment": (tensors_edit("optim.safetensors", lambda t: t.pop(f"{emb}.exp_avg")),
+                                   f"has no tensor '{emb}.exp_avg'"),
+        "optim fp16 moment": (tensors_edit("optim.safetensors", lambda t: t.update(
+            {f"{emb}.exp_avg": t[f"{emb}.exp_avg"].half()})), f"tensor '{emb}.exp_avg' is not F32"),
+        "optim step 3": (tensors_edit("optim.safetensors", lambda t: t.update(step=torch.tensor([3]))),
+                         "is inconsistent: optimizer step 3"),
+        "optim NaN": (tensors_edit("optim.safetensors", lambda t: t[f"{emb}.exp_avg"].view(-1).__setitem__(0, math.nan)),
+                      "that are not finite"),
+        "config unknown key": (write("config.yaml", lambda d: (d / "config.yaml").read_bytes() + b"  bogus: 1\n"),
+                               "unknown key"),
+        "config other d_model": (write("config.yaml", lambda d: (d / "config.yaml").read_bytes().replace(
+            b"d_model: 32", b"d_model: 48")), "model.d_model is 48 in the checkpoint but 32"),
+    }
+    other_data = tmp_path / "other.npy"
+    np.save(other_data, np.arange(2, 64 * 40, dtype=np.uint16) % 64)
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"\x08\0\0\0\0\0\0\0{}garbage")
+    run_cases = {
+        "not a directory": (["--resume-from", tmp_path / "nope"], "is not a directory"),
+        "other data": (["--set", f"data.train_path={other_data}", "--resume-from", ck], "not the same data"),
+        "newer checkpoint in out_dir": (["--set", f"data.out_dir={out}", "--resume-from", ck],
+                                        "newer than the checkpoint to resume from (step 2)"),
+        "out_dir holds a run": (["--set", f"data.out_dir={out}"], "already holds checkpoint"),
+        "--init missing": (["--init", tmp_path / "none.safetensors"], "none.safetensors"),
+        "--init garbage": (["--init", garbage], "garbage.safetensors"),
+        "seq_len mismatch": (["--set", "train.seq_len=16", "--resume-from", ck], "train.seq_len is 32 in the checkpoint"),
+    }
+    tried = 0
+    for i, (name, (mutate, message)) in enumerate(checkpoint_cases.items()):
+        bad = tmp_path / f"bad{i}"
+        shutil.copytree(ck, bad)
+        mutate(bad)
+        for build in builds(build_dir):
+            r = olmoc(build, *train_args(cfg, data, tmp_path / "o", *base, "--resume-from", bad))
+            assert r.returncode == 1 and message in r.stderr, (name, r.stderr)
+            r = olmoc(build, "eval", bad, "--val", data)
+            assert r.returncode == (0 if name.startswith("optim") else 1), (name, r.stderr)  # eval reads no optim
+            tried += 2
+    for name, (extra, message) in run_cases.items():
+        for build in builds(build_dir):
+            r = olmoc(build, *train_args(cfg, data, tmp_path / "o", *base, *extra))
+            assert r.returncode == 1 and message in r.stderr, (name, r.stderr)
+            tried += 1
+    print(f"\nrefused: {len(checkpoint_cases)} damaged checkpoints (train --resume-from and eval) and "
+          f"{len(run_cases)} other refusals; {tried} runs on {len(builds(build_dir))} build(s)")
