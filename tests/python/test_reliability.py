@@ -428,6 +428,23 @@ def test_signals_under_mpirun_stop_every_rank_at_the_same_step(build_dir, tiny, 
     print(f"\nmpirun -np 3: SIGTERM to ranks 1 and 2 only; all 3 ranks stopped after step {n}")
 
 
+
+@pytest.mark.skipif(MPIRUN is None, reason="OpenMPI (mpirun) is not installed")
+def test_nonfinite_step_stops_every_rank(build_dir, tiny, tmp_path):  # noqa: F811
+    """Under mpirun the ranks judge the same all-reduced loss: both stop at
+    step 2, each saying so, and the job ends (no rank left in a collective)."""
+    cfg, data = tiny
+    out = tmp_path / "run"
+    args = train_args(cfg, data, out, "--set", "train.steps=6", "--set", "train.save_every=1", "--set",
+                      "train.grad_accum=1", *DIVERGE)
+    r = subprocess.run(mpi_cmd(build_dir, 2, args), capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode != 0, r.stdout + r.stderr
+    for rank in (0, 1):
+        assert f"olmoc train (rank {rank}): step 2: the loss is NaN: stopping the run" in r.stderr, r.stderr
+    assert "MPI_ABORT" not in r.stderr, r.stderr
+    assert checkpoints(out) == ["step-000001"] and not (out / "model.safetensors").exists()
+
 # ---- error paths free what they allocated
 
 
