@@ -15,7 +15,7 @@
 
 #include "util/error.h"
 
-enum field_type { F_INT, F_LONG, F_U64, F_DOUBLE, F_BOOL, F_STRING, F_SCHEDULE };
+enum field_type { F_INT, F_LONG, F_U64, F_DOUBLE, F_BOOL, F_STRING, F_SCHEDULE, F_NONFINITE };
 
 struct field {
     const char *key;
@@ -48,7 +48,7 @@ static const struct field fields[] = {
     T(log_every, F_INT),
     T(save_every, F_LONG),         T(keep_last, F_INT),
     T(eval_every, F_LONG),         T(eval_batches, F_INT),
-    T(peak_flops, F_DOUBLE),
+    T(peak_flops, F_DOUBLE),       T(nonfinite, F_NONFINITE),
     DS(train_path),                DS(mix),
     DS(dtype),                     DS(out_dir),
     DS(val_paths),                 DS(eval_tasks),
@@ -58,6 +58,7 @@ static const struct field fields[] = {
 #undef DS
 
 static const char *const schedule_names[] = {"cosine", "linear", "constant"};
+static const char *const nonfinite_names[] = {"stop", "skip"};
 
 void olmo_config_defaults(struct olmo_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
@@ -149,6 +150,13 @@ static int parse_value(struct olmo_config *cfg, const struct field *f, const cha
                 return 0;
             }
         return olmo_error("'%s' must be one of cosine, linear, constant; got '%s'", f->key, value);
+    case F_NONFINITE:
+        for (int i = 0; i < 2; i++)
+            if (!strcmp(value, nonfinite_names[i])) {
+                *(enum olmo_nonfinite_policy *)base = (enum olmo_nonfinite_policy)i;
+                return 0;
+            }
+        return olmo_error("'%s' must be stop or skip; got '%s'", f->key, value);
     }
     return olmo_error("internal: bad field type");
 }
@@ -398,6 +406,7 @@ static void format_field(const struct olmo_config *cfg, const struct field *f, c
     case F_BOOL: snprintf(buf, n, "%s", *(const bool *)base ? "true" : "false"); break;
     case F_STRING: snprintf(buf, n, "%s", base); break;
     case F_SCHEDULE: snprintf(buf, n, "%s", schedule_names[*(const enum olmo_schedule_kind *)base]); break;
+    case F_NONFINITE: snprintf(buf, n, "%s", nonfinite_names[*(const enum olmo_nonfinite_policy *)base]); break;
     }
 }
 

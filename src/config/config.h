@@ -9,6 +9,8 @@
 #include <stdio.h>
 
 enum olmo_schedule_kind { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT };
+/* train.nonfinite: what a step whose loss or gradient norm is not finite does. */
+enum olmo_nonfinite_policy { NONFINITE_STOP, NONFINITE_SKIP };
 
 struct olmo_model_config {
     int vocab_size;
@@ -50,6 +52,9 @@ struct olmo_train_config {
     long eval_every;   /* validation loss / downstream tasks every N steps and at the end; 0 = off */
     int eval_batches;  /* micro-batches of each validation set per evaluation */
     double peak_flops; /* FLOP/s for MFU; 0 = measure with an SGEMM at startup */
+    /* a step whose loss or gradient norm is NaN/inf: stop the run (keeping the
+     * last checkpoint) or skip it (no optimizer update) */
+    enum olmo_nonfinite_policy nonfinite;
 };
 
 struct olmo_data_config {

@@ -43,8 +43,19 @@ def builds(build_dir):
     return dirs
 
 
+SANITIZER_REPORTS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
+
+
 def olmoc(build, *args, cwd=None):
-    return subprocess.run([str(build / "olmoc"), *map(str, args)], capture_output=True, text=True, cwd=cwd)
+    """Runs olmoc; on the sanitizer build with leak detection on, and any
+    sanitizer report fails the test (a refused run exits 1 either way, so its
+    exit status alone would not show a leak)."""
+    env = dict(os.environ)
+    env["ASAN_OPTIONS"] = ":".join(filter(None, [env.get("ASAN_OPTIONS", ""), "detect_leaks=1"]))
+    r = subprocess.run([str(build / "olmoc"), *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env)
+    reports = [x for x in SANITIZER_REPORTS if x in r.stderr]
+    assert not reports, f"olmoc {' '.join(map(str, args))}: {reports[0]}\n{r.stderr}"
+    return r
 
 
 @pytest.fixture
