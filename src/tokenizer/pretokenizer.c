@@ -132,7 +132,13 @@ int olmo_tok_add_step(struct olmo_tokenizer *t, const cJSON *pt) {
         else if (!strcmp(b, "MergedWithPrevious")) st->behavior = B_MERGED_PREV;
         else if (!strcmp(b, "MergedWithNext")) st->behavior = B_MERGED_NEXT;
         else if (!strcmp(b, "Contiguous")) st->behavior = B_CONTIGUOUS;
-        else return olmo_error("'%s': unknown Split behavior '%s'", t->path, b);
+        else {
+            /* the step is not counted, so the tokenizer's cleanup would not free its regex */
+            olmo_error("'%s': unknown Split behavior '%s'", t->path, b);
+            pcre2_code_free(st->re);
+            st->re = NULL;
+            return -1;
+        }
         st->invert = olmo_tok_json_bool(pt, "invert", false);
     } else {
         return olmo_error("'%s': pre_tokenizer type '%s' is not supported (only Sequence, Split, ByteLevel)",
