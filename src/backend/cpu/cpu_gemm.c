@@ -1,0 +1,242 @@
+/* The CPU backend's GEMM libraries: OpenBLAS's cblas_sgemm, oneDNN's
+ * dnnl_sgemm, and cpu-bf16's oneDNN matmul on bf16 operands; and the log line
+ * that says which kernels compute. */
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef OLMOC_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
+#endif
+
+#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/cpu_simd.h"
+#include "util/error.h"
+
+/* ---- OpenBLAS ------------------------------------------------------------ */
+
+void cpu_gemm_openblas(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                          const float *b, int ldb, float beta, float *c, int ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
+                alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+
+static bool has_avx512(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#else
+    return false;
+#endif
+}
+
+/* OpenBLAS names its kernel family ("Haswell", "SkylakeX", ...): chosen for the
+ * processor when it loads, or by OPENBLAS_CORETYPE.  Haswell and Zen are AVX2:
+ * on a processor with full-width AVX-512 that is half the peak at best. */
+const char *cpu_describe_openblas(void) {
+    static char text[256];
+    const char *kernels = openblas_get_corename();
+    const bool avx2_only = !strcmp(kernels, "Haswell") || !strcmp(kernels, "Zen");
+#ifdef OLMOC_HAVE_ONEDNN
+    const char *warning = ": AVX2 on an AVX-512 processor, half its peak at best; backend cpu has oneDNN's AVX-512 ones";
+#else
+    const char *warning = ": AVX2 on an AVX-512 processor, half its peak at best; README: CPU performance";
+#endif
+    snprintf(text, sizeof text, "GEMMs: OpenBLAS, %s kernels%s", kernels, avx2_only && has_avx512() ? warning : "");
+    return text;
+}
+
+/* ---- oneDNN sgemm --------------------------------------------------------- */
+#ifdef OLMOC_HAVE_ONEDNN
+/* dnnl_sgemm is row-major with BLAS semantics (C is not read when beta is 0). */
+void cpu_gemm_onednn(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                        const float *b, int ldb, float beta, float *c, int ldc) {
+    dnnl_status_t status = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (status != dnnl_success) { /* only invalid arguments fail: a bug of ours, and the op has no error path */
+        fprintf(stderr, "olmoc: oneDNN sgemm(%c%c, m %d n %d k %d, lda %d ldb %d ldc %d) failed with status %d\n",
+                ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, lda, ldb, ldc, (int)status);
+        abort();
+    }
+}
+
+static const char *onednn_isa_name(dnnl_cpu_isa_t isa) {
+    switch (isa) {
+    case dnnl_cpu_isa_sse41: return "SSE4.1";
+    case dnnl_cpu_isa_avx: return "AVX";
+    case dnnl_cpu_isa_avx2: return "AVX2";
+    case dnnl_cpu_isa_avx2_vnni: return "AVX2-VNNI";
+    case dnnl_cpu_isa_avx512_core: return "AVX-512";
+    case dnnl_cpu_isa_avx512_core_vnni: return "AVX-512 VNNI";
+    case dnnl_cpu_isa_avx512_core_bf16: return "AVX-512 BF16";
+    case dnnl_cpu_isa_avx512_core_amx: return "AVX-512 AMX";
+    default: return "other";
+    }
+}
+
+const char *cpu_describe_onednn(void) {
+    static char text[128];
+    const dnnl_version_t *v = dnnl_version();
+    snprintf(text, sizeof text, "GEMMs: oneDNN %d.%d.%d, %s JIT kernels", v->major, v->minor, v->patch,
+             onednn_isa_name(dnnl_get_effective_cpu_isa()));
+    return text;
+}
+#endif /* OLMOC_HAVE_ONEDNN */
+
+/* ---- oneDNN bf16 matmul (cpu-bf16) ---------------------------------------- */
+#ifdef OLMOC_CPU_BF16
+/* cpu-bf16: GEMM operands rounded to bf16 (round to nearest even) and
+ * multiplied with fp32 accumulation and fp32 output by oneDNN's matmul
+ * primitive (AVX512-BF16 or AMX kernels where the processor has them); every
+ * other op, the weights, gradients and AdamW state stay fp32: the numerics
+ * of cuda-bf16.  The matmul API used here is oneDNN 2.x's. */
+/* rows x cols of src (leading dimension ld), times scale, packed into dst[rows][cols] as bf16. */
+static void pack_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld, float scale) {
+#pragma omp parallel for schedule(static) if ((size_t)rows * cols >= PAR_MIN)
+    for (int r = 0; r < rows; r++) {
+        const float *in = src + (size_t)r * ld;
+        uint16_t *out = dst + (size_t)r * cols;
+        for (int c = 0; c < cols; c++) out[c] = to_bf16(in[c] * scale);
+    }
+}
+
+/* One matmul primitive per GEMM shape (a model has a dozen or two), made on first use. */
+struct bf16_matmul {
+    bool ta, tb, accumulate;
+    int m, n, k, ldc;
+    dnnl_memory_desc_t a_md, b_md, c_md;
+    dnnl_primitive_t prim;
+};
+static struct {
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    struct bf16_matmul *items;
+    int count, cap;
+    char impl[64]; /* the implementation oneDNN chose for the probe shape */
+} bf16;
+static pthread_mutex_t bf16_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* NULL with *status set when oneDNN has no bf16 matmul for this processor. */
+static struct bf16_matmul *bf16_matmul_for(bool ta, bool tb, int m, int n, int k, int ldc, bool accumulate,
+                                           dnnl_status_t *status) {
+    for (int i = 0; i < bf16.count; i++) {
+        struct bf16_matmul *it = &bf16.items[i];
+        if (it->ta == ta && it->tb == tb && it->accumulate == accumulate && it->m == m && it->n == n &&
+            it->k == k && it->ldc == ldc)
+            return it;
+    }
+    if ((*status = bf16.engine ? dnnl_success : dnnl_engine_create(&bf16.engine, dnnl_cpu, 0)) != dnnl_success)
+        return NULL;
+    if (!bf16.stream &&
+        (*status = dnnl_stream_create(&bf16.stream, bf16.engine, dnnl_stream_default_flags)) != dnnl_success)
+        return NULL;
+    if (bf16.count == bf16.cap) {
+        int cap = bf16.cap ? 2 * bf16.cap : 32;
+        struct bf16_matmul *items = realloc(bf16.items, sizeof *items * (size_t)cap);
+        if (!items) {
+            *status = dnnl_out_of_memory;
+            return NULL;
+        }
+        bf16.items = items;
+        bf16.cap = cap;
+    }
+    struct bf16_matmul it = {.ta = ta, .tb = tb, .accumulate = accumulate, .m = m, .n = n, .k = k, .ldc = ldc};
+    /* the packed operands keep their stored layout; a transpose is a stride swap */
+    const dnnl_dims_t a_dims = {m, k}, a_strides = {ta ? 1 : k, ta ? m : 1};
+    const dnnl_dims_t b_dims = {k, n}, b_strides = {tb ? 1 : n, tb ? k : 1};
+    const dnnl_dims_t c_dims = {m, n}, c_strides = {ldc, 1};
+    dnnl_matmul_desc_t desc;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t post_ops = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    if ((*status = dnnl_memory_desc_init_by_strides(&it.a_md, 2, a_dims, dnnl_bf16, a_strides)) ||
+        (*status = dnnl_memory_desc_init_by_strides(&it.b_md, 2, b_dims, dnnl_bf16, b_strides)) ||
+        (*status = dnnl_memory_desc_init_by_strides(&it.c_md, 2, c_dims, dnnl_f32, c_strides)) ||
+        (*status = dnnl_matmul_desc_init(&desc, &it.a_md, &it.b_md, NULL, &it.c_md)) ||
+        (*status = dnnl_primitive_attr_create(&attr)))
+        return NULL;
+    if (accumulate) { /* C += product: the sum post-op adds the C already there */
+        if ((*status = dnnl_post_ops_create(&post_ops)) == dnnl_success &&
+            (*status = dnnl_post_ops_append_sum(post_ops, 1.0f)) == dnnl_success)
+            *status = dnnl_primitive_attr_set_post_ops(attr, post_ops);
+    }
+    if (*status == dnnl_success) *status = dnnl_primitive_desc_create(&pd, &desc, attr, bf16.engine, NULL);
+    if (*status == dnnl_success) *status = dnnl_primitive_create(&it.prim, pd);
+    if (*status == dnnl_success && !bf16.impl[0]) {
+        const char *impl = NULL;
+        if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
+            snprintf(bf16.impl, sizeof bf16.impl, "%s", impl);
+    }
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (post_ops) dnnl_post_ops_destroy(post_ops);
+    dnnl_primitive_attr_destroy(attr);
+    if (*status != dnnl_success) return NULL;
+    bf16.items[bf16.count] = it;
+    return &bf16.items[bf16.count++];
+}
+
+/* alpha is folded into A before its rounding; beta other than 0 and 1 scales C first. */
+void cpu_gemm_onednn_bf16(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                             const float *b, int ldb, float beta, float *c, int ldc) {
+    if (m <= 0 || n <= 0) return;
+    if (beta != 0.0f && beta != 1.0f)
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) c[(size_t)i * ldc + j] *= beta;
+    if (k <= 0) { /* an empty product: C = beta C */
+        if (beta == 0.0f)
+            for (int i = 0; i < m; i++) memset(c + (size_t)i * ldc, 0, sizeof(float) * (size_t)n);
+        return;
+    }
+    uint16_t *pa = cpu_cached_scratch(SLOT_BF16_A, sizeof(uint16_t) * (size_t)m * k);
+    uint16_t *pb = cpu_cached_scratch(SLOT_BF16_B, sizeof(uint16_t) * (size_t)k * n);
+    pack_bf16(pa, a, ta ? k : m, ta ? m : k, lda, alpha);
+    pack_bf16(pb, b, tb ? n : k, tb ? k : n, ldb, 1.0f);
+    dnnl_status_t status = dnnl_success;
+    pthread_mutex_lock(&bf16_lock);
+    struct bf16_matmul *mm = bf16_matmul_for(ta, tb, m, n, k, ldc, beta != 0.0f, &status);
+    dnnl_memory_t mem_a = NULL, mem_b = NULL, mem_c = NULL;
+    if (mm && !(status = dnnl_memory_create(&mem_a, &mm->a_md, bf16.engine, pa)) &&
+        !(status = dnnl_memory_create(&mem_b, &mm->b_md, bf16.engine, pb)) &&
+        !(status = dnnl_memory_create(&mem_c, &mm->c_md, bf16.engine, c))) {
+        const dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, mem_a}, {DNNL_ARG_WEIGHTS, mem_b}, {DNNL_ARG_DST, mem_c}};
+        if (!(status = dnnl_primitive_execute(mm->prim, bf16.stream, 3, args))) status = dnnl_stream_wait(bf16.stream);
+    }
+    if (mem_a) dnnl_memory_destroy(mem_a);
+    if (mem_b) dnnl_memory_destroy(mem_b);
+    if (mem_c) dnnl_memory_destroy(mem_c);
+    pthread_mutex_unlock(&bf16_lock);
+    if (status != dnnl_success) { /* the backend was probed when chosen: a bug of ours, and no error path */
+        fprintf(stderr, "olmoc: oneDNN bf16 matmul (%c%c, m %d n %d k %d, ldc %d) failed with status %d\n",
+                ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, ldc, (int)status);
+        abort();
+    }
+}
+
+/* Whether oneDNN has a bf16 matmul here (not on processors without AVX-512). */
+bool cpu_bf16_available(void) {
+    dnnl_status_t status = dnnl_success;
+    pthread_mutex_lock(&bf16_lock);
+    const bool ok = bf16_matmul_for(false, true, 64, 64, 64, 64, false, &status) != NULL;
+    pthread_mutex_unlock(&bf16_lock);
+    if (!ok)
+        olmo_error("backend 'cpu-bf16': oneDNN has no bf16 matmul on this processor (status %d); use cpu",
+                   (int)status);
+    return ok;
+}
+
+const char *cpu_describe_onednn_bf16(void) {
+    static char text[256];
+    const dnnl_version_t *v = dnnl_version();
+#ifdef OLMOC_ATTN_BF16
+    const char *attention = "attention products: bf16 operands (AVX512-BF16) for even head_dim";
+#else
+    const char *attention = "attention: fp32 (this build has no AVX512-BF16)";
+#endif
+    snprintf(text, sizeof text, "GEMMs: oneDNN %d.%d.%d matmul, bf16 operands, fp32 accumulation, %s; %s", v->major,
+             v->minor, v->patch, bf16.impl[0] ? bf16.impl : "kernels chosen on first use", attention);
+    return text;
+}
+#endif /* OLMOC_CPU_BF16 */
