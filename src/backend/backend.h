@@ -33,6 +33,13 @@ struct olmo_backend {
     void (*to_host)(void *dst, const void *src, size_t bytes);
     void (*zero)(void *p, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes); /* device to device */
+    /* Capability query, asked at model creation (olmo_model_create, through
+     * olmo_backend_check_attention) for each layer's attention, with batch and
+     * seq_len 0 (not known yet), and again by olmo_model_reserve with them:
+     * 0 when attention_fwd/bwd and attention_cached run this shape; -1 with the
+     * error set, saying why, when they do not (e.g. the CUDA kernels' head_dim
+     * limit).  NULL: every shape valid for the interface is supported. */
+    int (*check_attention)(const struct olmo_attn_shape *shape);
     /* Returns when every op queued so far has run (a device runs them
      * asynchronously); NULL where each op returns when it is done (CPU). */
     void (*synchronize)(void);
@@ -147,6 +154,12 @@ enum olmo_cuda_gemm_precision { OLMO_CUDA_FP32, OLMO_CUDA_TF32, OLMO_CUDA_BF16, 
 const struct olmo_backend *olmo_backend_cuda(void); /* = OLMO_CUDA_FP32 */
 const struct olmo_backend *olmo_backend_cuda_precision(enum olmo_cuda_gemm_precision precision);
 #endif
+
+/* Whether `be` runs attention of this shape: the interface's own rules
+ * (head_dim >= 1, n_kv_heads >= 1 dividing n_heads, window >= 0, batch and
+ * seq_len >= 0), then the backend's check_attention.  0, or -1 with the error
+ * set naming the backend and the reason. */
+int olmo_backend_check_attention(const struct olmo_backend *be, const struct olmo_attn_shape *shape);
 
 /* "cpu", "cpu-openblas", "cpu-onednn", "cpu-bf16", and when built with CUDA "cuda" (fp32), "cuda-tf32", "cuda-bf16",
  * "cuda-bf16-cublas".

@@ -25,3 +25,14 @@ const struct olmo_backend *olmo_backend_by_name(const char *name) {
 #endif
     return NULL;
 }
+
+int olmo_backend_check_attention(const struct olmo_backend *be, const struct olmo_attn_shape *s) {
+    if (s->head_dim < 1 || s->n_heads < 1 || s->n_kv_heads < 1 || s->n_heads % s->n_kv_heads || s->window < 0 ||
+        s->batch < 0 || s->seq_len < 0)
+        return olmo_error("backend '%s': invalid attention shape (head_dim %d, %d heads, %d kv heads, window %d, "
+                          "batch %d, seq_len %d)",
+                          be->name, s->head_dim, s->n_heads, s->n_kv_heads, s->window, s->batch, s->seq_len);
+    if (be->check_attention && be->check_attention(s))
+        return olmo_error_context("backend '%s' cannot run this model's attention", be->name);
+    return 0;
+}

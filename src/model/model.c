@@ -70,6 +70,26 @@ static void bind_tensors(struct olmo_model *m, float *base, struct olmo_layer_te
     *lm_head = base + p[m->n_tensors - 1].offset;
 }
 
+static void attn_shape(const struct olmo_model *m, int layer, struct olmo_attn_shape *s) {
+    s->batch = m->batch;
+    s->seq_len = m->seq_len;
+    s->n_heads = m->cfg.n_heads;
+    s->n_kv_heads = m->cfg.n_kv_heads;
+    s->head_dim = m->head_dim;
+    s->window = olmo_layer_is_full_attention(&m->cfg, layer) ? 0 : m->cfg.sliding_window;
+    s->scale = 1.0f / sqrtf((float)m->head_dim);
+}
+
+/* Every layer's attention on the backend (capability query): batch and seq_len 0 at creation. */
+static int check_attention(const struct olmo_model *m) {
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        struct olmo_attn_shape shape;
+        attn_shape(m, l, &shape);
+        if (olmo_backend_check_attention(m->be, &shape)) return olmo_error_context("layer %d", l);
+    }
+    return 0;
+}
+
 int olmo_model_create(struct olmo_model *m, const struct olmo_model_config *cfg, const struct olmo_backend *be) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
@@ -77,6 +97,10 @@ int olmo_model_create(struct olmo_model *m, const struct olmo_model_config *cfg,
     m->head_dim = cfg->d_model / cfg->n_heads;
     m->q_dim = cfg->n_heads * m->head_dim;
     m->kv_dim = cfg->n_kv_heads * m->head_dim;
+    if (check_attention(m)) {
+        memset(m, 0, sizeof *m);
+        return -1;
+    }
     int max_tensors = 3 + TENSORS_PER_LAYER * cfg->n_layers;
     m->params = olmo_calloc((size_t)max_tensors, sizeof *m->params, "parameter table");
     m->lw = olmo_calloc((size_t)cfg->n_layers, sizeof *m->lw, "layer table");
@@ -173,6 +197,12 @@ void olmo_rope_tables(float *cos_t, float *sin_t, int n_positions, int head_dim,
 int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len) {
     if (m->batch == batch && m->seq_len == seq_len) return 0;
     free_acts(m);
+    m->batch = batch;
+    m->seq_len = seq_len;
+    if (check_attention(m)) {
+        m->batch = m->seq_len = 0;
+        return -1;
+    }
     const struct olmo_backend *be = m->be;
     const struct olmo_model_config *c = &m->cfg;
     const size_t N = (size_t)batch * seq_len, D = (size_t)c->d_model, Q = (size_t)m->q_dim,
@@ -249,16 +279,6 @@ int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len) {
 /* Where layer l writes its output: the next layer's input, or the final norm's. */
 static float *layer_output(struct olmo_model *m, int l) {
     return l == m->cfg.n_layers - 1 ? m->x_final : m->acts[l + 1].x;
-}
-
-static void attn_shape(const struct olmo_model *m, int layer, struct olmo_attn_shape *s) {
-    s->batch = m->batch;
-    s->seq_len = m->seq_len;
-    s->n_heads = m->cfg.n_heads;
-    s->n_kv_heads = m->cfg.n_kv_heads;
-    s->head_dim = m->head_dim;
-    s->window = olmo_layer_is_full_attention(&m->cfg, layer) ? 0 : m->cfg.sliding_window;
-    s->scale = 1.0f / sqrtf((float)m->head_dim);
 }
 
 int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_masking) {

@@ -512,6 +512,16 @@ static size_t att_bwd_smem(int ld, int n_pd) {
     return sizeof(float) * ((size_t)4 * ATT_TILE * ld + (size_t)n_pd * ATT_TILE * ATT_PLD);
 }
 
+/* The capability query (backend.h check_attention): the fp32 kernels and the
+ * cached kernel hold head_dim in fixed-size tiles (64 or 128 columns); the
+ * tensor-core kernels fall back to them where head_dim is not a multiple of 16. */
+int olmo_cuda_check_attention(const struct olmo_attn_shape *s) {
+    if (s->head_dim > 128)
+        return olmo_error("head_dim %d: the CUDA attention kernels support head_dim 1..128", s->head_dim);
+    return 0;
+}
+
+/* The ops have no error path: a shape the capability query refuses is a bug of the caller here. */
 static void att_check_shape(const struct olmo_attn_shape *s) {
     char msg[160];
     if (s->head_dim < 1 || s->head_dim > 128 || s->n_kv_heads < 1 || s->n_heads % s->n_kv_heads) {

@@ -640,6 +640,7 @@ static void fill_backend(struct olmo_backend *be, const char *name,
     be->zero = cu_zero;
     be->copy = cu_copy;
     be->synchronize = cu_synchronize;
+    be->check_attention = olmo_cuda_check_attention;
     be->gemm = gemm;
     be->embedding_fwd = cu_embedding_fwd;
     be->embedding_bwd = cu_embedding_bwd;

@@ -78,6 +78,7 @@ static __device__ __forceinline__ int olmo_att_first_key_tile(int q0, int window
 void olmo_cuda_allow_smem(const void *kernel, size_t bytes, bool *done, const char *name);
 
 /* cuda_attention.cu */
+int olmo_cuda_check_attention(const struct olmo_attn_shape *shape);
 void olmo_cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                              const int32_t *doc_ids, const struct olmo_attn_shape *shape);
 void olmo_cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
