@@ -94,21 +94,11 @@ void olmo_gen_destroy(struct olmo_gen *g) {
 
 void olmo_gen_reset(struct olmo_gen *g) { g->len = 0; }
 
-/* Copies n rows of a [n, width] buffer into a ring of cap rows starting at position p0. */
-static void cache_store(const struct olmo_backend *be, float *cache, const float *rows, int n, int p0, int cap,
-                        int width) {
-    for (int i = 0; i < n;) {
-        int slot = (p0 + i) % cap, run = cap - slot < n - i ? cap - slot : n - i;
-        be->copy(cache + (size_t)slot * width, rows + (size_t)i * width, sizeof(float) * (size_t)run * width);
-        i += run;
-    }
-}
-
 int olmo_gen_feed(struct olmo_gen *g, const int32_t *tokens, int n, float *logits_out) {
     struct olmo_model *m = g->m;
     const struct olmo_backend *be = m->be;
     const struct olmo_model_config *c = &m->cfg;
-    const int D = c->d_model, Q = m->q_dim, K = m->kv_dim, F = c->mlp_hidden, V = c->vocab_size;
+    const int D = c->d_model, V = c->vocab_size;
     const int half = m->head_dim / 2, p0 = g->len;
     const float eps = (float)c->rms_norm_eps;
     if (n <= 0 || n > g->chunk) return olmo_error("feed of %d tokens (1..%d allowed)", n, g->chunk);
@@ -119,36 +109,16 @@ int olmo_gen_feed(struct olmo_gen *g, const int32_t *tokens, int n, float *logit
     be->to_device(g->tokens, tokens, sizeof(int32_t) * (size_t)n);
     be->embedding_fwd(g->x, m->embed, g->tokens, n, D);
     const float *cos_t = g->rope_cos + (size_t)p0 * half, *sin_t = g->rope_sin + (size_t)p0 * half;
+    /* one buffer set for every layer (olmo_layer_forward says which may alias) */
+    const struct olmo_layer_acts bufs = {
+        .x = g->x, .q_raw = g->att, .k_raw = g->o, .q = g->q, .k = g->k, .v = g->v, .rstd_q = g->rstd,
+        .rstd_k = g->rstd, .att = g->att, .o = g->o, .rstd_o = g->rstd, .h = g->h, .g = g->g, .u = g->u,
+        .s = g->s, .m = g->mo, .rstd_m = g->rstd};
     for (int l = 0; l < c->n_layers; l++) {
-        const struct olmo_layer_tensors *w = &m->lw[l];
-        struct olmo_attn_shape shape = {
-            .batch = 1,
-            .seq_len = n,
-            .n_heads = c->n_heads,
-            .n_kv_heads = c->n_kv_heads,
-            .head_dim = m->head_dim,
-            .window = olmo_layer_is_full_attention(c, l) ? 0 : c->sliding_window,
-            .scale = 1.0f / sqrtf((float)m->head_dim),
-        };
-        be->gemm(false, true, n, Q, D, 1.0f, g->x, D, w->wq, D, 0.0f, g->att, Q); /* att: raw q for now */
-        be->gemm(false, true, n, K, D, 1.0f, g->x, D, w->wk, D, 0.0f, g->o, K);   /* o: raw k for now */
-        be->gemm(false, true, n, K, D, 1.0f, g->x, D, w->wv, D, 0.0f, g->v, K);
-        be->rmsnorm_fwd(g->q, g->rstd, g->att, w->q_norm, n, Q, eps);
-        be->rmsnorm_fwd(g->k, g->rstd, g->o, w->k_norm, n, K, eps);
-        be->rope_fwd(g->q, cos_t, sin_t, n, n, c->n_heads, m->head_dim);
-        be->rope_fwd(g->k, cos_t, sin_t, n, n, c->n_kv_heads, m->head_dim);
-        cache_store(be, g->k_cache[l], g->k, n, p0, g->cap[l], K);
-        cache_store(be, g->v_cache[l], g->v, n, p0, g->cap[l], K);
-        be->attention_cached(g->att, g->q, g->k_cache[l], g->v_cache[l], n, p0, g->cap[l], &shape);
-        be->gemm(false, true, n, D, Q, 1.0f, g->att, Q, w->wo, Q, 0.0f, g->o, D);
-        be->rmsnorm_fwd(g->tmp, g->rstd, g->o, w->attn_norm, n, D, eps);
-        be->add(g->h, g->x, g->tmp, (size_t)n * D);
-        be->gemm(false, true, n, F, D, 1.0f, g->h, D, w->gate, D, 0.0f, g->g, F);
-        be->gemm(false, true, n, F, D, 1.0f, g->h, D, w->up, D, 0.0f, g->u, F);
-        be->swiglu_fwd(g->s, g->g, g->u, (size_t)n * F);
-        be->gemm(false, true, n, D, F, 1.0f, g->s, F, w->down, F, 0.0f, g->mo, D);
-        be->rmsnorm_fwd(g->tmp, g->rstd, g->mo, w->ff_norm, n, D, eps);
-        be->add(g->x, g->h, g->tmp, (size_t)n * D);
+        struct olmo_attn_shape shape;
+        olmo_model_attn_shape(m, l, 1, n, &shape);
+        const struct olmo_kv_cache_layer cache = {g->k_cache[l], g->v_cache[l], p0, g->cap[l]};
+        olmo_layer_forward(m, l, &bufs, g->x, g->tmp, cos_t, sin_t, &shape, NULL, &cache);
     }
     g->len += n;
     /* Only the last position's logits are needed. */

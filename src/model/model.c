@@ -70,14 +70,18 @@ static void bind_tensors(struct olmo_model *m, float *base, struct olmo_layer_te
     *lm_head = base + p[m->n_tensors - 1].offset;
 }
 
-static void attn_shape(const struct olmo_model *m, int layer, struct olmo_attn_shape *s) {
-    s->batch = m->batch;
-    s->seq_len = m->seq_len;
+void olmo_model_attn_shape(const struct olmo_model *m, int layer, int batch, int seq_len, struct olmo_attn_shape *s) {
+    s->batch = batch;
+    s->seq_len = seq_len;
     s->n_heads = m->cfg.n_heads;
     s->n_kv_heads = m->cfg.n_kv_heads;
     s->head_dim = m->head_dim;
     s->window = olmo_layer_is_full_attention(&m->cfg, layer) ? 0 : m->cfg.sliding_window;
     s->scale = 1.0f / sqrtf((float)m->head_dim);
+}
+
+static void attn_shape(const struct olmo_model *m, int layer, struct olmo_attn_shape *s) {
+    olmo_model_attn_shape(m, layer, m->batch, m->seq_len, s);
 }
 
 /* Every layer's attention on the backend (capability query): batch and seq_len 0 at creation. */
@@ -281,11 +285,55 @@ static float *layer_output(struct olmo_model *m, int l) {
     return l == m->cfg.n_layers - 1 ? m->x_final : m->acts[l + 1].x;
 }
 
+/* Copies n rows of a [n, width] buffer into a ring of cap rows starting at position p0. */
+static void cache_store(const struct olmo_backend *be, float *cache, const float *rows, int n, int p0, int cap,
+                        int width) {
+    for (int i = 0; i < n;) {
+        int slot = (p0 + i) % cap, run = cap - slot < n - i ? cap - slot : n - i;
+        be->copy(cache + (size_t)slot * width, rows + (size_t)i * width, sizeof(float) * (size_t)run * width);
+        i += run;
+    }
+}
+
+void olmo_layer_forward(const struct olmo_model *m, int layer, const struct olmo_layer_acts *a, float *out,
+                        float *tmp, const float *rope_cos, const float *rope_sin, const struct olmo_attn_shape *shape,
+                        const int32_t *doc_ids, const struct olmo_kv_cache_layer *cache) {
+    const struct olmo_backend *be = m->be;
+    const struct olmo_model_config *c = &m->cfg;
+    const struct olmo_layer_tensors *w = &m->lw[layer];
+    const int N = shape->batch * shape->seq_len, D = c->d_model, Q = m->q_dim, K = m->kv_dim, F = c->mlp_hidden;
+    const float eps = (float)c->rms_norm_eps;
+    /* attention block: h = x + norm(o_proj(attn(rope(qnorm(q)), rope(knorm(k)), v))) */
+    be->gemm(false, true, N, Q, D, 1.0f, a->x, D, w->wq, D, 0.0f, a->q_raw, Q);
+    be->gemm(false, true, N, K, D, 1.0f, a->x, D, w->wk, D, 0.0f, a->k_raw, K);
+    be->gemm(false, true, N, K, D, 1.0f, a->x, D, w->wv, D, 0.0f, a->v, K);
+    be->rmsnorm_fwd(a->q, a->rstd_q, a->q_raw, w->q_norm, N, Q, eps);
+    be->rmsnorm_fwd(a->k, a->rstd_k, a->k_raw, w->k_norm, N, K, eps);
+    be->rope_fwd(a->q, rope_cos, rope_sin, N, shape->seq_len, c->n_heads, m->head_dim);
+    be->rope_fwd(a->k, rope_cos, rope_sin, N, shape->seq_len, c->n_kv_heads, m->head_dim);
+    if (cache) {
+        cache_store(be, cache->k, a->k, N, cache->pos0, cache->cap, K);
+        cache_store(be, cache->v, a->v, N, cache->pos0, cache->cap, K);
+        be->attention_cached(a->att, a->q, cache->k, cache->v, N, cache->pos0, cache->cap, shape);
+    } else {
+        be->attention_fwd(a->att, a->lse, a->q, a->k, a->v, doc_ids, shape);
+    }
+    be->gemm(false, true, N, D, Q, 1.0f, a->att, Q, w->wo, Q, 0.0f, a->o, D);
+    be->rmsnorm_fwd(tmp, a->rstd_o, a->o, w->attn_norm, N, D, eps);
+    be->add(a->h, a->x, tmp, (size_t)N * D);
+    /* MLP block: out = h + norm(down(silu(gate(h)) * up(h))) */
+    be->gemm(false, true, N, F, D, 1.0f, a->h, D, w->gate, D, 0.0f, a->g, F);
+    be->gemm(false, true, N, F, D, 1.0f, a->h, D, w->up, D, 0.0f, a->u, F);
+    be->swiglu_fwd(a->s, a->g, a->u, (size_t)N * F);
+    be->gemm(false, true, N, D, F, 1.0f, a->s, F, w->down, F, 0.0f, a->m, D);
+    be->rmsnorm_fwd(tmp, a->rstd_m, a->m, w->ff_norm, N, D, eps);
+    be->add(out, a->h, tmp, (size_t)N * D);
+}
+
 int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_masking) {
     const struct olmo_backend *be = m->be;
     const struct olmo_model_config *c = &m->cfg;
-    const int N = m->batch * m->seq_len, D = c->d_model, Q = m->q_dim, K = m->kv_dim, F = c->mlp_hidden,
-              V = c->vocab_size;
+    const int N = m->batch * m->seq_len, D = c->d_model, V = c->vocab_size;
     const float eps = (float)c->rms_norm_eps;
     for (int i = 0; i < N; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
@@ -308,29 +356,11 @@ int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_mas
     }
     be->embedding_fwd(m->acts[0].x, m->embed, m->tokens, N, D);
     for (int l = 0; l < c->n_layers; l++) {
-        struct olmo_layer_acts *a = &m->acts[l];
-        const struct olmo_layer_tensors *w = &m->lw[l];
         struct olmo_attn_shape shape;
         attn_shape(m, l, &shape);
-        /* attention block: h = x + norm(o_proj(attn(rope(qnorm(q)), rope(knorm(k)), v))) */
-        be->gemm(false, true, N, Q, D, 1.0f, a->x, D, w->wq, D, 0.0f, a->q_raw, Q);
-        be->gemm(false, true, N, K, D, 1.0f, a->x, D, w->wk, D, 0.0f, a->k_raw, K);
-        be->gemm(false, true, N, K, D, 1.0f, a->x, D, w->wv, D, 0.0f, a->v, K);
-        be->rmsnorm_fwd(a->q, a->rstd_q, a->q_raw, w->q_norm, N, Q, eps);
-        be->rmsnorm_fwd(a->k, a->rstd_k, a->k_raw, w->k_norm, N, K, eps);
-        be->rope_fwd(a->q, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_heads, m->head_dim);
-        be->rope_fwd(a->k, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_kv_heads, m->head_dim);
-        be->attention_fwd(a->att, a->lse, a->q, a->k, a->v, doc_masking ? m->doc_ids : NULL, &shape);
-        be->gemm(false, true, N, D, Q, 1.0f, a->att, Q, w->wo, Q, 0.0f, a->o, D);
-        be->rmsnorm_fwd(m->dtmp, a->rstd_o, a->o, w->attn_norm, N, D, eps); /* dtmp: free in forward */
-        be->add(a->h, a->x, m->dtmp, (size_t)N * D);
-        /* MLP block: out = h + norm(down(silu(gate(h)) * up(h))) */
-        be->gemm(false, true, N, F, D, 1.0f, a->h, D, w->gate, D, 0.0f, a->g, F);
-        be->gemm(false, true, N, F, D, 1.0f, a->h, D, w->up, D, 0.0f, a->u, F);
-        be->swiglu_fwd(a->s, a->g, a->u, (size_t)N * F);
-        be->gemm(false, true, N, D, F, 1.0f, a->s, F, w->down, F, 0.0f, a->m, D);
-        be->rmsnorm_fwd(m->dtmp, a->rstd_m, a->m, w->ff_norm, N, D, eps);
-        be->add(layer_output(m, l), a->h, m->dtmp, (size_t)N * D);
+        /* m->dtmp is free during the forward pass */
+        olmo_layer_forward(m, l, &m->acts[l], layer_output(m, l), m->dtmp, m->rope_cos, m->rope_sin, &shape,
+                           doc_masking ? m->doc_ids : NULL, NULL);
     }
     be->rmsnorm_fwd(m->xn_final, m->rstd_final, m->x_final, m->final_norm, N, D, eps);
     be->gemm(false, true, N, V, D, 1.0f, m->xn_final, D, m->lm_head, D, 0.0f, m->logits, V);

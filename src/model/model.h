@@ -78,6 +78,27 @@ void olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_sc
 /* Backpropagates from the gradient left in m->logits; accumulates into m->grads. */
 void olmo_model_backward(struct olmo_model *m);
 
+/* Layer `layer`'s attention shape for micro-batches of batch x seq_len. */
+void olmo_model_attn_shape(const struct olmo_model *m, int layer, int batch, int seq_len, struct olmo_attn_shape *s);
+
+/* One layer's forward pass, shared by training (olmo_model_forward) and KV-cache
+ * generation (generate.c): shape->batch * shape->seq_len rows of a->x go to
+ * `out` (which may alias a->x), through the other buffers of `a` (the backward
+ * pass reads them in training; generation may alias them as long as each is
+ * dead when it is next written: q_raw with att, k_raw with o, the rstd's with
+ * each other; lse is unused there).  tmp: [rows, d_model] scratch.  RoPE:
+ * row r is at table row r % shape->seq_len of rope_cos/rope_sin.
+ *   cache NULL: causal attention over the rows themselves (doc_ids or NULL);
+ *   cache set: the rotated keys and values go into the cache ring at
+ *     positions pos0.., and the rows attend over it (batch 1). */
+struct olmo_kv_cache_layer {
+    float *k, *v;  /* [cap, kv_dim], position p at row p % cap */
+    int pos0, cap; /* position of the first row; rows in the ring */
+};
+void olmo_layer_forward(const struct olmo_model *m, int layer, const struct olmo_layer_acts *a, float *out,
+                        float *tmp, const float *rope_cos, const float *rope_sin, const struct olmo_attn_shape *shape,
+                        const int32_t *doc_ids, const struct olmo_kv_cache_layer *cache);
+
 /* RoPE cos/sin tables [n_positions, head_dim/2] (host memory), as the forward pass uses them. */
 void olmo_rope_tables(float *cos_t, float *sin_t, int n_positions, int head_dim, double theta);
 
