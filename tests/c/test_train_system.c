@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_internal.h" /* PAR_MIN: the determinism test must run above it */
 #include "model/generate.h"
 #include "model/model.h"
 #include "train/checkpoint.h"
@@ -29,34 +30,49 @@ static float *rand_buf(size_t n, double scale) {
     return p;
 }
 
-/* The same reductions with 1 and with 3 threads must agree bit for bit. */
+/* The same reductions with 1 and with 3 threads must agree bit for bit.  The
+ * sizes put every op above the CPU backend's parallel threshold (PAR_MIN
+ * elements; below it a loop runs on the calling thread and the comparison
+ * proves nothing), and rmsnorm's dim spans several of the column blocks its
+ * dw is split into, so each reduction really is divided among threads. */
+enum { DET_ROWS = 301, DET_DIM = 200, DET_VOCAB = 97, DET_BIG = 300000 };
+_Static_assert(DET_ROWS * DET_DIM >= 3 * PAR_MIN, "rmsnorm determinism test below the parallel threshold");
+_Static_assert(DET_DIM > 3 * 64, "rmsnorm dw in fewer column blocks than threads");
+_Static_assert(DET_ROWS * DET_VOCAB >= PAR_MIN, "cross-entropy determinism test below the parallel threshold");
+
 static void test_determinism(void) {
-    const int n = 301, dim = 40, vocab = 97;
+    const int n = DET_ROWS, dim = DET_DIM, vocab = DET_VOCAB;
     float *x = rand_buf((size_t)n * dim, 1.0), *w = rand_buf((size_t)dim, 1.0), *dy = rand_buf((size_t)n * dim, 1.0);
     float *y = be->alloc((size_t)n * dim * 4), *rstd = be->alloc((size_t)n * 4);
     be->rmsnorm_fwd(y, rstd, x, w, n, dim, 1e-6f);
     float *logits0 = rand_buf((size_t)n * vocab, 3.0);
     int32_t *targets = be->alloc((size_t)n * 4);
     for (int i = 0; i < n; i++) targets[i] = i % 7 == 0 ? -100 : (int32_t)(olmo_rng_next(&rng) % vocab);
-    float *big = rand_buf(300000, 1.0);
-    float dw[2][40], dx[2][301 * 40];
+    float *big = rand_buf(DET_BIG, 1.0);
+    float *dw[2], *dx[2], *yk[2];
     double ce[2], zz[2], ss[2];
     float *logits = be->alloc((size_t)n * vocab * 4);
     const int threads[2] = {1, 3};
     for (int k = 0; k < 2; k++) {
+        dw[k] = be->alloc((size_t)dim * 4);
+        dx[k] = be->alloc((size_t)n * dim * 4);
+        yk[k] = be->alloc((size_t)n * dim * 4);
+        float *rstd_k = be->alloc((size_t)n * 4);
         omp_set_num_threads(threads[k]);
-        memset(dw[k], 0, sizeof dw[k]);
+        be->rmsnorm_fwd(yk[k], rstd_k, x, w, n, dim, 1e-6f);
         be->rmsnorm_bwd(dx[k], dw[k], dy, x, w, rstd, n, dim);
         memcpy(logits, logits0, (size_t)n * vocab * 4);
         be->cross_entropy(logits, targets, n, vocab, 0.01f, 1e-4f, &ce[k], &zz[k]);
-        ss[k] = be->sum_squares(big, 300000);
+        ss[k] = be->sum_squares(big, DET_BIG);
+        be->free(rstd_k);
     }
     omp_set_num_threads(omp_get_num_procs());
-    check(!memcmp(dw[0], dw[1], sizeof dw[0]) && !memcmp(dx[0], dx[1], sizeof dx[0]),
+    check(!memcmp(yk[0], yk[1], (size_t)n * dim * 4), "rmsnorm forward: 1 vs 3 threads bit-identical", 0.0);
+    check(!memcmp(dw[0], dw[1], (size_t)dim * 4) && !memcmp(dx[0], dx[1], (size_t)n * dim * 4),
           "rmsnorm backward: 1 vs 3 threads bit-identical", 0.0);
     check(ce[0] == ce[1] && zz[0] == zz[1], "cross-entropy sums: 1 vs 3 threads bit-identical", fabs(ce[0] - ce[1]));
     check(ss[0] == ss[1], "sum of squares: 1 vs 3 threads bit-identical", fabs(ss[0] - ss[1]));
-    float *bufs[] = {x, w, dy, y, rstd, logits0, big, logits};
+    float *bufs[] = {x, w, dy, y, rstd, logits0, big, logits, dw[0], dw[1], dx[0], dx[1], yk[0], yk[1]};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     be->free(targets);
 }
