@@ -124,17 +124,28 @@ struct olmo_backend {
  *   OLMO_CPU_GEMM_BEST      "cpu": oneDNN when this build has it, else OpenBLAS;
  *   OLMO_CPU_GEMM_OPENBLAS  "cpu-openblas";
  *   OLMO_CPU_GEMM_ONEDNN    "cpu-onednn" (NULL, error set, in a build without oneDNN);
- *   OLMO_CPU_GEMM_ONEDNN_BF16  "cpu-bf16": operands rounded to bf16, fp32 accumulation
- *                           and output (oneDNN 2.x matmul; NULL, error set, where it has
- *                           no bf16 kernels for the processor), and the same for
- *                           attention's products in builds with AVX512-BF16.
+ *   OLMO_CPU_GEMM_BF16      "cpu-bf16": operands rounded to bf16, fp32 accumulation
+ *                           and output, and the same for attention's products in
+ *                           builds with AVX512-BF16.  Always available: oneDNN 2.x's
+ *                           bf16 matmul where it has kernels for the processor
+ *                           (AVX-512), else the next variant.  OLMOC_CPU_BF16=convert
+ *                           in the environment forces the fallback, =onednn the
+ *                           matmul (NULL, error set, where it is missing);
+ *   OLMO_CPU_GEMM_ONEDNN_BF16   cpu-bf16 on oneDNN's bf16 matmul only (NULL, error set,
+ *                           where the build or the processor has none);
+ *   OLMO_CPU_GEMM_BF16_CONVERT  cpu-bf16 on any processor: the operands rounded to bf16
+ *                           and widened back (exact), then the fp32 GEMM; products of
+ *                           bf16 values are exact in fp32, so the numerics are those
+ *                           of the matmul up to summation order.
  * oneDNN picks its kernels from the instruction sets the processor reports;
  * OpenBLAS from its processor table or OPENBLAS_CORETYPE. */
 enum olmo_cpu_gemm_library {
     OLMO_CPU_GEMM_BEST,
     OLMO_CPU_GEMM_OPENBLAS,
     OLMO_CPU_GEMM_ONEDNN,
-    OLMO_CPU_GEMM_ONEDNN_BF16
+    OLMO_CPU_GEMM_ONEDNN_BF16,
+    OLMO_CPU_GEMM_BF16_CONVERT,
+    OLMO_CPU_GEMM_BF16
 };
 const struct olmo_backend *olmo_backend_cpu_gemm(enum olmo_cpu_gemm_library library);
 const struct olmo_backend *olmo_backend_cpu(void); /* = OLMO_CPU_GEMM_BEST */

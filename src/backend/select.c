@@ -8,7 +8,7 @@ const struct olmo_backend *olmo_backend_by_name(const char *name) {
     if (!strcmp(name, "cpu")) return olmo_backend_cpu_gemm(OLMO_CPU_GEMM_BEST);
     if (!strcmp(name, "cpu-openblas")) return olmo_backend_cpu_gemm(OLMO_CPU_GEMM_OPENBLAS);
     if (!strcmp(name, "cpu-onednn")) return olmo_backend_cpu_gemm(OLMO_CPU_GEMM_ONEDNN);
-    if (!strcmp(name, "cpu-bf16")) return olmo_backend_cpu_gemm(OLMO_CPU_GEMM_ONEDNN_BF16);
+    if (!strcmp(name, "cpu-bf16")) return olmo_backend_cpu_gemm(OLMO_CPU_GEMM_BF16);
 #ifdef OLMOC_HAVE_CUDA
     if (!strcmp(name, "cuda") || !strcmp(name, "cuda-fp32")) return olmo_backend_cuda_precision(OLMO_CUDA_FP32);
     if (!strcmp(name, "cuda-tf32")) return olmo_backend_cuda_precision(OLMO_CUDA_TF32);

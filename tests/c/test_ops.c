@@ -10,13 +10,55 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_internal.h" /* OLMOC_CPU_BF16: whether this build has oneDNN's bf16 matmul */
 #include "model/model.h"
 #include "util/error.h"
 #include "util/rng.h"
 
 static const struct olmo_backend *be;
 static struct olmo_rng rng;
-static int failures, checks;
+static int failures, checks, skips;
+
+/* A variant this build or processor cannot have is skipped, with the reason printed and
+ * counted; one that should exist and cannot be created is a failure. */
+static bool has_avx512(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#else
+    return false;
+#endif
+}
+
+/* Why this build or processor lacks the variant; NULL when it must have it. */
+static const char *missing_reason(enum olmo_cpu_gemm_library library) {
+#ifndef OLMOC_HAVE_ONEDNN
+    if (library == OLMO_CPU_GEMM_ONEDNN) return "this build has no oneDNN";
+#endif
+#ifndef OLMOC_CPU_BF16
+    if (library == OLMO_CPU_GEMM_ONEDNN_BF16) return "this build has no oneDNN 2.x bf16 matmul";
+#endif
+    if (library == OLMO_CPU_GEMM_ONEDNN_BF16 && !has_avx512())
+        return "oneDNN's bf16 matmul needs AVX-512, which this processor lacks";
+    return NULL;
+}
+
+/* The variant, or NULL after printing and counting a skip (absent by design) or a failure (should exist). */
+static const struct olmo_backend *gemm_variant(enum olmo_cpu_gemm_library library, const char *what) {
+    const struct olmo_backend *g = olmo_backend_cpu_gemm(library);
+    const char *why = missing_reason(library);
+    if (g && !why) return g;
+    if (!g && why) {
+        skips++;
+        printf("SKIP %-40s %s\n", what, why);
+        return NULL;
+    }
+    checks++;
+    failures++;
+    printf("FAIL %-40s %s\n", what, g ? "available where it should not be" : olmo_last_error());
+    return NULL;
+}
 
 static float *rand_buf(size_t n, double scale) {
     float *p = be->alloc(n * sizeof(float));
@@ -84,11 +126,8 @@ static void gemm_double(bool ta, bool tb, int m, int n, int k, double alpha, con
  * the libraries' small-matrix paths; the error is relative to sum_k |a||b|:
  * fp32 rounding for tol 1e-6, bf16 operands (relative 2^-9 each) for 1e-2. */
 static void test_gemm_library(enum olmo_cpu_gemm_library library, double tol) {
-    const struct olmo_backend *g = olmo_backend_cpu_gemm(library);
-    if (!g) {
-        printf("skip %-40s %s\n", "gemm", olmo_last_error());
-        return;
-    }
+    const struct olmo_backend *g = gemm_variant(library, "gemm");
+    if (!g) return;
     const int shapes[][3] = {{37, 53, 300}, {1, 70, 33}, {45, 1, 64}, {130, 260, 190}};
     const int pad = 3;
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
@@ -117,7 +156,8 @@ static void test_gemm_library(enum olmo_cpu_gemm_library library, double tol) {
                             if (!(err <= worst)) worst = isnan(err) ? INFINITY : err;
                         }
                     char what[96];
-                    snprintf(what, sizeof what, "%s gemm %s%s %dx%dx%d beta=%.1f", g->name, ta ? "T" : "N",
+                    snprintf(what, sizeof what, "%s gemm %s%s %dx%dx%d beta=%.1f",
+                             library == OLMO_CPU_GEMM_BF16_CONVERT ? "cpu-bf16(convert)" : g->name, ta ? "T" : "N",
                              tb ? "T" : "N", m, n, k, beta);
                     checks++;
                     const bool ok = worst < tol;
@@ -134,12 +174,9 @@ static void test_gemm_library(enum olmo_cpu_gemm_library library, double tol) {
  * to even: 1 + 2^-8 is a tie between 1 and 1 + 2^-7 (goes to 1), 1 + 3 * 2^-8
  * one between 1 + 2^-7 and 1 + 2^-6 (goes to 1 + 2^-6), 1 + 2^-8 + 2^-20 is
  * above the tie (1 + 2^-7).  Truncation or no rounding at all differ. */
-static void test_bf16_rounding(void) {
-    const struct olmo_backend *g = olmo_backend_cpu_gemm(OLMO_CPU_GEMM_ONEDNN_BF16);
-    if (!g) {
-        printf("skip %-40s %s\n", "bf16 rounding", olmo_last_error());
-        return;
-    }
+static void test_bf16_rounding(enum olmo_cpu_gemm_library library) {
+    const struct olmo_backend *g = gemm_variant(library, "bf16 rounding");
+    if (!g) return;
     const float one = 1.0f, b[3] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-20f};
     const float want[3] = {1.0f, 1.0f + 0x1p-6f, 1.0f + 0x1p-7f};
     float c[3];
@@ -147,8 +184,10 @@ static void test_bf16_rounding(void) {
     const bool ok = c[0] == want[0] && c[1] == want[1] && c[2] == want[2];
     checks++;
     if (!ok) failures++;
-    printf("%s %-44s %.9g %.9g %.9g\n", ok ? "ok  " : "FAIL", "cpu-bf16 operands round to nearest even", c[0], c[1],
-           c[2]);
+    printf("%s %-44s %.9g %.9g %.9g\n", ok ? "ok  " : "FAIL",
+           library == OLMO_CPU_GEMM_BF16_CONVERT ? "bf16 (convert) operands round to nearest even"
+                                                 : "bf16 (matmul) operands round to nearest even",
+           c[0], c[1], c[2]);
 }
 
 static double rms_loss(void *p) {
@@ -331,7 +370,7 @@ int main(void) {
     test_gemm_library(OLMO_CPU_GEMM_OPENBLAS, 1e-6);
     test_gemm_library(OLMO_CPU_GEMM_ONEDNN, 1e-6);
     test_gemm_library(OLMO_CPU_GEMM_ONEDNN_BF16, 1e-2);
-    test_bf16_rounding();
+    test_bf16_rounding(OLMO_CPU_GEMM_ONEDNN_BF16);
     test_rmsnorm();
     test_rope();
     test_attention(0, false, 4, "(full, MHA)");
@@ -341,6 +380,9 @@ int main(void) {
     test_cross_entropy();
     test_embedding();
     test_model();
-    printf("%d passed, %d failed\n", checks - failures, failures);
+    /* last, so the random inputs of the tests above stay those they were tuned on */
+    test_gemm_library(OLMO_CPU_GEMM_BF16_CONVERT, 1e-2);
+    test_bf16_rounding(OLMO_CPU_GEMM_BF16_CONVERT);
+    printf("%d passed, %d failed, %d skipped (reasons above)\n", checks - failures, failures, skips);
     return failures ? 1 : 0;
 }

@@ -73,44 +73,68 @@ static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
     .sum_squares = cpu_sum_squares, .scale = cpu_scale, .adamw = cpu_adamw, .attention_cached = cpu_attention_cached
 #define CPU_FP32_OPS CPU_OPS(cpu_attention_fwd, cpu_attention_bwd)
 
+/* "cpu-onednn"; NULL, error set, in a build without oneDNN. */
+static const struct olmo_backend *onednn_fp32(void) {
+#ifdef OLMOC_HAVE_ONEDNN
+    static const struct olmo_backend onednn = {
+        .name = "cpu-onednn", .gemm = cpu_gemm_onednn, .describe = cpu_describe_onednn, CPU_FP32_OPS};
+    return &onednn;
+#else
+    olmo_error("backend 'cpu-onednn': this build has no oneDNN (install libdnnl-dev and reconfigure)");
+    return NULL;
+#endif
+}
+
+/* cpu-bf16 on oneDNN's bf16 matmul; NULL, error set, where this build or processor has none. */
+static const struct olmo_backend *onednn_bf16(void) {
+#if defined(OLMOC_CPU_BF16)
+    static const struct olmo_backend matmul = {
+        .name = "cpu-bf16", .gemm = cpu_gemm_onednn_bf16, .describe = cpu_describe_onednn_bf16,
+        CPU_OPS(cpu_attention_fwd_bf16, cpu_attention_bwd_bf16)};
+    return cpu_bf16_available() ? &matmul : NULL;
+#elif defined(OLMOC_HAVE_ONEDNN)
+    olmo_error("cpu-bf16's bf16 matmul needs oneDNN 2.x's matmul API (this build has oneDNN %d)", DNNL_VERSION_MAJOR);
+    return NULL;
+#else
+    olmo_error("cpu-bf16's bf16 matmul needs oneDNN (this build has none: install libdnnl-dev and reconfigure)");
+    return NULL;
+#endif
+}
+
 const struct olmo_backend *olmo_backend_cpu_gemm(enum olmo_cpu_gemm_library library) {
     static const struct olmo_backend openblas = {
         .name = "cpu-openblas", .gemm = cpu_gemm_openblas, .describe = cpu_describe_openblas, CPU_FP32_OPS};
 #ifdef OLMOC_HAVE_ONEDNN
-    static const struct olmo_backend onednn = {
-        .name = "cpu-onednn", .gemm = cpu_gemm_onednn, .describe = cpu_describe_onednn, CPU_FP32_OPS};
     static const struct olmo_backend best = {
         .name = "cpu", .gemm = cpu_gemm_onednn, .describe = cpu_describe_onednn, CPU_FP32_OPS};
 #else
     static const struct olmo_backend best = {
         .name = "cpu", .gemm = cpu_gemm_openblas, .describe = cpu_describe_openblas, CPU_FP32_OPS};
 #endif
-#ifdef OLMOC_CPU_BF16
-    static const struct olmo_backend onednn_bf16 = {
-        .name = "cpu-bf16", .gemm = cpu_gemm_onednn_bf16, .describe = cpu_describe_onednn_bf16,
+    static const struct olmo_backend bf16_convert = {
+        .name = "cpu-bf16", .gemm = cpu_gemm_bf16_convert, .describe = cpu_describe_bf16_convert,
         CPU_OPS(cpu_attention_fwd_bf16, cpu_attention_bwd_bf16)};
-#endif
     switch (library) {
     case OLMO_CPU_GEMM_BEST: return &best;
     case OLMO_CPU_GEMM_OPENBLAS: return &openblas;
-    case OLMO_CPU_GEMM_ONEDNN:
-#ifdef OLMOC_HAVE_ONEDNN
-        return &onednn;
-#else
-        olmo_error("backend 'cpu-onednn': this build has no oneDNN (install libdnnl-dev and reconfigure)");
-        return NULL;
-#endif
-    case OLMO_CPU_GEMM_ONEDNN_BF16:
-#ifdef OLMOC_CPU_BF16
-        return cpu_bf16_available() ? &onednn_bf16 : NULL;
-#elif defined(OLMOC_HAVE_ONEDNN)
-        olmo_error("backend 'cpu-bf16' needs oneDNN 2.x's matmul API (this build has oneDNN %d)", DNNL_VERSION_MAJOR);
-        return NULL;
-#else
-        olmo_error("backend 'cpu-bf16': this build has no oneDNN (install libdnnl-dev and reconfigure)");
-        return NULL;
-#endif
+    case OLMO_CPU_GEMM_ONEDNN: return onednn_fp32();
+    case OLMO_CPU_GEMM_ONEDNN_BF16: return onednn_bf16();
+    case OLMO_CPU_GEMM_BF16_CONVERT: return &bf16_convert;
+    case OLMO_CPU_GEMM_BF16: {
+        const char *path = getenv("OLMOC_CPU_BF16");
+        if (path && !strcmp(path, "convert")) return &bf16_convert;
+        if (path && !strcmp(path, "onednn")) return onednn_bf16(); /* NULL, error set, where it is missing */
+        if (path && path[0]) {
+            olmo_error("OLMOC_CPU_BF16=%s: expected 'onednn' (the bf16 matmul, or fail) or 'convert' (bf16 rounding + "
+                       "fp32 GEMM)",
+                       path);
+            return NULL;
+        }
+        const struct olmo_backend *matmul = onednn_bf16();
+        return matmul ? matmul : &bf16_convert;
     }
+    }
+    olmo_error("unknown CPU GEMM library %d", (int)library);
     return NULL;
 }
 

@@ -1,6 +1,7 @@
 /* The CPU backend's GEMM libraries: OpenBLAS's cblas_sgemm, oneDNN's
- * dnnl_sgemm, and cpu-bf16's oneDNN matmul on bf16 operands; and the log line
- * that says which kernels compute. */
+ * dnnl_sgemm, and cpu-bf16's two ways to multiply bf16 operands (oneDNN's
+ * bf16 matmul, or the operands rounded to bf16 and an fp32 GEMM); and the log
+ * line that says which kernels compute. */
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -240,3 +241,69 @@ const char *cpu_describe_onednn_bf16(void) {
     return text;
 }
 #endif /* OLMOC_CPU_BF16 */
+
+/* ---- bf16 operands through an fp32 GEMM (cpu-bf16 anywhere) ---------------
+ * The operands are rounded to bf16 (to nearest even, alpha folded into A
+ * first, as the matmul path does) and widened back to fp32, which is exact;
+ * then the fp32 GEMM of the build (oneDNN sgemm, else OpenBLAS).  A product of
+ * two bf16 values is exact in fp32 (8 x 8 significant bits) and the sums are
+ * fp32, so these are the numerics of a bf16 matmul with fp32 accumulation up
+ * to summation order: cpu-bf16 on processors where oneDNN has no bf16 matmul
+ * (AVX2), or anywhere with OLMOC_CPU_BF16=convert. */
+
+/* rows x cols of src (leading dimension ld), times scale, rounded to bf16, into dst[rows][cols] as fp32. */
+static void round_to_bf16(float *dst, const float *src, int rows, int cols, int ld, float scale) {
+#pragma omp parallel for schedule(static) if ((size_t)rows * cols >= PAR_MIN)
+    for (int r = 0; r < rows; r++) {
+        const float *in = src + (size_t)r * ld;
+        float *out = dst + (size_t)r * cols;
+        for (int c = 0; c < cols; c++) out[c] = from_bf16(to_bf16(in[c] * scale));
+    }
+}
+
+#ifdef OLMOC_HAVE_ONEDNN
+#define FP32_GEMM cpu_gemm_onednn
+#else
+#define FP32_GEMM cpu_gemm_openblas
+#endif
+
+void cpu_gemm_bf16_convert(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                           const float *b, int ldb, float beta, float *c, int ldc) {
+    if (m <= 0 || n <= 0) return;
+    if (k <= 0) { /* an empty product: C = beta C */
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) c[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[(size_t)i * ldc + j];
+        return;
+    }
+    float *ra = cpu_cached_scratch(SLOT_BF16_A, sizeof(float) * (size_t)m * k);
+    float *rb = cpu_cached_scratch(SLOT_BF16_B, sizeof(float) * (size_t)k * n);
+    round_to_bf16(ra, a, ta ? k : m, ta ? m : k, lda, alpha);
+    round_to_bf16(rb, b, tb ? n : k, tb ? k : n, ldb, 1.0f);
+    FP32_GEMM(ta, tb, m, n, k, 1.0f, ra, ta ? m : k, rb, tb ? k : n, beta, c, ldc);
+}
+
+const char *cpu_describe_bf16_convert(void) {
+    static char text[384];
+#ifdef OLMOC_ATTN_BF16
+    const char *attention = "attention products: bf16 operands (AVX512-BF16) for even head_dim";
+#else
+    const char *attention = "attention: fp32 (this build has no AVX512-BF16)";
+#endif
+    const char *env = getenv("OLMOC_CPU_BF16");
+#ifdef OLMOC_CPU_BF16
+    const bool matmul = cpu_bf16_available();
+#else
+    const bool matmul = false;
+#endif
+    const char *why = env && !strcmp(env, "convert") ? "forced by OLMOC_CPU_BF16=convert"
+                      : matmul                      ? "chosen instead of oneDNN's bf16 matmul"
+                                                    : "no oneDNN bf16 matmul in this build or for this processor";
+    snprintf(text, sizeof text, "GEMMs: bf16 operands rounded, then %s in fp32 (%s); fp32 accumulation; %s",
+#ifdef OLMOC_HAVE_ONEDNN
+             cpu_describe_onednn() + strlen("GEMMs: "),
+#else
+             cpu_describe_openblas() + strlen("GEMMs: "),
+#endif
+             why, attention);
+    return text;
+}

@@ -1,6 +1,6 @@
 /* Shared between the CPU backend's files (src/backend/cpu/):
  *   cpu_backend.c    the op tables, allocation, scratch memory, selection;
- *   cpu_gemm.c       GEMMs: OpenBLAS, oneDNN sgemm, oneDNN bf16 matmul;
+ *   cpu_gemm.c       GEMMs: OpenBLAS, oneDNN sgemm, oneDNN bf16 matmul, bf16 rounding + fp32 GEMM;
  *   cpu_attention.c  tiled flash attention (forward, backward) and KV-cache attention;
  *   cpu_ops.c        embedding, rmsnorm, rope, swiglu, add, cross-entropy, sum of
  *                    squares, scale, AdamW.
@@ -53,6 +53,11 @@ const char *cpu_describe_onednn_bf16(void);
 /* Whether oneDNN has a bf16 matmul on this processor; error set when not. */
 bool cpu_bf16_available(void);
 #endif
+
+/* cpu-bf16 anywhere: operands rounded to bf16, then an fp32 GEMM (cpu_gemm.c). */
+void cpu_gemm_bf16_convert(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                           const float *b, int ldb, float beta, float *c, int ldc);
+const char *cpu_describe_bf16_convert(void);
 
 /* cpu_attention.c: fp32 products, and bf16 products (cpu-bf16; fp32 where the
  * build has no AVX512-BF16 or head_dim is odd). */

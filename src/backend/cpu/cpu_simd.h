@@ -55,6 +55,14 @@ static inline uint16_t to_bf16(float f) {
 }
 
 
+/* bf16 -> fp32, exact. */
+static inline float from_bf16(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 /* max of x[0..n), n >= 1; 16 running maxima so that gcc and clang both vectorise it. */
 static inline float max_of(const float *x, int n) {
     float lanes[16];
