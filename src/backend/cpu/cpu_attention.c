@@ -403,28 +403,32 @@ static int task_cost_desc(const void *pa, const void *pb) {
     return a->kb - b->kb;
 }
 
-static void attention_bwd(bool bf16_products, float *dq, float *dk, float *dv, const float *dout, const float *out,
-                          const float *lse, const float *q, const float *k, const float *v, const int32_t *doc_ids,
-                          const struct olmo_attn_shape *s) {
-    const int T = s->seq_len, H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim, B = s->batch;
-    const int group = H / HK, kblocks = (T + ATT_KB - 1) / ATT_KB;
-    const int q_stride = H * D, kv_stride = HK * D;
-    const size_t n_q = (size_t)B * T * q_stride;
-    const bool bf16 = attn_bf16(bf16_products, s);
-    const int wq = bf16 ? 2 : 1; /* floats per element of the operands with k = head_dim */
-    const int kt_rows = D / wq, ldt = transposed_ld(T), pairs = (T + 1) / 2;
-    int *lo = attn_bounds(s, doc_ids);
-    const void *kt = transpose_heads(SLOT_KT, bf16, k, B, T, HK, D);
-    const void *vt = transpose_heads(SLOT_VT, bf16, v, B, T, HK, D);
-    /* bf16 only: Q and dO as rows (S, dP), and Q, dO, K as position pairs (dK, dV, dQ) */
-    const void *qa = bf16 ? (const void *)bf16_rows(SLOT_Q16, q, B, T, q_stride) : q;
-    const void *doa = bf16 ? (const void *)bf16_rows(SLOT_DO16, dout, B, T, q_stride) : dout;
-    const uint32_t *qp = bf16 ? bf16_position_pairs(SLOT_QP, q, B, T, q_stride) : NULL;
-    const uint32_t *dop = bf16 ? bf16_position_pairs(SLOT_DOP, dout, B, T, q_stride) : NULL;
-    const uint32_t *kp = bf16 ? bf16_position_pairs(SLOT_KP, k, B, T, kv_stride) : NULL;
-    /* delta[(b*H + h)*T + t] = dO . O (= sum_j p_j dO . v_j) */
+/* What backward's tasks share: the shape's constants, and the inputs in the
+ * layouts the products read (bf16 only: Q and dO as rows for S and dP; Q, dO
+ * and K as position pairs for dK, dV and dQ). */
+struct attn_bwd {
+    const struct olmo_attn_shape *s;
+    int T, H, HK, D, group, q_stride, kv_stride, wq, kt_rows, ldt, pairs;
+    bool bf16;
+    const int *lo;
+    const float *q, *k, *dout, *lse, *delta;
+    const void *kt, *vt, *qa, *doa;
+    const uint32_t *qp, *dop, *kp;
+    float *dk, *dv;
+};
+
+/* A thread's tiles: P and dS; bf16 only: P^T and dS^T as query pairs, dS as rows. */
+struct attn_bwd_tiles {
+    float *p, *ds;
+    uint32_t *pt, *dst;
+    uint16_t *dsr;
+};
+
+/* delta[(b*H + h)*T + t] = dO . O (= sum_j p_j dO . v_j) */
+static float *attn_delta(const float *out, const float *dout, const struct olmo_attn_shape *s) {
+    const int T = s->seq_len, H = s->n_heads, D = s->head_dim, B = s->batch, q_stride = H * D;
     float *delta = cpu_cached_scratch(SLOT_DELTA, sizeof(float) * (size_t)B * H * T);
-#pragma omp parallel for if (n_q >= PAR_MIN)
+#pragma omp parallel for if ((size_t)B * T * q_stride >= PAR_MIN)
     for (int bt = 0; bt < B * T; bt++)
         for (int h = 0; h < H; h++) {
             const float *o = out + (size_t)bt * q_stride + (size_t)h * D, *g = dout + (size_t)bt * q_stride + (size_t)h * D;
@@ -433,34 +437,141 @@ static void attention_bwd(bool bf16_products, float *dq, float *dk, float *dv, c
             for (int d = 0; d < D; d++) acc += g[d] * o[d];
             delta[((size_t)(bt / T) * H + h) * T + bt % T] = acc;
         }
+    return delta;
+}
 
-    /* Tasks and their fixed assignment: longest first to the least-loaded thread. */
-    const int n_tasks = B * HK * kblocks;
-    struct attn_task *tasks = cpu_scratch(sizeof *tasks * (size_t)(n_tasks > 0 ? n_tasks : 1));
-    for (int b = 0, i = 0; b < B; b++)
-        for (int kh = 0; kh < HK; kh++)
+/* The tasks, longest first, and their fixed assignment to *nth threads (owner[i]):
+ * each to the least-loaded thread. */
+static struct attn_task *attn_bwd_schedule(const struct olmo_attn_shape *s, const int *lo, int *n_tasks, int *nth,
+                                           int **owner) {
+    const int T = s->seq_len, kblocks = (T + ATT_KB - 1) / ATT_KB;
+    *n_tasks = s->batch * s->n_kv_heads * kblocks;
+    struct attn_task *tasks = cpu_scratch(sizeof *tasks * (size_t)(*n_tasks > 0 ? *n_tasks : 1));
+    for (int b = 0, i = 0; b < s->batch; b++)
+        for (int kh = 0; kh < s->n_kv_heads; kh++)
             for (int kb = 0; kb < kblocks; kb++, i++) {
                 const int j0 = kb * ATT_KB, j1 = j0 + ATT_KB < T ? j0 + ATT_KB : T;
                 int rows = 0; /* queries that see a key of this block */
                 for (int t = j0; t < T && lo[(size_t)b * T + t] < j1; t++) rows++;
                 tasks[i] = (struct attn_task){b, kh, kb, (double)rows * (j1 - j0) + 1.0};
             }
-    qsort(tasks, (size_t)n_tasks, sizeof *tasks, task_cost_desc);
-    int nth = omp_get_max_threads();
-    if (nth > n_tasks) nth = n_tasks > 0 ? n_tasks : 1;
-    int *owner = cpu_scratch(sizeof(int) * (size_t)(n_tasks > 0 ? n_tasks : 1));
-    {
-        double *load = cpu_scratch(sizeof(double) * (size_t)nth);
-        for (int t = 0; t < nth; t++) load[t] = 0.0;
-        for (int i = 0; i < n_tasks; i++) {
-            int best = 0;
-            for (int t = 1; t < nth; t++)
-                if (load[t] < load[best]) best = t;
-            owner[i] = best;
-            load[best] += tasks[i].cost;
-        }
-        free(load);
+    qsort(tasks, (size_t)*n_tasks, sizeof *tasks, task_cost_desc);
+    *nth = omp_get_max_threads();
+    if (*nth > *n_tasks) *nth = *n_tasks > 0 ? *n_tasks : 1;
+    *owner = cpu_scratch(sizeof(int) * (size_t)(*n_tasks > 0 ? *n_tasks : 1));
+    double *load = cpu_scratch(sizeof(double) * (size_t)*nth);
+    for (int t = 0; t < *nth; t++) load[t] = 0.0;
+    for (int i = 0; i < *n_tasks; i++) {
+        int best = 0;
+        for (int t = 1; t < *nth; t++)
+            if (load[t] < load[best]) best = t;
+        (*owner)[i] = best;
+        load[best] += tasks[i].cost;
     }
+    free(load);
+    return tasks;
+}
+
+/* One tile: queries i0 .. i0+nq-1 of head h against keys j0 .. j0+nk-1 of sequence b
+ * (kv head kh): dK, dV of the keys and this thread's dQ copy dqt. */
+static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles *w, int b, int kh, int h, int j0,
+                          int nk, int i0, int nq, float *dkblk, float *dvblk, float *dqt) {
+    const int T = c->T, D = c->D, q_stride = c->q_stride, kv_stride = c->kv_stride, wq = c->wq;
+    const bool bf16 = c->bf16;
+    const int *lob = c->lo + (size_t)b * T;
+    const float *lse_bh = c->lse + ((size_t)b * c->H + h) * T, *delta_bh = c->delta + ((size_t)b * c->H + h) * T;
+    const size_t kth = ((size_t)b * c->HK + kh) * c->kt_rows * c->ldt + j0; /* of kt and vt */
+    const size_t qoff = ((size_t)b * T + i0) * q_stride + (size_t)h * D;
+    const float *qblk = c->q + qoff, *doblk = c->dout + qoff;
+    const float *kblk = c->k + ((size_t)b * T + j0) * kv_stride + (size_t)kh * D;
+    float *p = w->p, *ds = w->ds;
+    tile_product(bf16, false, nq, nk, D, c->s->scale, word_at(c->qa, qoff / wq), q_stride / wq, word_at(c->kt, kth),
+                 c->ldt, 0.0f, p, ATT_KB);
+    for (int r = 0; r < nq; r++) {
+        float *row = p + (size_t)r * ATT_KB;
+        int a, e;
+        row_visible(lob, i0 + r, j0, nk, &a, &e);
+        const float l = lse_bh[i0 + r];
+        exp_visible(row, nk, a, e, l);
+    }
+    /* dV += P^T dO (i0 is even: dO's pairs start at i0 / 2) */
+    const size_t qpairs = ((size_t)b * c->pairs + i0 / 2) * q_stride + (size_t)h * D;
+    if (bf16) {
+        pack_bf16_pairs(w->pt, ATT_KB, p, ATT_KB, nq, nk);
+        tile_product(true, true, nk, D, nq, 1.0f, w->pt, ATT_KB, c->dop + qpairs, q_stride, 1.0f, dvblk, kv_stride);
+    } else {
+        tile_gemm(true, nk, D, nq, 1.0f, p, ATT_KB, doblk, q_stride, 1.0f, dvblk, kv_stride);
+    }
+    /* dP = dO V^T, then dS = P * (dP - delta) * scale */
+    tile_product(bf16, false, nq, nk, D, 1.0f, word_at(c->doa, qoff / wq), q_stride / wq, word_at(c->vt, kth), c->ldt,
+                 0.0f, ds, ATT_KB);
+    for (int r = 0; r < nq; r++) {
+        const float *pr = p + (size_t)r * ATT_KB;
+        float *dr = ds + (size_t)r * ATT_KB;
+        const float dl = delta_bh[i0 + r];
+#pragma omp simd
+        for (int col = 0; col < nk; col++) dr[col] = pr[col] * (dr[col] - dl) * c->s->scale;
+    }
+    /* dK += dS^T Q;  dQ += dS K (j0 is even: K's pairs start at j0 / 2) */
+    if (bf16) {
+        pack_bf16_pairs(w->dst, ATT_KB, ds, ATT_KB, nq, nk);
+        tile_product(true, true, nk, D, nq, 1.0f, w->dst, ATT_KB, c->qp + qpairs, q_stride, 1.0f, dkblk, kv_stride);
+        pack_bf16_rows(w->dsr, ATT_KB, ds, ATT_KB, nq, nk);
+        tile_product(true, false, nq, D, nk, 1.0f, w->dsr, ATT_KB / 2,
+                     c->kp + ((size_t)b * c->pairs + j0 / 2) * kv_stride + (size_t)kh * D, kv_stride, 1.0f, dqt + qoff,
+                     q_stride);
+    } else {
+        tile_gemm(true, nk, D, nq, 1.0f, ds, ATT_KB, qblk, q_stride, 1.0f, dkblk, kv_stride);
+        tile_gemm(false, nq, D, nk, 1.0f, ds, ATT_KB, kblk, kv_stride, 1.0f, dqt + qoff, q_stride);
+    }
+}
+
+/* One task: the key block's dK and dV, over every query chunk of every head of the group that sees it. */
+static void attn_bwd_task(const struct attn_bwd *c, const struct attn_bwd_tiles *w, const struct attn_task *task,
+                          float *dqt) {
+    const int T = c->T, D = c->D, kv_stride = c->kv_stride;
+    const int b = task->b, kh = task->kh, j0 = task->kb * ATT_KB;
+    const int nk = j0 + ATT_KB < T ? ATT_KB : T - j0;
+    const int *lob = c->lo + (size_t)b * T;
+    const size_t koff = ((size_t)b * T + j0) * kv_stride + (size_t)kh * D;
+    float *dkblk = c->dk + koff, *dvblk = c->dv + koff;
+    for (int j = 0; j < nk; j++) {
+        memset(dkblk + (size_t)j * kv_stride, 0, sizeof(float) * (size_t)D);
+        memset(dvblk + (size_t)j * kv_stride, 0, sizeof(float) * (size_t)D);
+    }
+    /* queries j0 .. tend-1 see some of these keys (lo non-decreasing) */
+    int tend = j0;
+    while (tend < T && lob[tend] < j0 + nk) tend++;
+    for (int h = kh * c->group; h < (kh + 1) * c->group; h++)
+        for (int i0 = j0; i0 < tend; i0 += ATT_QC) {
+            const int nq = i0 + ATT_QC < tend ? ATT_QC : tend - i0;
+            attn_bwd_tile(c, w, b, kh, h, j0, nk, i0, nq, dkblk, dvblk, dqt);
+        }
+}
+
+static void attention_bwd(bool bf16_products, float *dq, float *dk, float *dv, const float *dout, const float *out,
+                          const float *lse, const float *q, const float *k, const float *v, const int32_t *doc_ids,
+                          const struct olmo_attn_shape *s) {
+    const int T = s->seq_len, H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim, B = s->batch;
+    const bool bf16 = attn_bf16(bf16_products, s);
+    struct attn_bwd c = {.s = s, .T = T, .H = H, .HK = HK, .D = D, .group = H / HK, .q_stride = H * D,
+                         .kv_stride = HK * D, .wq = bf16 ? 2 : 1, /* floats per element of the operands with k = D */
+                         .ldt = transposed_ld(T), .pairs = (T + 1) / 2, .bf16 = bf16, .q = q, .k = k, .dout = dout,
+                         .lse = lse, .dk = dk, .dv = dv};
+    c.kt_rows = D / c.wq;
+    const size_t n_q = (size_t)B * T * c.q_stride;
+    int *lo = attn_bounds(s, doc_ids);
+    c.lo = lo;
+    c.kt = transpose_heads(SLOT_KT, bf16, k, B, T, HK, D);
+    c.vt = transpose_heads(SLOT_VT, bf16, v, B, T, HK, D);
+    c.qa = bf16 ? (const void *)bf16_rows(SLOT_Q16, q, B, T, c.q_stride) : q;
+    c.doa = bf16 ? (const void *)bf16_rows(SLOT_DO16, dout, B, T, c.q_stride) : dout;
+    c.qp = bf16 ? bf16_position_pairs(SLOT_QP, q, B, T, c.q_stride) : NULL;
+    c.dop = bf16 ? bf16_position_pairs(SLOT_DOP, dout, B, T, c.q_stride) : NULL;
+    c.kp = bf16 ? bf16_position_pairs(SLOT_KP, k, B, T, c.kv_stride) : NULL;
+    c.delta = attn_delta(out, dout, s);
+    int n_tasks, nth, *owner;
+    struct attn_task *tasks = attn_bwd_schedule(s, lo, &n_tasks, &nth, &owner);
     /* dq copies: thread 0 writes dq itself, the others their own zeroed buffer */
     float **dq_part = cpu_scratch(sizeof(float *) * (size_t)nth);
     dq_part[0] = dq;
@@ -470,87 +581,24 @@ static void attention_bwd(bool bf16_products, float *dq, float *dk, float *dv, c
         dq_part[t] = parts + n_q * (size_t)(t - 1);
         memset(dq_part[t], 0, sizeof(float) * n_q);
     }
-
 #pragma omp parallel num_threads(nth) if (nth > 1)
     {
         const int tid = omp_get_thread_num(), team = omp_get_num_threads();
-        float *p = cpu_scratch(sizeof(float) * ATT_QC * ATT_KB), *ds = cpu_scratch(sizeof(float) * ATT_QC * ATT_KB);
-        /* bf16: P^T and dS^T as query pairs, dS as rows */
-        uint32_t *pt = bf16 ? cpu_scratch(sizeof(uint32_t) * ATT_QC / 2 * ATT_KB) : NULL;
-        uint32_t *dst = bf16 ? cpu_scratch(sizeof(uint32_t) * ATT_QC / 2 * ATT_KB) : NULL;
-        uint16_t *dsr = bf16 ? cpu_scratch(sizeof(uint16_t) * ATT_QC * ATT_KB) : NULL;
-        for (int i = 0; i < n_tasks; i++) {
+        const struct attn_bwd_tiles w = {
+            .p = cpu_scratch(sizeof(float) * ATT_QC * ATT_KB),
+            .ds = cpu_scratch(sizeof(float) * ATT_QC * ATT_KB),
+            .pt = bf16 ? cpu_scratch(sizeof(uint32_t) * ATT_QC / 2 * ATT_KB) : NULL,
+            .dst = bf16 ? cpu_scratch(sizeof(uint32_t) * ATT_QC / 2 * ATT_KB) : NULL,
+            .dsr = bf16 ? cpu_scratch(sizeof(uint16_t) * ATT_QC * ATT_KB) : NULL,
+        };
+        for (int i = 0; i < n_tasks; i++)
             /* a smaller team than asked for (nested parallelism) still covers every task */
-            if (owner[i] % team != tid) continue;
-            const int b = tasks[i].b, kh = tasks[i].kh, j0 = tasks[i].kb * ATT_KB;
-            const int nk = j0 + ATT_KB < T ? ATT_KB : T - j0;
-            const int *lob = lo + (size_t)b * T;
-            const size_t koff = ((size_t)b * T + j0) * kv_stride + (size_t)kh * D;
-            const float *kblk = k + koff;
-            const size_t kth = ((size_t)b * HK + kh) * kt_rows * ldt + j0; /* of kt and vt */
-            float *dkblk = dk + koff, *dvblk = dv + koff, *dqt = dq_part[tid];
-            for (int j = 0; j < nk; j++) {
-                memset(dkblk + (size_t)j * kv_stride, 0, sizeof(float) * (size_t)D);
-                memset(dvblk + (size_t)j * kv_stride, 0, sizeof(float) * (size_t)D);
-            }
-            /* queries j0 .. tend-1 see some of these keys (lo non-decreasing) */
-            int tend = j0;
-            while (tend < T && lob[tend] < j0 + nk) tend++;
-            for (int h = kh * group; h < (kh + 1) * group; h++) {
-                const float *lse_bh = lse + ((size_t)b * H + h) * T, *delta_bh = delta + ((size_t)b * H + h) * T;
-                for (int i0 = j0; i0 < tend; i0 += ATT_QC) {
-                    const int nq = i0 + ATT_QC < tend ? ATT_QC : tend - i0;
-                    const size_t qoff = ((size_t)b * T + i0) * q_stride + (size_t)h * D;
-                    const float *qblk = q + qoff, *doblk = dout + qoff;
-                    tile_product(bf16, false, nq, nk, D, s->scale, word_at(qa, qoff / wq), q_stride / wq,
-                                 word_at(kt, kth), ldt, 0.0f, p, ATT_KB);
-                    for (int r = 0; r < nq; r++) {
-                        float *row = p + (size_t)r * ATT_KB;
-                        int a, e;
-                        row_visible(lob, i0 + r, j0, nk, &a, &e);
-                        const float l = lse_bh[i0 + r];
-                        exp_visible(row, nk, a, e, l);
-                    }
-                    /* dV += P^T dO (i0 is even: dO's pairs start at i0 / 2) */
-                    const size_t qpairs = ((size_t)b * pairs + i0 / 2) * q_stride + (size_t)h * D;
-                    if (bf16) {
-                        pack_bf16_pairs(pt, ATT_KB, p, ATT_KB, nq, nk);
-                        tile_product(true, true, nk, D, nq, 1.0f, pt, ATT_KB, dop + qpairs, q_stride, 1.0f, dvblk,
-                                     kv_stride);
-                    } else {
-                        tile_gemm(true, nk, D, nq, 1.0f, p, ATT_KB, doblk, q_stride, 1.0f, dvblk, kv_stride);
-                    }
-                    /* dP = dO V^T, then dS = P * (dP - delta) * scale */
-                    tile_product(bf16, false, nq, nk, D, 1.0f, word_at(doa, qoff / wq), q_stride / wq,
-                                 word_at(vt, kth), ldt, 0.0f, ds, ATT_KB);
-                    for (int r = 0; r < nq; r++) {
-                        const float *pr = p + (size_t)r * ATT_KB;
-                        float *dr = ds + (size_t)r * ATT_KB;
-                        const float dl = delta_bh[i0 + r];
-#pragma omp simd
-                        for (int c = 0; c < nk; c++) dr[c] = pr[c] * (dr[c] - dl) * s->scale;
-                    }
-                    /* dK += dS^T Q;  dQ += dS K (j0 is even: K's pairs start at j0 / 2) */
-                    if (bf16) {
-                        pack_bf16_pairs(dst, ATT_KB, ds, ATT_KB, nq, nk);
-                        tile_product(true, true, nk, D, nq, 1.0f, dst, ATT_KB, qp + qpairs, q_stride, 1.0f, dkblk,
-                                     kv_stride);
-                        pack_bf16_rows(dsr, ATT_KB, ds, ATT_KB, nq, nk);
-                        tile_product(true, false, nq, D, nk, 1.0f, dsr, ATT_KB / 2,
-                                     kp + ((size_t)b * pairs + j0 / 2) * kv_stride + (size_t)kh * D, kv_stride, 1.0f,
-                                     dqt + qoff, q_stride);
-                    } else {
-                        tile_gemm(true, nk, D, nq, 1.0f, ds, ATT_KB, qblk, q_stride, 1.0f, dkblk, kv_stride);
-                        tile_gemm(false, nq, D, nk, 1.0f, ds, ATT_KB, kblk, kv_stride, 1.0f, dqt + qoff, q_stride);
-                    }
-                }
-            }
-        }
-        free(p);
-        free(ds);
-        free(pt);
-        free(dst);
-        free(dsr);
+            if (owner[i] % team == tid) attn_bwd_task(&c, &w, &tasks[i], dq_part[tid]);
+        free(w.p);
+        free(w.ds);
+        free(w.pt);
+        free(w.dst);
+        free(w.dsr);
     }
     if (nth > 1) {
 #pragma omp parallel for if (n_q >= PAR_MIN)
