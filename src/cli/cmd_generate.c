@@ -123,6 +123,7 @@ int cmd_generate(int argc, char **argv) {
     struct olmo_config cfg;
     struct olmo_model_source source;
     struct olmo_model model = {0};
+    struct olmo_backend *backend = NULL; /* destroyed after the model */
     struct olmo_gen gen = {0};
     int32_t *ids = NULL;
     float *logits = NULL;
@@ -132,8 +133,9 @@ int cmd_generate(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--set") && olmo_config_set(&cfg, argv[++i])) goto fail;
     if (olmo_config_validate(&cfg)) goto fail;
-    const struct olmo_backend *be = olmo_backend_by_name(backend_name);
-    if (!be || olmo_model_create(&model, &cfg.model, be) || olmo_source_load_weights(&source, &model)) goto fail;
+    if (!(backend = olmo_backend_create(backend_name)) || olmo_model_create(&model, &cfg.model, backend) ||
+        olmo_source_load_weights(&source, &model))
+        goto fail;
     const int total = n_prompt + (int)max_new;
     int32_t *all = realloc(ids, sizeof(int32_t) * (size_t)(total > 0 ? total : 1));
     if (!all) {
@@ -178,6 +180,7 @@ int cmd_generate(int argc, char **argv) {
     }
     olmo_gen_destroy(&gen);
     olmo_model_destroy(&model);
+    olmo_backend_destroy(backend);
     free(ids);
     free(logits);
     return 0;
@@ -185,6 +188,7 @@ fail:
     fprintf(stderr, "olmoc generate: %s\n", olmo_last_error());
     olmo_gen_destroy(&gen);
     olmo_model_destroy(&model);
+    olmo_backend_destroy(backend);
     free(ids);
     free(logits);
     return 1;

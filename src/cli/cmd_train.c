@@ -76,20 +76,20 @@ static void format_duration(char *buf, size_t n, double s) {
 static double measure_peak_flops(const struct olmo_backend *be) {
     const int n = 2048;
     const size_t bytes = sizeof(float) * (size_t)n * n;
-    float *a = be->alloc(bytes), *b = be->alloc(bytes), *c = be->alloc(bytes);
+    float *a = be->alloc(be, bytes), *b = be->alloc(be, bytes), *c = be->alloc(be, bytes);
     double best = 0.0;
     if (a && b && c) {
-        be->gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up */
+        be->gemm(be, false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up */
         for (int rep = 0; rep < 3; rep++) {
             double t0 = olmo_now_seconds();
-            be->gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+            be->gemm(be, false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
             double dt = olmo_now_seconds() - t0;
             if (dt > 0 && 2.0 * n * n * (double)n / dt > best) best = 2.0 * n * n * (double)n / dt;
         }
     }
-    be->free(a);
-    be->free(b);
-    be->free(c);
+    be->free(be, a);
+    be->free(be, b);
+    be->free(be, c);
     return best;
 }
 
@@ -168,6 +168,7 @@ static int run_evals(struct olmo_trainer *tr, const struct evaluators *ev, long 
 int cmd_train(int argc, char **argv) {
     const char *config_path = NULL, *init_path = NULL, *save_path = NULL, *resume_from = NULL, *dump_path = NULL,
                *backend_name = "cpu";
+    struct olmo_backend *backend = NULL, *profiled = NULL; /* destroyed at the end */
     bool resume = false;
     struct olmo_config cfg;
     olmo_config_defaults(&cfg);
@@ -255,9 +256,9 @@ int cmd_train(int argc, char **argv) {
     struct olmo_trainer tr;
     const char *profile_env = getenv("OLMOC_PROFILE");
     const bool profile = profile_env && *profile_env && strcmp(profile_env, "0") != 0;
-    const struct olmo_backend *be = olmo_backend_by_name(backend_name);
-    if (!be) goto fail;
-    if (profile) be = olmo_backend_profiled(be);
+    if (!(backend = olmo_backend_create(backend_name))) goto fail;
+    if (profile && !(profiled = olmo_backend_profiled(backend))) goto fail;
+    const struct olmo_backend *be = profile ? profiled : backend;
     if (olmo_trainer_init_dist(&tr, &cfg, be, &dist)) goto fail;
     struct evaluators ev = {0};
     if (cfg.train.eval_every == 0 && (cfg.data.val_paths[0] || cfg.data.eval_tasks[0]))
@@ -296,7 +297,7 @@ int cmd_train(int argc, char **argv) {
     } else if (init_path) {
         if (olmo_weights_load(&tr.model, init_path)) goto fail;
     } else {
-        olmo_model_init_weights(&tr.model, cfg.train.seed);
+        if (olmo_model_init_weights(&tr.model, cfg.train.seed)) goto fail;
     }
     if (olmo_make_dirs(cfg.data.out_dir)) goto fail;
     char path[4200];
@@ -335,7 +336,7 @@ int cmd_train(int argc, char **argv) {
                "through %s\n",
                dist.world, t->grad_accum, t->micro_batch, tr.device_comm ? "NCCL" : "MPI");
     printf("backend %s", be->name);
-    if (be->describe) printf(" (%s)", be->describe());
+    if (be->describe) printf(" (%s)", be->describe(be));
     printf(" | MFU: %.4g FLOPs/token, peak %.4g FLOP/s (%s)\n", flops_per_token, peak, peak_source);
     if (ckpt[0])
         printf("resumed from %s at step %ld (epoch %ld, instance %zu)\n", ckpt, st.step, st.loader_epoch,
@@ -405,7 +406,7 @@ int cmd_train(int argc, char **argv) {
             printf("checkpoint step %ld: %s (%.2fs)\n", step, saved, olmo_now_seconds() - t0);
             fflush(stdout);
         }
-        if (profile && step == first_step) olmo_profile_reset(); /* the first step pays for page faults */
+        if (profile && step == first_step) olmo_profile_reset(profiled); /* the first step pays for page faults */
         last = olmo_now_seconds(); /* evaluation and checkpoint time do not count as step time */
     }
     fclose(metrics);
@@ -413,7 +414,7 @@ int cmd_train(int argc, char **argv) {
         olmo_error("writing '%s' failed: %s", dump_path, strerror(errno));
         goto fail;
     }
-    if (profile) olmo_profile_report(stdout);
+    if (profile) olmo_profile_report(profiled, stdout);
     double total = olmo_now_seconds() - start;
     char weights_path[4200];
     if (!save_path) {
@@ -428,10 +429,14 @@ int cmd_train(int argc, char **argv) {
     olmo_val_sets_close(ev.val, ev.n_val);
     olmo_mc_tasks_free(ev.tasks, ev.n_tasks);
     olmo_trainer_destroy(&tr);
+    olmo_backend_destroy(profiled);
+    olmo_backend_destroy(backend);
     olmo_loader_close(&loader);
     olmo_dist_finalize(&dist);
     return 0;
 fail:
+    olmo_backend_destroy(profiled);
+    olmo_backend_destroy(backend);
     if (dist.world > 1) fprintf(stderr, "olmoc train (rank %d): %s\n", dist.rank, olmo_last_error());
     else fprintf(stderr, "olmoc train: %s\n", olmo_last_error());
     return 1;

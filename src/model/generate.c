@@ -27,11 +27,11 @@ int olmo_gen_create(struct olmo_gen *g, struct olmo_model *m, int max_len, int c
         if (!olmo_layer_is_full_attention(c, l) && c->sliding_window > 0 && c->sliding_window + chunk - 1 < max_len)
             cap = c->sliding_window + chunk - 1;
         g->cap[l] = cap;
-        if (!(g->k_cache[l] = be->alloc((size_t)cap * K * sizeof(float)))) goto fail;
-        if (!(g->v_cache[l] = be->alloc((size_t)cap * K * sizeof(float)))) goto fail;
+        if (!(g->k_cache[l] = be->alloc(be, (size_t)cap * K * sizeof(float)))) goto fail;
+        if (!(g->v_cache[l] = be->alloc(be, (size_t)cap * K * sizeof(float)))) goto fail;
     }
 #define ALLOC(p, count) \
-    if (!((p) = be->alloc((count) * sizeof(float)))) goto fail
+    if (!((p) = be->alloc(be, (count) * sizeof(float)))) goto fail
     ALLOC(g->rope_cos, (size_t)max_len * half);
     ALLOC(g->rope_sin, (size_t)max_len * half);
     ALLOC(g->x, C * D);
@@ -50,7 +50,7 @@ int olmo_gen_create(struct olmo_gen *g, struct olmo_model *m, int max_len, int c
     ALLOC(g->xn, D);
     ALLOC(g->logits, V);
 #undef ALLOC
-    if (!(g->tokens = be->alloc(C * sizeof(int32_t)))) goto fail;
+    if (!(g->tokens = be->alloc(be, C * sizeof(int32_t)))) goto fail;
     float *cos_t = malloc(sizeof(float) * (size_t)max_len * half), *sin_t = malloc(sizeof(float) * (size_t)max_len * half);
     if (!cos_t || !sin_t) {
         free(cos_t);
@@ -59,10 +59,11 @@ int olmo_gen_create(struct olmo_gen *g, struct olmo_model *m, int max_len, int c
         goto fail;
     }
     olmo_rope_tables(cos_t, sin_t, max_len, m->head_dim, c->rope_theta);
-    be->to_device(g->rope_cos, cos_t, sizeof(float) * (size_t)max_len * half);
-    be->to_device(g->rope_sin, sin_t, sizeof(float) * (size_t)max_len * half);
+    const int rc = be->to_device(be, g->rope_cos, cos_t, sizeof(float) * (size_t)max_len * half) ||
+                   be->to_device(be, g->rope_sin, sin_t, sizeof(float) * (size_t)max_len * half);
     free(cos_t);
     free(sin_t);
+    if (rc) goto fail;
     return 0;
 fail:
     olmo_gen_destroy(g);
@@ -79,13 +80,13 @@ void olmo_gen_destroy(struct olmo_gen *g) {
     }
     const struct olmo_backend *be = g->m->be;
     for (int l = 0; l < g->m->cfg.n_layers; l++) {
-        if (g->k_cache) be->free(g->k_cache[l]);
-        if (g->v_cache) be->free(g->v_cache[l]);
+        if (g->k_cache) be->free(be, g->k_cache[l]);
+        if (g->v_cache) be->free(be, g->v_cache[l]);
     }
     float *bufs[] = {g->rope_cos, g->rope_sin, g->x, g->q, g->k, g->v, g->rstd, g->att, g->o,
                      g->tmp,      g->h,        g->g, g->u, g->s, g->mo, g->xn, g->logits};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
-    be->free(g->tokens);
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+    be->free(be, g->tokens);
     free(g->cap);
     free(g->k_cache);
     free(g->v_cache);
@@ -106,8 +107,9 @@ int olmo_gen_feed(struct olmo_gen *g, const int32_t *tokens, int n, float *logit
         return olmo_error("the sequence would reach %d tokens, more than the %d the cache holds", p0 + n, g->max_len);
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= V) return olmo_error("token id %d is outside the vocabulary [0, %d)", tokens[i], V);
-    be->to_device(g->tokens, tokens, sizeof(int32_t) * (size_t)n);
-    be->embedding_fwd(g->x, m->embed, g->tokens, n, D);
+    if (be->to_device(be, g->tokens, tokens, sizeof(int32_t) * (size_t)n) ||
+        be->embedding_fwd(be, g->x, m->embed, g->tokens, n, D))
+        return -1;
     const float *cos_t = g->rope_cos + (size_t)p0 * half, *sin_t = g->rope_sin + (size_t)p0 * half;
     /* one buffer set for every layer (olmo_layer_forward says which may alias) */
     const struct olmo_layer_acts bufs = {
@@ -118,14 +120,15 @@ int olmo_gen_feed(struct olmo_gen *g, const int32_t *tokens, int n, float *logit
         struct olmo_attn_shape shape;
         olmo_model_attn_shape(m, l, 1, n, &shape);
         const struct olmo_kv_cache_layer cache = {g->k_cache[l], g->v_cache[l], p0, g->cap[l]};
-        olmo_layer_forward(m, l, &bufs, g->x, g->tmp, cos_t, sin_t, &shape, NULL, &cache);
+        if (olmo_layer_forward(m, l, &bufs, g->x, g->tmp, cos_t, sin_t, &shape, NULL, &cache)) return -1;
     }
     g->len += n;
     /* Only the last position's logits are needed. */
     const float *last = g->x + (size_t)(n - 1) * D;
-    be->rmsnorm_fwd(g->xn, g->rstd, last, m->final_norm, 1, D, eps);
-    be->gemm(false, true, 1, V, D, 1.0f, g->xn, D, m->lm_head, D, 0.0f, g->logits, V);
-    be->to_host(logits_out, g->logits, sizeof(float) * (size_t)V);
+    if (be->rmsnorm_fwd(be, g->xn, g->rstd, last, m->final_norm, 1, D, eps) ||
+        be->gemm(be, false, true, 1, V, D, 1.0f, g->xn, D, m->lm_head, D, 0.0f, g->logits, V) ||
+        be->to_host(be, logits_out, g->logits, sizeof(float) * (size_t)V))
+        return -1;
     return 0;
 }
 

@@ -63,7 +63,7 @@ struct olmo_model {
 int olmo_model_create(struct olmo_model *m, const struct olmo_model_config *cfg, const struct olmo_backend *be);
 void olmo_model_destroy(struct olmo_model *m);
 /* OLMo-core init: every matrix ~ truncated normal(0, init_std, +-3 std), norm weights = 1. */
-void olmo_model_init_weights(struct olmo_model *m, uint64_t seed);
+int olmo_model_init_weights(struct olmo_model *m, uint64_t seed);
 /* Allocates activations for micro-batches of batch x seq_len (idempotent for the same shape). */
 int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len);
 const struct olmo_param *olmo_model_find_param(const struct olmo_model *m, const char *name);
@@ -73,10 +73,11 @@ const struct olmo_param *olmo_model_find_param(const struct olmo_model *m, const
 int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_masking);
 /* Cross-entropy (+ z-loss) against targets [batch*seq_len] (host; <0 ignored).
  * Replaces m->logits with the gradient of grad_scale * sum(ce + z_mult * lse^2). */
-void olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_scale, float z_mult,
-                     double *ce_sum, double *z_sum);
-/* Backpropagates from the gradient left in m->logits; accumulates into m->grads. */
-void olmo_model_backward(struct olmo_model *m);
+int olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_scale, float z_mult,
+                    double *ce_sum, double *z_sum);
+/* Backpropagates from the gradient left in m->logits; accumulates into m->grads.
+ * These and the forward pass return 0, or -1 with the backend's error set. */
+int olmo_model_backward(struct olmo_model *m);
 
 /* Layer `layer`'s attention shape for micro-batches of batch x seq_len. */
 void olmo_model_attn_shape(const struct olmo_model *m, int layer, int batch, int seq_len, struct olmo_attn_shape *s);
@@ -95,7 +96,7 @@ struct olmo_kv_cache_layer {
     float *k, *v;  /* [cap, kv_dim], position p at row p % cap */
     int pos0, cap; /* position of the first row; rows in the ring */
 };
-void olmo_layer_forward(const struct olmo_model *m, int layer, const struct olmo_layer_acts *a, float *out,
+int olmo_layer_forward(const struct olmo_model *m, int layer, const struct olmo_layer_acts *a, float *out,
                         float *tmp, const float *rope_cos, const float *rope_sin, const struct olmo_attn_shape *shape,
                         const int32_t *doc_ids, const struct olmo_kv_cache_layer *cache);
 

@@ -82,9 +82,9 @@ static int quick_init(struct olmo_model *m, uint64_t seed) {
             w[j] = a * (2.0f * (float)(x >> 40) / 16777216.0f - 1.0f);
         }
     }
-    m->be->to_device(m->weights, host, m->n_floats * sizeof(float));
+    const int rc = m->be->to_device(m->be, m->weights, host, m->n_floats * sizeof(float));
     free(host);
-    return 0;
+    return rc;
 }
 
 int main(int argc, char **argv) {
@@ -137,11 +137,13 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (olmo_config_validate(&cfg)) goto fail;
-    const struct olmo_backend *be = olmo_backend_by_name(backend_name);
-    if (!be) goto fail;
+    struct olmo_backend *backend = olmo_backend_create(backend_name), *prof_be = NULL;
+    if (!backend) goto fail;
+    const struct olmo_backend *be = backend;
     if (profile_steps > 0) { /* wrapped from the start, timing only the profiled steps */
-        be = olmo_backend_profiled(be);
-        olmo_profile_enable(false);
+        if (!(prof_be = olmo_backend_profiled(backend))) goto fail;
+        be = prof_be;
+        olmo_profile_enable(prof_be, false);
     }
 
     const struct olmo_train_config *t = &cfg.train;
@@ -169,7 +171,7 @@ int main(int argc, char **argv) {
     if (fast_init) {
         if (quick_init(&tr.model, t->seed)) goto fail;
     } else {
-        olmo_model_init_weights(&tr.model, t->seed);
+        if (olmo_model_init_weights(&tr.model, t->seed)) goto fail;
     }
     printf("init (%s): %.1fs\n", fast_init ? "uniform, --quick-init" : "truncated normal", olmo_now_seconds() - t_init);
 
@@ -181,8 +183,8 @@ int main(int argc, char **argv) {
     for (int s = 0; s < warmup + steps + profile_steps; s++) {
         const bool timed_step = s >= warmup && s < warmup + steps, profiled = s >= warmup + steps;
         if (s == warmup + steps) {
-            olmo_profile_reset();
-            olmo_profile_enable(true);
+            olmo_profile_reset(prof_be);
+            olmo_profile_enable(prof_be, true);
         }
         for (size_t i = 0; i < tokens_per_step; i++)
             batch[i] = (int32_t)(olmo_rng_next(&rng) % (uint64_t)mc->vocab_size);
@@ -190,7 +192,7 @@ int main(int argc, char **argv) {
         struct olmo_step_result res;
         if (olmo_trainer_step(&tr, batch, &res)) goto fail;
         float probe; /* the update is asynchronous on a device: wait for it */
-        be->to_host(&probe, tr.model.weights, sizeof probe);
+        be->to_host(be, &probe, tr.model.weights, sizeof probe);
         const double dt = olmo_now_seconds() - t0;
         if (timed_step) timed += dt;
         printf("%s step %d: loss %.4f | grad norm %.3f | %.3fs | %.0f tok/s\n",
@@ -225,10 +227,12 @@ int main(int argc, char **argv) {
     if (profile_steps > 0) {
         printf("profile of the last %d step%s (each op waits for the one before):\n", profile_steps,
                profile_steps > 1 ? "s" : "");
-        olmo_profile_report(stdout);
+        olmo_profile_report(prof_be, stdout);
     }
     free(batch);
     olmo_trainer_destroy(&tr);
+    olmo_backend_destroy(prof_be);
+    olmo_backend_destroy(backend);
     return 0;
 fail:
     fprintf(stderr, "bench_train: %s\n", olmo_last_error());

@@ -9,12 +9,14 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_internal.h" /* PAR_MIN: the determinism test must run above it */
+#include "backend/profile.h"
+#include "util/error.h"
 #include "model/generate.h"
 #include "model/model.h"
 #include "train/checkpoint.h"
 #include "util/rng.h"
 
-static const struct olmo_backend *be;
+static struct olmo_backend *be;
 static struct olmo_rng rng;
 static int failures, checks;
 
@@ -25,7 +27,7 @@ static void check(int ok, const char *what, double value) {
 }
 
 static float *rand_buf(size_t n, double scale) {
-    float *p = be->alloc(n * sizeof(float));
+    float *p = be->alloc(be, n * sizeof(float));
     for (size_t i = 0; i < n; i++) p[i] = (float)(olmo_rng_normal(&rng) * scale);
     return p;
 }
@@ -43,28 +45,28 @@ _Static_assert(DET_ROWS * DET_VOCAB >= PAR_MIN, "cross-entropy determinism test 
 static void test_determinism(void) {
     const int n = DET_ROWS, dim = DET_DIM, vocab = DET_VOCAB;
     float *x = rand_buf((size_t)n * dim, 1.0), *w = rand_buf((size_t)dim, 1.0), *dy = rand_buf((size_t)n * dim, 1.0);
-    float *y = be->alloc((size_t)n * dim * 4), *rstd = be->alloc((size_t)n * 4);
-    be->rmsnorm_fwd(y, rstd, x, w, n, dim, 1e-6f);
+    float *y = be->alloc(be, (size_t)n * dim * 4), *rstd = be->alloc(be, (size_t)n * 4);
+    be->rmsnorm_fwd(be, y, rstd, x, w, n, dim, 1e-6f);
     float *logits0 = rand_buf((size_t)n * vocab, 3.0);
-    int32_t *targets = be->alloc((size_t)n * 4);
+    int32_t *targets = be->alloc(be, (size_t)n * 4);
     for (int i = 0; i < n; i++) targets[i] = i % 7 == 0 ? -100 : (int32_t)(olmo_rng_next(&rng) % vocab);
     float *big = rand_buf(DET_BIG, 1.0);
     float *dw[2], *dx[2], *yk[2];
     double ce[2], zz[2], ss[2];
-    float *logits = be->alloc((size_t)n * vocab * 4);
+    float *logits = be->alloc(be, (size_t)n * vocab * 4);
     const int threads[2] = {1, 3};
     for (int k = 0; k < 2; k++) {
-        dw[k] = be->alloc((size_t)dim * 4);
-        dx[k] = be->alloc((size_t)n * dim * 4);
-        yk[k] = be->alloc((size_t)n * dim * 4);
-        float *rstd_k = be->alloc((size_t)n * 4);
+        dw[k] = be->alloc(be, (size_t)dim * 4);
+        dx[k] = be->alloc(be, (size_t)n * dim * 4);
+        yk[k] = be->alloc(be, (size_t)n * dim * 4);
+        float *rstd_k = be->alloc(be, (size_t)n * 4);
         omp_set_num_threads(threads[k]);
-        be->rmsnorm_fwd(yk[k], rstd_k, x, w, n, dim, 1e-6f);
-        be->rmsnorm_bwd(dx[k], dw[k], dy, x, w, rstd, n, dim);
+        be->rmsnorm_fwd(be, yk[k], rstd_k, x, w, n, dim, 1e-6f);
+        be->rmsnorm_bwd(be, dx[k], dw[k], dy, x, w, rstd, n, dim);
         memcpy(logits, logits0, (size_t)n * vocab * 4);
-        be->cross_entropy(logits, targets, n, vocab, 0.01f, 1e-4f, &ce[k], &zz[k]);
-        ss[k] = be->sum_squares(big, DET_BIG);
-        be->free(rstd_k);
+        be->cross_entropy(be, logits, targets, n, vocab, 0.01f, 1e-4f, &ce[k], &zz[k]);
+        be->sum_squares(be, big, DET_BIG, &ss[k]);
+        be->free(be, rstd_k);
     }
     omp_set_num_threads(omp_get_num_procs());
     check(!memcmp(yk[0], yk[1], (size_t)n * dim * 4), "rmsnorm forward: 1 vs 3 threads bit-identical", 0.0);
@@ -73,8 +75,8 @@ static void test_determinism(void) {
     check(ce[0] == ce[1] && zz[0] == zz[1], "cross-entropy sums: 1 vs 3 threads bit-identical", fabs(ce[0] - ce[1]));
     check(ss[0] == ss[1], "sum of squares: 1 vs 3 threads bit-identical", fabs(ss[0] - ss[1]));
     float *bufs[] = {x, w, dy, y, rstd, logits0, big, logits, dw[0], dw[1], dx[0], dx[1], yk[0], yk[1]};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
-    be->free(targets);
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+    be->free(be, targets);
 }
 
 static int argmax(const float *v, int n) {
@@ -114,7 +116,7 @@ static void test_generate_matches_forward(int chunk) {
         /* reference: the training forward over seq[0..len) */
         olmo_model_reserve(&m, 1, len);
         olmo_model_forward(&m, seq, false);
-        be->to_host(full, m.logits + (size_t)(len - 1) * c.vocab_size, sizeof(float) * c.vocab_size);
+        be->to_host(be, full, m.logits + (size_t)(len - 1) * c.vocab_size, sizeof(float) * c.vocab_size);
         double mx = 0, diff = 0;
         for (int v = 0; v < c.vocab_size; v++) {
             if (fabs(full[v]) > mx) mx = fabs(full[v]);
@@ -194,8 +196,61 @@ static void test_hash(void) {
     check(distinct && olmo_hash64(buf, 100) == h, "hash64 changes with any flipped bit or length", 0);
 }
 
+/* Backend instances share no state: two cpu-bf16 instances (each with its own
+ * scratch buffers and oneDNN primitives) give the same products, one keeps
+ * working after the other is destroyed, and two profiled wrappers count
+ * their own calls. */
+static int gemm_calls_reported(const struct olmo_backend *profiled) {
+    char text[8192] = {0};
+    FILE *f = fmemopen(text, sizeof text - 1, "w");
+    if (!f) return -1;
+    olmo_profile_report(profiled, f);
+    fclose(f);
+    const char *line = strstr(text, "profile: gemm ");
+    long calls = -1;
+    if (line) sscanf(line + strlen("profile: gemm "), "%ld", &calls);
+    return (int)calls;
+}
+
+static void test_instances(void) {
+    enum { M = 70, N = 300, K = 130 };
+    struct olmo_backend *one = olmo_backend_create("cpu-bf16"), *two = olmo_backend_create("cpu-bf16");
+    if (!one || !two) {
+        check(0, "two cpu-bf16 instances", 0);
+        olmo_backend_destroy(one);
+        olmo_backend_destroy(two);
+        return;
+    }
+    float *a = rand_buf((size_t)M * K, 1.0), *b = rand_buf((size_t)N * K, 1.0);
+    float *c1 = be->alloc(be, sizeof(float) * M * N), *c2 = be->alloc(be, sizeof(float) * M * N),
+          *c3 = be->alloc(be, sizeof(float) * M * N);
+    int rc = one->gemm(one, false, true, M, N, K, 1.0f, a, K, b, K, 0.0f, c1, N);
+    rc |= two->gemm(two, false, true, M, N, K, 1.0f, a, K, b, K, 0.0f, c2, N);
+    olmo_backend_destroy(one);
+    rc |= two->gemm(two, false, true, M, N, K, 1.0f, a, K, b, K, 0.0f, c3, N);
+    check(!rc && !memcmp(c1, c2, sizeof(float) * M * N) && !memcmp(c1, c3, sizeof(float) * M * N),
+          "two instances: same products, independent lifetimes", 0);
+    struct olmo_backend *p1 = olmo_backend_profiled(two), *p2 = olmo_backend_profiled(two);
+    if (p1 && p2) {
+        p1->gemm(p1, false, true, M, N, K, 1.0f, a, K, b, K, 0.0f, c1, N);
+        p1->gemm(p1, false, true, M, N, K, 1.0f, a, K, b, K, 0.0f, c1, N);
+        p2->gemm(p2, false, true, M, N, K, 1.0f, a, K, b, K, 0.0f, c2, N);
+    }
+    const int n1 = p1 ? gemm_calls_reported(p1) : -1, n2 = p2 ? gemm_calls_reported(p2) : -1;
+    check(n1 == 2 && n2 == 1, "profiled wrappers count their own calls (2 and 1)", n1 * 10 + n2);
+    olmo_backend_destroy(p1);
+    olmo_backend_destroy(p2);
+    olmo_backend_destroy(two);
+    float *bufs[] = {a, b, c1, c2, c3};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+}
+
 int main(void) {
-    be = olmo_backend_cpu();
+    be = olmo_backend_create("cpu");
+    if (!be) {
+        fprintf(stderr, "test_train_system: %s\n", olmo_last_error());
+        return 1;
+    }
     olmo_rng_seed(&rng, 1234);
     test_determinism();
     test_generate_matches_forward(64);
@@ -203,6 +258,8 @@ int main(void) {
     test_generate_matches_forward(1);
     test_sampler();
     test_hash();
+    test_instances();
     printf("%d/%d checks passed\n", checks - failures, checks);
+    olmo_backend_destroy(be);
     return failures ? 1 : 0;
 }

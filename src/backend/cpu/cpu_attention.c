@@ -197,9 +197,9 @@ static void pack_bf16_pairs(uint32_t *dst, int ldd, const float *src, int lds, i
 }
 
 /* The row pairs of x [B*T][width] per sequence: [B][(T + 1) / 2][width] (B operands whose k is the position). */
-static uint32_t *bf16_position_pairs(int slot, const float *x, int B, int T, int width) {
+static uint32_t *bf16_position_pairs(struct cpu_state *st, int slot, const float *x, int B, int T, int width) {
     const int pairs = (T + 1) / 2, blocks = (pairs + 31) / 32;
-    uint32_t *xp = cpu_cached_scratch(slot, sizeof(uint32_t) * (size_t)B * pairs * width);
+    uint32_t *xp = cpu_cached_scratch(st, slot, sizeof(uint32_t) * (size_t)B * pairs * width);
 #pragma omp parallel for if ((size_t)B * T * width >= PAR_MIN)
     for (int job = 0; job < B * blocks; job++) {
         const int b = job / blocks, p0 = job % blocks * 32, t0 = 2 * p0, rows = T - t0 < 64 ? T - t0 : 64;
@@ -210,8 +210,8 @@ static uint32_t *bf16_position_pairs(int slot, const float *x, int B, int T, int
 }
 
 /* x [B*T][heads*D] as bf16 rows, the same layout (A operands whose k is head_dim; D even). */
-static uint32_t *bf16_rows(int slot, const float *x, int B, int T, int width) {
-    uint16_t *xb = cpu_cached_scratch(slot, sizeof(uint16_t) * (size_t)B * T * width);
+static uint32_t *bf16_rows(struct cpu_state *st, int slot, const float *x, int B, int T, int width) {
+    uint16_t *xb = cpu_cached_scratch(st, slot, sizeof(uint16_t) * (size_t)B * T * width);
 #pragma omp parallel for if ((size_t)B * T * width >= PAR_MIN)
     for (int r0 = 0; r0 < B * T; r0 += 64)
         pack_bf16_rows(xb + (size_t)r0 * width, width, x + (size_t)r0 * width, width, B * T - r0 < 64 ? B * T - r0 : 64,
@@ -270,10 +270,11 @@ static int transposed_ld(int T) { return (T + 15) / 16 * 16 + 16; }
  *   fp32: xt[((b * heads + h) * D + d) * ld + t] = x[(b * T + t) * heads * D + h * D + d];
  *   bf16: xt[((b * heads + h) * D/2 + p) * ld + t] = the pair (d = 2p, 2p + 1) of the same row
  *   (B operands whose k is head_dim). */
-static void *transpose_heads(int slot, bool bf16, const float *x, int B, int T, int heads, int D) {
+static void *transpose_heads(struct cpu_state *st, int slot, bool bf16, const float *x, int B, int T, int heads,
+                             int D) {
     const size_t ld = (size_t)transposed_ld(T);
     const int rows = bf16 ? D / 2 : D; /* per head */
-    void *xt = cpu_cached_scratch(slot, sizeof(float) * (size_t)B * ld * heads * rows);
+    void *xt = cpu_cached_scratch(st, slot, sizeof(float) * (size_t)B * ld * heads * rows);
     const int tiles = (T + 63) / 64;
 #pragma omp parallel for if ((size_t)B * T * heads * D >= PAR_MIN)
     for (int job = 0; job < B * heads * tiles; job++) {
@@ -298,8 +299,8 @@ static void *transpose_heads(int slot, bool bf16, const float *x, int B, int T, 
 /* &base[offset] for arrays of 4-byte elements (floats or bf16 pairs) */
 static inline const void *word_at(const void *base, size_t offset) { return (const char *)base + 4 * offset; }
 
-static void attention_fwd(bool bf16_products, float *out, float *lse, const float *q, const float *k, const float *v,
-                          const int32_t *doc_ids, const struct olmo_attn_shape *s) {
+static void attention_fwd(struct cpu_state *st, bool bf16_products, float *out, float *lse, const float *q,
+                          const float *k, const float *v, const int32_t *doc_ids, const struct olmo_attn_shape *s) {
     const int T = s->seq_len, H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim;
     const int group = H / HK, qblocks = (T + ATT_QB - 1) / ATT_QB;
     const int q_stride = H * D, kv_stride = HK * D;
@@ -307,9 +308,9 @@ static void attention_fwd(bool bf16_products, float *out, float *lse, const floa
     const int wq = bf16 ? 2 : 1; /* floats per element of Q's operand (a bf16 pair holds two) */
     const int kt_rows = D / wq, ldt = transposed_ld(T), pairs = (T + 1) / 2;
     int *lo = attn_bounds(s, doc_ids);
-    const void *kt = transpose_heads(SLOT_KT, bf16, k, s->batch, T, HK, D);
-    const void *qa = bf16 ? (const void *)bf16_rows(SLOT_Q16, q, s->batch, T, q_stride) : q;
-    const uint32_t *vp = bf16 ? bf16_position_pairs(SLOT_VP, v, s->batch, T, kv_stride) : NULL;
+    const void *kt = transpose_heads(st, SLOT_KT, bf16, k, s->batch, T, HK, D);
+    const void *qa = bf16 ? (const void *)bf16_rows(st, SLOT_Q16, q, s->batch, T, q_stride) : q;
+    const uint32_t *vp = bf16 ? bf16_position_pairs(st, SLOT_VP, v, s->batch, T, kv_stride) : NULL;
     const int tasks = s->batch * H * qblocks;
     /* Each task owns its output rows, so any schedule gives the same result. */
 #pragma omp parallel if (tasks > 1)
@@ -425,9 +426,9 @@ struct attn_bwd_tiles {
 };
 
 /* delta[(b*H + h)*T + t] = dO . O (= sum_j p_j dO . v_j) */
-static float *attn_delta(const float *out, const float *dout, const struct olmo_attn_shape *s) {
+static float *attn_delta(struct cpu_state *st, const float *out, const float *dout, const struct olmo_attn_shape *s) {
     const int T = s->seq_len, H = s->n_heads, D = s->head_dim, B = s->batch, q_stride = H * D;
-    float *delta = cpu_cached_scratch(SLOT_DELTA, sizeof(float) * (size_t)B * H * T);
+    float *delta = cpu_cached_scratch(st, SLOT_DELTA, sizeof(float) * (size_t)B * H * T);
 #pragma omp parallel for if ((size_t)B * T * q_stride >= PAR_MIN)
     for (int bt = 0; bt < B * T; bt++)
         for (int h = 0; h < H; h++) {
@@ -549,8 +550,8 @@ static void attn_bwd_task(const struct attn_bwd *c, const struct attn_bwd_tiles 
         }
 }
 
-static void attention_bwd(bool bf16_products, float *dq, float *dk, float *dv, const float *dout, const float *out,
-                          const float *lse, const float *q, const float *k, const float *v, const int32_t *doc_ids,
+static void attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, float *dk, float *dv,
+                          const float *dout, const float *out, const float *lse, const float *q, const float *k, const float *v, const int32_t *doc_ids,
                           const struct olmo_attn_shape *s) {
     const int T = s->seq_len, H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim, B = s->batch;
     const bool bf16 = attn_bf16(bf16_products, s);
@@ -562,21 +563,21 @@ static void attention_bwd(bool bf16_products, float *dq, float *dk, float *dv, c
     const size_t n_q = (size_t)B * T * c.q_stride;
     int *lo = attn_bounds(s, doc_ids);
     c.lo = lo;
-    c.kt = transpose_heads(SLOT_KT, bf16, k, B, T, HK, D);
-    c.vt = transpose_heads(SLOT_VT, bf16, v, B, T, HK, D);
-    c.qa = bf16 ? (const void *)bf16_rows(SLOT_Q16, q, B, T, c.q_stride) : q;
-    c.doa = bf16 ? (const void *)bf16_rows(SLOT_DO16, dout, B, T, c.q_stride) : dout;
-    c.qp = bf16 ? bf16_position_pairs(SLOT_QP, q, B, T, c.q_stride) : NULL;
-    c.dop = bf16 ? bf16_position_pairs(SLOT_DOP, dout, B, T, c.q_stride) : NULL;
-    c.kp = bf16 ? bf16_position_pairs(SLOT_KP, k, B, T, c.kv_stride) : NULL;
-    c.delta = attn_delta(out, dout, s);
+    c.kt = transpose_heads(st, SLOT_KT, bf16, k, B, T, HK, D);
+    c.vt = transpose_heads(st, SLOT_VT, bf16, v, B, T, HK, D);
+    c.qa = bf16 ? (const void *)bf16_rows(st, SLOT_Q16, q, B, T, c.q_stride) : q;
+    c.doa = bf16 ? (const void *)bf16_rows(st, SLOT_DO16, dout, B, T, c.q_stride) : dout;
+    c.qp = bf16 ? bf16_position_pairs(st, SLOT_QP, q, B, T, c.q_stride) : NULL;
+    c.dop = bf16 ? bf16_position_pairs(st, SLOT_DOP, dout, B, T, c.q_stride) : NULL;
+    c.kp = bf16 ? bf16_position_pairs(st, SLOT_KP, k, B, T, c.kv_stride) : NULL;
+    c.delta = attn_delta(st, out, dout, s);
     int n_tasks, nth, *owner;
     struct attn_task *tasks = attn_bwd_schedule(s, lo, &n_tasks, &nth, &owner);
     /* dq copies: thread 0 writes dq itself, the others their own zeroed buffer */
     float **dq_part = cpu_scratch(sizeof(float *) * (size_t)nth);
     dq_part[0] = dq;
     memset(dq, 0, sizeof(float) * n_q);
-    float *parts = nth > 1 ? cpu_cached_scratch(SLOT_DQ_PARTS, sizeof(float) * n_q * (size_t)(nth - 1)) : NULL;
+    float *parts = nth > 1 ? cpu_cached_scratch(st, SLOT_DQ_PARTS, sizeof(float) * n_q * (size_t)(nth - 1)) : NULL;
     for (int t = 1; t < nth; t++) {
         dq_part[t] = parts + n_q * (size_t)(t - 1);
         memset(dq_part[t], 0, sizeof(float) * n_q);
@@ -614,27 +615,31 @@ static void attention_bwd(bool bf16_products, float *dq, float *dk, float *dv, c
     free(lo);
 }
 
-void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+int cpu_attention_fwd(OLMO_BE, float *out, float *lse, const float *q, const float *k, const float *v,
                               const int32_t *doc_ids, const struct olmo_attn_shape *s) {
-    attention_fwd(false, out, lse, q, k, v, doc_ids, s);
+    attention_fwd(CPU_STATE(be), false, out, lse, q, k, v, doc_ids, s);
+    return 0;
 }
 
-void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
+int cpu_attention_bwd(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *out,
                               const float *lse, const float *q, const float *k, const float *v,
                               const int32_t *doc_ids, const struct olmo_attn_shape *s) {
-    attention_bwd(false, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
+    attention_bwd(CPU_STATE(be), false, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
+    return 0;
 }
 
 /* cpu-bf16: the products on bf16 operands (see the top of this file) */
-void cpu_attention_fwd_bf16(float *out, float *lse, const float *q, const float *k, const float *v,
+int cpu_attention_fwd_bf16(OLMO_BE, float *out, float *lse, const float *q, const float *k, const float *v,
                                    const int32_t *doc_ids, const struct olmo_attn_shape *s) {
-    attention_fwd(true, out, lse, q, k, v, doc_ids, s);
+    attention_fwd(CPU_STATE(be), true, out, lse, q, k, v, doc_ids, s);
+    return 0;
 }
 
-void cpu_attention_bwd_bf16(float *dq, float *dk, float *dv, const float *dout, const float *out,
+int cpu_attention_bwd_bf16(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *out,
                                    const float *lse, const float *q, const float *k, const float *v,
                                    const int32_t *doc_ids, const struct olmo_attn_shape *s) {
-    attention_bwd(true, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
+    attention_bwd(CPU_STATE(be), true, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
+    return 0;
 }
 
 /* Inference attention over a KV cache (olmoc generate): a few query rows
@@ -645,8 +650,9 @@ static float cached_dot(const float *a, const float *b, int n) {
     return acc;
 }
 
-void cpu_attention_cached(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
+int cpu_attention_cached(OLMO_BE, float *out, const float *q, const float *k_cache, const float *v_cache, int n,
                                  int pos0, int cap, const struct olmo_attn_shape *s) {
+    (void)be;
     const int H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim, group = H / HK;
     const size_t q_stride = (size_t)H * D, kv_stride = (size_t)HK * D;
 #pragma omp parallel
@@ -683,4 +689,5 @@ void cpu_attention_cached(float *out, const float *q, const float *k_cache, cons
             }
         free(scores);
     }
+    return 0;
 }

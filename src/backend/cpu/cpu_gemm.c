@@ -9,7 +9,6 @@
 
 #ifdef OLMOC_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.h>
-#include <pthread.h>
 #endif
 
 #include "backend/cpu/cpu_internal.h"
@@ -18,10 +17,12 @@
 
 /* ---- OpenBLAS ------------------------------------------------------------ */
 
-void cpu_gemm_openblas(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+int cpu_gemm_openblas(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
                           const float *b, int ldb, float beta, float *c, int ldc) {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
                 alpha, a, lda, b, ldb, beta, c, ldc);
+    (void)be;
+    return 0;
 }
 
 
@@ -38,8 +39,7 @@ static bool has_avx512(void) {
 /* OpenBLAS names its kernel family ("Haswell", "SkylakeX", ...): chosen for the
  * processor when it loads, or by OPENBLAS_CORETYPE.  Haswell and Zen are AVX2:
  * on a processor with full-width AVX-512 that is half the peak at best. */
-const char *cpu_describe_openblas(void) {
-    static char text[256];
+static void openblas_line(char *text, size_t size) {
     const char *kernels = openblas_get_corename();
     const bool avx2_only = !strcmp(kernels, "Haswell") || !strcmp(kernels, "Zen");
 #ifdef OLMOC_HAVE_ONEDNN
@@ -47,21 +47,25 @@ const char *cpu_describe_openblas(void) {
 #else
     const char *warning = ": AVX2 on an AVX-512 processor, half its peak at best; README: CPU performance";
 #endif
-    snprintf(text, sizeof text, "GEMMs: OpenBLAS, %s kernels%s", kernels, avx2_only && has_avx512() ? warning : "");
-    return text;
+    snprintf(text, size, "GEMMs: OpenBLAS, %s kernels%s", kernels, avx2_only && has_avx512() ? warning : "");
+}
+
+const char *cpu_describe_openblas(OLMO_BE) {
+    openblas_line(CPU_STATE(be)->text, sizeof CPU_STATE(be)->text);
+    return CPU_STATE(be)->text;
 }
 
 /* ---- oneDNN sgemm --------------------------------------------------------- */
 #ifdef OLMOC_HAVE_ONEDNN
 /* dnnl_sgemm is row-major with BLAS semantics (C is not read when beta is 0). */
-void cpu_gemm_onednn(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+int cpu_gemm_onednn(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
                         const float *b, int ldb, float beta, float *c, int ldc) {
     dnnl_status_t status = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    if (status != dnnl_success) { /* only invalid arguments fail: a bug of ours, and the op has no error path */
-        fprintf(stderr, "olmoc: oneDNN sgemm(%c%c, m %d n %d k %d, lda %d ldb %d ldc %d) failed with status %d\n",
-                ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, lda, ldb, ldc, (int)status);
-        abort();
-    }
+    (void)be;
+    if (status != dnnl_success) /* only invalid arguments fail */
+        return olmo_error("oneDNN sgemm(%c%c, m %d n %d k %d, lda %d ldb %d ldc %d) failed with status %d",
+                          ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, lda, ldb, ldc, (int)status);
+    return 0;
 }
 
 static const char *onednn_isa_name(dnnl_cpu_isa_t isa) {
@@ -78,12 +82,15 @@ static const char *onednn_isa_name(dnnl_cpu_isa_t isa) {
     }
 }
 
-const char *cpu_describe_onednn(void) {
-    static char text[128];
+static void onednn_line(char *text, size_t size) {
     const dnnl_version_t *v = dnnl_version();
-    snprintf(text, sizeof text, "GEMMs: oneDNN %d.%d.%d, %s JIT kernels", v->major, v->minor, v->patch,
+    snprintf(text, size, "GEMMs: oneDNN %d.%d.%d, %s JIT kernels", v->major, v->minor, v->patch,
              onednn_isa_name(dnnl_get_effective_cpu_isa()));
-    return text;
+}
+
+const char *cpu_describe_onednn(OLMO_BE) {
+    onednn_line(CPU_STATE(be)->text, sizeof CPU_STATE(be)->text);
+    return CPU_STATE(be)->text;
 }
 #endif /* OLMOC_HAVE_ONEDNN */
 
@@ -111,38 +118,47 @@ struct bf16_matmul {
     dnnl_memory_desc_t a_md, b_md, c_md;
     dnnl_primitive_t prim;
 };
-static struct {
+/* An instance's oneDNN engine, stream and matmul primitives. */
+struct cpu_bf16_cache {
     dnnl_engine_t engine;
     dnnl_stream_t stream;
     struct bf16_matmul *items;
     int count, cap;
     char impl[64]; /* the implementation oneDNN chose for the probe shape */
-} bf16;
-static pthread_mutex_t bf16_lock = PTHREAD_MUTEX_INITIALIZER;
+};
+
+void cpu_bf16_cache_free(struct cpu_bf16_cache *c) {
+    if (!c) return;
+    for (int i = 0; i < c->count; i++) dnnl_primitive_destroy(c->items[i].prim);
+    free(c->items);
+    if (c->stream) dnnl_stream_destroy(c->stream);
+    if (c->engine) dnnl_engine_destroy(c->engine);
+    free(c);
+}
 
 /* NULL with *status set when oneDNN has no bf16 matmul for this processor. */
-static struct bf16_matmul *bf16_matmul_for(bool ta, bool tb, int m, int n, int k, int ldc, bool accumulate,
-                                           dnnl_status_t *status) {
-    for (int i = 0; i < bf16.count; i++) {
-        struct bf16_matmul *it = &bf16.items[i];
+static struct bf16_matmul *bf16_matmul_for(struct cpu_bf16_cache *c, bool ta, bool tb, int m, int n, int k, int ldc,
+                                           bool accumulate, dnnl_status_t *status) {
+    for (int i = 0; i < c->count; i++) {
+        struct bf16_matmul *it = &c->items[i];
         if (it->ta == ta && it->tb == tb && it->accumulate == accumulate && it->m == m && it->n == n &&
             it->k == k && it->ldc == ldc)
             return it;
     }
-    if ((*status = bf16.engine ? dnnl_success : dnnl_engine_create(&bf16.engine, dnnl_cpu, 0)) != dnnl_success)
+    if ((*status = c->engine ? dnnl_success : dnnl_engine_create(&c->engine, dnnl_cpu, 0)) != dnnl_success)
         return NULL;
-    if (!bf16.stream &&
-        (*status = dnnl_stream_create(&bf16.stream, bf16.engine, dnnl_stream_default_flags)) != dnnl_success)
+    if (!c->stream &&
+        (*status = dnnl_stream_create(&c->stream, c->engine, dnnl_stream_default_flags)) != dnnl_success)
         return NULL;
-    if (bf16.count == bf16.cap) {
-        int cap = bf16.cap ? 2 * bf16.cap : 32;
-        struct bf16_matmul *items = realloc(bf16.items, sizeof *items * (size_t)cap);
+    if (c->count == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 32;
+        struct bf16_matmul *items = realloc(c->items, sizeof *items * (size_t)cap);
         if (!items) {
             *status = dnnl_out_of_memory;
             return NULL;
         }
-        bf16.items = items;
-        bf16.cap = cap;
+        c->items = items;
+        c->cap = cap;
     }
     struct bf16_matmul it = {.ta = ta, .tb = tb, .accumulate = accumulate, .m = m, .n = n, .k = k, .ldc = ldc};
     /* the packed operands keep their stored layout; a transpose is a stride swap */
@@ -164,81 +180,83 @@ static struct bf16_matmul *bf16_matmul_for(bool ta, bool tb, int m, int n, int k
             (*status = dnnl_post_ops_append_sum(post_ops, 1.0f)) == dnnl_success)
             *status = dnnl_primitive_attr_set_post_ops(attr, post_ops);
     }
-    if (*status == dnnl_success) *status = dnnl_primitive_desc_create(&pd, &desc, attr, bf16.engine, NULL);
+    if (*status == dnnl_success) *status = dnnl_primitive_desc_create(&pd, &desc, attr, c->engine, NULL);
     if (*status == dnnl_success) *status = dnnl_primitive_create(&it.prim, pd);
-    if (*status == dnnl_success && !bf16.impl[0]) {
+    if (*status == dnnl_success && !c->impl[0]) {
         const char *impl = NULL;
         if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
-            snprintf(bf16.impl, sizeof bf16.impl, "%s", impl);
+            snprintf(c->impl, sizeof c->impl, "%s", impl);
     }
     if (pd) dnnl_primitive_desc_destroy(pd);
     if (post_ops) dnnl_post_ops_destroy(post_ops);
     dnnl_primitive_attr_destroy(attr);
     if (*status != dnnl_success) return NULL;
-    bf16.items[bf16.count] = it;
-    return &bf16.items[bf16.count++];
+    c->items[c->count] = it;
+    return &c->items[c->count++];
 }
 
 /* alpha is folded into A before its rounding; beta other than 0 and 1 scales C first. */
-void cpu_gemm_onednn_bf16(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                             const float *b, int ldb, float beta, float *c, int ldc) {
-    if (m <= 0 || n <= 0) return;
+int cpu_gemm_onednn_bf16(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                         const float *b, int ldb, float beta, float *c, int ldc) {
+    struct cpu_state *st = CPU_STATE(be);
+    if (m <= 0 || n <= 0) return 0;
     if (beta != 0.0f && beta != 1.0f)
         for (int i = 0; i < m; i++)
             for (int j = 0; j < n; j++) c[(size_t)i * ldc + j] *= beta;
     if (k <= 0) { /* an empty product: C = beta C */
         if (beta == 0.0f)
             for (int i = 0; i < m; i++) memset(c + (size_t)i * ldc, 0, sizeof(float) * (size_t)n);
-        return;
+        return 0;
     }
-    uint16_t *pa = cpu_cached_scratch(SLOT_BF16_A, sizeof(uint16_t) * (size_t)m * k);
-    uint16_t *pb = cpu_cached_scratch(SLOT_BF16_B, sizeof(uint16_t) * (size_t)k * n);
+    uint16_t *pa = cpu_cached_scratch(st, SLOT_BF16_A, sizeof(uint16_t) * (size_t)m * k);
+    uint16_t *pb = cpu_cached_scratch(st, SLOT_BF16_B, sizeof(uint16_t) * (size_t)k * n);
+    if (!pa || !pb) return -1;
     pack_bf16(pa, a, ta ? k : m, ta ? m : k, lda, alpha);
     pack_bf16(pb, b, tb ? n : k, tb ? k : n, ldb, 1.0f);
     dnnl_status_t status = dnnl_success;
-    pthread_mutex_lock(&bf16_lock);
-    struct bf16_matmul *mm = bf16_matmul_for(ta, tb, m, n, k, ldc, beta != 0.0f, &status);
+    struct cpu_bf16_cache *cache = st->bf16;
+    struct bf16_matmul *mm = bf16_matmul_for(cache, ta, tb, m, n, k, ldc, beta != 0.0f, &status);
     dnnl_memory_t mem_a = NULL, mem_b = NULL, mem_c = NULL;
-    if (mm && !(status = dnnl_memory_create(&mem_a, &mm->a_md, bf16.engine, pa)) &&
-        !(status = dnnl_memory_create(&mem_b, &mm->b_md, bf16.engine, pb)) &&
-        !(status = dnnl_memory_create(&mem_c, &mm->c_md, bf16.engine, c))) {
+    if (mm && !(status = dnnl_memory_create(&mem_a, &mm->a_md, cache->engine, pa)) &&
+        !(status = dnnl_memory_create(&mem_b, &mm->b_md, cache->engine, pb)) &&
+        !(status = dnnl_memory_create(&mem_c, &mm->c_md, cache->engine, c))) {
         const dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, mem_a}, {DNNL_ARG_WEIGHTS, mem_b}, {DNNL_ARG_DST, mem_c}};
-        if (!(status = dnnl_primitive_execute(mm->prim, bf16.stream, 3, args))) status = dnnl_stream_wait(bf16.stream);
+        if (!(status = dnnl_primitive_execute(mm->prim, cache->stream, 3, args)))
+            status = dnnl_stream_wait(cache->stream);
     }
     if (mem_a) dnnl_memory_destroy(mem_a);
     if (mem_b) dnnl_memory_destroy(mem_b);
     if (mem_c) dnnl_memory_destroy(mem_c);
-    pthread_mutex_unlock(&bf16_lock);
-    if (status != dnnl_success) { /* the backend was probed when chosen: a bug of ours, and no error path */
-        fprintf(stderr, "olmoc: oneDNN bf16 matmul (%c%c, m %d n %d k %d, ldc %d) failed with status %d\n",
-                ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, ldc, (int)status);
-        abort();
-    }
+    if (status != dnnl_success)
+        return olmo_error("oneDNN bf16 matmul (%c%c, m %d n %d k %d, ldc %d) failed with status %d", ta ? 'T' : 'N',
+                          tb ? 'T' : 'N', m, n, k, ldc, (int)status);
+    return 0;
 }
 
-/* Whether oneDNN has a bf16 matmul here (not on processors without AVX-512). */
-bool cpu_bf16_available(void) {
+/* Whether oneDNN has a bf16 matmul here (not on processors without AVX-512):
+ * makes st's primitive cache and probes one shape; error set when not. */
+bool cpu_bf16_available(struct cpu_state *st) {
+    if (!st->bf16 && !(st->bf16 = olmo_calloc(1, sizeof *st->bf16, "oneDNN matmul cache"))) return false;
     dnnl_status_t status = dnnl_success;
-    pthread_mutex_lock(&bf16_lock);
-    const bool ok = bf16_matmul_for(false, true, 64, 64, 64, 64, false, &status) != NULL;
-    pthread_mutex_unlock(&bf16_lock);
+    const bool ok = bf16_matmul_for(st->bf16, false, true, 64, 64, 64, 64, false, &status) != NULL;
     if (!ok)
         olmo_error("backend 'cpu-bf16': oneDNN has no bf16 matmul on this processor (status %d); use cpu",
                    (int)status);
     return ok;
 }
 
-const char *cpu_describe_onednn_bf16(void) {
-    static char text[256];
+const char *cpu_describe_onednn_bf16(OLMO_BE) {
+    struct cpu_state *st = CPU_STATE(be);
     const dnnl_version_t *v = dnnl_version();
 #ifdef OLMOC_ATTN_BF16
     const char *attention = "attention products: bf16 operands (AVX512-BF16) for even head_dim";
 #else
     const char *attention = "attention: fp32 (this build has no AVX512-BF16)";
 #endif
-    snprintf(text, sizeof text, "GEMMs: oneDNN %d.%d.%d matmul, bf16 operands, fp32 accumulation, %s; %s", v->major,
-             v->minor, v->patch, bf16.impl[0] ? bf16.impl : "kernels chosen on first use", attention);
-    return text;
+    snprintf(st->text, sizeof st->text, "GEMMs: oneDNN %d.%d.%d matmul, bf16 operands, fp32 accumulation, %s; %s",
+             v->major, v->minor, v->patch,
+             st->bf16 && st->bf16->impl[0] ? st->bf16->impl : "kernels chosen on first use", attention);
+    return st->text;
 }
 #endif /* OLMOC_CPU_BF16 */
 
@@ -267,43 +285,37 @@ static void round_to_bf16(float *dst, const float *src, int rows, int cols, int 
 #define FP32_GEMM cpu_gemm_openblas
 #endif
 
-void cpu_gemm_bf16_convert(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                           const float *b, int ldb, float beta, float *c, int ldc) {
-    if (m <= 0 || n <= 0) return;
+int cpu_gemm_bf16_convert(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                          const float *b, int ldb, float beta, float *c, int ldc) {
+    struct cpu_state *st = CPU_STATE(be);
+    if (m <= 0 || n <= 0) return 0;
     if (k <= 0) { /* an empty product: C = beta C */
         for (int i = 0; i < m; i++)
             for (int j = 0; j < n; j++) c[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[(size_t)i * ldc + j];
-        return;
+        return 0;
     }
-    float *ra = cpu_cached_scratch(SLOT_BF16_A, sizeof(float) * (size_t)m * k);
-    float *rb = cpu_cached_scratch(SLOT_BF16_B, sizeof(float) * (size_t)k * n);
+    float *ra = cpu_cached_scratch(st, SLOT_BF16_A, sizeof(float) * (size_t)m * k);
+    float *rb = cpu_cached_scratch(st, SLOT_BF16_B, sizeof(float) * (size_t)k * n);
+    if (!ra || !rb) return -1;
     round_to_bf16(ra, a, ta ? k : m, ta ? m : k, lda, alpha);
     round_to_bf16(rb, b, tb ? n : k, tb ? k : n, ldb, 1.0f);
-    FP32_GEMM(ta, tb, m, n, k, 1.0f, ra, ta ? m : k, rb, tb ? k : n, beta, c, ldc);
+    return FP32_GEMM(be, ta, tb, m, n, k, 1.0f, ra, ta ? m : k, rb, tb ? k : n, beta, c, ldc);
 }
 
-const char *cpu_describe_bf16_convert(void) {
-    static char text[384];
+const char *cpu_describe_bf16_convert(OLMO_BE) {
+    struct cpu_state *st = CPU_STATE(be);
 #ifdef OLMOC_ATTN_BF16
     const char *attention = "attention products: bf16 operands (AVX512-BF16) for even head_dim";
 #else
     const char *attention = "attention: fp32 (this build has no AVX512-BF16)";
 #endif
-    const char *env = getenv("OLMOC_CPU_BF16");
-#ifdef OLMOC_CPU_BF16
-    const bool matmul = cpu_bf16_available();
-#else
-    const bool matmul = false;
-#endif
-    const char *why = env && !strcmp(env, "convert") ? "forced by OLMOC_CPU_BF16=convert"
-                      : matmul                      ? "chosen instead of oneDNN's bf16 matmul"
-                                                    : "no oneDNN bf16 matmul in this build or for this processor";
-    snprintf(text, sizeof text, "GEMMs: bf16 operands rounded, then %s in fp32 (%s); fp32 accumulation; %s",
+    char fp32[160];
 #ifdef OLMOC_HAVE_ONEDNN
-             cpu_describe_onednn() + strlen("GEMMs: "),
+    onednn_line(fp32, sizeof fp32);
 #else
-             cpu_describe_openblas() + strlen("GEMMs: "),
+    openblas_line(fp32, sizeof fp32);
 #endif
-             why, attention);
-    return text;
+    snprintf(st->text, sizeof st->text, "GEMMs: bf16 operands rounded, then %s in fp32 (%s); fp32 accumulation; %s",
+             fp32 + strlen("GEMMs: "), st->why, attention);
+    return st->text;
 }

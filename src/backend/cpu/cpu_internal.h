@@ -26,71 +26,90 @@
  * team costs more than the work. */
 #define PAR_MIN 16384
 
-/* Scratch memory inside an op, which has no error path: failing is fatal. */
+/* Scratch memory inside an op (per-thread tiles in parallel regions, which
+ * have no error path): failing is fatal. */
 void *cpu_scratch(size_t bytes);
 
-/* Large per-call buffers kept between calls, one set per calling thread. */
+/* Large per-call buffers kept between calls, per instance. */
 enum cpu_scratch_slot {
     SLOT_KT, SLOT_VT, SLOT_DELTA, SLOT_DQ_PARTS, SLOT_BF16_A, SLOT_BF16_B,
     SLOT_Q16, SLOT_DO16, SLOT_QP, SLOT_DOP, SLOT_KP, SLOT_VP, /* cpu-bf16 attention's operands */
     N_SLOTS
 };
-void *cpu_cached_scratch(int slot, size_t bytes);
+
+struct cpu_bf16_cache; /* oneDNN engine, stream and bf16 matmul primitives (cpu_gemm.c) */
+
+/* A CPU backend instance's state (olmo_backend.state). */
+struct cpu_state {
+    struct {
+        void *p;
+        size_t bytes;
+    } slots[N_SLOTS];          /* grow-only; fresh multi-megabyte buffers would page-fault on every call */
+    struct cpu_bf16_cache *bf16; /* cpu-bf16 on oneDNN's matmul; NULL otherwise */
+    const char *why;           /* why this variant was chosen (cpu-bf16's fallback says) */
+    char text[512];            /* describe()'s line */
+};
+#define CPU_STATE(be) ((struct cpu_state *)(be)->state)
+
+/* The slot's buffer, grown to at least `bytes` (fatal when memory runs out, as cpu_scratch). */
+void *cpu_cached_scratch(struct cpu_state *st, int slot, size_t bytes);
 
 /* cpu_gemm.c: the backend's gemm op, per library, and the log line describing it. */
-void cpu_gemm_openblas(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
-                       int ldb, float beta, float *c, int ldc);
-const char *cpu_describe_openblas(void);
+int cpu_gemm_openblas(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                      const float *b, int ldb, float beta, float *c, int ldc);
+const char *cpu_describe_openblas(OLMO_BE);
 #ifdef OLMOC_HAVE_ONEDNN
-void cpu_gemm_onednn(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
-                     int ldb, float beta, float *c, int ldc);
-const char *cpu_describe_onednn(void);
+int cpu_gemm_onednn(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                    const float *b, int ldb, float beta, float *c, int ldc);
+const char *cpu_describe_onednn(OLMO_BE);
 #endif
 #ifdef OLMOC_CPU_BF16
-void cpu_gemm_onednn_bf16(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                          const float *b, int ldb, float beta, float *c, int ldc);
-const char *cpu_describe_onednn_bf16(void);
-/* Whether oneDNN has a bf16 matmul on this processor; error set when not. */
-bool cpu_bf16_available(void);
+int cpu_gemm_onednn_bf16(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                         const float *b, int ldb, float beta, float *c, int ldc);
+const char *cpu_describe_onednn_bf16(OLMO_BE);
+/* Whether oneDNN has a bf16 matmul on this processor (makes st->bf16); error set when not. */
+bool cpu_bf16_available(struct cpu_state *st);
+void cpu_bf16_cache_free(struct cpu_bf16_cache *cache);
 #endif
 
 /* cpu-bf16 anywhere: operands rounded to bf16, then an fp32 GEMM (cpu_gemm.c). */
-void cpu_gemm_bf16_convert(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                           const float *b, int ldb, float beta, float *c, int ldc);
-const char *cpu_describe_bf16_convert(void);
+int cpu_gemm_bf16_convert(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                          const float *b, int ldb, float beta, float *c, int ldc);
+const char *cpu_describe_bf16_convert(OLMO_BE);
 
 /* cpu_attention.c: fp32 products, and bf16 products (cpu-bf16; fp32 where the
  * build has no AVX512-BF16 or head_dim is odd). */
-void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v, const int32_t *doc_ids,
-                       const struct olmo_attn_shape *s);
-void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                       const float *q, const float *k, const float *v, const int32_t *doc_ids,
-                       const struct olmo_attn_shape *s);
-void cpu_attention_fwd_bf16(float *out, float *lse, const float *q, const float *k, const float *v,
-                            const int32_t *doc_ids, const struct olmo_attn_shape *s);
-void cpu_attention_bwd_bf16(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                            const float *q, const float *k, const float *v, const int32_t *doc_ids,
-                            const struct olmo_attn_shape *s);
-void cpu_attention_cached(float *out, const float *q, const float *k_cache, const float *v_cache, int n, int pos0,
-                          int cap, const struct olmo_attn_shape *s);
+int cpu_attention_fwd(OLMO_BE, float *out, float *lse, const float *q, const float *k, const float *v,
+                      const int32_t *doc_ids, const struct olmo_attn_shape *s);
+int cpu_attention_bwd(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                      const float *q, const float *k, const float *v, const int32_t *doc_ids,
+                      const struct olmo_attn_shape *s);
+int cpu_attention_fwd_bf16(OLMO_BE, float *out, float *lse, const float *q, const float *k, const float *v,
+                           const int32_t *doc_ids, const struct olmo_attn_shape *s);
+int cpu_attention_bwd_bf16(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *out,
+                           const float *lse, const float *q, const float *k, const float *v, const int32_t *doc_ids,
+                           const struct olmo_attn_shape *s);
+int cpu_attention_cached(OLMO_BE, float *out, const float *q, const float *k_cache, const float *v_cache, int n,
+                         int pos0, int cap, const struct olmo_attn_shape *s);
 
 /* cpu_ops.c */
-void cpu_embedding_fwd(float *out, const float *table, const int32_t *tokens, int n, int dim);
-void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int n, int dim);
-void cpu_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, int n, int dim, float eps);
-void cpu_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w, const float *rstd, int n,
-                     int dim);
-void cpu_rope_fwd(float *x, const float *cos_t, const float *sin_t, int n_rows, int seq_len, int heads, int head_dim);
-void cpu_rope_bwd(float *dx, const float *cos_t, const float *sin_t, int n_rows, int seq_len, int heads,
-                  int head_dim);
-void cpu_swiglu_fwd(float *out, const float *g, const float *u, size_t n);
-void cpu_swiglu_bwd(float *dg, float *du, const float *ds, const float *g, const float *u, size_t n);
-void cpu_add(float *y, const float *a, const float *b, size_t n);
-void cpu_cross_entropy(float *logits, const int32_t *targets, int n, int vocab, float grad_scale, float z_mult,
-                       double *ce_sum, double *z_sum);
-double cpu_sum_squares(const float *x, size_t n);
-void cpu_scale(float *x, size_t n, float s);
-void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n, double lr, float beta1, float beta2,
-               float eps, double weight_decay, long step);
+int cpu_embedding_fwd(OLMO_BE, float *out, const float *table, const int32_t *tokens, int n, int dim);
+int cpu_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int32_t *tokens, int n, int dim);
+int cpu_rmsnorm_fwd(OLMO_BE, float *y, float *rstd, const float *x, const float *w, int n, int dim, float eps);
+int cpu_rmsnorm_bwd(OLMO_BE, float *dx, float *dw, const float *dy, const float *x, const float *w,
+                    const float *rstd, int n, int dim);
+int cpu_rope_fwd(OLMO_BE, float *x, const float *cos_t, const float *sin_t, int n_rows, int seq_len, int heads,
+                 int head_dim);
+int cpu_rope_bwd(OLMO_BE, float *dx, const float *cos_t, const float *sin_t, int n_rows, int seq_len, int heads,
+                 int head_dim);
+int cpu_swiglu_fwd(OLMO_BE, float *out, const float *g, const float *u, size_t n);
+int cpu_swiglu_bwd(OLMO_BE, float *dg, float *du, const float *ds, const float *g, const float *u, size_t n);
+int cpu_add(OLMO_BE, float *y, const float *a, const float *b, size_t n);
+int cpu_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
+                      float z_mult, double *ce_sum, double *z_sum);
+int cpu_sum_squares(OLMO_BE, const float *x, size_t n, double *out);
+int cpu_scale(OLMO_BE, float *x, size_t n, float s);
+int cpu_adamw(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr, float beta1,
+              float beta2, float eps, double weight_decay, long step);
 
 #endif

@@ -7,16 +7,19 @@
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_simd.h"
 
-void cpu_embedding_fwd(float *out, const float *table, const int32_t *tokens, int n, int dim) {
+int cpu_embedding_fwd(OLMO_BE, float *out, const float *table, const int32_t *tokens, int n, int dim) {
+    (void)be;
 #pragma omp parallel for if ((size_t)n * dim >= PAR_MIN)
     for (int i = 0; i < n; i++)
         memcpy(out + (size_t)i * dim, table + (size_t)tokens[i] * dim, sizeof(float) * (size_t)dim);
+    return 0;
 }
 
 /* Columns per task of the column-parallel loops: a multiple of the SIMD width. */
 enum { COL_BLOCK = 64 };
 
-void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int n, int dim) {
+int cpu_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int32_t *tokens, int n, int dim) {
+    (void)be;
     /* Parallel over columns, tokens in order inside: repeated ids never race
      * and every sum has the same order whatever the thread count. */
     const int blocks = (dim + COL_BLOCK - 1) / COL_BLOCK;
@@ -30,10 +33,12 @@ void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, 
             for (int j = j0; j < j1; j++) row[j] += g[j];
         }
     }
+    return 0;
 }
 
-void cpu_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, int n, int dim,
+int cpu_rmsnorm_fwd(OLMO_BE, float *y, float *rstd, const float *x, const float *w, int n, int dim,
                             float eps) {
+    (void)be;
 #pragma omp parallel for if ((size_t)n * dim >= PAR_MIN)
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * dim;
@@ -46,10 +51,12 @@ void cpu_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, int 
 #pragma omp simd
         for (int j = 0; j < dim; j++) yi[j] = w[j] * (xi[j] * r);
     }
+    return 0;
 }
 
-void cpu_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
+int cpu_rmsnorm_bwd(OLMO_BE, float *dx, float *dw, const float *dy, const float *x, const float *w,
                             const float *rstd, int n, int dim) {
+    (void)be;
     const bool par = (size_t)n * dim >= PAR_MIN;
     /* dw first (dx may alias dy): parallel over columns, rows summed in order. */
     const int blocks = (dim + COL_BLOCK - 1) / COL_BLOCK;
@@ -77,6 +84,7 @@ void cpu_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, cons
 #pragma omp simd
         for (int j = 0; j < dim; j++) dxi[j] = r * (dyi[j] * w[j] - xi[j] * r * mean);
     }
+    return 0;
 }
 
 /* sign = +1 rotates forward, -1 applies the transpose (the backward pass). */
@@ -99,24 +107,31 @@ static void rope_apply(float *x, const float *cos_t, const float *sin_t, int n_r
     }
 }
 
-void cpu_rope_fwd(float *x, const float *cos_t, const float *sin_t, int n_rows, int seq_len,
+int cpu_rope_fwd(OLMO_BE, float *x, const float *cos_t, const float *sin_t, int n_rows, int seq_len,
                          int heads, int head_dim) {
+    (void)be;
     rope_apply(x, cos_t, sin_t, n_rows, seq_len, heads, head_dim, 1.0f);
+    return 0;
 }
 
-void cpu_rope_bwd(float *dx, const float *cos_t, const float *sin_t, int n_rows, int seq_len,
+int cpu_rope_bwd(OLMO_BE, float *dx, const float *cos_t, const float *sin_t, int n_rows, int seq_len,
                          int heads, int head_dim) {
+    (void)be;
     rope_apply(dx, cos_t, sin_t, n_rows, seq_len, heads, head_dim, -1.0f);
+    return 0;
 }
 
 /* silu(x) = x / (1 + exp(-x)) */
-void cpu_swiglu_fwd(float *out, const float *g, const float *u, size_t n) {
+int cpu_swiglu_fwd(OLMO_BE, float *out, const float *g, const float *u, size_t n) {
+    (void)be;
 #pragma omp parallel for simd if (parallel : n >= PAR_MIN)
     for (size_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + fast_expf(-g[i])) * u[i];
+    return 0;
 }
 
-void cpu_swiglu_bwd(float *dg, float *du, const float *ds, const float *g, const float *u,
+int cpu_swiglu_bwd(OLMO_BE, float *dg, float *du, const float *ds, const float *g, const float *u,
                            size_t n) {
+    (void)be;
 #pragma omp parallel for simd if (parallel : n >= PAR_MIN)
     for (size_t i = 0; i < n; i++) {
         float sig = 1.0f / (1.0f + fast_expf(-g[i]));
@@ -124,15 +139,19 @@ void cpu_swiglu_bwd(float *dg, float *du, const float *ds, const float *g, const
         du[i] = ds[i] * sl;
         dg[i] = ds[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
     }
+    return 0;
 }
 
-void cpu_add(float *y, const float *a, const float *b, size_t n) {
+int cpu_add(OLMO_BE, float *y, const float *a, const float *b, size_t n) {
+    (void)be;
 #pragma omp parallel for simd if (parallel : n >= PAR_MIN)
     for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+    return 0;
 }
 
-void cpu_cross_entropy(float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
+int cpu_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
                               float z_mult, double *ce_sum, double *z_sum) {
+    (void)be;
     /* per-row results, summed in row order afterwards: deterministic */
     double *row_ce = cpu_scratch(sizeof(double) * 2 * (size_t)(n > 0 ? n : 1)), *row_z = row_ce + n;
 #pragma omp parallel for if ((size_t)n * vocab >= PAR_MIN)
@@ -169,14 +188,19 @@ void cpu_cross_entropy(float *logits, const int32_t *targets, int n, int vocab, 
     free(row_ce);
     *ce_sum = ce;
     *z_sum = zz;
+    return 0;
 }
 
 /* Fixed-size chunks (not per-thread) so the sum is the same for any thread count. */
 enum { SUM_CHUNK = 1 << 16 };
 
-double cpu_sum_squares(const float *x, size_t n) {
+int cpu_sum_squares(OLMO_BE, const float *x, size_t n, double *out) {
+    (void)be;
     const size_t chunks = (n + SUM_CHUNK - 1) / SUM_CHUNK;
-    if (chunks == 0) return 0.0;
+    if (chunks == 0) {
+        *out = 0.0;
+        return 0;
+    }
     double *part = cpu_scratch(sizeof(double) * chunks);
 #pragma omp parallel for if (chunks > 1)
     for (size_t c = 0; c < chunks; c++) {
@@ -189,16 +213,20 @@ double cpu_sum_squares(const float *x, size_t n) {
     double total = 0.0;
     for (size_t c = 0; c < chunks; c++) total += part[c];
     free(part);
-    return total;
+    *out = total;
+    return 0;
 }
 
-void cpu_scale(float *x, size_t n, float s) {
+int cpu_scale(OLMO_BE, float *x, size_t n, float s) {
+    (void)be;
 #pragma omp parallel for simd if (parallel : n >= PAR_MIN)
     for (size_t i = 0; i < n; i++) x[i] *= s;
+    return 0;
 }
 
-void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n, double lr,
+int cpu_adamw(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr,
                       float beta1, float beta2, float eps, double weight_decay, long step) {
+    (void)be;
     /* Same operation order as torch.optim.AdamW (single-tensor path). */
     /* torch computes these scalars in Python (double) before the fp32 loop. */
     const double bc1 = 1.0 - pow(beta1, (double)step);
@@ -216,5 +244,6 @@ void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n, do
         v[i] = vi;
         param[i] = p - step_size * mi / denom;
     }
+    return 0;
 }
 

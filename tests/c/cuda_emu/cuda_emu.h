@@ -143,6 +143,7 @@ typedef enum {
 typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 
 cublasStatus_t cublasCreate(cublasHandle_t *handle);
+cublasStatus_t cublasDestroy(cublasHandle_t handle);
 cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);
 const char *cublasGetStatusString(cublasStatus_t status);
 cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
