@@ -131,13 +131,13 @@ static void measure_sgemm(int m, int n, int k, int ta, int tb, double seconds, c
     int lda = ta ? m : k, ldb = tb ? k : n;
     double flop = 2.0 * m * n * (double)k;
     /* warm up, then time repetitions until `seconds` pass; report the median */
-    be->gemm(be, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
+    be->gemm(be, ta, tb, m, n, k, 1.0f, a, OLMO_F32, lda, b, OLMO_F32, ldb, 0.0f, c, n);
     double times[256];
     int reps = 0;
     double start = now();
     while (reps < 256 && (reps < 3 || now() - start < seconds)) {
         double t0 = now();
-        be->gemm(be, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
+        be->gemm(be, ta, tb, m, n, k, 1.0f, a, OLMO_F32, lda, b, OLMO_F32, ldb, 0.0f, c, n);
         times[reps++] = now() - t0;
     }
     for (int i = 1; i < reps; i++) /* insertion sort for the median */

@@ -23,6 +23,31 @@ struct olmo_attn_shape {
     float scale; /* softmax scale, 1/sqrt(head_dim) */
 };
 
+/* Element types of backend buffers and GEMM operands. */
+enum olmo_float_type { OLMO_F32, OLMO_BF16 };
+size_t olmo_float_type_size(enum olmo_float_type dtype);
+
+/* What a buffer holds.  Master weights, their gradients and the optimizer
+ * state are fp32 on every backend; a backend that computes in bf16
+ * (compute_dtype below) multiplies by a bf16 COMPUTE_COPY of the weights,
+ * which the model refreshes (convert) whenever the weights change. */
+enum olmo_buf_role {
+    OLMO_BUF_WEIGHT,       /* fp32 master weights */
+    OLMO_BUF_GRAD,         /* fp32 gradients */
+    OLMO_BUF_OPTIM_STATE,  /* fp32 AdamW moments */
+    OLMO_BUF_COMPUTE_COPY, /* the weights in compute_dtype, refreshed from the master weights */
+    OLMO_BUF_ACTIVATION,   /* saved for the backward pass */
+    OLMO_BUF_SCRATCH       /* reused within a step */
+};
+
+/* A typed buffer of backend memory (olmo_buf_alloc / olmo_buf_free). */
+struct olmo_buf {
+    void *data;
+    size_t numel;
+    enum olmo_float_type dtype;
+    enum olmo_buf_role role;
+};
+
 struct olmo_dist;
 struct olmo_backend;
 /* Every op takes the backend instance first (its state: scratch memory,
@@ -40,6 +65,10 @@ struct olmo_backend {
     const char *name;
     bool host_memory; /* alloc returns host memory (MPI can move it directly) */
     void *state;      /* the implementation's own; callers never touch it */
+    /* The type its GEMMs multiply in: OLMO_BF16 (cpu-bf16, cuda-bf16) makes the
+     * model keep a bf16 compute copy of the weights and pass that to gemm, so
+     * the weight operand is not converted on every call; OLMO_F32 otherwise. */
+    enum olmo_float_type compute_dtype;
     /* Frees `state` and whatever it holds (called by olmo_backend_destroy); may be NULL. */
     void (*destroy)(struct olmo_backend *be);
     /* What computes, for log headers, e.g. "GEMMs: oneDNN 2.6.3, AVX-512 JIT kernels"; may be NULL. */
@@ -62,9 +91,17 @@ struct olmo_backend {
      * asynchronously); NULL where each op returns when it is done (CPU). */
     int (*synchronize)(OLMO_BE);
 
-    /* c = alpha * op(a) @ op(b) + beta * c; op(a) is m x k, op(b) is k x n. */
-    int (*gemm)(OLMO_BE, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a, int lda,
-                const float *b, int ldb, float beta, float *c, int ldc);
+    /* dst[i] = src[i] for n elements, converting between types (fp32 -> bf16
+     * rounds to nearest even, bf16 -> fp32 is exact). */
+    int (*convert)(OLMO_BE, void *dst, enum olmo_float_type dst_type, const void *src, enum olmo_float_type src_type, size_t n);
+
+    /* c = alpha * op(a) @ op(b) + beta * c; op(a) is m x k, op(b) is k x n; c is
+     * fp32, a and b are of a_type / b_type (leading dimensions in elements).
+     * A bf16-computing backend rounds fp32 operands to bf16 first; an fp32 one
+     * widens bf16 operands (exactly). */
+    int (*gemm)(OLMO_BE, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void *a,
+                enum olmo_float_type a_type, int lda, const void *b, enum olmo_float_type b_type, int ldb, float beta, float *c,
+                int ldc);
 
     int (*embedding_fwd)(OLMO_BE, float *out, const float *table, const int32_t *tokens, int n, int dim);
     int (*embedding_bwd)(OLMO_BE, float *dtable, const float *dout, const int32_t *tokens, int n, int dim);
@@ -175,7 +212,8 @@ struct olmo_backend *olmo_backend_cpu_create(enum olmo_cpu_gemm_library library)
  * other op, the master weights, gradients and AdamW state are fp32 in all:
  *   OLMO_CUDA_FP32  fp32 SGEMM (matches the CPU backend within fp32 rounding);
  *   OLMO_CUDA_TF32  fp32 operands on TF32 tensor cores, fp32 accumulation;
- *   OLMO_CUDA_BF16  operands rounded to bf16 per call, fp32 accumulation and output;
+ *   OLMO_CUDA_BF16  bf16 operands (weights from the model's bf16 compute copy, activations
+ *                   rounded per call), fp32 accumulation and output;
  *   OLMO_CUDA_BF16_CUBLAS  the same inside cuBLAS (CUBLAS_COMPUTE_32F_FAST_16BF on the
  *                   fp32 operands: no conversion passes, cuBLAS's own rounding).
  * Both bf16 variants also run attention's products on bf16 tensor cores.
@@ -191,6 +229,12 @@ struct olmo_backend *olmo_backend_cuda_create(enum olmo_cuda_gemm_precision prec
  * seq_len >= 0), then the backend's check_attention.  0, or -1 with the error
  * set naming the backend and the reason. */
 int olmo_backend_check_attention(const struct olmo_backend *be, const struct olmo_attn_shape *shape);
+
+/* numel elements of dtype in be's memory (zero-filled), labelled with role;
+ * 0, or -1 with the error set.  olmo_buf_free frees it (and zeroes *buf). */
+int olmo_buf_alloc(const struct olmo_backend *be, struct olmo_buf *buf, size_t numel, enum olmo_float_type dtype,
+                   enum olmo_buf_role role);
+void olmo_buf_free(const struct olmo_backend *be, struct olmo_buf *buf);
 
 /* A new instance of the backend named "cpu", "cpu-openblas", "cpu-onednn",
  * "cpu-bf16", and when built with CUDA "cuda" (fp32), "cuda-tf32", "cuda-bf16",

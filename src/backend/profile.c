@@ -10,7 +10,7 @@ enum {
     P_GEMM, P_EMBED, P_RMSNORM, P_ROPE, P_ATTN_FWD, P_ATTN_BWD, P_SWIGLU, P_ADD, P_CE, P_OPTIM, P_COPY, P_COUNT
 };
 static const char *const names[P_COUNT] = {"gemm", "embedding", "rmsnorm", "rope", "attention fwd", "attention bwd",
-                                           "swiglu", "add", "cross-entropy", "optimizer + norm", "copy/zero"};
+                                           "swiglu", "add", "cross-entropy", "optimizer + norm", "copy/zero/convert"};
 /* per GEMM shape: the first MAX_SHAPES distinct (m, n, k, ta, tb, beta != 0) */
 enum { MAX_SHAPES = 64 };
 struct shape_stat {
@@ -63,6 +63,11 @@ static int p_copy(OLMO_BE, void *dst, const void *src, size_t bytes) {
     TIMED(P_COPY, in->copy(in, dst, src, bytes));
     return rc;
 }
+static int p_convert(OLMO_BE, void *dst, enum olmo_float_type dst_type, const void *src, enum olmo_float_type src_type,
+                     size_t n) {
+    TIMED(P_COPY, in->convert(in, dst, dst_type, src, src_type, n));
+    return rc;
+}
 
 static void count_gemm(struct prof *p, bool ta, bool tb, int m, int n, int k, bool accumulate, double t) {
     p->gemm_flops += 2.0 * m * n * (double)k;
@@ -78,10 +83,10 @@ static void count_gemm(struct prof *p, bool ta, bool tb, int m, int n, int k, bo
     }
 }
 
-static int p_gemm(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                  const float *b, int ldb, float beta, float *c, int ldc) {
+static int p_gemm(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const void *a, enum olmo_float_type a_type,
+                  int lda, const void *b, enum olmo_float_type b_type, int ldb, float beta, float *c, int ldc) {
     const double before = PROF(be)->seconds[P_GEMM];
-    TIMED(P_GEMM, in->gemm(in, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
+    TIMED(P_GEMM, in->gemm(in, ta, tb, m, n, k, alpha, a, a_type, lda, b, b_type, ldb, beta, c, ldc));
     if (p_->enabled) count_gemm(p_, ta, tb, m, n, k, beta != 0.0f, p_->seconds[P_GEMM] - before);
     return rc;
 }
@@ -220,7 +225,8 @@ struct olmo_backend *olmo_backend_profiled(const struct olmo_backend *inner) {
     /* the inner instance's optional ops stay optional (NULL) in the wrapper */
     *be = (struct olmo_backend){
         .name = inner->name, /* callers dispatch on it */
-        .host_memory = inner->host_memory, .state = p, .destroy = p_destroy,
+        .host_memory = inner->host_memory, .state = p, .compute_dtype = inner->compute_dtype, .destroy = p_destroy,
+        .convert = p_convert,
         .describe = inner->describe ? p_describe : NULL, .alloc = p_alloc, .free = p_free,
         .to_device = p_to_device, .to_host = p_to_host, .zero = p_zero, .copy = p_copy,
         .check_attention = inner->check_attention ? p_check_attention : NULL,

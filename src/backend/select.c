@@ -43,3 +43,20 @@ int olmo_backend_check_attention(const struct olmo_backend *be, const struct olm
         return olmo_error_context("backend '%s' cannot run this model's attention", be->name);
     return 0;
 }
+
+size_t olmo_float_type_size(enum olmo_float_type dtype) { return dtype == OLMO_BF16 ? 2 : 4; }
+
+int olmo_buf_alloc(const struct olmo_backend *be, struct olmo_buf *buf, size_t numel, enum olmo_float_type dtype,
+                   enum olmo_buf_role role) {
+    *buf = (struct olmo_buf){.numel = numel, .dtype = dtype, .role = role};
+    if (!(buf->data = be->alloc(be, numel * olmo_float_type_size(dtype)))) {
+        buf->numel = 0;
+        return -1;
+    }
+    return 0;
+}
+
+void olmo_buf_free(const struct olmo_backend *be, struct olmo_buf *buf) {
+    if (buf->data) be->free(be, buf->data);
+    *buf = (struct olmo_buf){0};
+}

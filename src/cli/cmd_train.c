@@ -79,10 +79,10 @@ static double measure_peak_flops(const struct olmo_backend *be) {
     float *a = be->alloc(be, bytes), *b = be->alloc(be, bytes), *c = be->alloc(be, bytes);
     double best = 0.0;
     if (a && b && c) {
-        be->gemm(be, false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up */
+        be->gemm(be, false, false, n, n, n, 1.0f, a, OLMO_F32, n, b, OLMO_F32, n, 0.0f, c, n); /* warm-up */
         for (int rep = 0; rep < 3; rep++) {
             double t0 = olmo_now_seconds();
-            be->gemm(be, false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+            be->gemm(be, false, false, n, n, n, 1.0f, a, OLMO_F32, n, b, OLMO_F32, n, 0.0f, c, n);
             double dt = olmo_now_seconds() - t0;
             if (dt > 0 && 2.0 * n * n * (double)n / dt > best) best = 2.0 * n * n * (double)n / dt;
         }

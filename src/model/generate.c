@@ -126,7 +126,7 @@ int olmo_gen_feed(struct olmo_gen *g, const int32_t *tokens, int n, float *logit
     /* Only the last position's logits are needed. */
     const float *last = g->x + (size_t)(n - 1) * D;
     if (be->rmsnorm_fwd(be, g->xn, g->rstd, last, m->final_norm, 1, D, eps) ||
-        be->gemm(be, false, true, 1, V, D, 1.0f, g->xn, D, m->lm_head, D, 0.0f, g->logits, V) ||
+        be->gemm(be, false, true, 1, V, D, 1.0f, g->xn, OLMO_F32, D, olmo_model_weight(m, m->lm_head), olmo_model_weight_type(m), D, 0.0f, g->logits, V) ||
         be->to_host(be, logits_out, g->logits, sizeof(float) * (size_t)V))
         return -1;
     return 0;

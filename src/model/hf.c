@@ -355,6 +355,7 @@ int olmo_hf_load_weights(struct olmo_model *m, const char *dir) {
                 rc = olmo_error("'%s' has unexpected tensor '%s' (config mismatch?)", s->files[k].path, name);
         }
     if (!rc) rc = m->be->to_device(m->be, m->weights, host, m->n_floats * sizeof(float));
+    if (!rc) rc = olmo_model_sync_weights(m);
 done:
     if (s)
         for (int k = 0; k < s->n; k++) st_close(&s->files[k]);

@@ -8,6 +8,9 @@
 #include "util/error.h"
 #include "util/rng.h"
 
+/* A weight as a GEMM operand: two arguments, the pointer and its type (olmo_model_weight). */
+#define WEIGHT(ptr) olmo_model_weight(m, (ptr)), olmo_model_weight_type(m)
+
 /* A backend op's status: return -1 (its error stays set) when it failed. */
 #define TRY(call)                        \
     do {                                 \
@@ -120,6 +123,10 @@ int olmo_model_create(struct olmo_model *m, const struct olmo_model_config *cfg,
     m->weights = be->alloc(be, m->n_floats * sizeof(float));
     m->grads = be->alloc(be, m->n_floats * sizeof(float));
     if (!m->weights || !m->grads) return olmo_error_context("model parameters (%zu floats)", m->n_floats);
+    /* a backend that multiplies in bf16 gets a bf16 compute copy of the weights (olmo_model_sync_weights) */
+    if (be->compute_dtype != OLMO_F32 &&
+        olmo_buf_alloc(be, &m->compute, m->n_floats, be->compute_dtype, OLMO_BUF_COMPUTE_COPY))
+        return olmo_error_context("compute copy of the weights (%zu elements)", m->n_floats);
     bind_tensors(m, m->weights, m->lw, &m->embed, &m->final_norm, &m->lm_head);
     bind_tensors(m, m->grads, m->lg, &m->d_embed, &m->d_final_norm, &m->d_lm_head);
     return 0;
@@ -150,6 +157,7 @@ static void free_acts(struct olmo_model *m) {
 void olmo_model_destroy(struct olmo_model *m) {
     if (!m->be) return;
     free_acts(m);
+    olmo_buf_free(m->be, &m->compute);
     m->be->free(m->be, m->weights);
     m->be->free(m->be, m->grads);
     free(m->params);
@@ -178,7 +186,21 @@ int olmo_model_init_weights(struct olmo_model *m, uint64_t seed) {
     }
     const int rc = m->be->to_device(m->be, m->weights, host, n * sizeof(float));
     free(host);
-    return rc;
+    return rc ? rc : olmo_model_sync_weights(m);
+}
+
+int olmo_model_sync_weights(struct olmo_model *m) {
+    if (!m->compute.numel) return 0;
+    return m->be->convert(m->be, m->compute.data, m->compute.dtype, m->weights, OLMO_F32, m->n_floats);
+}
+
+const void *olmo_model_weight(const struct olmo_model *m, const float *w) {
+    if (!m->compute.numel) return w;
+    return (const char *)m->compute.data + (size_t)(w - m->weights) * olmo_float_type_size(m->compute.dtype);
+}
+
+enum olmo_float_type olmo_model_weight_type(const struct olmo_model *m) {
+    return m->compute.numel ? m->compute.dtype : OLMO_F32;
 }
 
 const struct olmo_param *olmo_model_find_param(const struct olmo_model *m, const char *name) {
@@ -312,9 +334,9 @@ int olmo_layer_forward(const struct olmo_model *m, int layer, const struct olmo_
     const int N = shape->batch * shape->seq_len, D = c->d_model, Q = m->q_dim, K = m->kv_dim, F = c->mlp_hidden;
     const float eps = (float)c->rms_norm_eps;
     /* attention block: h = x + norm(o_proj(attn(rope(qnorm(q)), rope(knorm(k)), v))) */
-    TRY(be->gemm(be, false, true, N, Q, D, 1.0f, a->x, D, w->wq, D, 0.0f, a->q_raw, Q));
-    TRY(be->gemm(be, false, true, N, K, D, 1.0f, a->x, D, w->wk, D, 0.0f, a->k_raw, K));
-    TRY(be->gemm(be, false, true, N, K, D, 1.0f, a->x, D, w->wv, D, 0.0f, a->v, K));
+    TRY(be->gemm(be, false, true, N, Q, D, 1.0f, a->x, OLMO_F32, D, WEIGHT(w->wq), D, 0.0f, a->q_raw, Q));
+    TRY(be->gemm(be, false, true, N, K, D, 1.0f, a->x, OLMO_F32, D, WEIGHT(w->wk), D, 0.0f, a->k_raw, K));
+    TRY(be->gemm(be, false, true, N, K, D, 1.0f, a->x, OLMO_F32, D, WEIGHT(w->wv), D, 0.0f, a->v, K));
     TRY(be->rmsnorm_fwd(be, a->q, a->rstd_q, a->q_raw, w->q_norm, N, Q, eps));
     TRY(be->rmsnorm_fwd(be, a->k, a->rstd_k, a->k_raw, w->k_norm, N, K, eps));
     TRY(be->rope_fwd(be, a->q, rope_cos, rope_sin, N, shape->seq_len, c->n_heads, m->head_dim));
@@ -326,14 +348,14 @@ int olmo_layer_forward(const struct olmo_model *m, int layer, const struct olmo_
     } else {
         TRY(be->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, doc_ids, shape));
     }
-    TRY(be->gemm(be, false, true, N, D, Q, 1.0f, a->att, Q, w->wo, Q, 0.0f, a->o, D));
+    TRY(be->gemm(be, false, true, N, D, Q, 1.0f, a->att, OLMO_F32, Q, WEIGHT(w->wo), Q, 0.0f, a->o, D));
     TRY(be->rmsnorm_fwd(be, tmp, a->rstd_o, a->o, w->attn_norm, N, D, eps));
     TRY(be->add(be, a->h, a->x, tmp, (size_t)N * D));
     /* MLP block: out = h + norm(down(silu(gate(h)) * up(h))) */
-    TRY(be->gemm(be, false, true, N, F, D, 1.0f, a->h, D, w->gate, D, 0.0f, a->g, F));
-    TRY(be->gemm(be, false, true, N, F, D, 1.0f, a->h, D, w->up, D, 0.0f, a->u, F));
+    TRY(be->gemm(be, false, true, N, F, D, 1.0f, a->h, OLMO_F32, D, WEIGHT(w->gate), D, 0.0f, a->g, F));
+    TRY(be->gemm(be, false, true, N, F, D, 1.0f, a->h, OLMO_F32, D, WEIGHT(w->up), D, 0.0f, a->u, F));
     TRY(be->swiglu_fwd(be, a->s, a->g, a->u, (size_t)N * F));
-    TRY(be->gemm(be, false, true, N, D, F, 1.0f, a->s, F, w->down, F, 0.0f, a->m, D));
+    TRY(be->gemm(be, false, true, N, D, F, 1.0f, a->s, OLMO_F32, F, WEIGHT(w->down), F, 0.0f, a->m, D));
     TRY(be->rmsnorm_fwd(be, tmp, a->rstd_m, a->m, w->ff_norm, N, D, eps));
     TRY(be->add(be, out, a->h, tmp, (size_t)N * D));
     return 0;
@@ -372,7 +394,7 @@ int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_mas
                                doc_masking ? m->doc_ids : NULL, NULL));
     }
     TRY(be->rmsnorm_fwd(be, m->xn_final, m->rstd_final, m->x_final, m->final_norm, N, D, eps));
-    TRY(be->gemm(be, false, true, N, V, D, 1.0f, m->xn_final, D, m->lm_head, D, 0.0f, m->logits, V));
+    TRY(be->gemm(be, false, true, N, V, D, 1.0f, m->xn_final, OLMO_F32, D, WEIGHT(m->lm_head), D, 0.0f, m->logits, V));
     return 0;
 }
 
@@ -391,8 +413,8 @@ int olmo_model_backward(struct olmo_model *m) {
               V = c->vocab_size;
     const size_t ND = (size_t)N * D;
     /* LM head and final norm; m->logits holds dL/dlogits. */
-    TRY(be->gemm(be, false, false, N, D, V, 1.0f, m->logits, V, m->lm_head, D, 0.0f, m->dtmp, D));
-    TRY(be->gemm(be, true, false, V, D, N, 1.0f, m->logits, V, m->xn_final, D, 1.0f, m->d_lm_head, D));
+    TRY(be->gemm(be, false, false, N, D, V, 1.0f, m->logits, OLMO_F32, V, WEIGHT(m->lm_head), D, 0.0f, m->dtmp, D));
+    TRY(be->gemm(be, true, false, V, D, N, 1.0f, m->logits, OLMO_F32, V, m->xn_final, OLMO_F32, D, 1.0f, m->d_lm_head, D));
     TRY(be->rmsnorm_bwd(be, m->dx, m->d_final_norm, m->dtmp, m->x_final, m->final_norm, m->rstd_final, N, D));
     /* m->dx: gradient w.r.t. the current layer's output. */
     for (int l = c->n_layers - 1; l >= 0; l--) {
@@ -403,18 +425,18 @@ int olmo_model_backward(struct olmo_model *m) {
         attn_shape(m, l, &shape);
         /* MLP block */
         TRY(be->rmsnorm_bwd(be, m->dtmp, g->ff_norm, m->dx, a->m, w->ff_norm, a->rstd_m, N, D));
-        TRY(be->gemm(be, false, false, N, F, D, 1.0f, m->dtmp, D, w->down, F, 0.0f, m->ds, F));
-        TRY(be->gemm(be, true, false, D, F, N, 1.0f, m->dtmp, D, a->s, F, 1.0f, g->down, F));
+        TRY(be->gemm(be, false, false, N, F, D, 1.0f, m->dtmp, OLMO_F32, D, WEIGHT(w->down), F, 0.0f, m->ds, F));
+        TRY(be->gemm(be, true, false, D, F, N, 1.0f, m->dtmp, OLMO_F32, D, a->s, OLMO_F32, F, 1.0f, g->down, F));
         TRY(be->swiglu_bwd(be, m->dg, m->du, m->ds, a->g, a->u, (size_t)N * F));
         TRY(be->copy(be, m->dh, m->dx, ND * sizeof(float)));
-        TRY(be->gemm(be, false, false, N, D, F, 1.0f, m->dg, F, w->gate, D, 1.0f, m->dh, D));
-        TRY(be->gemm(be, false, false, N, D, F, 1.0f, m->du, F, w->up, D, 1.0f, m->dh, D));
-        TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->dg, F, a->h, D, 1.0f, g->gate, D));
-        TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->du, F, a->h, D, 1.0f, g->up, D));
+        TRY(be->gemm(be, false, false, N, D, F, 1.0f, m->dg, OLMO_F32, F, WEIGHT(w->gate), D, 1.0f, m->dh, D));
+        TRY(be->gemm(be, false, false, N, D, F, 1.0f, m->du, OLMO_F32, F, WEIGHT(w->up), D, 1.0f, m->dh, D));
+        TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->dg, OLMO_F32, F, a->h, OLMO_F32, D, 1.0f, g->gate, D));
+        TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->du, OLMO_F32, F, a->h, OLMO_F32, D, 1.0f, g->up, D));
         /* attention block */
         TRY(be->rmsnorm_bwd(be, m->dtmp, g->attn_norm, m->dh, a->o, w->attn_norm, a->rstd_o, N, D));
-        TRY(be->gemm(be, false, false, N, Q, D, 1.0f, m->dtmp, D, w->wo, Q, 0.0f, m->datt, Q));
-        TRY(be->gemm(be, true, false, D, Q, N, 1.0f, m->dtmp, D, a->att, Q, 1.0f, g->wo, Q));
+        TRY(be->gemm(be, false, false, N, Q, D, 1.0f, m->dtmp, OLMO_F32, D, WEIGHT(w->wo), Q, 0.0f, m->datt, Q));
+        TRY(be->gemm(be, true, false, D, Q, N, 1.0f, m->dtmp, OLMO_F32, D, a->att, OLMO_F32, Q, 1.0f, g->wo, Q));
         TRY(be->attention_bwd(be, m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v,
                           m->use_doc_ids ? m->doc_ids : NULL, &shape));
         TRY(be->rope_bwd(be, m->dq, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_heads, m->head_dim));
@@ -422,12 +444,12 @@ int olmo_model_backward(struct olmo_model *m) {
         TRY(be->rmsnorm_bwd(be, m->dq, g->q_norm, m->dq, a->q_raw, w->q_norm, a->rstd_q, N, Q));
         TRY(be->rmsnorm_bwd(be, m->dk, g->k_norm, m->dk, a->k_raw, w->k_norm, a->rstd_k, N, K));
         TRY(be->copy(be, m->dx, m->dh, ND * sizeof(float)));
-        TRY(be->gemm(be, false, false, N, D, Q, 1.0f, m->dq, Q, w->wq, D, 1.0f, m->dx, D));
-        TRY(be->gemm(be, false, false, N, D, K, 1.0f, m->dk, K, w->wk, D, 1.0f, m->dx, D));
-        TRY(be->gemm(be, false, false, N, D, K, 1.0f, m->dv, K, w->wv, D, 1.0f, m->dx, D));
-        TRY(be->gemm(be, true, false, Q, D, N, 1.0f, m->dq, Q, a->x, D, 1.0f, g->wq, D));
-        TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dk, K, a->x, D, 1.0f, g->wk, D));
-        TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dv, K, a->x, D, 1.0f, g->wv, D));
+        TRY(be->gemm(be, false, false, N, D, Q, 1.0f, m->dq, OLMO_F32, Q, WEIGHT(w->wq), D, 1.0f, m->dx, D));
+        TRY(be->gemm(be, false, false, N, D, K, 1.0f, m->dk, OLMO_F32, K, WEIGHT(w->wk), D, 1.0f, m->dx, D));
+        TRY(be->gemm(be, false, false, N, D, K, 1.0f, m->dv, OLMO_F32, K, WEIGHT(w->wv), D, 1.0f, m->dx, D));
+        TRY(be->gemm(be, true, false, Q, D, N, 1.0f, m->dq, OLMO_F32, Q, a->x, OLMO_F32, D, 1.0f, g->wq, D));
+        TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dk, OLMO_F32, K, a->x, OLMO_F32, D, 1.0f, g->wk, D));
+        TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dv, OLMO_F32, K, a->x, OLMO_F32, D, 1.0f, g->wv, D));
     }
     TRY(be->embedding_bwd(be, m->d_embed, m->dx, m->tokens, N, D));
     return 0;

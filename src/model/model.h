@@ -44,7 +44,11 @@ struct olmo_model {
     int n_tensors;
     struct olmo_param *params;
     size_t n_floats;
-    float *weights, *grads; /* flat backend buffers, same layout */
+    float *weights, *grads; /* flat backend buffers, same layout: fp32 master weights and gradients */
+    /* The weights in the backend's compute_dtype (bf16 on cpu-bf16 and cuda-bf16), same layout, which the
+     * GEMMs read instead of `weights`; numel 0 where the backend computes in fp32.  Whoever changes
+     * `weights` calls olmo_model_sync_weights (loading, init, the optimizer step and its all-gather). */
+    struct olmo_buf compute;
     struct olmo_layer_tensors *lw, *lg;
     float *embed, *final_norm, *lm_head;
     float *d_embed, *d_final_norm, *d_lm_head;
@@ -64,6 +68,11 @@ int olmo_model_create(struct olmo_model *m, const struct olmo_model_config *cfg,
 void olmo_model_destroy(struct olmo_model *m);
 /* OLMo-core init: every matrix ~ truncated normal(0, init_std, +-3 std), norm weights = 1. */
 int olmo_model_init_weights(struct olmo_model *m, uint64_t seed);
+/* Refreshes the compute copy from the master weights (no-op without one). */
+int olmo_model_sync_weights(struct olmo_model *m);
+/* Weight w (a pointer into m->weights) as a GEMM operand: its compute copy where there is one, and that type. */
+const void *olmo_model_weight(const struct olmo_model *m, const float *w);
+enum olmo_float_type olmo_model_weight_type(const struct olmo_model *m);
 /* Allocates activations for micro-batches of batch x seq_len (idempotent for the same shape). */
 int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len);
 const struct olmo_param *olmo_model_find_param(const struct olmo_model *m, const char *name);

@@ -41,6 +41,7 @@ int olmo_weights_load(struct olmo_model *m, const char *path) {
         if (!olmo_model_find_param(m, f.tensors[i].name))
             rc = olmo_error("'%s' has unexpected tensor '%s' (config mismatch?)", path, f.tensors[i].name);
     if (!rc) rc = m->be->to_device(m->be, m->weights, host, m->n_floats * sizeof(float));
+    if (!rc) rc = olmo_model_sync_weights(m);
     free(host);
     st_close(&f);
     return rc;

@@ -97,7 +97,7 @@ int olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res) {
     if (olmo_clip_grads(&tr->model, res->grad_norm, t->clip_grad_norm)) return -1;
     res->lr = olmo_lr_at(t, tr->opt.step + 1);
     if (olmo_optimizer_step(&tr->opt, &tr->model, t, res->lr)) return -1;
-    if (!tr->dist || tr->dist->world == 1) return 0;
+    if (!tr->dist || tr->dist->world == 1) return olmo_model_sync_weights(&tr->model);
     /* every rank updated its own shard: share them */
     size_t *offsets = olmo_malloc(sizeof(size_t) * (size_t)(tr->dist->world + 1), "shard offsets");
     if (!offsets) return -1;
@@ -105,7 +105,7 @@ int olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res) {
     int rc = tr->device_comm ? tr->model.be->comm_allgather(tr->model.be, tr->model.weights, offsets)
                              : olmo_dist_allgather_f32(tr->dist, tr->model.weights, offsets);
     free(offsets);
-    return rc;
+    return rc ? rc : olmo_model_sync_weights(&tr->model);
 }
 
 int olmo_trainer_step(struct olmo_trainer *tr, const int32_t *instances, struct olmo_step_result *res) {

@@ -84,7 +84,7 @@ static int quick_init(struct olmo_model *m, uint64_t seed) {
     }
     const int rc = m->be->to_device(m->be, m->weights, host, m->n_floats * sizeof(float));
     free(host);
-    return rc;
+    return rc ? rc : olmo_model_sync_weights(m);
 }
 
 int main(int argc, char **argv) {

@@ -229,8 +229,8 @@ static void test_gemm(void) {
                 struct dual a = dual_rand((size_t)a_rows * lda, 1.0), b = dual_rand((size_t)b_rows * ldb, 1.0);
                 struct dual c = dual_rand((size_t)m * ldc, 1.0);
                 const float alpha = 0.7f, beta = acc ? 1.3f : 0.0f;
-                ref->gemm(ref, ta, tb, m, n, k, alpha, a.r, lda, b.r, ldb, beta, c.r, ldc);
-                dut->gemm(dut, ta, tb, m, n, k, alpha, a.d, lda, b.d, ldb, beta, c.d, ldc);
+                ref->gemm(ref, ta, tb, m, n, k, alpha, a.r, OLMO_F32, lda, b.r, OLMO_F32, ldb, beta, c.r, ldc);
+                dut->gemm(dut, ta, tb, m, n, k, alpha, a.d, OLMO_F32, lda, b.d, OLMO_F32, ldb, beta, c.d, ldc);
                 char name[64];
                 snprintf(name, sizeof name, "gemm %s%s beta=%.1f", ta ? "T" : "N", tb ? "T" : "N", beta);
                 expect(name, c, tol.gemm);
@@ -241,8 +241,8 @@ static void test_gemm(void) {
     /* a square one, the model's most common case (x @ W^T) */
     const int s = 256;
     struct dual a = dual_rand((size_t)s * s, 1.0), b = dual_rand((size_t)s * s, 1.0), c = dual_zero((size_t)s * s);
-    ref->gemm(ref, false, true, s, s, s, 1.0f, a.r, s, b.r, s, 0.0f, c.r, s);
-    dut->gemm(dut, false, true, s, s, s, 1.0f, a.d, s, b.d, s, 0.0f, c.d, s);
+    ref->gemm(ref, false, true, s, s, s, 1.0f, a.r, OLMO_F32, s, b.r, OLMO_F32, s, 0.0f, c.r, s);
+    dut->gemm(dut, false, true, s, s, s, 1.0f, a.d, OLMO_F32, s, b.d, OLMO_F32, s, 0.0f, c.d, s);
     expect("gemm NT 256^3", c, tol.gemm);
     dual_free(&a);
     dual_free(&b);

@@ -144,7 +144,7 @@ static void test_gemm_library(enum olmo_cpu_gemm_library library, double tol) {
                         for (size_t i = 0; i < (size_t)m * ldc; i++) c[i] = NAN;
                     double *want = malloc(sizeof(double) * (size_t)m * n);
                     gemm_double(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, want);
-                    g->gemm(g, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+                    g->gemm(g, ta, tb, m, n, k, alpha, a, OLMO_F32, lda, b, OLMO_F32, ldb, beta, c, ldc);
                     double worst = 0.0;
                     for (int i = 0; i < m; i++)
                         for (int j = 0; j < n; j++) {
@@ -182,7 +182,7 @@ static void test_bf16_rounding(enum olmo_cpu_gemm_library library) {
     const float one = 1.0f, b[3] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-20f};
     const float want[3] = {1.0f, 1.0f + 0x1p-6f, 1.0f + 0x1p-7f};
     float c[3];
-    g->gemm(g, false, false, 1, 3, 1, 1.0f, &one, 1, b, 3, 0.0f, c, 3);
+    g->gemm(g, false, false, 1, 3, 1, 1.0f, &one, OLMO_F32, 1, b, OLMO_F32, 3, 0.0f, c, 3);
     const bool ok = c[0] == want[0] && c[1] == want[1] && c[2] == want[2];
     checks++;
     if (!ok) failures++;

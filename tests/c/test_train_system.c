@@ -14,6 +14,7 @@
 #include "model/generate.h"
 #include "model/model.h"
 #include "train/checkpoint.h"
+#include "train/trainer.h"
 #include "util/rng.h"
 
 static struct olmo_backend *be;
@@ -224,17 +225,17 @@ static void test_instances(void) {
     float *a = rand_buf((size_t)M * K, 1.0), *b = rand_buf((size_t)N * K, 1.0);
     float *c1 = be->alloc(be, sizeof(float) * M * N), *c2 = be->alloc(be, sizeof(float) * M * N),
           *c3 = be->alloc(be, sizeof(float) * M * N);
-    int rc = one->gemm(one, false, true, M, N, K, 1.0f, a, K, b, K, 0.0f, c1, N);
-    rc |= two->gemm(two, false, true, M, N, K, 1.0f, a, K, b, K, 0.0f, c2, N);
+    int rc = one->gemm(one, false, true, M, N, K, 1.0f, a, OLMO_F32, K, b, OLMO_F32, K, 0.0f, c1, N);
+    rc |= two->gemm(two, false, true, M, N, K, 1.0f, a, OLMO_F32, K, b, OLMO_F32, K, 0.0f, c2, N);
     olmo_backend_destroy(one);
-    rc |= two->gemm(two, false, true, M, N, K, 1.0f, a, K, b, K, 0.0f, c3, N);
+    rc |= two->gemm(two, false, true, M, N, K, 1.0f, a, OLMO_F32, K, b, OLMO_F32, K, 0.0f, c3, N);
     check(!rc && !memcmp(c1, c2, sizeof(float) * M * N) && !memcmp(c1, c3, sizeof(float) * M * N),
           "two instances: same products, independent lifetimes", 0);
     struct olmo_backend *p1 = olmo_backend_profiled(two), *p2 = olmo_backend_profiled(two);
     if (p1 && p2) {
-        p1->gemm(p1, false, true, M, N, K, 1.0f, a, K, b, K, 0.0f, c1, N);
-        p1->gemm(p1, false, true, M, N, K, 1.0f, a, K, b, K, 0.0f, c1, N);
-        p2->gemm(p2, false, true, M, N, K, 1.0f, a, K, b, K, 0.0f, c2, N);
+        p1->gemm(p1, false, true, M, N, K, 1.0f, a, OLMO_F32, K, b, OLMO_F32, K, 0.0f, c1, N);
+        p1->gemm(p1, false, true, M, N, K, 1.0f, a, OLMO_F32, K, b, OLMO_F32, K, 0.0f, c1, N);
+        p2->gemm(p2, false, true, M, N, K, 1.0f, a, OLMO_F32, K, b, OLMO_F32, K, 0.0f, c2, N);
     }
     const int n1 = p1 ? gemm_calls_reported(p1) : -1, n2 = p2 ? gemm_calls_reported(p2) : -1;
     check(n1 == 2 && n2 == 1, "profiled wrappers count their own calls (2 and 1)", n1 * 10 + n2);
@@ -243,6 +244,48 @@ static void test_instances(void) {
     olmo_backend_destroy(two);
     float *bufs[] = {a, b, c1, c2, c3};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+}
+
+/* cpu-bf16 multiplies by a bf16 compute copy of the weights: after
+ * initialisation and after every optimizer step it must be exactly the
+ * master weights rounded to nearest even (a missed refresh would leave the
+ * GEMMs on stale weights). */
+static void test_compute_copy(void) {
+    struct olmo_backend *bf = olmo_backend_create("cpu-bf16");
+    struct olmo_config cfg;
+    olmo_config_defaults(&cfg);
+    cfg.model = (struct olmo_model_config){.vocab_size = 61, .d_model = 32, .n_layers = 2, .n_heads = 4,
+                                           .n_kv_heads = 2, .mlp_hidden = 48, .rope_theta = 10000.0,
+                                           .sliding_window = 4, .full_attention_every = 2, .rms_norm_eps = 1e-6,
+                                           .init_std = 0.3, .eos_token_id = 0, .pad_token_id = 1};
+    cfg.train.seq_len = 16;
+    cfg.train.micro_batch = 2;
+    cfg.train.grad_accum = 1;
+    cfg.train.lr = 1e-2;
+    struct olmo_trainer tr;
+    if (!bf || olmo_trainer_init(&tr, &cfg, bf)) {
+        check(0, "cpu-bf16 trainer", 0);
+        olmo_backend_destroy(bf);
+        return;
+    }
+    struct olmo_model *m = &tr.model;
+    bool ok = m->compute.numel == m->n_floats && m->compute.dtype == OLMO_BF16 &&
+              m->compute.role == OLMO_BUF_COMPUTE_COPY && !olmo_model_init_weights(m, 5);
+    const size_t n = olmo_trainer_batch_rows(&tr) * (size_t)cfg.train.seq_len;
+    int32_t *batch = malloc(sizeof(int32_t) * n);
+    uint16_t *want = malloc(sizeof(uint16_t) * m->n_floats);
+    for (int step = 0; step <= 2 && ok && batch && want; step++) {
+        struct olmo_step_result res;
+        for (size_t i = 0; i < n; i++) batch[i] = (int32_t)(olmo_rng_next(&rng) % 61);
+        if (step > 0) ok = !olmo_trainer_step(&tr, batch, &res);
+        bf->convert(bf, want, OLMO_BF16, m->weights, OLMO_F32, m->n_floats);
+        ok = ok && !memcmp(want, m->compute.data, sizeof(uint16_t) * m->n_floats);
+    }
+    check(ok && batch && want, "cpu-bf16 compute copy == bf16(weights) after init and steps", 0);
+    free(batch);
+    free(want);
+    olmo_trainer_destroy(&tr);
+    olmo_backend_destroy(bf);
 }
 
 int main(void) {
@@ -259,6 +302,7 @@ int main(void) {
     test_sampler();
     test_hash();
     test_instances();
+    test_compute_copy();
     printf("%d/%d checks passed\n", checks - failures, checks);
     olmo_backend_destroy(be);
     return failures ? 1 : 0;

@@ -82,10 +82,11 @@ static void cpu_destroy(struct olmo_backend *be) {
 }
 
 /* Every op but the GEMM and attention's precision is the same in all CPU variants. */
-static struct olmo_backend *cpu_new(const char *name, int (*gemm)(OLMO_BE, bool, bool, int, int, int, float,
-                                                                  const float *, int, const float *, int, float,
-                                                                  float *, int),
-                                    const char *(*describe)(OLMO_BE), bool bf16_attention) {
+typedef int (*cpu_gemm_fn)(OLMO_BE, bool, bool, int, int, int, float, const void *, enum olmo_float_type, int,
+                           const void *, enum olmo_float_type, int, float, float *, int);
+
+/* bf16: cpu-bf16 (bf16 compute copies of the weights, attention's products in bf16) */
+static struct olmo_backend *cpu_new(const char *name, cpu_gemm_fn gemm, const char *(*describe)(OLMO_BE), bool bf16) {
     struct olmo_backend *be = olmo_calloc(1, sizeof *be, "backend");
     struct cpu_state *st = be ? olmo_calloc(1, sizeof *st, "CPU backend state") : NULL;
     if (!st) {
@@ -93,12 +94,13 @@ static struct olmo_backend *cpu_new(const char *name, int (*gemm)(OLMO_BE, bool,
         return NULL;
     }
     *be = (struct olmo_backend){
-        .name = name, .host_memory = true, .state = st, .destroy = cpu_destroy, .describe = describe,
+        .name = name, .host_memory = true, .state = st, .compute_dtype = bf16 ? OLMO_BF16 : OLMO_F32,
+        .destroy = cpu_destroy, .describe = describe, .convert = cpu_convert,
         .alloc = cpu_alloc, .free = cpu_free, .to_device = cpu_copy, .to_host = cpu_copy, .zero = cpu_zero,
         .copy = cpu_copy, .gemm = gemm, .embedding_fwd = cpu_embedding_fwd, .embedding_bwd = cpu_embedding_bwd,
         .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_bwd = cpu_rmsnorm_bwd, .rope_fwd = cpu_rope_fwd,
-        .rope_bwd = cpu_rope_bwd, .attention_fwd = bf16_attention ? cpu_attention_fwd_bf16 : cpu_attention_fwd,
-        .attention_bwd = bf16_attention ? cpu_attention_bwd_bf16 : cpu_attention_bwd, .swiglu_fwd = cpu_swiglu_fwd,
+        .rope_bwd = cpu_rope_bwd, .attention_fwd = bf16 ? cpu_attention_fwd_bf16 : cpu_attention_fwd,
+        .attention_bwd = bf16 ? cpu_attention_bwd_bf16 : cpu_attention_bwd, .swiglu_fwd = cpu_swiglu_fwd,
         .swiglu_bwd = cpu_swiglu_bwd, .add = cpu_add, .cross_entropy = cpu_cross_entropy,
         .sum_squares = cpu_sum_squares, .scale = cpu_scale, .adamw = cpu_adamw,
         .attention_cached = cpu_attention_cached};

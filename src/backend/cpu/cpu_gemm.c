@@ -15,13 +15,29 @@
 #include "backend/cpu/cpu_simd.h"
 #include "util/error.h"
 
+/* An operand stored as rows x cols (leading dimension *ld) as fp32: itself, or
+ * its bf16 elements widened (exactly) into the slot's scratch, dense. */
+static const float *f32_operand(struct cpu_state *st, int slot, const void *x, enum olmo_float_type type, int rows,
+                                int cols, int *ld) {
+    if (type == OLMO_F32) return x;
+    float *w = cpu_cached_scratch(st, slot, sizeof(float) * (size_t)(rows > 0 ? rows : 1) * (cols > 0 ? cols : 1));
+    const uint16_t *h = x;
+#pragma omp parallel for schedule(static) if ((size_t)rows * cols >= PAR_MIN)
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) w[(size_t)r * cols + c] = from_bf16(h[(size_t)r * *ld + c]);
+    *ld = cols > 0 ? cols : 1;
+    return w;
+}
+
 /* ---- OpenBLAS ------------------------------------------------------------ */
 
-int cpu_gemm_openblas(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                          const float *b, int ldb, float beta, float *c, int ldc) {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
-                alpha, a, lda, b, ldb, beta, c, ldc);
-    (void)be;
+int cpu_gemm_openblas(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const void *a,
+                      enum olmo_float_type a_type, int lda, const void *b, enum olmo_float_type b_type, int ldb, float beta,
+                      float *c, int ldc) {
+    const float *fa = f32_operand(CPU_STATE(be), SLOT_BF16_A, a, a_type, ta ? k : m, ta ? m : k, &lda);
+    const float *fb = f32_operand(CPU_STATE(be), SLOT_BF16_B, b, b_type, tb ? n : k, tb ? k : n, &ldb);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, fa,
+                lda, fb, ldb, beta, c, ldc);
     return 0;
 }
 
@@ -58,10 +74,12 @@ const char *cpu_describe_openblas(OLMO_BE) {
 /* ---- oneDNN sgemm --------------------------------------------------------- */
 #ifdef OLMOC_HAVE_ONEDNN
 /* dnnl_sgemm is row-major with BLAS semantics (C is not read when beta is 0). */
-int cpu_gemm_onednn(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                        const float *b, int ldb, float beta, float *c, int ldc) {
-    dnnl_status_t status = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    (void)be;
+int cpu_gemm_onednn(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const void *a,
+                    enum olmo_float_type a_type, int lda, const void *b, enum olmo_float_type b_type, int ldb, float beta,
+                    float *c, int ldc) {
+    const float *fa = f32_operand(CPU_STATE(be), SLOT_BF16_A, a, a_type, ta ? k : m, ta ? m : k, &lda);
+    const float *fb = f32_operand(CPU_STATE(be), SLOT_BF16_B, b, b_type, tb ? n : k, tb ? k : n, &ldb);
+    dnnl_status_t status = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, fa, lda, fb, ldb, beta, c, ldc);
     if (status != dnnl_success) /* only invalid arguments fail */
         return olmo_error("oneDNN sgemm(%c%c, m %d n %d k %d, lda %d ldb %d ldc %d) failed with status %d",
                           ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, lda, ldb, ldc, (int)status);
@@ -102,13 +120,28 @@ const char *cpu_describe_onednn(OLMO_BE) {
  * other op, the weights, gradients and AdamW state stay fp32: the numerics
  * of cuda-bf16.  The matmul API used here is oneDNN 2.x's. */
 /* rows x cols of src (leading dimension ld), times scale, packed into dst[rows][cols] as bf16. */
-static void pack_bf16(uint16_t *dst, const float *src, int rows, int cols, int ld, float scale) {
+static void pack_bf16(uint16_t *dst, const void *src, enum olmo_float_type type, int rows, int cols, int ld, float scale) {
 #pragma omp parallel for schedule(static) if ((size_t)rows * cols >= PAR_MIN)
     for (int r = 0; r < rows; r++) {
-        const float *in = src + (size_t)r * ld;
         uint16_t *out = dst + (size_t)r * cols;
-        for (int c = 0; c < cols; c++) out[c] = to_bf16(in[c] * scale);
+        if (type == OLMO_F32) {
+            const float *in = (const float *)src + (size_t)r * ld;
+            for (int c = 0; c < cols; c++) out[c] = to_bf16(in[c] * scale);
+        } else {
+            const uint16_t *in = (const uint16_t *)src + (size_t)r * ld;
+            for (int c = 0; c < cols; c++) out[c] = scale == 1.0f ? in[c] : to_bf16(from_bf16(in[c]) * scale);
+        }
     }
+}
+
+/* The operand as packed bf16 rows: a dense bf16 operand (a compute copy of
+ * the weights) as it is, anything else packed into the slot's scratch. */
+static const uint16_t *bf16_operand(struct cpu_state *st, int slot, const void *x, enum olmo_float_type type, int rows,
+                                    int cols, int ld, float scale) {
+    if (type == OLMO_BF16 && ld == cols && scale == 1.0f) return x;
+    uint16_t *p = cpu_cached_scratch(st, slot, sizeof(uint16_t) * (size_t)rows * cols);
+    pack_bf16(p, x, type, rows, cols, ld, scale);
+    return p;
 }
 
 /* One matmul primitive per GEMM shape (a model has a dozen or two), made on first use. */
@@ -196,8 +229,9 @@ static struct bf16_matmul *bf16_matmul_for(struct cpu_bf16_cache *c, bool ta, bo
 }
 
 /* alpha is folded into A before its rounding; beta other than 0 and 1 scales C first. */
-int cpu_gemm_onednn_bf16(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                         const float *b, int ldb, float beta, float *c, int ldc) {
+int cpu_gemm_onednn_bf16(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const void *a,
+                         enum olmo_float_type a_type, int lda, const void *b, enum olmo_float_type b_type, int ldb, float beta,
+                         float *c, int ldc) {
     struct cpu_state *st = CPU_STATE(be);
     if (m <= 0 || n <= 0) return 0;
     if (beta != 0.0f && beta != 1.0f)
@@ -208,17 +242,14 @@ int cpu_gemm_onednn_bf16(OLMO_BE, bool ta, bool tb, int m, int n, int k, float a
             for (int i = 0; i < m; i++) memset(c + (size_t)i * ldc, 0, sizeof(float) * (size_t)n);
         return 0;
     }
-    uint16_t *pa = cpu_cached_scratch(st, SLOT_BF16_A, sizeof(uint16_t) * (size_t)m * k);
-    uint16_t *pb = cpu_cached_scratch(st, SLOT_BF16_B, sizeof(uint16_t) * (size_t)k * n);
-    if (!pa || !pb) return -1;
-    pack_bf16(pa, a, ta ? k : m, ta ? m : k, lda, alpha);
-    pack_bf16(pb, b, tb ? n : k, tb ? k : n, ldb, 1.0f);
+    const uint16_t *pa = bf16_operand(st, SLOT_BF16_A, a, a_type, ta ? k : m, ta ? m : k, lda, alpha);
+    const uint16_t *pb = bf16_operand(st, SLOT_BF16_B, b, b_type, tb ? n : k, tb ? k : n, ldb, 1.0f);
     dnnl_status_t status = dnnl_success;
     struct cpu_bf16_cache *cache = st->bf16;
     struct bf16_matmul *mm = bf16_matmul_for(cache, ta, tb, m, n, k, ldc, beta != 0.0f, &status);
     dnnl_memory_t mem_a = NULL, mem_b = NULL, mem_c = NULL;
-    if (mm && !(status = dnnl_memory_create(&mem_a, &mm->a_md, cache->engine, pa)) &&
-        !(status = dnnl_memory_create(&mem_b, &mm->b_md, cache->engine, pb)) &&
+    if (mm && !(status = dnnl_memory_create(&mem_a, &mm->a_md, cache->engine, (void *)pa)) &&
+        !(status = dnnl_memory_create(&mem_b, &mm->b_md, cache->engine, (void *)pb)) &&
         !(status = dnnl_memory_create(&mem_c, &mm->c_md, cache->engine, c))) {
         const dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, mem_a}, {DNNL_ARG_WEIGHTS, mem_b}, {DNNL_ARG_DST, mem_c}};
         if (!(status = dnnl_primitive_execute(mm->prim, cache->stream, 3, args)))
@@ -270,12 +301,18 @@ const char *cpu_describe_onednn_bf16(OLMO_BE) {
  * (AVX2), or anywhere with OLMOC_CPU_BF16=convert. */
 
 /* rows x cols of src (leading dimension ld), times scale, rounded to bf16, into dst[rows][cols] as fp32. */
-static void round_to_bf16(float *dst, const float *src, int rows, int cols, int ld, float scale) {
+static void round_to_bf16(float *dst, const void *src, enum olmo_float_type type, int rows, int cols, int ld,
+                          float scale) {
 #pragma omp parallel for schedule(static) if ((size_t)rows * cols >= PAR_MIN)
     for (int r = 0; r < rows; r++) {
-        const float *in = src + (size_t)r * ld;
         float *out = dst + (size_t)r * cols;
-        for (int c = 0; c < cols; c++) out[c] = from_bf16(to_bf16(in[c] * scale));
+        if (type == OLMO_F32) {
+            const float *in = (const float *)src + (size_t)r * ld;
+            for (int c = 0; c < cols; c++) out[c] = from_bf16(to_bf16(in[c] * scale));
+        } else {
+            const uint16_t *in = (const uint16_t *)src + (size_t)r * ld;
+            for (int c = 0; c < cols; c++) out[c] = from_bf16(scale == 1.0f ? in[c] : to_bf16(from_bf16(in[c]) * scale));
+        }
     }
 }
 
@@ -285,8 +322,9 @@ static void round_to_bf16(float *dst, const float *src, int rows, int cols, int 
 #define FP32_GEMM cpu_gemm_openblas
 #endif
 
-int cpu_gemm_bf16_convert(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                          const float *b, int ldb, float beta, float *c, int ldc) {
+int cpu_gemm_bf16_convert(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const void *a,
+                          enum olmo_float_type a_type, int lda, const void *b, enum olmo_float_type b_type, int ldb, float beta,
+                          float *c, int ldc) {
     struct cpu_state *st = CPU_STATE(be);
     if (m <= 0 || n <= 0) return 0;
     if (k <= 0) { /* an empty product: C = beta C */
@@ -297,9 +335,9 @@ int cpu_gemm_bf16_convert(OLMO_BE, bool ta, bool tb, int m, int n, int k, float 
     float *ra = cpu_cached_scratch(st, SLOT_BF16_A, sizeof(float) * (size_t)m * k);
     float *rb = cpu_cached_scratch(st, SLOT_BF16_B, sizeof(float) * (size_t)k * n);
     if (!ra || !rb) return -1;
-    round_to_bf16(ra, a, ta ? k : m, ta ? m : k, lda, alpha);
-    round_to_bf16(rb, b, tb ? n : k, tb ? k : n, ldb, 1.0f);
-    return FP32_GEMM(be, ta, tb, m, n, k, 1.0f, ra, ta ? m : k, rb, tb ? k : n, beta, c, ldc);
+    round_to_bf16(ra, a, a_type, ta ? k : m, ta ? m : k, lda, alpha);
+    round_to_bf16(rb, b, b_type, tb ? n : k, tb ? k : n, ldb, 1.0f);
+    return FP32_GEMM(be, ta, tb, m, n, k, 1.0f, ra, OLMO_F32, ta ? m : k, rb, OLMO_F32, tb ? k : n, beta, c, ldc);
 }
 
 const char *cpu_describe_bf16_convert(OLMO_BE) {

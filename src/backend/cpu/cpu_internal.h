@@ -55,17 +55,17 @@ struct cpu_state {
 void *cpu_cached_scratch(struct cpu_state *st, int slot, size_t bytes);
 
 /* cpu_gemm.c: the backend's gemm op, per library, and the log line describing it. */
-int cpu_gemm_openblas(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                      const float *b, int ldb, float beta, float *c, int ldc);
+int cpu_gemm_openblas(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const void *a,
+    enum olmo_float_type a_type, int lda, const void *b, enum olmo_float_type b_type, int ldb, float beta, float *c, int ldc);
 const char *cpu_describe_openblas(OLMO_BE);
 #ifdef OLMOC_HAVE_ONEDNN
-int cpu_gemm_onednn(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                    const float *b, int ldb, float beta, float *c, int ldc);
+int cpu_gemm_onednn(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const void *a,
+    enum olmo_float_type a_type, int lda, const void *b, enum olmo_float_type b_type, int ldb, float beta, float *c, int ldc);
 const char *cpu_describe_onednn(OLMO_BE);
 #endif
 #ifdef OLMOC_CPU_BF16
-int cpu_gemm_onednn_bf16(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                         const float *b, int ldb, float beta, float *c, int ldc);
+int cpu_gemm_onednn_bf16(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const void *a,
+    enum olmo_float_type a_type, int lda, const void *b, enum olmo_float_type b_type, int ldb, float beta, float *c, int ldc);
 const char *cpu_describe_onednn_bf16(OLMO_BE);
 /* Whether oneDNN has a bf16 matmul on this processor (makes st->bf16); error set when not. */
 bool cpu_bf16_available(struct cpu_state *st);
@@ -73,8 +73,8 @@ void cpu_bf16_cache_free(struct cpu_bf16_cache *cache);
 #endif
 
 /* cpu-bf16 anywhere: operands rounded to bf16, then an fp32 GEMM (cpu_gemm.c). */
-int cpu_gemm_bf16_convert(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                          const float *b, int ldb, float beta, float *c, int ldc);
+int cpu_gemm_bf16_convert(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const void *a,
+    enum olmo_float_type a_type, int lda, const void *b, enum olmo_float_type b_type, int ldb, float beta, float *c, int ldc);
 const char *cpu_describe_bf16_convert(OLMO_BE);
 
 /* cpu_attention.c: fp32 products, and bf16 products (cpu-bf16; fp32 where the
@@ -93,6 +93,7 @@ int cpu_attention_cached(OLMO_BE, float *out, const float *q, const float *k_cac
                          int pos0, int cap, const struct olmo_attn_shape *s);
 
 /* cpu_ops.c */
+int cpu_convert(OLMO_BE, void *dst, enum olmo_float_type dst_type, const void *src, enum olmo_float_type src_type, size_t n);
 int cpu_embedding_fwd(OLMO_BE, float *out, const float *table, const int32_t *tokens, int n, int dim);
 int cpu_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int32_t *tokens, int n, int dim);
 int cpu_rmsnorm_fwd(OLMO_BE, float *y, float *rstd, const float *x, const float *w, int n, int dim, float eps);

@@ -247,3 +247,21 @@ int cpu_adamw(OLMO_BE, float *param, const float *grad, float *m, float *v, size
     return 0;
 }
 
+
+int cpu_convert(OLMO_BE, void *dst, enum olmo_float_type dst_type, const void *src, enum olmo_float_type src_type, size_t n) {
+    (void)be;
+    if (dst_type == src_type) {
+        memcpy(dst, src, n * olmo_float_type_size(dst_type));
+    } else if (dst_type == OLMO_BF16) {
+        uint16_t *d = dst;
+        const float *x = src;
+#pragma omp parallel for simd if (parallel : n >= PAR_MIN)
+        for (size_t i = 0; i < n; i++) d[i] = to_bf16(x[i]);
+    } else {
+        float *d = dst;
+        const uint16_t *x = src;
+#pragma omp parallel for simd if (parallel : n >= PAR_MIN)
+        for (size_t i = 0; i < n; i++) d[i] = from_bf16(x[i]);
+    }
+    return 0;
+}

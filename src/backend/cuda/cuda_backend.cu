@@ -177,10 +177,49 @@ static __global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, 
         dst[i] = __float2bfloat16(src[i]); /* round to nearest even */
 }
 
+static __global__ void bf16_to_f32_kernel(float *dst, const __nv_bfloat16 *src, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __bfloat162float(src[i]); /* exact */
+}
+
+static int cu_convert(OLMO_BE, void *dst, enum olmo_float_type dst_type, const void *src, enum olmo_float_type src_type,
+                      size_t n) {
+    if (!n) return 0;
+    if (dst_type == src_type) {
+        OLMO_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * olmo_float_type_size(dst_type), cudaMemcpyDeviceToDevice, 0));
+    } else if (dst_type == OLMO_BF16) {
+        OLMO_LAUNCH(f32_to_bf16_kernel, ew_blocks(n), EW_THREADS, 0, (__nv_bfloat16 *)dst, (const float *)src, n);
+        OLMO_CUDA_LAUNCHED("f32_to_bf16_kernel");
+    } else {
+        OLMO_LAUNCH(bf16_to_f32_kernel, ew_blocks(n), EW_THREADS, 0, (float *)dst, (const __nv_bfloat16 *)src, n);
+        OLMO_CUDA_LAUNCHED("bf16_to_f32_kernel");
+    }
+    (void)be;
+    return 0;
+}
+
+/* Elements of a row-major operand of rows x cols with leading dimension ld that cuBLAS reads. */
+static size_t operand_span(int rows, int cols, int ld) {
+    return rows > 0 && cols > 0 ? (size_t)(rows - 1) * ld + cols : 0;
+}
+
+/* An fp32 operand as it is, a bf16 one widened into scratch (same leading dimension). */
+static const float *f32_operand(OLMO_BE, enum olmo_cuda_scratch_slot slot, const void *src, enum olmo_float_type type,
+                                int rows, int cols, int ld) {
+    if (type == OLMO_F32) return (const float *)src;
+    const size_t n = operand_span(rows, cols, ld);
+    float *dst = (float *)olmo_cuda_scratch(be, slot, (n ? n : 1) * sizeof(float));
+    cu_convert(be, dst, OLMO_F32, src, OLMO_BF16, n);
+    return dst;
+}
+
 /* A row-major operand stored as rows x cols with leading dimension ld, as a
- * bf16 copy with the same leading dimension (only the elements cuBLAS reads). */
-static const __nv_bfloat16 *bf16_operand(OLMO_BE, enum olmo_cuda_scratch_slot slot, const float *src, int rows, int cols,
-                                         int ld) {
+ * bf16 copy with the same leading dimension (only the elements cuBLAS reads);
+ * a bf16 operand (a compute copy of the weights) as it is. */
+static const __nv_bfloat16 *bf16_operand(OLMO_BE, enum olmo_cuda_scratch_slot slot, const void *src_any,
+                                         enum olmo_float_type type, int rows, int cols, int ld) {
+    if (type == OLMO_BF16) return (const __nv_bfloat16 *)src_any;
+    const float *src = (const float *)src_any;
     size_t n = rows > 0 && cols > 0 ? (size_t)(rows - 1) * ld + cols : 0;
     __nv_bfloat16 *dst = (__nv_bfloat16 *)olmo_cuda_scratch(be, slot, (n ? n : 1) * sizeof(__nv_bfloat16));
     if (n) {
@@ -194,9 +233,16 @@ static const __nv_bfloat16 *bf16_operand(OLMO_BE, enum olmo_cuda_scratch_slot sl
  * row-major matrix is its transpose in column-major, so compute
  * C^T = op(B)^T op(A)^T, i.e. swap the operands and m/n, keep the op flags. */
 static void cu_gemm_impl(OLMO_BE, enum olmo_cuda_gemm_precision precision, bool ta, bool tb, int m, int n, int k,
-                         float alpha, const float *a, int lda, const float *b, int ldb, float beta, float *c,
-                         int ldc) {
+                         float alpha, const void *a_any, enum olmo_float_type a_type, int lda, const void *b_any,
+                         enum olmo_float_type b_type, int ldb, float beta, float *c, int ldc) {
     if (m <= 0 || n <= 0) return;
+    /* fp32 operands for every variant but cuda-bf16 (bf16 ones widened, exactly) */
+    const float *a = precision == OLMO_CUDA_BF16
+                         ? NULL
+                         : f32_operand(be, SCRATCH_GEMM_A, a_any, a_type, ta ? k : m, ta ? m : k, lda);
+    const float *b = precision == OLMO_CUDA_BF16
+                         ? NULL
+                         : f32_operand(be, SCRATCH_GEMM_B, b_any, b_type, tb ? n : k, tb ? k : n, ldb);
     const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     switch (precision) {
     case OLMO_CUDA_FP32:
@@ -208,8 +254,8 @@ static void cu_gemm_impl(OLMO_BE, enum olmo_cuda_gemm_precision precision, bool 
         break;
     case OLMO_CUDA_BF16: {
         /* Stored shapes: A is (ta ? k x m : m x k), B is (tb ? n x k : k x n). */
-        const __nv_bfloat16 *a16 = bf16_operand(be, SCRATCH_GEMM_A, a, ta ? k : m, ta ? m : k, lda);
-        const __nv_bfloat16 *b16 = bf16_operand(be, SCRATCH_GEMM_B, b, tb ? n : k, tb ? k : n, ldb);
+        const __nv_bfloat16 *a16 = bf16_operand(be, SCRATCH_GEMM_A, a_any, a_type, ta ? k : m, ta ? m : k, lda);
+        const __nv_bfloat16 *b16 = bf16_operand(be, SCRATCH_GEMM_B, b_any, b_type, tb ? n : k, tb ? k : n, ldb);
         BLAS_CHECK(cublasGemmEx(CUDA_STATE(be)->blas, op_b, op_a, n, m, k, &alpha, b16, CUDA_R_16BF, ldb, a16, CUDA_R_16BF,
                                 lda, &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         break;
@@ -223,9 +269,9 @@ static void cu_gemm_impl(OLMO_BE, enum olmo_cuda_gemm_precision precision, bool 
 }
 
 /* The instance's precision (CUDA_STATE(be)->precision) picks the cuBLAS call. */
-static int cu_gemm(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                   const float *b, int ldb, float beta, float *c, int ldc) {
-    cu_gemm_impl(be, CUDA_STATE(be)->precision, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+static int cu_gemm(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const void *a, enum olmo_float_type a_type,
+                   int lda, const void *b, enum olmo_float_type b_type, int ldb, float beta, float *c, int ldc) {
+    cu_gemm_impl(be, CUDA_STATE(be)->precision, ta, tb, m, n, k, alpha, a, a_type, lda, b, b_type, ldb, beta, c, ldc);
     return 0;
 }
 
@@ -694,6 +740,9 @@ extern "C" struct olmo_backend *olmo_backend_cuda_create(enum olmo_cuda_gemm_pre
     be->zero = cu_zero;
     be->copy = cu_copy;
     be->synchronize = cu_synchronize;
+    be->convert = cu_convert;
+    /* cuda-bf16 multiplies a bf16 compute copy of the weights; cuda-bf16-cublas rounds inside cuBLAS */
+    be->compute_dtype = precision == OLMO_CUDA_BF16 ? OLMO_BF16 : OLMO_F32;
     be->check_attention = olmo_cuda_check_attention;
     be->gemm = cu_gemm;
     be->embedding_fwd = cu_embedding_fwd;

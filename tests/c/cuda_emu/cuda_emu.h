@@ -123,6 +123,7 @@ struct __nv_bfloat16 {
 };
 __nv_bfloat16 __float2bfloat16(float f); /* round to nearest even */
 float emu_bfloat162float(__nv_bfloat16 h);
+static inline float __bfloat162float(__nv_bfloat16 h) { return emu_bfloat162float(h); }
 
 /* ---- cuBLAS ---- */
 typedef struct emu_cublas *cublasHandle_t;
