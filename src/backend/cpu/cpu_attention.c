@@ -37,6 +37,7 @@ enum { ATT_QB = 64, ATT_KC = 256, ATT_KB = 64, ATT_QC = 64 };
 static int *attn_bounds(const struct olmo_attn_shape *s, const int32_t *doc_ids) {
     const int T = s->seq_len;
     int *lo = cpu_scratch(sizeof(int) * (size_t)s->batch * T);
+    if (!lo) return NULL;
     for (int b = 0; b < s->batch; b++) {
         const int32_t *docs = doc_ids ? doc_ids + (size_t)b * T : NULL;
         int run_start = 0;
@@ -200,6 +201,7 @@ static void pack_bf16_pairs(uint32_t *dst, int ldd, const float *src, int lds, i
 static uint32_t *bf16_position_pairs(struct cpu_state *st, int slot, const float *x, int B, int T, int width) {
     const int pairs = (T + 1) / 2, blocks = (pairs + 31) / 32;
     uint32_t *xp = cpu_cached_scratch(st, slot, sizeof(uint32_t) * (size_t)B * pairs * width);
+    if (!xp) return NULL;
 #pragma omp parallel for if ((size_t)B * T * width >= PAR_MIN)
     for (int job = 0; job < B * blocks; job++) {
         const int b = job / blocks, p0 = job % blocks * 32, t0 = 2 * p0, rows = T - t0 < 64 ? T - t0 : 64;
@@ -212,6 +214,7 @@ static uint32_t *bf16_position_pairs(struct cpu_state *st, int slot, const float
 /* x [B*T][heads*D] as bf16 rows, the same layout (A operands whose k is head_dim; D even). */
 static uint32_t *bf16_rows(struct cpu_state *st, int slot, const float *x, int B, int T, int width) {
     uint16_t *xb = cpu_cached_scratch(st, slot, sizeof(uint16_t) * (size_t)B * T * width);
+    if (!xb) return NULL;
 #pragma omp parallel for if ((size_t)B * T * width >= PAR_MIN)
     for (int r0 = 0; r0 < B * T; r0 += 64)
         pack_bf16_rows(xb + (size_t)r0 * width, width, x + (size_t)r0 * width, width, B * T - r0 < 64 ? B * T - r0 : 64,
@@ -275,6 +278,7 @@ static void *transpose_heads(struct cpu_state *st, int slot, bool bf16, const fl
     const size_t ld = (size_t)transposed_ld(T);
     const int rows = bf16 ? D / 2 : D; /* per head */
     void *xt = cpu_cached_scratch(st, slot, sizeof(float) * (size_t)B * ld * heads * rows);
+    if (!xt) return NULL;
     const int tiles = (T + 63) / 64;
 #pragma omp parallel for if ((size_t)B * T * heads * D >= PAR_MIN)
     for (int job = 0; job < B * heads * tiles; job++) {
@@ -299,7 +303,15 @@ static void *transpose_heads(struct cpu_state *st, int slot, bool bf16, const fl
 /* &base[offset] for arrays of 4-byte elements (floats or bf16 pairs) */
 static inline const void *word_at(const void *base, size_t offset) { return (const char *)base + 4 * offset; }
 
-static void attention_fwd(struct cpu_state *st, bool bf16_products, float *out, float *lse, const float *q,
+/* Per-thread tiles, allocated before a parallel region (which has no error
+ * path): `floats` per thread, rounded up to 64 bytes, for every thread the
+ * region may have. */
+static float *thread_tiles(size_t floats, size_t *stride) {
+    *stride = (floats + 15) / 16 * 16;
+    return cpu_scratch(sizeof(float) * *stride * (size_t)omp_get_max_threads());
+}
+
+static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, float *lse, const float *q,
                           const float *k, const float *v, const int32_t *doc_ids, const struct olmo_attn_shape *s) {
     const int T = s->seq_len, H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim;
     const int group = H / HK, qblocks = (T + ATT_QB - 1) / ATT_QB;
@@ -308,16 +320,26 @@ static void attention_fwd(struct cpu_state *st, bool bf16_products, float *out, 
     const int wq = bf16 ? 2 : 1; /* floats per element of Q's operand (a bf16 pair holds two) */
     const int kt_rows = D / wq, ldt = transposed_ld(T), pairs = (T + 1) / 2;
     int *lo = attn_bounds(s, doc_ids);
-    const void *kt = transpose_heads(st, SLOT_KT, bf16, k, s->batch, T, HK, D);
-    const void *qa = bf16 ? (const void *)bf16_rows(st, SLOT_Q16, q, s->batch, T, q_stride) : q;
-    const uint32_t *vp = bf16 ? bf16_position_pairs(st, SLOT_VP, v, s->batch, T, kv_stride) : NULL;
+    const void *kt = lo ? transpose_heads(st, SLOT_KT, bf16, k, s->batch, T, HK, D) : NULL;
+    const void *qa = !kt ? NULL : bf16 ? (const void *)bf16_rows(st, SLOT_Q16, q, s->batch, T, q_stride) : q;
+    const uint32_t *vp = bf16 && qa ? bf16_position_pairs(st, SLOT_VP, v, s->batch, T, kv_stride) : NULL;
+    /* per thread: scores, the output accumulator, and P as bf16 */
+    size_t stride = 0;
+    float *tiles = qa && (vp || !bf16) ? thread_tiles((size_t)ATT_QB * ATT_KC + (size_t)ATT_QB * D +
+                                                          (bf16 ? (size_t)ATT_QB * ATT_KC / 2 : 0),
+                                                      &stride)
+                                       : NULL;
+    if (!tiles) {
+        free(lo);
+        return -1;
+    }
     const int tasks = s->batch * H * qblocks;
     /* Each task owns its output rows, so any schedule gives the same result. */
 #pragma omp parallel if (tasks > 1)
     {
-        float *sc = cpu_scratch(sizeof(float) * ATT_QB * ATT_KC);
-        float *acc = cpu_scratch(sizeof(float) * ATT_QB * (size_t)D);
-        uint16_t *pb = bf16 ? cpu_scratch(sizeof(uint16_t) * ATT_QB * ATT_KC) : NULL; /* P as bf16 */
+        float *sc = tiles + stride * (size_t)omp_get_thread_num();
+        float *acc = sc + (size_t)ATT_QB * ATT_KC;
+        uint16_t *pb = bf16 ? (uint16_t *)(acc + (size_t)ATT_QB * D) : NULL; /* P as bf16 */
         float mrow[ATT_QB];
         double lrow[ATT_QB];
 #pragma omp for schedule(dynamic)
@@ -377,11 +399,10 @@ static void attention_fwd(struct cpu_state *st, bool bf16_products, float *out, 
                 lse[((size_t)b * H + h) * T + i0 + r] = mrow[r] + (float)log(lrow[r]);
             }
         }
-        free(sc);
-        free(acc);
-        free(pb);
     }
+    free(tiles);
     free(lo);
+    return 0;
 }
 
 /* Backward: a task per (batch, kv head, key block) owns dk/dv of those keys
@@ -429,6 +450,7 @@ struct attn_bwd_tiles {
 static float *attn_delta(struct cpu_state *st, const float *out, const float *dout, const struct olmo_attn_shape *s) {
     const int T = s->seq_len, H = s->n_heads, D = s->head_dim, B = s->batch, q_stride = H * D;
     float *delta = cpu_cached_scratch(st, SLOT_DELTA, sizeof(float) * (size_t)B * H * T);
+    if (!delta) return NULL;
 #pragma omp parallel for if ((size_t)B * T * q_stride >= PAR_MIN)
     for (int bt = 0; bt < B * T; bt++)
         for (int h = 0; h < H; h++) {
@@ -448,6 +470,7 @@ static struct attn_task *attn_bwd_schedule(const struct olmo_attn_shape *s, cons
     const int T = s->seq_len, kblocks = (T + ATT_KB - 1) / ATT_KB;
     *n_tasks = s->batch * s->n_kv_heads * kblocks;
     struct attn_task *tasks = cpu_scratch(sizeof *tasks * (size_t)(*n_tasks > 0 ? *n_tasks : 1));
+    if (!tasks) return NULL;
     for (int b = 0, i = 0; b < s->batch; b++)
         for (int kh = 0; kh < s->n_kv_heads; kh++)
             for (int kb = 0; kb < kblocks; kb++, i++) {
@@ -460,7 +483,12 @@ static struct attn_task *attn_bwd_schedule(const struct olmo_attn_shape *s, cons
     *nth = omp_get_max_threads();
     if (*nth > *n_tasks) *nth = *n_tasks > 0 ? *n_tasks : 1;
     *owner = cpu_scratch(sizeof(int) * (size_t)(*n_tasks > 0 ? *n_tasks : 1));
-    double *load = cpu_scratch(sizeof(double) * (size_t)*nth);
+    double *load = *owner ? cpu_scratch(sizeof(double) * (size_t)*nth) : NULL;
+    if (!load) {
+        free(*owner);
+        free(tasks);
+        return NULL;
+    }
     for (int t = 0; t < *nth; t++) load[t] = 0.0;
     for (int i = 0; i < *n_tasks; i++) {
         int best = 0;
@@ -550,9 +578,9 @@ static void attn_bwd_task(const struct attn_bwd *c, const struct attn_bwd_tiles 
         }
 }
 
-static void attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, float *dk, float *dv,
-                          const float *dout, const float *out, const float *lse, const float *q, const float *k, const float *v, const int32_t *doc_ids,
-                          const struct olmo_attn_shape *s) {
+static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, float *dk, float *dv,
+                         const float *dout, const float *out, const float *lse, const float *q, const float *k,
+                         const float *v, const int32_t *doc_ids, const struct olmo_attn_shape *s) {
     const int T = s->seq_len, H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim, B = s->batch;
     const bool bf16 = attn_bf16(bf16_products, s);
     struct attn_bwd c = {.s = s, .T = T, .H = H, .HK = HK, .D = D, .group = H / HK, .q_stride = H * D,
@@ -571,13 +599,29 @@ static void attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, f
     c.dop = bf16 ? bf16_position_pairs(st, SLOT_DOP, dout, B, T, c.q_stride) : NULL;
     c.kp = bf16 ? bf16_position_pairs(st, SLOT_KP, k, B, T, c.kv_stride) : NULL;
     c.delta = attn_delta(st, out, dout, s);
-    int n_tasks, nth, *owner;
-    struct attn_task *tasks = attn_bwd_schedule(s, lo, &n_tasks, &nth, &owner);
+    int n_tasks, nth, *owner = NULL;
+    struct attn_task *tasks = NULL;
+    float **dq_part = NULL, *parts = NULL, *tiles = NULL;
+    size_t stride = 0;
+    const bool inputs = lo && c.kt && c.vt && c.qa && c.doa && c.delta && (!bf16 || (c.qp && c.dop && c.kp));
+    if (inputs && (tasks = attn_bwd_schedule(s, lo, &n_tasks, &nth, &owner)) &&
+        (dq_part = cpu_scratch(sizeof(float *) * (size_t)nth)) &&
+        (nth == 1 || (parts = cpu_cached_scratch(st, SLOT_DQ_PARTS, sizeof(float) * n_q * (size_t)(nth - 1)))))
+        /* per thread: P, dS; bf16 only: P^T and dS^T as query pairs, dS as rows */
+        tiles = thread_tiles(2 * (size_t)ATT_QC * ATT_KB + (bf16 ? 2 * (size_t)ATT_QC / 2 * ATT_KB +
+                                                                     (size_t)ATT_QC * ATT_KB / 2
+                                                                : 0),
+                             &stride);
+    if (!tiles) {
+        free(dq_part);
+        free(owner);
+        free(tasks);
+        free(lo);
+        return -1;
+    }
     /* dq copies: thread 0 writes dq itself, the others their own zeroed buffer */
-    float **dq_part = cpu_scratch(sizeof(float *) * (size_t)nth);
     dq_part[0] = dq;
     memset(dq, 0, sizeof(float) * n_q);
-    float *parts = nth > 1 ? cpu_cached_scratch(st, SLOT_DQ_PARTS, sizeof(float) * n_q * (size_t)(nth - 1)) : NULL;
     for (int t = 1; t < nth; t++) {
         dq_part[t] = parts + n_q * (size_t)(t - 1);
         memset(dq_part[t], 0, sizeof(float) * n_q);
@@ -585,21 +629,18 @@ static void attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, f
 #pragma omp parallel num_threads(nth) if (nth > 1)
     {
         const int tid = omp_get_thread_num(), team = omp_get_num_threads();
+        float *mine = tiles + stride * (size_t)tid;
+        const size_t tile = (size_t)ATT_QC * ATT_KB;
         const struct attn_bwd_tiles w = {
-            .p = cpu_scratch(sizeof(float) * ATT_QC * ATT_KB),
-            .ds = cpu_scratch(sizeof(float) * ATT_QC * ATT_KB),
-            .pt = bf16 ? cpu_scratch(sizeof(uint32_t) * ATT_QC / 2 * ATT_KB) : NULL,
-            .dst = bf16 ? cpu_scratch(sizeof(uint32_t) * ATT_QC / 2 * ATT_KB) : NULL,
-            .dsr = bf16 ? cpu_scratch(sizeof(uint16_t) * ATT_QC * ATT_KB) : NULL,
+            .p = mine,
+            .ds = mine + tile,
+            .pt = bf16 ? (uint32_t *)(mine + 2 * tile) : NULL,
+            .dst = bf16 ? (uint32_t *)(mine + 2 * tile + tile / 2) : NULL,
+            .dsr = bf16 ? (uint16_t *)(mine + 3 * tile) : NULL,
         };
         for (int i = 0; i < n_tasks; i++)
             /* a smaller team than asked for (nested parallelism) still covers every task */
             if (owner[i] % team == tid) attn_bwd_task(&c, &w, &tasks[i], dq_part[tid]);
-        free(w.p);
-        free(w.ds);
-        free(w.pt);
-        free(w.dst);
-        free(w.dsr);
     }
     if (nth > 1) {
 #pragma omp parallel for if (n_q >= PAR_MIN)
@@ -609,37 +650,35 @@ static void attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, f
             dq[i] = acc;
         }
     }
+    free(tiles);
     free(dq_part);
     free(owner);
     free(tasks);
     free(lo);
+    return 0;
 }
 
 int cpu_attention_fwd(OLMO_BE, float *out, float *lse, const float *q, const float *k, const float *v,
                               const int32_t *doc_ids, const struct olmo_attn_shape *s) {
-    attention_fwd(CPU_STATE(be), false, out, lse, q, k, v, doc_ids, s);
-    return 0;
+    return attention_fwd(CPU_STATE(be), false, out, lse, q, k, v, doc_ids, s);
 }
 
 int cpu_attention_bwd(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *out,
                               const float *lse, const float *q, const float *k, const float *v,
                               const int32_t *doc_ids, const struct olmo_attn_shape *s) {
-    attention_bwd(CPU_STATE(be), false, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
-    return 0;
+    return attention_bwd(CPU_STATE(be), false, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
 }
 
 /* cpu-bf16: the products on bf16 operands (see the top of this file) */
 int cpu_attention_fwd_bf16(OLMO_BE, float *out, float *lse, const float *q, const float *k, const float *v,
                                    const int32_t *doc_ids, const struct olmo_attn_shape *s) {
-    attention_fwd(CPU_STATE(be), true, out, lse, q, k, v, doc_ids, s);
-    return 0;
+    return attention_fwd(CPU_STATE(be), true, out, lse, q, k, v, doc_ids, s);
 }
 
 int cpu_attention_bwd_bf16(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *out,
                                    const float *lse, const float *q, const float *k, const float *v,
                                    const int32_t *doc_ids, const struct olmo_attn_shape *s) {
-    attention_bwd(CPU_STATE(be), true, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
-    return 0;
+    return attention_bwd(CPU_STATE(be), true, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
 }
 
 /* Inference attention over a KV cache (olmoc generate): a few query rows
@@ -655,10 +694,13 @@ int cpu_attention_cached(OLMO_BE, float *out, const float *q, const float *k_cac
     (void)be;
     const int H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim, group = H / HK;
     const size_t q_stride = (size_t)H * D, kv_stride = (size_t)HK * D;
+    const int max_keys = s->window > 0 && s->window < pos0 + n ? s->window : pos0 + n;
+    size_t stride;
+    float *all_scores = thread_tiles((size_t)(max_keys > 0 ? max_keys : 1), &stride);
+    if (!all_scores) return -1;
 #pragma omp parallel
     {
-        const int max_keys = s->window > 0 && s->window < pos0 + n ? s->window : pos0 + n;
-        float *scores = malloc(sizeof(float) * (size_t)max_keys);
+        float *scores = all_scores + stride * (size_t)omp_get_thread_num();
 #pragma omp for collapse(2) schedule(static)
         for (int i = 0; i < n; i++)
             for (int h = 0; h < H; h++) {
@@ -687,7 +729,7 @@ int cpu_attention_cached(OLMO_BE, float *out, const float *q, const float *k_cac
                     for (int d = 0; d < D; d++) ot[d] += p * vj[d];
                 }
             }
-        free(scores);
     }
+    free(all_scores);
     return 0;
 }

@@ -36,10 +36,7 @@ static void *cpu_alloc(OLMO_BE, size_t bytes) {
 
 void *cpu_scratch(size_t bytes) {
     void *p = aligned_alloc(64, ((bytes + 63) & ~(size_t)63) + 64);
-    if (!p) {
-        fprintf(stderr, "olmoc: out of memory for %zu bytes of CPU scratch space\n", bytes);
-        abort();
-    }
+    if (!p) olmo_error("out of memory for %zu bytes of CPU scratch space", bytes);
     return p;
 }
 
@@ -50,7 +47,7 @@ void *cpu_cached_scratch(struct cpu_state *st, int slot, size_t bytes) {
     if (st->slots[slot].bytes < bytes) {
         free(st->slots[slot].p);
         st->slots[slot].p = cpu_scratch(bytes);
-        st->slots[slot].bytes = bytes;
+        st->slots[slot].bytes = st->slots[slot].p ? bytes : 0;
     }
     return st->slots[slot].p;
 }

@@ -21,6 +21,7 @@ static const float *f32_operand(struct cpu_state *st, int slot, const void *x, e
                                 int cols, int *ld) {
     if (type == OLMO_F32) return x;
     float *w = cpu_cached_scratch(st, slot, sizeof(float) * (size_t)(rows > 0 ? rows : 1) * (cols > 0 ? cols : 1));
+    if (!w) return NULL;
     const uint16_t *h = x;
 #pragma omp parallel for schedule(static) if ((size_t)rows * cols >= PAR_MIN)
     for (int r = 0; r < rows; r++)
@@ -36,6 +37,7 @@ int cpu_gemm_openblas(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alph
                       float *c, int ldc) {
     const float *fa = f32_operand(CPU_STATE(be), SLOT_BF16_A, a, a_type, ta ? k : m, ta ? m : k, &lda);
     const float *fb = f32_operand(CPU_STATE(be), SLOT_BF16_B, b, b_type, tb ? n : k, tb ? k : n, &ldb);
+    if (!fa || !fb) return -1;
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, fa,
                 lda, fb, ldb, beta, c, ldc);
     return 0;
@@ -79,6 +81,7 @@ int cpu_gemm_onednn(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha,
                     float *c, int ldc) {
     const float *fa = f32_operand(CPU_STATE(be), SLOT_BF16_A, a, a_type, ta ? k : m, ta ? m : k, &lda);
     const float *fb = f32_operand(CPU_STATE(be), SLOT_BF16_B, b, b_type, tb ? n : k, tb ? k : n, &ldb);
+    if (!fa || !fb) return -1;
     dnnl_status_t status = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, fa, lda, fb, ldb, beta, c, ldc);
     if (status != dnnl_success) /* only invalid arguments fail */
         return olmo_error("oneDNN sgemm(%c%c, m %d n %d k %d, lda %d ldb %d ldc %d) failed with status %d",
@@ -140,7 +143,7 @@ static const uint16_t *bf16_operand(struct cpu_state *st, int slot, const void *
                                     int cols, int ld, float scale) {
     if (type == OLMO_BF16 && ld == cols && scale == 1.0f) return x;
     uint16_t *p = cpu_cached_scratch(st, slot, sizeof(uint16_t) * (size_t)rows * cols);
-    pack_bf16(p, x, type, rows, cols, ld, scale);
+    if (p) pack_bf16(p, x, type, rows, cols, ld, scale);
     return p;
 }
 
@@ -244,6 +247,7 @@ int cpu_gemm_onednn_bf16(OLMO_BE, bool ta, bool tb, int m, int n, int k, float a
     }
     const uint16_t *pa = bf16_operand(st, SLOT_BF16_A, a, a_type, ta ? k : m, ta ? m : k, lda, alpha);
     const uint16_t *pb = bf16_operand(st, SLOT_BF16_B, b, b_type, tb ? n : k, tb ? k : n, ldb, 1.0f);
+    if (!pa || !pb) return -1;
     dnnl_status_t status = dnnl_success;
     struct cpu_bf16_cache *cache = st->bf16;
     struct bf16_matmul *mm = bf16_matmul_for(cache, ta, tb, m, n, k, ldc, beta != 0.0f, &status);

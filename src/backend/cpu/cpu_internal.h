@@ -26,8 +26,9 @@
  * team costs more than the work. */
 #define PAR_MIN 16384
 
-/* Scratch memory inside an op (per-thread tiles in parallel regions, which
- * have no error path): failing is fatal. */
+/* Scratch memory inside an op, 64-byte aligned (free with free); NULL with
+ * the error set when memory runs out, and the op returns -1.  Parallel
+ * regions have no error path: their per-thread buffers are allocated before. */
 void *cpu_scratch(size_t bytes);
 
 /* Large per-call buffers kept between calls, per instance. */
@@ -51,7 +52,7 @@ struct cpu_state {
 };
 #define CPU_STATE(be) ((struct cpu_state *)(be)->state)
 
-/* The slot's buffer, grown to at least `bytes` (fatal when memory runs out, as cpu_scratch). */
+/* The slot's buffer, grown to at least `bytes`; NULL, error set, when memory runs out. */
 void *cpu_cached_scratch(struct cpu_state *st, int slot, size_t bytes);
 
 /* cpu_gemm.c: the backend's gemm op, per library, and the log line describing it. */

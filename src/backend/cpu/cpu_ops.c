@@ -154,6 +154,7 @@ int cpu_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int n, int
     (void)be;
     /* per-row results, summed in row order afterwards: deterministic */
     double *row_ce = cpu_scratch(sizeof(double) * 2 * (size_t)(n > 0 ? n : 1)), *row_z = row_ce + n;
+    if (!row_ce) return -1;
 #pragma omp parallel for if ((size_t)n * vocab >= PAR_MIN)
     for (int i = 0; i < n; i++) {
         float *row = logits + (size_t)i * vocab;
@@ -202,6 +203,7 @@ int cpu_sum_squares(OLMO_BE, const float *x, size_t n, double *out) {
         return 0;
     }
     double *part = cpu_scratch(sizeof(double) * chunks);
+    if (!part) return -1;
 #pragma omp parallel for if (chunks > 1)
     for (size_t c = 0; c < chunks; c++) {
         const size_t i0 = c * SUM_CHUNK, i1 = i0 + SUM_CHUNK < n ? i0 + SUM_CHUNK : n;
