@@ -115,7 +115,7 @@ static void measure_loop(const char *kind, double (*loop)(long, int *), double f
            kind, threads, lanes, best_all * 1e-9, best1 * 1e-9, sink > 0 ? 1.0 : 0.0);
 }
 
-static const struct olmo_backend *be;
+static struct olmo_backend *be; /* the process's: freed at exit */
 
 static void measure_sgemm(int m, int n, int k, int ta, int tb, double seconds, const char *kind) {
     /* Row-major op(A) m x k, op(B) k x n. */
@@ -131,13 +131,13 @@ static void measure_sgemm(int m, int n, int k, int ta, int tb, double seconds, c
     int lda = ta ? m : k, ldb = tb ? k : n;
     double flop = 2.0 * m * n * (double)k;
     /* warm up, then time repetitions until `seconds` pass; report the median */
-    be->gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
+    be->gemm(be, ta, tb, m, n, k, 1.0f, a, OLMO_F32, lda, b, OLMO_F32, ldb, 0.0f, c, n);
     double times[256];
     int reps = 0;
     double start = now();
     while (reps < 256 && (reps < 3 || now() - start < seconds)) {
         double t0 = now();
-        be->gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
+        be->gemm(be, ta, tb, m, n, k, 1.0f, a, OLMO_F32, lda, b, OLMO_F32, ldb, 0.0f, c, n);
         times[reps++] = now() - t0;
     }
     for (int i = 1; i < reps; i++) /* insertion sort for the median */
@@ -182,7 +182,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    be = olmo_backend_by_name(backend);
+    be = olmo_backend_create(backend);
     if (!be || !be->host_memory) {
         fprintf(stderr, "peak_gemm: %s\n", be ? "a CPU backend, please" : olmo_last_error());
         return 2;
@@ -190,7 +190,7 @@ int main(int argc, char **argv) {
     /* the library and its kernels (OpenBLAS: its choice for this processor, or OPENBLAS_CORETYPE's) */
     const char *coretype = getenv("OPENBLAS_CORETYPE");
     printf("{\"kind\": \"blas\", \"backend\": \"%s\", \"gemm\": \"%s\", \"openblas_coretype\": \"%s\"}\n", be->name,
-           be->describe(), coretype ? coretype : "");
+           be->describe(be), coretype ? coretype : "");
     measure_loop("fma", fma_loop, 2.0, seconds);
 #if defined(__AVX512BF16__)
     measure_loop("bf16_dot", bf16_dot_loop, 4.0, seconds);

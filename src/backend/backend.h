@@ -1,4 +1,8 @@
-/* The narrow interface between the model and the hardware.  Every pointer
+/* The narrow interface between the model and the hardware: a backend
+ * instance (struct olmo_backend, below) owns its state and is passed first to
+ * every op; ops return 0 or -1 with the error set; the capability query
+ * (check_attention) runs at model creation, so a shape the backend cannot run
+ * is an error there rather than an abort in the first step.  Every pointer
  * passed to an op is backend memory (allocated with `alloc`); the model never
  * dereferences it.  Conventions shared by all ops:
  *   - tensors are row-major float32, rows = tokens (b * seq_len + t);
@@ -19,44 +23,102 @@ struct olmo_attn_shape {
     float scale; /* softmax scale, 1/sqrt(head_dim) */
 };
 
-struct olmo_dist;
+/* Element types of backend buffers and GEMM operands. */
+enum olmo_float_type { OLMO_F32, OLMO_BF16 };
+size_t olmo_float_type_size(enum olmo_float_type dtype);
 
+/* What a buffer holds.  Master weights, their gradients and the optimizer
+ * state are fp32 on every backend; a backend that computes in bf16
+ * (compute_dtype below) multiplies by a bf16 COMPUTE_COPY of the weights,
+ * which the model refreshes (convert) whenever the weights change. */
+enum olmo_buf_role {
+    OLMO_BUF_WEIGHT,       /* fp32 master weights */
+    OLMO_BUF_GRAD,         /* fp32 gradients */
+    OLMO_BUF_OPTIM_STATE,  /* fp32 AdamW moments */
+    OLMO_BUF_COMPUTE_COPY, /* the weights in compute_dtype, refreshed from the master weights */
+    OLMO_BUF_ACTIVATION,   /* saved for the backward pass */
+    OLMO_BUF_SCRATCH       /* reused within a step */
+};
+
+/* A typed buffer of backend memory (olmo_buf_alloc / olmo_buf_free). */
+struct olmo_buf {
+    void *data;
+    size_t numel;
+    enum olmo_float_type dtype;
+    enum olmo_buf_role role;
+};
+
+struct olmo_dist;
+struct olmo_backend;
+/* Every op takes the backend instance first (its state: scratch memory,
+ * library handles, communicator, counters) and returns 0, or -1 with the error
+ * set (util/error.h).  Shorthand for that parameter in the table below: */
+#define OLMO_BE const struct olmo_backend *be
+
+/* A backend instance: olmo_backend_create(name) makes one, olmo_backend_destroy
+ * frees it and everything it holds.  Instances share no mutable state, so a
+ * process may hold several (two devices, a profiled wrapper around another
+ * instance); one instance runs one op at a time (its scratch memory is its
+ * own, not per thread).  Callers hold a const pointer: the table and name are
+ * fixed when the instance is made, and only the ops change `state`. */
 struct olmo_backend {
     const char *name;
     bool host_memory; /* alloc returns host memory (MPI can move it directly) */
+    void *state;      /* the implementation's own; callers never touch it */
+    /* The type its GEMMs multiply in: OLMO_BF16 (cpu-bf16, cuda-bf16) makes the
+     * model keep a bf16 compute copy of the weights and pass that to gemm, so
+     * the weight operand is not converted on every call; OLMO_F32 otherwise. */
+    enum olmo_float_type compute_dtype;
+    /* Frees `state` and whatever it holds (called by olmo_backend_destroy); may be NULL. */
+    void (*destroy)(struct olmo_backend *be);
     /* What computes, for log headers, e.g. "GEMMs: oneDNN 2.6.3, AVX-512 JIT kernels"; may be NULL. */
-    const char *(*describe)(void);
+    const char *(*describe)(OLMO_BE);
 
-    void *(*alloc)(size_t bytes); /* zero-filled; NULL on failure (error set) */
-    void (*free)(void *p);
-    void (*to_device)(void *dst, const void *src, size_t bytes);
-    void (*to_host)(void *dst, const void *src, size_t bytes);
-    void (*zero)(void *p, size_t bytes);
-    void (*copy)(void *dst, const void *src, size_t bytes); /* device to device */
+    void *(*alloc)(OLMO_BE, size_t bytes); /* zero-filled; NULL on failure (error set) */
+    void (*free)(OLMO_BE, void *p);
+    int (*to_device)(OLMO_BE, void *dst, const void *src, size_t bytes);
+    int (*to_host)(OLMO_BE, void *dst, const void *src, size_t bytes);
+    int (*zero)(OLMO_BE, void *p, size_t bytes);
+    int (*copy)(OLMO_BE, void *dst, const void *src, size_t bytes); /* device to device */
+    /* Capability query, asked at model creation (olmo_model_create, through
+     * olmo_backend_check_attention) for each layer's attention, with batch and
+     * seq_len 0 (not known yet), and again by olmo_model_reserve with them:
+     * 0 when attention_fwd/bwd and attention_cached run this shape; -1 with the
+     * error set, saying why, when they do not (e.g. the CUDA kernels' head_dim
+     * limit).  NULL: every shape valid for the interface is supported. */
+    int (*check_attention)(OLMO_BE, const struct olmo_attn_shape *shape);
     /* Returns when every op queued so far has run (a device runs them
      * asynchronously); NULL where each op returns when it is done (CPU). */
-    void (*synchronize)(void);
+    int (*synchronize)(OLMO_BE);
 
-    /* c = alpha * op(a) @ op(b) + beta * c; op(a) is m x k, op(b) is k x n. */
-    void (*gemm)(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a, int lda,
-                 const float *b, int ldb, float beta, float *c, int ldc);
+    /* dst[i] = src[i] for n elements, converting between types (fp32 -> bf16
+     * rounds to nearest even, bf16 -> fp32 is exact). */
+    int (*convert)(OLMO_BE, void *dst, enum olmo_float_type dst_type, const void *src, enum olmo_float_type src_type, size_t n);
 
-    void (*embedding_fwd)(float *out, const float *table, const int32_t *tokens, int n, int dim);
-    void (*embedding_bwd)(float *dtable, const float *dout, const int32_t *tokens, int n, int dim);
+    /* c = alpha * op(a) @ op(b) + beta * c; op(a) is m x k, op(b) is k x n; c is
+     * fp32, a and b are of a_type / b_type (leading dimensions in elements).
+     * A bf16-computing backend rounds fp32 operands to bf16 first; an fp32 one
+     * widens bf16 operands (exactly). */
+    int (*gemm)(OLMO_BE, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void *a,
+                enum olmo_float_type a_type, int lda, const void *b, enum olmo_float_type b_type, int ldb, float beta, float *c,
+                int ldc);
+
+    int (*embedding_fwd)(OLMO_BE, float *out, const float *table, const int32_t *tokens, int n, int dim);
+    int (*embedding_bwd)(OLMO_BE, float *dtable, const float *dout, const int32_t *tokens, int n, int dim);
 
     /* y = x / rms(x) * w over the last dim; rstd[n] is kept for backward. */
-    void (*rmsnorm_fwd)(float *y, float *rstd, const float *x, const float *w, int n, int dim, float eps);
+    int (*rmsnorm_fwd)(OLMO_BE, float *y, float *rstd, const float *x, const float *w, int n, int dim, float eps);
     /* dx may alias dy. */
-    void (*rmsnorm_bwd)(float *dx, float *dw, const float *dy, const float *x, const float *w,
-                        const float *rstd, int n, int dim);
+    int (*rmsnorm_bwd)(OLMO_BE, float *dx, float *dw, const float *dy, const float *x, const float *w,
+                       const float *rstd, int n, int dim);
 
     /* In-place rotary embedding (rotate-half convention) of rows laid out as
      * [n_rows, heads, head_dim]; row r is at position r % seq_len.
      * cos/sin are [seq_len, head_dim/2]. */
-    void (*rope_fwd)(float *x, const float *cos, const float *sin, int n_rows, int seq_len, int heads,
-                     int head_dim);
-    void (*rope_bwd)(float *dx, const float *cos, const float *sin, int n_rows, int seq_len, int heads,
-                     int head_dim);
+    int (*rope_fwd)(OLMO_BE, float *x, const float *cos, const float *sin, int n_rows, int seq_len, int heads,
+                    int head_dim);
+    int (*rope_bwd)(OLMO_BE, float *dx, const float *cos, const float *sin, int n_rows, int seq_len, int heads,
+                    int head_dim);
 
     /* Causal (optionally sliding-window, optionally intra-document) softmax
      * attention.  q/out: [batch*seq, n_heads*head_dim]; k, v: [batch*seq,
@@ -66,31 +128,31 @@ struct olmo_backend {
      * document are masked out (a document is a run of equal ids, as the
      * model numbers them: non-decreasing along each sequence).  Scratch
      * memory must stay O(seq) per head: no seq^2 buffers. */
-    void (*attention_fwd)(float *out, float *lse, const float *q, const float *k, const float *v,
-                          const int32_t *doc_ids, const struct olmo_attn_shape *shape);
-    void (*attention_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *out,
-                          const float *lse, const float *q, const float *k, const float *v,
-                          const int32_t *doc_ids, const struct olmo_attn_shape *shape);
+    int (*attention_fwd)(OLMO_BE, float *out, float *lse, const float *q, const float *k, const float *v,
+                         const int32_t *doc_ids, const struct olmo_attn_shape *shape);
+    int (*attention_bwd)(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *out,
+                         const float *lse, const float *q, const float *k, const float *v, const int32_t *doc_ids,
+                         const struct olmo_attn_shape *shape);
 
     /* s = silu(g) * u, elementwise. */
-    void (*swiglu_fwd)(float *s, const float *g, const float *u, size_t n);
-    void (*swiglu_bwd)(float *dg, float *du, const float *ds, const float *g, const float *u, size_t n);
+    int (*swiglu_fwd)(OLMO_BE, float *s, const float *g, const float *u, size_t n);
+    int (*swiglu_bwd)(OLMO_BE, float *dg, float *du, const float *ds, const float *g, const float *u, size_t n);
 
-    void (*add)(float *y, const float *a, const float *b, size_t n); /* y = a + b (y may alias a) */
+    int (*add)(OLMO_BE, float *y, const float *a, const float *b, size_t n); /* y = a + b (y may alias a) */
 
     /* Cross-entropy with optional z-loss, computed row-wise over logits
      * [n, vocab].  Targets < 0 are ignored.  Overwrites logits with
      * d(total)/d(logits) where total = grad_scale * sum_rows(ce + z_mult*lse^2).
      * Returns the unscaled sums of ce and of lse^2 through ce_sum / z_sum. */
-    void (*cross_entropy)(float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
-                          float z_mult, double *ce_sum, double *z_sum);
+    int (*cross_entropy)(OLMO_BE, float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
+                         float z_mult, double *ce_sum, double *z_sum);
 
-    double (*sum_squares)(const float *x, size_t n);
-    void (*scale)(float *x, size_t n, float s);
+    int (*sum_squares)(OLMO_BE, const float *x, size_t n, double *out); /* *out = sum of x[i]^2 */
+    int (*scale)(OLMO_BE, float *x, size_t n, float s);
 
     /* One decoupled-weight-decay Adam step (PyTorch AdamW semantics), step >= 1. */
-    void (*adamw)(float *param, const float *grad, float *m, float *v, size_t n, double lr, float beta1,
-                  float beta2, float eps, double weight_decay, long step);
+    int (*adamw)(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr, float beta1,
+                 float beta2, float eps, double weight_decay, long step);
 
     /* Inference attention (batch 1) of n new query rows over a KV cache.
      * q/out: [n, n_heads*head_dim], rows at absolute positions pos0..pos0+n-1
@@ -99,38 +161,50 @@ struct olmo_backend {
      * (shape->window 0: 0..t), all of which must still be in the cache.
      * shape->batch and shape->seq_len are ignored.  May be NULL in a backend
      * without inference support (olmoc generate then refuses to run). */
-    void (*attention_cached)(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
-                             int pos0, int cap, const struct olmo_attn_shape *shape);
+    int (*attention_cached)(OLMO_BE, float *out, const float *q, const float *k_cache, const float *v_cache, int n,
+                            int pos0, int cap, const struct olmo_attn_shape *shape);
 
     /* Data parallelism on backend memory (NCCL in the CUDA backend).  NULL in
      * a host-memory backend, whose buffers go to MPI as they are.  comm_init is
      * collective over the ranks of dist (it uses MPI to share the NCCL id);
      * allgather: rank r contributes buf[offsets[r] .. offsets[r+1]) and every
-     * rank ends up with all slices (offsets has world + 1 entries). */
-    int (*comm_init)(const struct olmo_dist *dist);
-    int (*comm_allreduce_sum)(float *buf, size_t n);
-    int (*comm_allgather)(float *buf, const size_t *offsets);
-    void (*comm_destroy)(void);
+     * rank ends up with all slices (offsets has world + 1 entries).  The
+     * communicator is the instance's (comm_destroy or destroying it frees it). */
+    int (*comm_init)(OLMO_BE, const struct olmo_dist *dist);
+    int (*comm_allreduce_sum)(OLMO_BE, float *buf, size_t n);
+    int (*comm_allgather)(OLMO_BE, float *buf, const size_t *offsets);
+    void (*comm_destroy)(OLMO_BE);
 };
 
 /* The CPU backend.  Its variants differ in where the GEMMs come from:
  *   OLMO_CPU_GEMM_BEST      "cpu": oneDNN when this build has it, else OpenBLAS;
  *   OLMO_CPU_GEMM_OPENBLAS  "cpu-openblas";
  *   OLMO_CPU_GEMM_ONEDNN    "cpu-onednn" (NULL, error set, in a build without oneDNN);
- *   OLMO_CPU_GEMM_ONEDNN_BF16  "cpu-bf16": operands rounded to bf16, fp32 accumulation
- *                           and output (oneDNN 2.x matmul; NULL, error set, where it has
- *                           no bf16 kernels for the processor), and the same for
- *                           attention's products in builds with AVX512-BF16.
+ *   OLMO_CPU_GEMM_BF16      "cpu-bf16": operands rounded to bf16, fp32 accumulation
+ *                           and output, and the same for attention's products in
+ *                           builds with AVX512-BF16.  Always available: oneDNN 2.x's
+ *                           bf16 matmul where it has kernels for the processor
+ *                           (AVX-512), else the next variant.  OLMOC_CPU_BF16=convert
+ *                           in the environment forces the fallback, =onednn the
+ *                           matmul (NULL, error set, where it is missing);
+ *   OLMO_CPU_GEMM_ONEDNN_BF16   cpu-bf16 on oneDNN's bf16 matmul only (NULL, error set,
+ *                           where the build or the processor has none);
+ *   OLMO_CPU_GEMM_BF16_CONVERT  cpu-bf16 on any processor: the operands rounded to bf16
+ *                           and widened back (exact), then the fp32 GEMM; products of
+ *                           bf16 values are exact in fp32, so the numerics are those
+ *                           of the matmul up to summation order.
  * oneDNN picks its kernels from the instruction sets the processor reports;
  * OpenBLAS from its processor table or OPENBLAS_CORETYPE. */
 enum olmo_cpu_gemm_library {
     OLMO_CPU_GEMM_BEST,
     OLMO_CPU_GEMM_OPENBLAS,
     OLMO_CPU_GEMM_ONEDNN,
-    OLMO_CPU_GEMM_ONEDNN_BF16
+    OLMO_CPU_GEMM_ONEDNN_BF16,
+    OLMO_CPU_GEMM_BF16_CONVERT,
+    OLMO_CPU_GEMM_BF16
 };
-const struct olmo_backend *olmo_backend_cpu_gemm(enum olmo_cpu_gemm_library library);
-const struct olmo_backend *olmo_backend_cpu(void); /* = OLMO_CPU_GEMM_BEST */
+/* A new CPU backend instance; NULL (error set) where the variant is unavailable. */
+struct olmo_backend *olmo_backend_cpu_create(enum olmo_cpu_gemm_library library);
 
 #ifdef OLMOC_HAVE_CUDA
 /* CUDA backend (src/backend/cuda/): device memory, cuBLAS GEMMs, deterministic
@@ -138,19 +212,35 @@ const struct olmo_backend *olmo_backend_cpu(void); /* = OLMO_CPU_GEMM_BEST */
  * other op, the master weights, gradients and AdamW state are fp32 in all:
  *   OLMO_CUDA_FP32  fp32 SGEMM (matches the CPU backend within fp32 rounding);
  *   OLMO_CUDA_TF32  fp32 operands on TF32 tensor cores, fp32 accumulation;
- *   OLMO_CUDA_BF16  operands rounded to bf16 per call, fp32 accumulation and output;
+ *   OLMO_CUDA_BF16  bf16 operands (weights from the model's bf16 compute copy, activations
+ *                   rounded per call), fp32 accumulation and output;
  *   OLMO_CUDA_BF16_CUBLAS  the same inside cuBLAS (CUBLAS_COMPUTE_32F_FAST_16BF on the
  *                   fp32 operands: no conversion passes, cuBLAS's own rounding).
  * Both bf16 variants also run attention's products on bf16 tensor cores.
- * NULL (error set) when no CUDA device is usable. */
+ * An instance has its own cuBLAS handle and scratch memory (and NCCL
+ * communicator) on the current device; NULL (error set) when no CUDA device
+ * is usable. */
 enum olmo_cuda_gemm_precision { OLMO_CUDA_FP32, OLMO_CUDA_TF32, OLMO_CUDA_BF16, OLMO_CUDA_BF16_CUBLAS };
-const struct olmo_backend *olmo_backend_cuda(void); /* = OLMO_CUDA_FP32 */
-const struct olmo_backend *olmo_backend_cuda_precision(enum olmo_cuda_gemm_precision precision);
+struct olmo_backend *olmo_backend_cuda_create(enum olmo_cuda_gemm_precision precision);
 #endif
 
-/* "cpu", "cpu-openblas", "cpu-onednn", "cpu-bf16", and when built with CUDA "cuda" (fp32), "cuda-tf32", "cuda-bf16",
- * "cuda-bf16-cublas".
- * NULL (error set) for an unknown or unavailable backend. */
-const struct olmo_backend *olmo_backend_by_name(const char *name);
+/* Whether `be` runs attention of this shape: the interface's own rules
+ * (head_dim >= 1, n_kv_heads >= 1 dividing n_heads, window >= 0, batch and
+ * seq_len >= 0), then the backend's check_attention.  0, or -1 with the error
+ * set naming the backend and the reason. */
+int olmo_backend_check_attention(const struct olmo_backend *be, const struct olmo_attn_shape *shape);
+
+/* numel elements of dtype in be's memory (zero-filled), labelled with role;
+ * 0, or -1 with the error set.  olmo_buf_free frees it (and zeroes *buf). */
+int olmo_buf_alloc(const struct olmo_backend *be, struct olmo_buf *buf, size_t numel, enum olmo_float_type dtype,
+                   enum olmo_buf_role role);
+void olmo_buf_free(const struct olmo_backend *be, struct olmo_buf *buf);
+
+/* A new instance of the backend named "cpu", "cpu-openblas", "cpu-onednn",
+ * "cpu-bf16", and when built with CUDA "cuda" (fp32), "cuda-tf32", "cuda-bf16",
+ * "cuda-bf16-cublas".  NULL (error set) for an unknown or unavailable backend. */
+struct olmo_backend *olmo_backend_create(const char *name);
+/* Frees the instance and everything it holds (NULL: nothing). */
+void olmo_backend_destroy(struct olmo_backend *be);
 
 #endif

@@ -2,92 +2,119 @@
 #include "util/clock.h"
 
 #include <stdbool.h>
+#include <stdlib.h>
+
+#include "util/error.h"
 
 enum {
     P_GEMM, P_EMBED, P_RMSNORM, P_ROPE, P_ATTN_FWD, P_ATTN_BWD, P_SWIGLU, P_ADD, P_CE, P_OPTIM, P_COPY, P_COUNT
 };
 static const char *const names[P_COUNT] = {"gemm", "embedding", "rmsnorm", "rope", "attention fwd", "attention bwd",
-                                           "swiglu", "add", "cross-entropy", "optimizer + norm", "copy/zero"};
-static double seconds[P_COUNT], gemm_flops;
-static long calls[P_COUNT];
-/* attention's model FLOPs and the seconds of the calls they were counted for (no document masking) */
-static double attn_flops[2], attn_counted_seconds[2];
-static long attn_uncounted;
-static const struct olmo_backend *in;
-static bool enabled = true;
-
-/* A device runs ops asynchronously: wait for the queue before reading the clock, on both sides. */
-static double clock_after_queue(void) {
-    if (in->synchronize) in->synchronize();
-    return olmo_now_seconds();
-}
-
-#define TIMED(slot, call)                                   \
-    do {                                                    \
-        if (!enabled) {                                     \
-            call;                                           \
-            break;                                          \
-        }                                                   \
-        const double t0_ = clock_after_queue();             \
-        call;                                               \
-        seconds[slot] += clock_after_queue() - t0_;         \
-        calls[slot]++;                                      \
-    } while (0)
-
-static void p_zero(void *p, size_t bytes) { TIMED(P_COPY, in->zero(p, bytes)); }
-static void p_copy(void *dst, const void *src, size_t bytes) { TIMED(P_COPY, in->copy(dst, src, bytes)); }
-
+                                           "swiglu", "add", "cross-entropy", "optimizer + norm", "copy/zero/convert"};
 /* per GEMM shape: the first MAX_SHAPES distinct (m, n, k, ta, tb, beta != 0) */
 enum { MAX_SHAPES = 64 };
-static struct shape_stat {
+struct shape_stat {
     int m, n, k, ta, tb, beta;
     long calls;
     double seconds;
-} shapes[MAX_SHAPES];
-static int n_shapes;
+};
 
-static void p_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
-                   int ldb, float beta, float *c, int ldc) {
-    if (!enabled) {
-        in->gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-        return;
-    }
-    const double t0 = clock_after_queue();
-    in->gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    const double t = clock_after_queue() - t0;
-    seconds[P_GEMM] += t;
-    calls[P_GEMM]++;
-    gemm_flops += 2.0 * m * n * (double)k;
-    struct shape_stat key = {m, n, k, ta, tb, beta != 0.0f, 0, 0.0};
+/* The wrapper instance's state: the inner instance and the counters. */
+struct prof {
+    const struct olmo_backend *in;
+    bool enabled;
+    double seconds[P_COUNT], gemm_flops;
+    long calls[P_COUNT];
+    /* attention's model FLOPs and the seconds of the calls they were counted for (no document masking) */
+    double attn_flops[2], attn_counted_seconds[2];
+    long attn_uncounted;
+    struct shape_stat shapes[MAX_SHAPES];
+    int n_shapes;
+};
+#define PROF(be) ((struct prof *)(be)->state)
+
+/* A device runs ops asynchronously: wait for the queue before reading the clock, on both sides. */
+static double clock_after_queue(const struct prof *p) {
+    if (p->in->synchronize) p->in->synchronize(p->in);
+    return olmo_now_seconds();
+}
+
+/* rc = the inner op, timed into slot when enabled */
+#define TIMED(slot, call)                                   \
+    struct prof *p_ = PROF(be);                             \
+    const struct olmo_backend *in = p_->in;                 \
+    int rc;                                                 \
+    do {                                                    \
+        if (!p_->enabled) {                                 \
+            rc = call;                                      \
+            break;                                          \
+        }                                                   \
+        const double t0_ = clock_after_queue(p_);           \
+        rc = call;                                          \
+        p_->seconds[slot] += clock_after_queue(p_) - t0_;   \
+        p_->calls[slot]++;                                  \
+    } while (0)
+
+static int p_zero(OLMO_BE, void *p, size_t bytes) {
+    TIMED(P_COPY, in->zero(in, p, bytes));
+    return rc;
+}
+static int p_copy(OLMO_BE, void *dst, const void *src, size_t bytes) {
+    TIMED(P_COPY, in->copy(in, dst, src, bytes));
+    return rc;
+}
+static int p_convert(OLMO_BE, void *dst, enum olmo_float_type dst_type, const void *src, enum olmo_float_type src_type,
+                     size_t n) {
+    TIMED(P_COPY, in->convert(in, dst, dst_type, src, src_type, n));
+    return rc;
+}
+
+static void count_gemm(struct prof *p, bool ta, bool tb, int m, int n, int k, bool accumulate, double t) {
+    p->gemm_flops += 2.0 * m * n * (double)k;
+    struct shape_stat key = {m, n, k, ta, tb, accumulate, 0, 0.0};
     int i = 0;
-    while (i < n_shapes && !(shapes[i].m == m && shapes[i].n == n && shapes[i].k == k && shapes[i].ta == ta &&
-                             shapes[i].tb == tb && shapes[i].beta == key.beta))
+    while (i < p->n_shapes && !(p->shapes[i].m == m && p->shapes[i].n == n && p->shapes[i].k == k &&
+                                p->shapes[i].ta == ta && p->shapes[i].tb == tb && p->shapes[i].beta == key.beta))
         i++;
-    if (i == n_shapes && n_shapes < MAX_SHAPES) shapes[n_shapes++] = key;
-    if (i < n_shapes) {
-        shapes[i].calls++;
-        shapes[i].seconds += t;
+    if (i == p->n_shapes && p->n_shapes < MAX_SHAPES) p->shapes[p->n_shapes++] = key;
+    if (i < p->n_shapes) {
+        p->shapes[i].calls++;
+        p->shapes[i].seconds += t;
     }
 }
 
-static void p_embedding_fwd(float *out, const float *table, const int32_t *tokens, int n, int dim) {
-    TIMED(P_EMBED, in->embedding_fwd(out, table, tokens, n, dim));
+static int p_gemm(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const void *a, enum olmo_float_type a_type,
+                  int lda, const void *b, enum olmo_float_type b_type, int ldb, float beta, float *c, int ldc) {
+    const double before = PROF(be)->seconds[P_GEMM];
+    TIMED(P_GEMM, in->gemm(in, ta, tb, m, n, k, alpha, a, a_type, lda, b, b_type, ldb, beta, c, ldc));
+    if (p_->enabled) count_gemm(p_, ta, tb, m, n, k, beta != 0.0f, p_->seconds[P_GEMM] - before);
+    return rc;
 }
-static void p_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int n, int dim) {
-    TIMED(P_EMBED, in->embedding_bwd(dtable, dout, tokens, n, dim));
+
+static int p_embedding_fwd(OLMO_BE, float *out, const float *table, const int32_t *tokens, int n, int dim) {
+    TIMED(P_EMBED, in->embedding_fwd(in, out, table, tokens, n, dim));
+    return rc;
 }
-static void p_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, int n, int dim, float eps) {
-    TIMED(P_RMSNORM, in->rmsnorm_fwd(y, rstd, x, w, n, dim, eps));
+static int p_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int32_t *tokens, int n, int dim) {
+    TIMED(P_EMBED, in->embedding_bwd(in, dtable, dout, tokens, n, dim));
+    return rc;
 }
-static void p_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w, const float *rstd,
-                          int n, int dim) {
-    TIMED(P_RMSNORM, in->rmsnorm_bwd(dx, dw, dy, x, w, rstd, n, dim));
+static int p_rmsnorm_fwd(OLMO_BE, float *y, float *rstd, const float *x, const float *w, int n, int dim, float eps) {
+    TIMED(P_RMSNORM, in->rmsnorm_fwd(in, y, rstd, x, w, n, dim, eps));
+    return rc;
 }
-static void p_rope_fwd(float *x, const float *c, const float *s, int rows, int seq, int heads, int hd) {
-    TIMED(P_ROPE, in->rope_fwd(x, c, s, rows, seq, heads, hd));
+static int p_rmsnorm_bwd(OLMO_BE, float *dx, float *dw, const float *dy, const float *x, const float *w,
+                         const float *rstd, int n, int dim) {
+    TIMED(P_RMSNORM, in->rmsnorm_bwd(in, dx, dw, dy, x, w, rstd, n, dim));
+    return rc;
 }
-static void p_rope_bwd(float *x, const float *c, const float *s, int rows, int seq, int heads, int hd) {
-    TIMED(P_ROPE, in->rope_bwd(x, c, s, rows, seq, heads, hd));
+static int p_rope_fwd(OLMO_BE, float *x, const float *c, const float *s, int rows, int seq, int heads, int hd) {
+    TIMED(P_ROPE, in->rope_fwd(in, x, c, s, rows, seq, heads, hd));
+    return rc;
+}
+static int p_rope_bwd(OLMO_BE, float *x, const float *c, const float *s, int rows, int seq, int heads, int hd) {
+    TIMED(P_ROPE, in->rope_bwd(in, x, c, s, rows, seq, heads, hd));
+    return rc;
 }
 /* Query-key pairs that attention computes: sum over positions t of the keys t sees, min(t + 1, window). */
 static double visible_pairs(const struct olmo_attn_shape *s) {
@@ -98,111 +125,162 @@ static double visible_pairs(const struct olmo_attn_shape *s) {
 /* Model FLOPs as olmo_model_flops_per_token counts them: 2 products of 2 FLOPs per pair, head and
  * head_dim element forward (S = QK^T, PV), twice that backward.  Document masking hides pairs that
  * only the device knows (doc_ids is device memory), so those calls are timed but not counted. */
-static void count_attention(int pass, const int32_t *doc_ids, const struct olmo_attn_shape *s, double t) {
+static void count_attention(struct prof *p, int pass, const int32_t *doc_ids, const struct olmo_attn_shape *s,
+                            double t) {
     if (doc_ids) {
-        attn_uncounted++;
+        p->attn_uncounted++;
         return;
     }
-    attn_flops[pass] += (pass ? 8.0 : 4.0) * visible_pairs(s) * s->n_heads * s->head_dim;
-    attn_counted_seconds[pass] += t;
+    p->attn_flops[pass] += (pass ? 8.0 : 4.0) * visible_pairs(s) * s->n_heads * s->head_dim;
+    p->attn_counted_seconds[pass] += t;
 }
 
-static void p_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
-                            const int32_t *doc_ids, const struct olmo_attn_shape *s) {
-    const double before = seconds[P_ATTN_FWD];
-    TIMED(P_ATTN_FWD, in->attention_fwd(out, lse, q, k, v, doc_ids, s));
-    if (enabled) count_attention(0, doc_ids, s, seconds[P_ATTN_FWD] - before);
+static int p_attention_fwd(OLMO_BE, float *out, float *lse, const float *q, const float *k, const float *v,
+                           const int32_t *doc_ids, const struct olmo_attn_shape *s) {
+    const double before = PROF(be)->seconds[P_ATTN_FWD];
+    TIMED(P_ATTN_FWD, in->attention_fwd(in, out, lse, q, k, v, doc_ids, s));
+    if (p_->enabled) count_attention(p_, 0, doc_ids, s, p_->seconds[P_ATTN_FWD] - before);
+    return rc;
 }
-static void p_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                            const float *q, const float *k, const float *v, const int32_t *doc_ids,
-                            const struct olmo_attn_shape *s) {
-    const double before = seconds[P_ATTN_BWD];
-    TIMED(P_ATTN_BWD, in->attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s));
-    if (enabled) count_attention(1, doc_ids, s, seconds[P_ATTN_BWD] - before);
+static int p_attention_bwd(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *out,
+                           const float *lse, const float *q, const float *k, const float *v, const int32_t *doc_ids,
+                           const struct olmo_attn_shape *s) {
+    const double before = PROF(be)->seconds[P_ATTN_BWD];
+    TIMED(P_ATTN_BWD, in->attention_bwd(in, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s));
+    if (p_->enabled) count_attention(p_, 1, doc_ids, s, p_->seconds[P_ATTN_BWD] - before);
+    return rc;
 }
-static void p_swiglu_fwd(float *s, const float *g, const float *u, size_t n) {
-    TIMED(P_SWIGLU, in->swiglu_fwd(s, g, u, n));
+static int p_swiglu_fwd(OLMO_BE, float *s, const float *g, const float *u, size_t n) {
+    TIMED(P_SWIGLU, in->swiglu_fwd(in, s, g, u, n));
+    return rc;
 }
-static void p_swiglu_bwd(float *dg, float *du, const float *ds, const float *g, const float *u, size_t n) {
-    TIMED(P_SWIGLU, in->swiglu_bwd(dg, du, ds, g, u, n));
+static int p_swiglu_bwd(OLMO_BE, float *dg, float *du, const float *ds, const float *g, const float *u, size_t n) {
+    TIMED(P_SWIGLU, in->swiglu_bwd(in, dg, du, ds, g, u, n));
+    return rc;
 }
-static void p_add(float *y, const float *a, const float *b, size_t n) { TIMED(P_ADD, in->add(y, a, b, n)); }
-static void p_cross_entropy(float *logits, const int32_t *targets, int n, int vocab, float grad_scale, float z_mult,
-                            double *ce_sum, double *z_sum) {
-    TIMED(P_CE, in->cross_entropy(logits, targets, n, vocab, grad_scale, z_mult, ce_sum, z_sum));
+static int p_add(OLMO_BE, float *y, const float *a, const float *b, size_t n) {
+    TIMED(P_ADD, in->add(in, y, a, b, n));
+    return rc;
 }
-static double p_sum_squares(const float *x, size_t n) {
-    double r;
-    TIMED(P_OPTIM, r = in->sum_squares(x, n));
-    return r;
+static int p_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
+                           float z_mult, double *ce_sum, double *z_sum) {
+    TIMED(P_CE, in->cross_entropy(in, logits, targets, n, vocab, grad_scale, z_mult, ce_sum, z_sum));
+    return rc;
 }
-static void p_scale(float *x, size_t n, float s) { TIMED(P_OPTIM, in->scale(x, n, s)); }
-static void p_adamw(float *param, const float *grad, float *m, float *v, size_t n, double lr, float beta1,
-                    float beta2, float eps, double weight_decay, long step) {
-    TIMED(P_OPTIM, in->adamw(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step));
+static int p_sum_squares(OLMO_BE, const float *x, size_t n, double *out) {
+    TIMED(P_OPTIM, in->sum_squares(in, x, n, out));
+    return rc;
 }
-
-const struct olmo_backend *olmo_backend_profiled(const struct olmo_backend *inner) {
-    static struct olmo_backend be;
-    in = inner;
-    be = *inner;
-    be.name = inner->name; /* callers dispatch on it */
-    be.zero = p_zero;
-    be.copy = p_copy;
-    be.gemm = p_gemm;
-    be.embedding_fwd = p_embedding_fwd;
-    be.embedding_bwd = p_embedding_bwd;
-    be.rmsnorm_fwd = p_rmsnorm_fwd;
-    be.rmsnorm_bwd = p_rmsnorm_bwd;
-    be.rope_fwd = p_rope_fwd;
-    be.rope_bwd = p_rope_bwd;
-    be.attention_fwd = p_attention_fwd;
-    be.attention_bwd = p_attention_bwd;
-    be.swiglu_fwd = p_swiglu_fwd;
-    be.swiglu_bwd = p_swiglu_bwd;
-    be.add = p_add;
-    be.cross_entropy = p_cross_entropy;
-    be.sum_squares = p_sum_squares;
-    be.scale = p_scale;
-    be.adamw = p_adamw;
-    return &be;
+static int p_scale(OLMO_BE, float *x, size_t n, float s) {
+    TIMED(P_OPTIM, in->scale(in, x, n, s));
+    return rc;
+}
+static int p_adamw(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr, float beta1,
+                   float beta2, float eps, double weight_decay, long step) {
+    TIMED(P_OPTIM, in->adamw(in, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step));
+    return rc;
 }
 
-void olmo_profile_enable(bool on) { enabled = on; }
+/* The untimed ops forward to the inner instance. */
+static const char *p_describe(OLMO_BE) { return PROF(be)->in->describe ? PROF(be)->in->describe(PROF(be)->in) : NULL; }
+static void *p_alloc(OLMO_BE, size_t bytes) { return PROF(be)->in->alloc(PROF(be)->in, bytes); }
+static void p_free(OLMO_BE, void *ptr) { PROF(be)->in->free(PROF(be)->in, ptr); }
+static int p_to_device(OLMO_BE, void *dst, const void *src, size_t bytes) {
+    return PROF(be)->in->to_device(PROF(be)->in, dst, src, bytes);
+}
+static int p_to_host(OLMO_BE, void *dst, const void *src, size_t bytes) {
+    return PROF(be)->in->to_host(PROF(be)->in, dst, src, bytes);
+}
+static int p_synchronize(OLMO_BE) { return PROF(be)->in->synchronize(PROF(be)->in); }
+static int p_check_attention(OLMO_BE, const struct olmo_attn_shape *s) {
+    return PROF(be)->in->check_attention(PROF(be)->in, s);
+}
+static int p_attention_cached(OLMO_BE, float *out, const float *q, const float *k_cache, const float *v_cache, int n,
+                              int pos0, int cap, const struct olmo_attn_shape *s) {
+    return PROF(be)->in->attention_cached(PROF(be)->in, out, q, k_cache, v_cache, n, pos0, cap, s);
+}
+static int p_comm_init(OLMO_BE, const struct olmo_dist *dist) { return PROF(be)->in->comm_init(PROF(be)->in, dist); }
+static int p_comm_allreduce_sum(OLMO_BE, float *buf, size_t n) {
+    return PROF(be)->in->comm_allreduce_sum(PROF(be)->in, buf, n);
+}
+static int p_comm_allgather(OLMO_BE, float *buf, const size_t *offsets) {
+    return PROF(be)->in->comm_allgather(PROF(be)->in, buf, offsets);
+}
+static void p_comm_destroy(OLMO_BE) { PROF(be)->in->comm_destroy(PROF(be)->in); }
 
-void olmo_profile_reset(void) {
-    for (int i = 0; i < P_COUNT; i++) {
-        seconds[i] = 0.0;
-        calls[i] = 0;
+static void p_destroy(struct olmo_backend *be) {
+    free(be->state);
+    be->state = NULL;
+}
+
+struct olmo_backend *olmo_backend_profiled(const struct olmo_backend *inner) {
+    struct olmo_backend *be = olmo_calloc(1, sizeof *be, "profiled backend");
+    struct prof *p = be ? olmo_calloc(1, sizeof *p, "profile counters") : NULL;
+    if (!p) {
+        free(be);
+        return NULL;
     }
-    gemm_flops = 0.0;
-    n_shapes = 0;
-    for (int pass = 0; pass < 2; pass++) attn_flops[pass] = attn_counted_seconds[pass] = 0.0;
-    attn_uncounted = 0;
+    p->in = inner;
+    p->enabled = true;
+    /* the inner instance's optional ops stay optional (NULL) in the wrapper */
+    *be = (struct olmo_backend){
+        .name = inner->name, /* callers dispatch on it */
+        .host_memory = inner->host_memory, .state = p, .compute_dtype = inner->compute_dtype, .destroy = p_destroy,
+        .convert = p_convert,
+        .describe = inner->describe ? p_describe : NULL, .alloc = p_alloc, .free = p_free,
+        .to_device = p_to_device, .to_host = p_to_host, .zero = p_zero, .copy = p_copy,
+        .check_attention = inner->check_attention ? p_check_attention : NULL,
+        .synchronize = inner->synchronize ? p_synchronize : NULL, .gemm = p_gemm,
+        .embedding_fwd = p_embedding_fwd, .embedding_bwd = p_embedding_bwd, .rmsnorm_fwd = p_rmsnorm_fwd,
+        .rmsnorm_bwd = p_rmsnorm_bwd, .rope_fwd = p_rope_fwd, .rope_bwd = p_rope_bwd,
+        .attention_fwd = p_attention_fwd, .attention_bwd = p_attention_bwd, .swiglu_fwd = p_swiglu_fwd,
+        .swiglu_bwd = p_swiglu_bwd, .add = p_add, .cross_entropy = p_cross_entropy, .sum_squares = p_sum_squares,
+        .scale = p_scale, .adamw = p_adamw,
+        .attention_cached = inner->attention_cached ? p_attention_cached : NULL,
+        .comm_init = inner->comm_init ? p_comm_init : NULL,
+        .comm_allreduce_sum = inner->comm_allreduce_sum ? p_comm_allreduce_sum : NULL,
+        .comm_allgather = inner->comm_allgather ? p_comm_allgather : NULL,
+        .comm_destroy = inner->comm_destroy ? p_comm_destroy : NULL};
+    return be;
 }
 
-void olmo_profile_report(FILE *out) {
+void olmo_profile_enable(const struct olmo_backend *profiled, bool on) { PROF(profiled)->enabled = on; }
+
+void olmo_profile_reset(const struct olmo_backend *profiled) {
+    struct prof *p = PROF(profiled);
+    for (int i = 0; i < P_COUNT; i++) {
+        p->seconds[i] = 0.0;
+        p->calls[i] = 0;
+    }
+    p->gemm_flops = 0.0;
+    p->n_shapes = 0;
+    for (int pass = 0; pass < 2; pass++) p->attn_flops[pass] = p->attn_counted_seconds[pass] = 0.0;
+    p->attn_uncounted = 0;
+}
+
+void olmo_profile_report(const struct olmo_backend *profiled, FILE *out) {
+    const struct prof *p = PROF(profiled);
     double total = 0.0;
-    for (int i = 0; i < P_COUNT; i++) total += seconds[i];
+    for (int i = 0; i < P_COUNT; i++) total += p->seconds[i];
     fprintf(out, "profile: %-18s %8s %9s %6s\n", "op", "calls", "seconds", "share");
     for (int i = 0; i < P_COUNT; i++)
-        fprintf(out, "profile: %-18s %8ld %9.3f %5.1f%%\n", names[i], calls[i], seconds[i],
-                total > 0 ? 100.0 * seconds[i] / total : 0.0);
-    for (int i = 0; i < n_shapes; i++) {
-        const struct shape_stat *g = &shapes[i];
+        fprintf(out, "profile: %-18s %8ld %9.3f %5.1f%%\n", names[i], p->calls[i], p->seconds[i],
+                total > 0 ? 100.0 * p->seconds[i] / total : 0.0);
+    for (int i = 0; i < p->n_shapes; i++) {
+        const struct shape_stat *g = &p->shapes[i];
         fprintf(out, "profile:   gemm m %5d n %5d k %5d %c%c%s %5ld calls %8.3f s %6.1f GFLOP/s\n", g->m, g->n, g->k,
                 g->ta ? 'T' : 'N', g->tb ? 'T' : 'N', g->beta ? " +C" : "   ", g->calls, g->seconds,
                 g->seconds > 0 ? 2.0 * g->m * g->n * (double)g->k * g->calls / g->seconds * 1e-9 : 0.0);
     }
     fprintf(out, "profile: gemm %.1f GFLOP/s over %.3g FLOP; ops total %.3f s\n",
-            seconds[P_GEMM] > 0 ? gemm_flops / seconds[P_GEMM] * 1e-9 : 0.0, gemm_flops, total);
+            p->seconds[P_GEMM] > 0 ? p->gemm_flops / p->seconds[P_GEMM] * 1e-9 : 0.0, p->gemm_flops, total);
     for (int pass = 0; pass < 2; pass++) {
-        if (attn_flops[pass] <= 0) continue;
-        const double rate = attn_counted_seconds[pass] > 0 ? attn_flops[pass] / attn_counted_seconds[pass] : 0.0;
+        if (p->attn_flops[pass] <= 0) continue;
+        const double secs = p->attn_counted_seconds[pass], rate = secs > 0 ? p->attn_flops[pass] / secs : 0.0;
         fprintf(out, "profile: attention %s %.1f GFLOP/s over %.3g model FLOP (%d x visible pairs x heads x "
-                "head_dim)\n", pass ? "bwd" : "fwd", rate * 1e-9, attn_flops[pass], pass ? 8 : 4);
+                "head_dim)\n", pass ? "bwd" : "fwd", rate * 1e-9, p->attn_flops[pass], pass ? 8 : 4);
     }
-    if (attn_uncounted)
+    if (p->attn_uncounted)
         fprintf(out, "profile: attention: %ld calls with document masking are timed, not in GFLOP/s\n",
-                attn_uncounted);
+                p->attn_uncounted);
 }

@@ -11,13 +11,15 @@
 
 #include "backend/backend.h"
 
-/* Wraps `inner`; one profiled backend per process (its counters are global). */
-const struct olmo_backend *olmo_backend_profiled(const struct olmo_backend *inner);
+/* A new instance wrapping `inner` (which it does not own: destroy the wrapper
+ * with olmo_backend_destroy, then inner); the counters are the wrapper's own.
+ * NULL, error set, when out of memory. */
+struct olmo_backend *olmo_backend_profiled(const struct olmo_backend *inner);
 /* Times ops (the default) or forwards them untimed, without waiting for the device. */
-void olmo_profile_enable(bool on);
+void olmo_profile_enable(const struct olmo_backend *profiled, bool on);
 /* Clears the counters (e.g. after warm-up steps). */
-void olmo_profile_reset(void);
+void olmo_profile_reset(const struct olmo_backend *profiled);
 /* Prints time per op and GEMM throughput since the last reset. */
-void olmo_profile_report(FILE *out);
+void olmo_profile_report(const struct olmo_backend *profiled, FILE *out);
 
 #endif

@@ -1,19 +1,20 @@
-/* Backend selection by name (command lines, tests, benchmarks). */
+/* Backend instances by name (command lines, tests, benchmarks). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
 #include "util/error.h"
 
-const struct olmo_backend *olmo_backend_by_name(const char *name) {
-    if (!strcmp(name, "cpu")) return olmo_backend_cpu_gemm(OLMO_CPU_GEMM_BEST);
-    if (!strcmp(name, "cpu-openblas")) return olmo_backend_cpu_gemm(OLMO_CPU_GEMM_OPENBLAS);
-    if (!strcmp(name, "cpu-onednn")) return olmo_backend_cpu_gemm(OLMO_CPU_GEMM_ONEDNN);
-    if (!strcmp(name, "cpu-bf16")) return olmo_backend_cpu_gemm(OLMO_CPU_GEMM_ONEDNN_BF16);
+struct olmo_backend *olmo_backend_create(const char *name) {
+    if (!strcmp(name, "cpu")) return olmo_backend_cpu_create(OLMO_CPU_GEMM_BEST);
+    if (!strcmp(name, "cpu-openblas")) return olmo_backend_cpu_create(OLMO_CPU_GEMM_OPENBLAS);
+    if (!strcmp(name, "cpu-onednn")) return olmo_backend_cpu_create(OLMO_CPU_GEMM_ONEDNN);
+    if (!strcmp(name, "cpu-bf16")) return olmo_backend_cpu_create(OLMO_CPU_GEMM_BF16);
 #ifdef OLMOC_HAVE_CUDA
-    if (!strcmp(name, "cuda") || !strcmp(name, "cuda-fp32")) return olmo_backend_cuda_precision(OLMO_CUDA_FP32);
-    if (!strcmp(name, "cuda-tf32")) return olmo_backend_cuda_precision(OLMO_CUDA_TF32);
-    if (!strcmp(name, "cuda-bf16")) return olmo_backend_cuda_precision(OLMO_CUDA_BF16);
-    if (!strcmp(name, "cuda-bf16-cublas")) return olmo_backend_cuda_precision(OLMO_CUDA_BF16_CUBLAS);
+    if (!strcmp(name, "cuda") || !strcmp(name, "cuda-fp32")) return olmo_backend_cuda_create(OLMO_CUDA_FP32);
+    if (!strcmp(name, "cuda-tf32")) return olmo_backend_cuda_create(OLMO_CUDA_TF32);
+    if (!strcmp(name, "cuda-bf16")) return olmo_backend_cuda_create(OLMO_CUDA_BF16);
+    if (!strcmp(name, "cuda-bf16-cublas")) return olmo_backend_cuda_create(OLMO_CUDA_BF16_CUBLAS);
     olmo_error("unknown backend '%s' (available: cpu, cpu-openblas, cpu-onednn, cpu-bf16, cuda, cuda-tf32, cuda-bf16, "
                "cuda-bf16-cublas)",
                name);
@@ -24,4 +25,38 @@ const struct olmo_backend *olmo_backend_by_name(const char *name) {
         olmo_error("unknown backend '%s' (available: cpu, cpu-openblas, cpu-onednn, cpu-bf16)", name);
 #endif
     return NULL;
+}
+
+void olmo_backend_destroy(struct olmo_backend *be) {
+    if (!be) return;
+    if (be->destroy) be->destroy(be);
+    free(be);
+}
+
+int olmo_backend_check_attention(const struct olmo_backend *be, const struct olmo_attn_shape *s) {
+    if (s->head_dim < 1 || s->n_heads < 1 || s->n_kv_heads < 1 || s->n_heads % s->n_kv_heads || s->window < 0 ||
+        s->batch < 0 || s->seq_len < 0)
+        return olmo_error("backend '%s': invalid attention shape (head_dim %d, %d heads, %d kv heads, window %d, "
+                          "batch %d, seq_len %d)",
+                          be->name, s->head_dim, s->n_heads, s->n_kv_heads, s->window, s->batch, s->seq_len);
+    if (be->check_attention && be->check_attention(be, s))
+        return olmo_error_context("backend '%s' cannot run this model's attention", be->name);
+    return 0;
+}
+
+size_t olmo_float_type_size(enum olmo_float_type dtype) { return dtype == OLMO_BF16 ? 2 : 4; }
+
+int olmo_buf_alloc(const struct olmo_backend *be, struct olmo_buf *buf, size_t numel, enum olmo_float_type dtype,
+                   enum olmo_buf_role role) {
+    *buf = (struct olmo_buf){.numel = numel, .dtype = dtype, .role = role};
+    if (!(buf->data = be->alloc(be, numel * olmo_float_type_size(dtype)))) {
+        buf->numel = 0;
+        return -1;
+    }
+    return 0;
+}
+
+void olmo_buf_free(const struct olmo_backend *be, struct olmo_buf *buf) {
+    if (buf->data) be->free(be, buf->data);
+    *buf = (struct olmo_buf){0};
 }

@@ -78,6 +78,7 @@ int cmd_convert(int argc, char **argv) {
     struct olmo_config cfg;
     struct olmo_model_source source;
     struct olmo_model model = {0};
+    struct olmo_backend *backend = NULL; /* destroyed after the model */
     char path[4400];
     if (olmo_source_resolve(src, config_path, &source, &cfg)) goto fail;
     if (!to_hf && source.kind != SRC_HF_DIR) {
@@ -87,7 +88,7 @@ int cmd_convert(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--set") && olmo_config_set(&cfg, argv[++i])) goto fail;
     if (olmo_config_validate(&cfg)) goto fail;
-    if (olmo_model_create(&model, &cfg.model, olmo_backend_cpu())) goto fail;
+    if (!(backend = olmo_backend_create("cpu")) || olmo_model_create(&model, &cfg.model, backend)) goto fail;
     if (olmo_source_load_weights(&source, &model)) goto fail;
     if (olmo_make_dirs(out)) goto fail;
     if (to_hf) {
@@ -105,9 +106,11 @@ int cmd_convert(int argc, char **argv) {
            olmo_model_count_params(&cfg.model, true), cfg.model.n_layers, out,
            to_hf ? "Hugging Face Olmo3ForCausalLM" : "olmoc config.yaml + model.safetensors");
     olmo_model_destroy(&model);
+    olmo_backend_destroy(backend);
     return 0;
 fail:
     fprintf(stderr, "olmoc convert: %s\n", olmo_last_error());
     olmo_model_destroy(&model);
+    olmo_backend_destroy(backend);
     return 1;
 }

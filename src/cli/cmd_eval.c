@@ -87,6 +87,7 @@ int cmd_eval(int argc, char **argv) {
     struct olmo_config cfg;
     struct olmo_model_source source;
     struct olmo_model model = {0};
+    struct olmo_backend *backend = NULL; /* destroyed after the model */
     struct olmo_val_set *sets = NULL;
     struct olmo_mc_task *tasks = NULL;
     int n_sets = 0, n_tasks = 0;
@@ -108,8 +109,8 @@ int cmd_eval(int argc, char **argv) {
         olmo_error("nothing to evaluate: give --val and/or --task (or set data.val_paths / data.eval_tasks)");
         goto fail;
     }
-    const struct olmo_backend *be = olmo_backend_by_name(backend_name);
-    if (!be || olmo_model_create(&model, &cfg.model, be) || olmo_source_load_weights(&source, &model) ||
+    if (!(backend = olmo_backend_create(backend_name)) || olmo_model_create(&model, &cfg.model, backend) ||
+        olmo_source_load_weights(&source, &model) ||
         olmo_model_reserve(&model, cfg.train.micro_batch, cfg.train.seq_len))
         goto fail;
     if (scores_path && !(scores = fopen(scores_path, "w"))) {
@@ -146,6 +147,7 @@ int cmd_eval(int argc, char **argv) {
     olmo_val_sets_close(sets, n_sets);
     olmo_mc_tasks_free(tasks, n_tasks);
     olmo_model_destroy(&model);
+    olmo_backend_destroy(backend);
     return 0;
 fail:
     fprintf(stderr, "olmoc eval: %s\n", olmo_last_error());
@@ -153,5 +155,6 @@ fail:
     olmo_val_sets_close(sets, n_sets);
     olmo_mc_tasks_free(tasks, n_tasks);
     olmo_model_destroy(&model);
+    olmo_backend_destroy(backend);
     return 1;
 }

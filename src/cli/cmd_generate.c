@@ -138,6 +138,7 @@ int cmd_generate(int argc, char **argv) {
     struct olmo_config cfg;
     struct olmo_model_source source;
     struct olmo_model model = {0};
+    struct olmo_backend *backend = NULL; /* destroyed after the model */
     int32_t *ids = NULL;
     int n_prompt;
     if (parse_ids(ids_text, &ids, &n_prompt)) goto fail;
@@ -145,9 +146,11 @@ int cmd_generate(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--set") && olmo_config_set(&cfg, argv[++i])) goto fail;
     if (olmo_config_validate(&cfg)) goto fail;
-    const struct olmo_backend *be = olmo_backend_by_name(backend_name);
-    if (!be || olmo_model_create(&model, &cfg.model, be) || olmo_source_load_weights(&source, &model)) goto fail;
-    int32_t *all = realloc(ids, sizeof(int32_t) * (size_t)(n_prompt + max_new));
+    if (!(backend = olmo_backend_create(backend_name)) || olmo_model_create(&model, &cfg.model, backend) ||
+        olmo_source_load_weights(&source, &model))
+        goto fail;
+    const int total = n_prompt + (int)max_new;
+    int32_t *all = realloc(ids, sizeof(int32_t) * (size_t)(total > 0 ? total : 1));
     if (!all) {
         olmo_error("out of memory");
         goto fail;
@@ -158,11 +161,13 @@ int cmd_generate(int argc, char **argv) {
     if (olmo_generate_tokens(&model, ids, n_prompt, &so, &res)) goto fail;
     print_result(ids, n_prompt, &res, json);
     olmo_model_destroy(&model);
+    olmo_backend_destroy(backend);
     free(ids);
     return 0;
 fail:
     fprintf(stderr, "olmoc generate: %s\n", olmo_last_error());
     olmo_model_destroy(&model);
+    olmo_backend_destroy(backend);
     free(ids);
     return 1;
 }

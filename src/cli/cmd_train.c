@@ -141,6 +141,7 @@ int cmd_train(int argc, char **argv) {
     struct olmo_run_options opts = {.cfg = &cfg, .write_files = true, .log = stdout, .handle_signals = true};
     const char *backend_name = "cpu";
     static struct olmo_dist dist; /* static: zero (world 0) if an earlier error reaches fail */
+    struct olmo_backend *backend = NULL, *profiled = NULL; /* the wrapper first, then the instance */
     int status;
     if (parse_args(argc, argv, &cfg, &opts, &backend_name, &status)) {
         if (status == 1) goto fail;
@@ -155,15 +156,21 @@ int cmd_train(int argc, char **argv) {
     }
     const char *profile_env = getenv("OLMOC_PROFILE");
     opts.profile = profile_env && *profile_env && strcmp(profile_env, "0") != 0;
-    if (!(opts.be = olmo_backend_by_name(backend_name))) goto fail;
-    if (opts.profile) opts.be = olmo_backend_profiled(opts.be);
+    if (!(backend = olmo_backend_create(backend_name))) goto fail;
+    if (opts.profile && !(profiled = olmo_backend_profiled(backend))) goto fail;
+    opts.be = opts.profile ? profiled : backend;
     opts.dist = &dist;
     const int rc = olmo_run_train(&opts);
+    olmo_backend_destroy(profiled);
+    olmo_backend_destroy(backend);
+    profiled = backend = NULL;
     if (rc == OLMO_RUN_STOPPED) return stopped(&dist);
     if (rc) goto fail;
     olmo_dist_finalize(&dist);
     return 0;
 fail:
+    olmo_backend_destroy(profiled);
+    olmo_backend_destroy(backend);
     fflush(stdout);
     if (dist.world > 1) {
         fprintf(stderr, "olmoc train (rank %d): %s\n", dist.rank, olmo_last_error());

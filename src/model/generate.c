@@ -27,11 +27,11 @@ int olmo_gen_create(struct olmo_gen *g, struct olmo_model *m, int max_len, int c
         if (!olmo_layer_is_full_attention(c, l) && c->sliding_window > 0 && c->sliding_window + chunk - 1 < max_len)
             cap = c->sliding_window + chunk - 1;
         g->cap[l] = cap;
-        if (!(g->k_cache[l] = be->alloc((size_t)cap * K * sizeof(float)))) goto fail;
-        if (!(g->v_cache[l] = be->alloc((size_t)cap * K * sizeof(float)))) goto fail;
+        if (!(g->k_cache[l] = be->alloc(be, (size_t)cap * K * sizeof(float)))) goto fail;
+        if (!(g->v_cache[l] = be->alloc(be, (size_t)cap * K * sizeof(float)))) goto fail;
     }
 #define ALLOC(p, count) \
-    if (!((p) = be->alloc((count) * sizeof(float)))) goto fail
+    if (!((p) = be->alloc(be, (count) * sizeof(float)))) goto fail
     ALLOC(g->rope_cos, (size_t)max_len * half);
     ALLOC(g->rope_sin, (size_t)max_len * half);
     ALLOC(g->x, C * D);
@@ -50,7 +50,7 @@ int olmo_gen_create(struct olmo_gen *g, struct olmo_model *m, int max_len, int c
     ALLOC(g->xn, D);
     ALLOC(g->logits, V);
 #undef ALLOC
-    if (!(g->tokens = be->alloc(C * sizeof(int32_t)))) goto fail;
+    if (!(g->tokens = be->alloc(be, C * sizeof(int32_t)))) goto fail;
     float *cos_t = malloc(sizeof(float) * (size_t)max_len * half), *sin_t = malloc(sizeof(float) * (size_t)max_len * half);
     if (!cos_t || !sin_t) {
         free(cos_t);
@@ -59,10 +59,11 @@ int olmo_gen_create(struct olmo_gen *g, struct olmo_model *m, int max_len, int c
         goto fail;
     }
     olmo_rope_tables(cos_t, sin_t, max_len, m->head_dim, c->rope_theta);
-    be->to_device(g->rope_cos, cos_t, sizeof(float) * (size_t)max_len * half);
-    be->to_device(g->rope_sin, sin_t, sizeof(float) * (size_t)max_len * half);
+    const int rc = be->to_device(be, g->rope_cos, cos_t, sizeof(float) * (size_t)max_len * half) ||
+                   be->to_device(be, g->rope_sin, sin_t, sizeof(float) * (size_t)max_len * half);
     free(cos_t);
     free(sin_t);
+    if (rc) goto fail;
     return 0;
 fail:
     olmo_gen_destroy(g);
@@ -79,13 +80,13 @@ void olmo_gen_destroy(struct olmo_gen *g) {
     }
     const struct olmo_backend *be = g->m->be;
     for (int l = 0; l < g->m->cfg.n_layers; l++) {
-        if (g->k_cache) be->free(g->k_cache[l]);
-        if (g->v_cache) be->free(g->v_cache[l]);
+        if (g->k_cache) be->free(be, g->k_cache[l]);
+        if (g->v_cache) be->free(be, g->v_cache[l]);
     }
     float *bufs[] = {g->rope_cos, g->rope_sin, g->x, g->q, g->k, g->v, g->rstd, g->att, g->o,
                      g->tmp,      g->h,        g->g, g->u, g->s, g->mo, g->xn, g->logits};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
-    be->free(g->tokens);
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+    be->free(be, g->tokens);
     free(g->cap);
     free(g->k_cache);
     free(g->v_cache);
@@ -94,21 +95,11 @@ void olmo_gen_destroy(struct olmo_gen *g) {
 
 void olmo_gen_reset(struct olmo_gen *g) { g->len = 0; }
 
-/* Copies n rows of a [n, width] buffer into a ring of cap rows starting at position p0. */
-static void cache_store(const struct olmo_backend *be, float *cache, const float *rows, int n, int p0, int cap,
-                        int width) {
-    for (int i = 0; i < n;) {
-        int slot = (p0 + i) % cap, run = cap - slot < n - i ? cap - slot : n - i;
-        be->copy(cache + (size_t)slot * width, rows + (size_t)i * width, sizeof(float) * (size_t)run * width);
-        i += run;
-    }
-}
-
 int olmo_gen_feed(struct olmo_gen *g, const int32_t *tokens, int n, float *logits_out) {
     struct olmo_model *m = g->m;
     const struct olmo_backend *be = m->be;
     const struct olmo_model_config *c = &m->cfg;
-    const int D = c->d_model, Q = m->q_dim, K = m->kv_dim, F = c->mlp_hidden, V = c->vocab_size;
+    const int D = c->d_model, V = c->vocab_size;
     const int half = m->head_dim / 2, p0 = g->len;
     const float eps = (float)c->rms_norm_eps;
     if (n <= 0 || n > g->chunk) return olmo_error("feed of %d tokens (1..%d allowed)", n, g->chunk);
@@ -116,46 +107,28 @@ int olmo_gen_feed(struct olmo_gen *g, const int32_t *tokens, int n, float *logit
         return olmo_error("the sequence would reach %d tokens, more than the %d the cache holds", p0 + n, g->max_len);
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= V) return olmo_error("token id %d is outside the vocabulary [0, %d)", tokens[i], V);
-    be->to_device(g->tokens, tokens, sizeof(int32_t) * (size_t)n);
-    be->embedding_fwd(g->x, m->embed, g->tokens, n, D);
+    if (be->to_device(be, g->tokens, tokens, sizeof(int32_t) * (size_t)n) ||
+        be->embedding_fwd(be, g->x, m->embed, g->tokens, n, D))
+        return -1;
     const float *cos_t = g->rope_cos + (size_t)p0 * half, *sin_t = g->rope_sin + (size_t)p0 * half;
+    /* one buffer set for every layer (olmo_layer_forward says which may alias) */
+    const struct olmo_layer_acts bufs = {
+        .x = g->x, .q_raw = g->att, .k_raw = g->o, .q = g->q, .k = g->k, .v = g->v, .rstd_q = g->rstd,
+        .rstd_k = g->rstd, .att = g->att, .o = g->o, .rstd_o = g->rstd, .h = g->h, .g = g->g, .u = g->u,
+        .s = g->s, .m = g->mo, .rstd_m = g->rstd};
     for (int l = 0; l < c->n_layers; l++) {
-        const struct olmo_layer_tensors *w = &m->lw[l];
-        struct olmo_attn_shape shape = {
-            .batch = 1,
-            .seq_len = n,
-            .n_heads = c->n_heads,
-            .n_kv_heads = c->n_kv_heads,
-            .head_dim = m->head_dim,
-            .window = olmo_layer_is_full_attention(c, l) ? 0 : c->sliding_window,
-            .scale = 1.0f / sqrtf((float)m->head_dim),
-        };
-        be->gemm(false, true, n, Q, D, 1.0f, g->x, D, w->wq, D, 0.0f, g->att, Q); /* att: raw q for now */
-        be->gemm(false, true, n, K, D, 1.0f, g->x, D, w->wk, D, 0.0f, g->o, K);   /* o: raw k for now */
-        be->gemm(false, true, n, K, D, 1.0f, g->x, D, w->wv, D, 0.0f, g->v, K);
-        be->rmsnorm_fwd(g->q, g->rstd, g->att, w->q_norm, n, Q, eps);
-        be->rmsnorm_fwd(g->k, g->rstd, g->o, w->k_norm, n, K, eps);
-        be->rope_fwd(g->q, cos_t, sin_t, n, n, c->n_heads, m->head_dim);
-        be->rope_fwd(g->k, cos_t, sin_t, n, n, c->n_kv_heads, m->head_dim);
-        cache_store(be, g->k_cache[l], g->k, n, p0, g->cap[l], K);
-        cache_store(be, g->v_cache[l], g->v, n, p0, g->cap[l], K);
-        be->attention_cached(g->att, g->q, g->k_cache[l], g->v_cache[l], n, p0, g->cap[l], &shape);
-        be->gemm(false, true, n, D, Q, 1.0f, g->att, Q, w->wo, Q, 0.0f, g->o, D);
-        be->rmsnorm_fwd(g->tmp, g->rstd, g->o, w->attn_norm, n, D, eps);
-        be->add(g->h, g->x, g->tmp, (size_t)n * D);
-        be->gemm(false, true, n, F, D, 1.0f, g->h, D, w->gate, D, 0.0f, g->g, F);
-        be->gemm(false, true, n, F, D, 1.0f, g->h, D, w->up, D, 0.0f, g->u, F);
-        be->swiglu_fwd(g->s, g->g, g->u, (size_t)n * F);
-        be->gemm(false, true, n, D, F, 1.0f, g->s, F, w->down, F, 0.0f, g->mo, D);
-        be->rmsnorm_fwd(g->tmp, g->rstd, g->mo, w->ff_norm, n, D, eps);
-        be->add(g->x, g->h, g->tmp, (size_t)n * D);
+        struct olmo_attn_shape shape;
+        olmo_model_attn_shape(m, l, 1, n, &shape);
+        const struct olmo_kv_cache_layer cache = {g->k_cache[l], g->v_cache[l], p0, g->cap[l]};
+        if (olmo_layer_forward(m, l, &bufs, g->x, g->tmp, cos_t, sin_t, &shape, NULL, &cache)) return -1;
     }
     g->len += n;
     /* Only the last position's logits are needed. */
     const float *last = g->x + (size_t)(n - 1) * D;
-    be->rmsnorm_fwd(g->xn, g->rstd, last, m->final_norm, 1, D, eps);
-    be->gemm(false, true, 1, V, D, 1.0f, g->xn, D, m->lm_head, D, 0.0f, g->logits, V);
-    be->to_host(logits_out, g->logits, sizeof(float) * (size_t)V);
+    if (be->rmsnorm_fwd(be, g->xn, g->rstd, last, m->final_norm, 1, D, eps) ||
+        be->gemm(be, false, true, 1, V, D, 1.0f, g->xn, OLMO_F32, D, olmo_model_weight(m, m->lm_head), olmo_model_weight_type(m), D, 0.0f, g->logits, V) ||
+        be->to_host(be, logits_out, g->logits, sizeof(float) * (size_t)V))
+        return -1;
     return 0;
 }
 

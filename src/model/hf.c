@@ -377,7 +377,8 @@ int olmo_hf_load_weights(struct olmo_model *m, const char *dir) {
             if (!olmo_model_find_param(m, name) && !ignorable(name))
                 rc = olmo_error("'%s' has unexpected tensor '%s' (config mismatch?)", s->files[k].path, name);
         }
-    if (!rc) m->be->to_device(m->weights, host, m->n_floats * sizeof(float));
+    if (!rc) rc = m->be->to_device(m->be, m->weights, host, m->n_floats * sizeof(float));
+    if (!rc) rc = olmo_model_sync_weights(m);
 done:
     if (s)
         for (int k = 0; k < s->n; k++) st_close(&s->files[k]);
@@ -405,11 +406,11 @@ int olmo_hf_save_weights(const struct olmo_model *m, const char *path, enum st_d
         free(half);
         return olmo_error("out of memory saving '%s'", path);
     }
-    m->be->to_host(host, m->weights, m->n_floats * sizeof(float));
+    int rc = m->be->to_host(m->be, host, m->weights, m->n_floats * sizeof(float));
     if (half)
         for (size_t i = 0; i < m->n_floats; i++) half[i] = float_to_bf16(host[i]);
     struct st_writer w = {0};
-    int rc = st_writer_set_metadata(&w, "format", "pt");
+    if (!rc) rc = st_writer_set_metadata(&w, "format", "pt");
     for (int i = 0; i < m->n_tensors && !rc; i++) {
         const struct olmo_param *p = &m->params[i];
         int64_t shape[2] = {p->rows, p->cols};

@@ -8,6 +8,15 @@
 #include "util/error.h"
 #include "util/rng.h"
 
+/* A weight as a GEMM operand: two arguments, the pointer and its type (olmo_model_weight). */
+#define WEIGHT(ptr) olmo_model_weight(m, (ptr)), olmo_model_weight_type(m)
+
+/* A backend op's status: return -1 (its error stays set) when it failed. */
+#define TRY(call)                        \
+    do {                                 \
+        if ((call) != 0) return -1;      \
+    } while (0)
+
 static void add_param(struct olmo_model *m, const char *name, int rows, int cols, bool is_embedding) {
     struct olmo_param *p = &m->params[m->n_tensors++];
     snprintf(p->name, sizeof p->name, "%s", name);
@@ -70,6 +79,30 @@ static void bind_tensors(struct olmo_model *m, float *base, struct olmo_layer_te
     *lm_head = base + p[m->n_tensors - 1].offset;
 }
 
+void olmo_model_attn_shape(const struct olmo_model *m, int layer, int batch, int seq_len, struct olmo_attn_shape *s) {
+    s->batch = batch;
+    s->seq_len = seq_len;
+    s->n_heads = m->cfg.n_heads;
+    s->n_kv_heads = m->cfg.n_kv_heads;
+    s->head_dim = m->head_dim;
+    s->window = olmo_layer_is_full_attention(&m->cfg, layer) ? 0 : m->cfg.sliding_window;
+    s->scale = 1.0f / sqrtf((float)m->head_dim);
+}
+
+static void attn_shape(const struct olmo_model *m, int layer, struct olmo_attn_shape *s) {
+    olmo_model_attn_shape(m, layer, m->batch, m->seq_len, s);
+}
+
+/* Every layer's attention on the backend (capability query): batch and seq_len 0 at creation. */
+static int check_attention(const struct olmo_model *m) {
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        struct olmo_attn_shape shape;
+        attn_shape(m, l, &shape);
+        if (olmo_backend_check_attention(m->be, &shape)) return olmo_error_context("layer %d", l);
+    }
+    return 0;
+}
+
 int olmo_model_create(struct olmo_model *m, const struct olmo_model_config *cfg, const struct olmo_backend *be) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
@@ -77,15 +110,23 @@ int olmo_model_create(struct olmo_model *m, const struct olmo_model_config *cfg,
     m->head_dim = cfg->d_model / cfg->n_heads;
     m->q_dim = cfg->n_heads * m->head_dim;
     m->kv_dim = cfg->n_kv_heads * m->head_dim;
+    if (check_attention(m)) {
+        memset(m, 0, sizeof *m);
+        return -1;
+    }
     int max_tensors = 3 + TENSORS_PER_LAYER * cfg->n_layers;
     m->params = olmo_calloc((size_t)max_tensors, sizeof *m->params, "parameter table");
     m->lw = olmo_calloc((size_t)cfg->n_layers, sizeof *m->lw, "layer table");
     m->lg = olmo_calloc((size_t)cfg->n_layers, sizeof *m->lg, "layer table");
     if (!m->params || !m->lw || !m->lg) return -1;
     declare_params(m);
-    m->weights = be->alloc(m->n_floats * sizeof(float));
-    m->grads = be->alloc(m->n_floats * sizeof(float));
+    m->weights = be->alloc(be, m->n_floats * sizeof(float));
+    m->grads = be->alloc(be, m->n_floats * sizeof(float));
     if (!m->weights || !m->grads) return olmo_error_context("model parameters (%zu floats)", m->n_floats);
+    /* a backend that multiplies in bf16 gets a bf16 compute copy of the weights (olmo_model_sync_weights) */
+    if (be->compute_dtype != OLMO_F32 &&
+        olmo_buf_alloc(be, &m->compute, m->n_floats, be->compute_dtype, OLMO_BUF_COMPUTE_COPY))
+        return olmo_error_context("compute copy of the weights (%zu elements)", m->n_floats);
     bind_tensors(m, m->weights, m->lw, &m->embed, &m->final_norm, &m->lm_head);
     bind_tensors(m, m->grads, m->lg, &m->d_embed, &m->d_final_norm, &m->d_lm_head);
     return 0;
@@ -98,7 +139,7 @@ static void free_acts(struct olmo_model *m) {
             struct olmo_layer_acts *a = &m->acts[l];
             float *bufs[] = {a->x,   a->q_raw, a->k_raw, a->q, a->k, a->v, a->rstd_q, a->rstd_k, a->att,
                              a->lse, a->o,     a->rstd_o, a->h, a->g, a->u, a->s,      a->m,      a->rstd_m};
-            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
+            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
         }
         free(m->acts);
         m->acts = NULL;
@@ -106,25 +147,26 @@ static void free_acts(struct olmo_model *m) {
     float *bufs[] = {m->x_final, m->xn_final, m->rstd_final, m->logits, m->rope_cos, m->rope_sin, m->dx,
                      m->dh,      m->dtmp,     m->dq,         m->dk,     m->dv,       m->datt,     m->dg,
                      m->du,      m->ds};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
-    be->free(m->tokens);
-    be->free(m->targets);
-    be->free(m->doc_ids);
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+    be->free(be, m->tokens);
+    be->free(be, m->targets);
+    be->free(be, m->doc_ids);
     m->batch = m->seq_len = 0;
 }
 
 void olmo_model_destroy(struct olmo_model *m) {
     if (!m->be) return;
     free_acts(m);
-    m->be->free(m->weights);
-    m->be->free(m->grads);
+    olmo_buf_free(m->be, &m->compute);
+    m->be->free(m->be, m->weights);
+    m->be->free(m->be, m->grads);
     free(m->params);
     free(m->lw);
     free(m->lg);
     memset(m, 0, sizeof *m);
 }
 
-void olmo_model_init_weights(struct olmo_model *m, uint64_t seed) {
+int olmo_model_init_weights(struct olmo_model *m, uint64_t seed) {
     size_t n = m->n_floats;
     float *host = malloc(n * sizeof(float));
     if (!host) {
@@ -142,8 +184,23 @@ void olmo_model_init_weights(struct olmo_model *m, uint64_t seed) {
             for (size_t j = 0; j < p->numel; j++) w[j] = (float)olmo_rng_trunc_normal(&rng, m->cfg.init_std, 3.0);
         }
     }
-    m->be->to_device(m->weights, host, n * sizeof(float));
+    const int rc = m->be->to_device(m->be, m->weights, host, n * sizeof(float));
     free(host);
+    return rc ? rc : olmo_model_sync_weights(m);
+}
+
+int olmo_model_sync_weights(struct olmo_model *m) {
+    if (!m->compute.numel) return 0;
+    return m->be->convert(m->be, m->compute.data, m->compute.dtype, m->weights, OLMO_F32, m->n_floats);
+}
+
+const void *olmo_model_weight(const struct olmo_model *m, const float *w) {
+    if (!m->compute.numel) return w;
+    return (const char *)m->compute.data + (size_t)(w - m->weights) * olmo_float_type_size(m->compute.dtype);
+}
+
+enum olmo_float_type olmo_model_weight_type(const struct olmo_model *m) {
+    return m->compute.numel ? m->compute.dtype : OLMO_F32;
 }
 
 const struct olmo_param *olmo_model_find_param(const struct olmo_model *m, const char *name) {
@@ -173,13 +230,19 @@ void olmo_rope_tables(float *cos_t, float *sin_t, int n_positions, int head_dim,
 int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len) {
     if (m->batch == batch && m->seq_len == seq_len) return 0;
     free_acts(m);
+    m->batch = batch;
+    m->seq_len = seq_len;
+    if (check_attention(m)) {
+        m->batch = m->seq_len = 0;
+        return -1;
+    }
     const struct olmo_backend *be = m->be;
     const struct olmo_model_config *c = &m->cfg;
     const size_t N = (size_t)batch * seq_len, D = (size_t)c->d_model, Q = (size_t)m->q_dim,
                  K = (size_t)m->kv_dim, F = (size_t)c->mlp_hidden, V = (size_t)c->vocab_size;
     int failed = 0;
 #define ALLOC(ptr, count) \
-    do { if (!((ptr) = be->alloc((count) * sizeof(float)))) failed = 1; } while (0)
+    do { if (!((ptr) = be->alloc(be, (count) * sizeof(float)))) failed = 1; } while (0)
     m->acts = olmo_calloc((size_t)c->n_layers, sizeof *m->acts, "activation table");
     if (!m->acts) return -1;
     for (int l = 0; l < c->n_layers; l++) {
@@ -221,9 +284,9 @@ int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len) {
     ALLOC(m->du, N * F);
     ALLOC(m->ds, N * F);
 #undef ALLOC
-    if (!failed && !(m->tokens = be->alloc(N * sizeof(int32_t)))) failed = 1;
-    if (!failed && !(m->targets = be->alloc(N * sizeof(int32_t)))) failed = 1;
-    if (!failed && !(m->doc_ids = be->alloc(N * sizeof(int32_t)))) failed = 1;
+    if (!failed && !(m->tokens = be->alloc(be, N * sizeof(int32_t)))) failed = 1;
+    if (!failed && !(m->targets = be->alloc(be, N * sizeof(int32_t)))) failed = 1;
+    if (!failed && !(m->doc_ids = be->alloc(be, N * sizeof(int32_t)))) failed = 1;
     m->batch = batch;
     m->seq_len = seq_len;
     if (failed) {
@@ -239,11 +302,11 @@ int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len) {
         return olmo_error("out of memory for RoPE tables");
     }
     rope_tables(cos_t, sin_t, seq_len, m->head_dim, c->rope_theta);
-    be->to_device(m->rope_cos, cos_t, sizeof(float) * (size_t)seq_len * m->head_dim / 2);
-    be->to_device(m->rope_sin, sin_t, sizeof(float) * (size_t)seq_len * m->head_dim / 2);
+    const int rc = be->to_device(be, m->rope_cos, cos_t, sizeof(float) * (size_t)seq_len * m->head_dim / 2) ||
+                   be->to_device(be, m->rope_sin, sin_t, sizeof(float) * (size_t)seq_len * m->head_dim / 2);
     free(cos_t);
     free(sin_t);
-    return 0;
+    return rc ? -1 : 0;
 }
 
 /* Where layer l writes its output: the next layer's input, or the final norm's. */
@@ -251,26 +314,62 @@ static float *layer_output(struct olmo_model *m, int l) {
     return l == m->cfg.n_layers - 1 ? m->x_final : m->acts[l + 1].x;
 }
 
-static void attn_shape(const struct olmo_model *m, int layer, struct olmo_attn_shape *s) {
-    s->batch = m->batch;
-    s->seq_len = m->seq_len;
-    s->n_heads = m->cfg.n_heads;
-    s->n_kv_heads = m->cfg.n_kv_heads;
-    s->head_dim = m->head_dim;
-    s->window = olmo_layer_is_full_attention(&m->cfg, layer) ? 0 : m->cfg.sliding_window;
-    s->scale = 1.0f / sqrtf((float)m->head_dim);
+/* Copies n rows of a [n, width] buffer into a ring of cap rows starting at position p0. */
+static int cache_store(const struct olmo_backend *be, float *cache, const float *rows, int n, int p0, int cap,
+                        int width) {
+    for (int i = 0; i < n;) {
+        int slot = (p0 + i) % cap, run = cap - slot < n - i ? cap - slot : n - i;
+        TRY(be->copy(be, cache + (size_t)slot * width, rows + (size_t)i * width, sizeof(float) * (size_t)run * width));
+        i += run;
+    }
+    return 0;
+}
+
+int olmo_layer_forward(const struct olmo_model *m, int layer, const struct olmo_layer_acts *a, float *out,
+                        float *tmp, const float *rope_cos, const float *rope_sin, const struct olmo_attn_shape *shape,
+                        const int32_t *doc_ids, const struct olmo_kv_cache_layer *cache) {
+    const struct olmo_backend *be = m->be;
+    const struct olmo_model_config *c = &m->cfg;
+    const struct olmo_layer_tensors *w = &m->lw[layer];
+    const int N = shape->batch * shape->seq_len, D = c->d_model, Q = m->q_dim, K = m->kv_dim, F = c->mlp_hidden;
+    const float eps = (float)c->rms_norm_eps;
+    /* attention block: h = x + norm(o_proj(attn(rope(qnorm(q)), rope(knorm(k)), v))) */
+    TRY(be->gemm(be, false, true, N, Q, D, 1.0f, a->x, OLMO_F32, D, WEIGHT(w->wq), D, 0.0f, a->q_raw, Q));
+    TRY(be->gemm(be, false, true, N, K, D, 1.0f, a->x, OLMO_F32, D, WEIGHT(w->wk), D, 0.0f, a->k_raw, K));
+    TRY(be->gemm(be, false, true, N, K, D, 1.0f, a->x, OLMO_F32, D, WEIGHT(w->wv), D, 0.0f, a->v, K));
+    TRY(be->rmsnorm_fwd(be, a->q, a->rstd_q, a->q_raw, w->q_norm, N, Q, eps));
+    TRY(be->rmsnorm_fwd(be, a->k, a->rstd_k, a->k_raw, w->k_norm, N, K, eps));
+    TRY(be->rope_fwd(be, a->q, rope_cos, rope_sin, N, shape->seq_len, c->n_heads, m->head_dim));
+    TRY(be->rope_fwd(be, a->k, rope_cos, rope_sin, N, shape->seq_len, c->n_kv_heads, m->head_dim));
+    if (cache) {
+        TRY(cache_store(be, cache->k, a->k, N, cache->pos0, cache->cap, K));
+        TRY(cache_store(be, cache->v, a->v, N, cache->pos0, cache->cap, K));
+        TRY(be->attention_cached(be, a->att, a->q, cache->k, cache->v, N, cache->pos0, cache->cap, shape));
+    } else {
+        TRY(be->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, doc_ids, shape));
+    }
+    TRY(be->gemm(be, false, true, N, D, Q, 1.0f, a->att, OLMO_F32, Q, WEIGHT(w->wo), Q, 0.0f, a->o, D));
+    TRY(be->rmsnorm_fwd(be, tmp, a->rstd_o, a->o, w->attn_norm, N, D, eps));
+    TRY(be->add(be, a->h, a->x, tmp, (size_t)N * D));
+    /* MLP block: out = h + norm(down(silu(gate(h)) * up(h))) */
+    TRY(be->gemm(be, false, true, N, F, D, 1.0f, a->h, OLMO_F32, D, WEIGHT(w->gate), D, 0.0f, a->g, F));
+    TRY(be->gemm(be, false, true, N, F, D, 1.0f, a->h, OLMO_F32, D, WEIGHT(w->up), D, 0.0f, a->u, F));
+    TRY(be->swiglu_fwd(be, a->s, a->g, a->u, (size_t)N * F));
+    TRY(be->gemm(be, false, true, N, D, F, 1.0f, a->s, OLMO_F32, F, WEIGHT(w->down), F, 0.0f, a->m, D));
+    TRY(be->rmsnorm_fwd(be, tmp, a->rstd_m, a->m, w->ff_norm, N, D, eps));
+    TRY(be->add(be, out, a->h, tmp, (size_t)N * D));
+    return 0;
 }
 
 int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_masking) {
     const struct olmo_backend *be = m->be;
     const struct olmo_model_config *c = &m->cfg;
-    const int N = m->batch * m->seq_len, D = c->d_model, Q = m->q_dim, K = m->kv_dim, F = c->mlp_hidden,
-              V = c->vocab_size;
+    const int N = m->batch * m->seq_len, D = c->d_model, V = c->vocab_size;
     const float eps = (float)c->rms_norm_eps;
     for (int i = 0; i < N; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
             return olmo_error("token id %d at position %d is outside the vocabulary [0, %d)", tokens[i], i, V);
-    be->to_device(m->tokens, tokens, sizeof(int32_t) * (size_t)N);
+    TRY(be->to_device(be, m->tokens, tokens, sizeof(int32_t) * (size_t)N));
     m->use_doc_ids = doc_masking;
     if (doc_masking) {
         int32_t *docs = malloc(sizeof(int32_t) * (size_t)N);
@@ -283,57 +382,40 @@ int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_mas
                 if (tokens[i] == c->eos_token_id) doc++; /* the EOS closes its own document */
             }
         }
-        be->to_device(m->doc_ids, docs, sizeof(int32_t) * (size_t)N);
+        TRY(be->to_device(be, m->doc_ids, docs, sizeof(int32_t) * (size_t)N));
         free(docs);
     }
-    be->embedding_fwd(m->acts[0].x, m->embed, m->tokens, N, D);
+    TRY(be->embedding_fwd(be, m->acts[0].x, m->embed, m->tokens, N, D));
     for (int l = 0; l < c->n_layers; l++) {
-        struct olmo_layer_acts *a = &m->acts[l];
-        const struct olmo_layer_tensors *w = &m->lw[l];
         struct olmo_attn_shape shape;
         attn_shape(m, l, &shape);
-        /* attention block: h = x + norm(o_proj(attn(rope(qnorm(q)), rope(knorm(k)), v))) */
-        be->gemm(false, true, N, Q, D, 1.0f, a->x, D, w->wq, D, 0.0f, a->q_raw, Q);
-        be->gemm(false, true, N, K, D, 1.0f, a->x, D, w->wk, D, 0.0f, a->k_raw, K);
-        be->gemm(false, true, N, K, D, 1.0f, a->x, D, w->wv, D, 0.0f, a->v, K);
-        be->rmsnorm_fwd(a->q, a->rstd_q, a->q_raw, w->q_norm, N, Q, eps);
-        be->rmsnorm_fwd(a->k, a->rstd_k, a->k_raw, w->k_norm, N, K, eps);
-        be->rope_fwd(a->q, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_heads, m->head_dim);
-        be->rope_fwd(a->k, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_kv_heads, m->head_dim);
-        be->attention_fwd(a->att, a->lse, a->q, a->k, a->v, doc_masking ? m->doc_ids : NULL, &shape);
-        be->gemm(false, true, N, D, Q, 1.0f, a->att, Q, w->wo, Q, 0.0f, a->o, D);
-        be->rmsnorm_fwd(m->dtmp, a->rstd_o, a->o, w->attn_norm, N, D, eps); /* dtmp: free in forward */
-        be->add(a->h, a->x, m->dtmp, (size_t)N * D);
-        /* MLP block: out = h + norm(down(silu(gate(h)) * up(h))) */
-        be->gemm(false, true, N, F, D, 1.0f, a->h, D, w->gate, D, 0.0f, a->g, F);
-        be->gemm(false, true, N, F, D, 1.0f, a->h, D, w->up, D, 0.0f, a->u, F);
-        be->swiglu_fwd(a->s, a->g, a->u, (size_t)N * F);
-        be->gemm(false, true, N, D, F, 1.0f, a->s, F, w->down, F, 0.0f, a->m, D);
-        be->rmsnorm_fwd(m->dtmp, a->rstd_m, a->m, w->ff_norm, N, D, eps);
-        be->add(layer_output(m, l), a->h, m->dtmp, (size_t)N * D);
+        /* m->dtmp is free during the forward pass */
+        TRY(olmo_layer_forward(m, l, &m->acts[l], layer_output(m, l), m->dtmp, m->rope_cos, m->rope_sin, &shape,
+                               doc_masking ? m->doc_ids : NULL, NULL));
     }
-    be->rmsnorm_fwd(m->xn_final, m->rstd_final, m->x_final, m->final_norm, N, D, eps);
-    be->gemm(false, true, N, V, D, 1.0f, m->xn_final, D, m->lm_head, D, 0.0f, m->logits, V);
+    TRY(be->rmsnorm_fwd(be, m->xn_final, m->rstd_final, m->x_final, m->final_norm, N, D, eps));
+    TRY(be->gemm(be, false, true, N, V, D, 1.0f, m->xn_final, OLMO_F32, D, WEIGHT(m->lm_head), D, 0.0f, m->logits, V));
     return 0;
 }
 
-void olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_scale, float z_mult,
+int olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_scale, float z_mult,
                      double *ce_sum, double *z_sum) {
     const int N = m->batch * m->seq_len;
-    m->be->to_device(m->targets, targets, sizeof(int32_t) * (size_t)N);
-    m->be->cross_entropy(m->logits, m->targets, N, m->cfg.vocab_size, grad_scale, z_mult, ce_sum, z_sum);
+    TRY(m->be->to_device(m->be, m->targets, targets, sizeof(int32_t) * (size_t)N));
+    TRY(m->be->cross_entropy(m->be, m->logits, m->targets, N, m->cfg.vocab_size, grad_scale, z_mult, ce_sum, z_sum));
+    return 0;
 }
 
-void olmo_model_backward(struct olmo_model *m) {
+int olmo_model_backward(struct olmo_model *m) {
     const struct olmo_backend *be = m->be;
     const struct olmo_model_config *c = &m->cfg;
     const int N = m->batch * m->seq_len, D = c->d_model, Q = m->q_dim, K = m->kv_dim, F = c->mlp_hidden,
               V = c->vocab_size;
     const size_t ND = (size_t)N * D;
     /* LM head and final norm; m->logits holds dL/dlogits. */
-    be->gemm(false, false, N, D, V, 1.0f, m->logits, V, m->lm_head, D, 0.0f, m->dtmp, D);
-    be->gemm(true, false, V, D, N, 1.0f, m->logits, V, m->xn_final, D, 1.0f, m->d_lm_head, D);
-    be->rmsnorm_bwd(m->dx, m->d_final_norm, m->dtmp, m->x_final, m->final_norm, m->rstd_final, N, D);
+    TRY(be->gemm(be, false, false, N, D, V, 1.0f, m->logits, OLMO_F32, V, WEIGHT(m->lm_head), D, 0.0f, m->dtmp, D));
+    TRY(be->gemm(be, true, false, V, D, N, 1.0f, m->logits, OLMO_F32, V, m->xn_final, OLMO_F32, D, 1.0f, m->d_lm_head, D));
+    TRY(be->rmsnorm_bwd(be, m->dx, m->d_final_norm, m->dtmp, m->x_final, m->final_norm, m->rstd_final, N, D));
     /* m->dx: gradient w.r.t. the current layer's output. */
     for (int l = c->n_layers - 1; l >= 0; l--) {
         struct olmo_layer_acts *a = &m->acts[l];
@@ -342,34 +424,35 @@ void olmo_model_backward(struct olmo_model *m) {
         struct olmo_attn_shape shape;
         attn_shape(m, l, &shape);
         /* MLP block */
-        be->rmsnorm_bwd(m->dtmp, g->ff_norm, m->dx, a->m, w->ff_norm, a->rstd_m, N, D);
-        be->gemm(false, false, N, F, D, 1.0f, m->dtmp, D, w->down, F, 0.0f, m->ds, F);
-        be->gemm(true, false, D, F, N, 1.0f, m->dtmp, D, a->s, F, 1.0f, g->down, F);
-        be->swiglu_bwd(m->dg, m->du, m->ds, a->g, a->u, (size_t)N * F);
-        be->copy(m->dh, m->dx, ND * sizeof(float));
-        be->gemm(false, false, N, D, F, 1.0f, m->dg, F, w->gate, D, 1.0f, m->dh, D);
-        be->gemm(false, false, N, D, F, 1.0f, m->du, F, w->up, D, 1.0f, m->dh, D);
-        be->gemm(true, false, F, D, N, 1.0f, m->dg, F, a->h, D, 1.0f, g->gate, D);
-        be->gemm(true, false, F, D, N, 1.0f, m->du, F, a->h, D, 1.0f, g->up, D);
+        TRY(be->rmsnorm_bwd(be, m->dtmp, g->ff_norm, m->dx, a->m, w->ff_norm, a->rstd_m, N, D));
+        TRY(be->gemm(be, false, false, N, F, D, 1.0f, m->dtmp, OLMO_F32, D, WEIGHT(w->down), F, 0.0f, m->ds, F));
+        TRY(be->gemm(be, true, false, D, F, N, 1.0f, m->dtmp, OLMO_F32, D, a->s, OLMO_F32, F, 1.0f, g->down, F));
+        TRY(be->swiglu_bwd(be, m->dg, m->du, m->ds, a->g, a->u, (size_t)N * F));
+        TRY(be->copy(be, m->dh, m->dx, ND * sizeof(float)));
+        TRY(be->gemm(be, false, false, N, D, F, 1.0f, m->dg, OLMO_F32, F, WEIGHT(w->gate), D, 1.0f, m->dh, D));
+        TRY(be->gemm(be, false, false, N, D, F, 1.0f, m->du, OLMO_F32, F, WEIGHT(w->up), D, 1.0f, m->dh, D));
+        TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->dg, OLMO_F32, F, a->h, OLMO_F32, D, 1.0f, g->gate, D));
+        TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->du, OLMO_F32, F, a->h, OLMO_F32, D, 1.0f, g->up, D));
         /* attention block */
-        be->rmsnorm_bwd(m->dtmp, g->attn_norm, m->dh, a->o, w->attn_norm, a->rstd_o, N, D);
-        be->gemm(false, false, N, Q, D, 1.0f, m->dtmp, D, w->wo, Q, 0.0f, m->datt, Q);
-        be->gemm(true, false, D, Q, N, 1.0f, m->dtmp, D, a->att, Q, 1.0f, g->wo, Q);
-        be->attention_bwd(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v,
-                          m->use_doc_ids ? m->doc_ids : NULL, &shape);
-        be->rope_bwd(m->dq, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_heads, m->head_dim);
-        be->rope_bwd(m->dk, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_kv_heads, m->head_dim);
-        be->rmsnorm_bwd(m->dq, g->q_norm, m->dq, a->q_raw, w->q_norm, a->rstd_q, N, Q);
-        be->rmsnorm_bwd(m->dk, g->k_norm, m->dk, a->k_raw, w->k_norm, a->rstd_k, N, K);
-        be->copy(m->dx, m->dh, ND * sizeof(float));
-        be->gemm(false, false, N, D, Q, 1.0f, m->dq, Q, w->wq, D, 1.0f, m->dx, D);
-        be->gemm(false, false, N, D, K, 1.0f, m->dk, K, w->wk, D, 1.0f, m->dx, D);
-        be->gemm(false, false, N, D, K, 1.0f, m->dv, K, w->wv, D, 1.0f, m->dx, D);
-        be->gemm(true, false, Q, D, N, 1.0f, m->dq, Q, a->x, D, 1.0f, g->wq, D);
-        be->gemm(true, false, K, D, N, 1.0f, m->dk, K, a->x, D, 1.0f, g->wk, D);
-        be->gemm(true, false, K, D, N, 1.0f, m->dv, K, a->x, D, 1.0f, g->wv, D);
+        TRY(be->rmsnorm_bwd(be, m->dtmp, g->attn_norm, m->dh, a->o, w->attn_norm, a->rstd_o, N, D));
+        TRY(be->gemm(be, false, false, N, Q, D, 1.0f, m->dtmp, OLMO_F32, D, WEIGHT(w->wo), Q, 0.0f, m->datt, Q));
+        TRY(be->gemm(be, true, false, D, Q, N, 1.0f, m->dtmp, OLMO_F32, D, a->att, OLMO_F32, Q, 1.0f, g->wo, Q));
+        TRY(be->attention_bwd(be, m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v,
+                          m->use_doc_ids ? m->doc_ids : NULL, &shape));
+        TRY(be->rope_bwd(be, m->dq, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_heads, m->head_dim));
+        TRY(be->rope_bwd(be, m->dk, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_kv_heads, m->head_dim));
+        TRY(be->rmsnorm_bwd(be, m->dq, g->q_norm, m->dq, a->q_raw, w->q_norm, a->rstd_q, N, Q));
+        TRY(be->rmsnorm_bwd(be, m->dk, g->k_norm, m->dk, a->k_raw, w->k_norm, a->rstd_k, N, K));
+        TRY(be->copy(be, m->dx, m->dh, ND * sizeof(float)));
+        TRY(be->gemm(be, false, false, N, D, Q, 1.0f, m->dq, OLMO_F32, Q, WEIGHT(w->wq), D, 1.0f, m->dx, D));
+        TRY(be->gemm(be, false, false, N, D, K, 1.0f, m->dk, OLMO_F32, K, WEIGHT(w->wk), D, 1.0f, m->dx, D));
+        TRY(be->gemm(be, false, false, N, D, K, 1.0f, m->dv, OLMO_F32, K, WEIGHT(w->wv), D, 1.0f, m->dx, D));
+        TRY(be->gemm(be, true, false, Q, D, N, 1.0f, m->dq, OLMO_F32, Q, a->x, OLMO_F32, D, 1.0f, g->wq, D));
+        TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dk, OLMO_F32, K, a->x, OLMO_F32, D, 1.0f, g->wk, D));
+        TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dv, OLMO_F32, K, a->x, OLMO_F32, D, 1.0f, g->wv, D));
     }
-    be->embedding_bwd(m->d_embed, m->dx, m->tokens, N, D);
+    TRY(be->embedding_bwd(be, m->d_embed, m->dx, m->tokens, N, D));
+    return 0;
 }
 
 size_t olmo_model_count_params(const struct olmo_model_config *c, bool include_embeddings) {

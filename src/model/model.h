@@ -44,7 +44,11 @@ struct olmo_model {
     int n_tensors;
     struct olmo_param *params;
     size_t n_floats;
-    float *weights, *grads; /* flat backend buffers, same layout */
+    float *weights, *grads; /* flat backend buffers, same layout: fp32 master weights and gradients */
+    /* The weights in the backend's compute_dtype (bf16 on cpu-bf16 and cuda-bf16), same layout, which the
+     * GEMMs read instead of `weights`; numel 0 where the backend computes in fp32.  Whoever changes
+     * `weights` calls olmo_model_sync_weights (loading, init, the optimizer step and its all-gather). */
+    struct olmo_buf compute;
     struct olmo_layer_tensors *lw, *lg;
     float *embed, *final_norm, *lm_head;
     float *d_embed, *d_final_norm, *d_lm_head;
@@ -63,7 +67,12 @@ struct olmo_model {
 int olmo_model_create(struct olmo_model *m, const struct olmo_model_config *cfg, const struct olmo_backend *be);
 void olmo_model_destroy(struct olmo_model *m);
 /* OLMo-core init: every matrix ~ truncated normal(0, init_std, +-3 std), norm weights = 1. */
-void olmo_model_init_weights(struct olmo_model *m, uint64_t seed);
+int olmo_model_init_weights(struct olmo_model *m, uint64_t seed);
+/* Refreshes the compute copy from the master weights (no-op without one). */
+int olmo_model_sync_weights(struct olmo_model *m);
+/* Weight w (a pointer into m->weights) as a GEMM operand: its compute copy where there is one, and that type. */
+const void *olmo_model_weight(const struct olmo_model *m, const float *w);
+enum olmo_float_type olmo_model_weight_type(const struct olmo_model *m);
 /* Allocates activations for micro-batches of batch x seq_len (idempotent for the same shape). */
 int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len);
 const struct olmo_param *olmo_model_find_param(const struct olmo_model *m, const char *name);
@@ -73,10 +82,32 @@ const struct olmo_param *olmo_model_find_param(const struct olmo_model *m, const
 int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_masking);
 /* Cross-entropy (+ z-loss) against targets [batch*seq_len] (host; <0 ignored).
  * Replaces m->logits with the gradient of grad_scale * sum(ce + z_mult * lse^2). */
-void olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_scale, float z_mult,
-                     double *ce_sum, double *z_sum);
-/* Backpropagates from the gradient left in m->logits; accumulates into m->grads. */
-void olmo_model_backward(struct olmo_model *m);
+int olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_scale, float z_mult,
+                    double *ce_sum, double *z_sum);
+/* Backpropagates from the gradient left in m->logits; accumulates into m->grads.
+ * These and the forward pass return 0, or -1 with the backend's error set. */
+int olmo_model_backward(struct olmo_model *m);
+
+/* Layer `layer`'s attention shape for micro-batches of batch x seq_len. */
+void olmo_model_attn_shape(const struct olmo_model *m, int layer, int batch, int seq_len, struct olmo_attn_shape *s);
+
+/* One layer's forward pass, shared by training (olmo_model_forward) and KV-cache
+ * generation (generate.c): shape->batch * shape->seq_len rows of a->x go to
+ * `out` (which may alias a->x), through the other buffers of `a` (the backward
+ * pass reads them in training; generation may alias them as long as each is
+ * dead when it is next written: q_raw with att, k_raw with o, the rstd's with
+ * each other; lse is unused there).  tmp: [rows, d_model] scratch.  RoPE:
+ * row r is at table row r % shape->seq_len of rope_cos/rope_sin.
+ *   cache NULL: causal attention over the rows themselves (doc_ids or NULL);
+ *   cache set: the rotated keys and values go into the cache ring at
+ *     positions pos0.., and the rows attend over it (batch 1). */
+struct olmo_kv_cache_layer {
+    float *k, *v;  /* [cap, kv_dim], position p at row p % cap */
+    int pos0, cap; /* position of the first row; rows in the ring */
+};
+int olmo_layer_forward(const struct olmo_model *m, int layer, const struct olmo_layer_acts *a, float *out,
+                        float *tmp, const float *rope_cos, const float *rope_sin, const struct olmo_attn_shape *shape,
+                        const int32_t *doc_ids, const struct olmo_kv_cache_layer *cache);
 
 /* RoPE cos/sin tables [n_positions, head_dim/2] (host memory), as the forward pass uses them. */
 void olmo_rope_tables(float *cos_t, float *sin_t, int n_positions, int head_dim, double theta);

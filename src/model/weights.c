@@ -53,7 +53,8 @@ int olmo_weights_load(struct olmo_model *m, const char *path) {
     for (int i = 0; i < f.n_tensors && !rc; i++)
         if (!olmo_model_find_param(m, f.tensors[i].name))
             rc = olmo_error("'%s' has unexpected tensor '%s' (config mismatch?)", path, f.tensors[i].name);
-    if (!rc) m->be->to_device(m->weights, host, m->n_floats * sizeof(float));
+    if (!rc) rc = m->be->to_device(m->be, m->weights, host, m->n_floats * sizeof(float));
+    if (!rc) rc = olmo_model_sync_weights(m);
     free(host);
     st_close(&f);
     return rc;
@@ -62,9 +63,8 @@ int olmo_weights_load(struct olmo_model *m, const char *path) {
 int olmo_weights_save(const struct olmo_model *m, const float *which, const char *path) {
     float *host = malloc(m->n_floats * sizeof(float));
     if (!host) return olmo_error("out of memory saving '%s'", path);
-    m->be->to_host(host, which, m->n_floats * sizeof(float));
     struct st_writer w = {0};
-    int rc = 0;
+    int rc = m->be->to_host(m->be, host, which, m->n_floats * sizeof(float));
     for (int i = 0; i < m->n_tensors && !rc; i++) {
         const struct olmo_param *p = &m->params[i];
         int64_t shape[2] = {p->rows, p->cols};

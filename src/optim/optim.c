@@ -22,27 +22,37 @@ int olmo_optimizer_create(struct olmo_optimizer *opt, const struct olmo_model *m
     opt->hi = m->n_floats;
     if (dist) olmo_dist_shard(dist, m->n_floats, &opt->lo, &opt->hi);
     size_t n = opt->hi - opt->lo;
-    opt->m = m->be->alloc(n * sizeof(float));
-    opt->v = m->be->alloc(n * sizeof(float));
+    opt->m = m->be->alloc(m->be, n * sizeof(float));
+    opt->v = m->be->alloc(m->be, n * sizeof(float));
     if (!opt->m || !opt->v) return olmo_error_context("optimizer state");
     return 0;
 }
 
 void olmo_optimizer_destroy(struct olmo_optimizer *opt, const struct olmo_model *m) {
-    m->be->free(opt->m);
-    m->be->free(opt->v);
+    m->be->free(m->be, opt->m);
+    m->be->free(m->be, opt->v);
     opt->m = opt->v = NULL;
 }
 
-double olmo_grad_norm(const struct olmo_model *m) { return sqrt(m->be->sum_squares(m->grads, m->n_floats)); }
-
-void olmo_clip_grads(struct olmo_model *m, double norm, double max_norm) {
-    if (max_norm <= 0) return;
-    double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) m->be->scale(m->grads, m->n_floats, (float)coef);
+int olmo_grad_norm_of(const struct olmo_model *m, double *norm) {
+    double ss;
+    if (m->be->sum_squares(m->be, m->grads, m->n_floats, &ss)) return -1;
+    *norm = sqrt(ss);
+    return 0;
 }
 
-void olmo_optimizer_step(struct olmo_optimizer *opt, struct olmo_model *m, const struct olmo_train_config *t,
+double olmo_grad_norm(const struct olmo_model *m) {
+    double norm;
+    return olmo_grad_norm_of(m, &norm) ? NAN : norm;
+}
+
+int olmo_clip_grads(struct olmo_model *m, double norm, double max_norm) {
+    if (max_norm <= 0) return 0;
+    double coef = max_norm / (norm + 1e-6);
+    return coef < 1.0 ? m->be->scale(m->be, m->grads, m->n_floats, (float)coef) : 0;
+}
+
+int olmo_optimizer_step(struct olmo_optimizer *opt, struct olmo_model *m, const struct olmo_train_config *t,
                          double lr) {
     opt->step++;
     for (int i = 0; i < m->n_tensors; i++) {
@@ -52,16 +62,19 @@ void olmo_optimizer_step(struct olmo_optimizer *opt, struct olmo_model *m, const
         size_t hi = p->offset + p->numel < opt->hi ? p->offset + p->numel : opt->hi;
         if (lo >= hi) continue;
         double wd = p->is_embedding ? t->embedding_weight_decay : t->weight_decay;
-        m->be->adamw(m->weights + lo, m->grads + lo, opt->m + (lo - opt->lo), opt->v + (lo - opt->lo), hi - lo, lr,
-                     (float)t->beta1, (float)t->beta2, (float)t->eps, wd, opt->step);
+        if (m->be->adamw(m->be, m->weights + lo, m->grads + lo, opt->m + (lo - opt->lo), opt->v + (lo - opt->lo),
+                         hi - lo, lr, (float)t->beta1, (float)t->beta2, (float)t->eps, wd, opt->step))
+            return -1;
     }
+    return 0;
 }
 
 int olmo_optimizer_gather(const struct olmo_optimizer *opt, const struct olmo_model *m, const struct olmo_dist *dist,
                           float *m_host, float *v_host) {
     size_t n = opt->hi - opt->lo;
-    m->be->to_host(m_host + opt->lo, opt->m, n * sizeof(float));
-    m->be->to_host(v_host + opt->lo, opt->v, n * sizeof(float));
+    if (m->be->to_host(m->be, m_host + opt->lo, opt->m, n * sizeof(float)) ||
+        m->be->to_host(m->be, v_host + opt->lo, opt->v, n * sizeof(float)))
+        return -1;
     if (!dist || dist->world == 1) return 0;
     size_t *offsets = olmo_malloc(sizeof(size_t) * (size_t)(dist->world + 1), "shard offsets");
     if (!offsets) return -1;
@@ -71,9 +84,11 @@ int olmo_optimizer_gather(const struct olmo_optimizer *opt, const struct olmo_mo
     return rc ? -1 : 0;
 }
 
-void olmo_optimizer_scatter(struct olmo_optimizer *opt, const struct olmo_model *m, const float *m_host,
-                            const float *v_host) {
+int olmo_optimizer_scatter(struct olmo_optimizer *opt, const struct olmo_model *m, const float *m_host,
+                           const float *v_host) {
     size_t n = opt->hi - opt->lo;
-    m->be->to_device(opt->m, m_host + opt->lo, n * sizeof(float));
-    m->be->to_device(opt->v, v_host + opt->lo, n * sizeof(float));
+    return m->be->to_device(m->be, opt->m, m_host + opt->lo, n * sizeof(float)) ||
+                   m->be->to_device(m->be, opt->v, v_host + opt->lo, n * sizeof(float))
+               ? -1
+               : 0;
 }

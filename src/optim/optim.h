@@ -24,17 +24,18 @@ double olmo_lr_at(const struct olmo_train_config *t, long step);
 int olmo_optimizer_create(struct olmo_optimizer *opt, const struct olmo_model *m, const struct olmo_dist *dist);
 void olmo_optimizer_destroy(struct olmo_optimizer *opt, const struct olmo_model *m);
 /* Global L2 norm of all gradients. */
-double olmo_grad_norm(const struct olmo_model *m);
+double olmo_grad_norm(const struct olmo_model *m); /* NaN, error set, when the backend fails */
+int olmo_grad_norm_of(const struct olmo_model *m, double *norm); /* 0, or -1 with the error set */
 /* torch.nn.utils.clip_grad_norm_: scales grads by max_norm / (norm + 1e-6) when that is < 1. */
-void olmo_clip_grads(struct olmo_model *m, double norm, double max_norm);
+int olmo_clip_grads(struct olmo_model *m, double norm, double max_norm);
 /* Updates this rank's shard of the parameters (no communication). */
-void olmo_optimizer_step(struct olmo_optimizer *opt, struct olmo_model *m, const struct olmo_train_config *t,
+int olmo_optimizer_step(struct olmo_optimizer *opt, struct olmo_model *m, const struct olmo_train_config *t,
                          double lr);
 /* Collective: full-size host copies of both moments, assembled from every rank's shard. */
 int olmo_optimizer_gather(const struct olmo_optimizer *opt, const struct olmo_model *m, const struct olmo_dist *dist,
                           float *m_host, float *v_host);
 /* Takes this rank's shard out of full-size host copies of both moments. */
-void olmo_optimizer_scatter(struct olmo_optimizer *opt, const struct olmo_model *m, const float *m_host,
+int olmo_optimizer_scatter(struct olmo_optimizer *opt, const struct olmo_model *m, const float *m_host,
                             const float *v_host);
 
 #endif

@@ -460,10 +460,8 @@ static int load_optimizer(struct olmo_trainer *tr, const char *path) {
     if (!rc && f.n_tensors != 2 * m->n_tensors + 1)
         rc = olmo_error("'%s' has %d tensors, expected %d", path, f.n_tensors, 2 * m->n_tensors + 1);
     if (!rc && step < 0) rc = olmo_error("'%s': negative optimizer step", path);
-    if (!rc) {
-        olmo_optimizer_scatter(&tr->opt, m, mh, vh);
-        tr->opt.step = step;
-    }
+    if (!rc) rc = olmo_optimizer_scatter(&tr->opt, m, mh, vh);
+    if (!rc) tr->opt.step = step;
     free(mh);
     free(vh);
     st_close(&f);

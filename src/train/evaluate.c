@@ -116,7 +116,7 @@ int olmo_eval_val_set(struct olmo_model *m, const struct olmo_val_set *s, int ma
         }
         if ((rc = olmo_model_forward(m, inputs, doc_masking))) break;
         double ce_sum, z_sum;
-        olmo_model_loss(m, targets, 0.0f, 0.0f, &ce_sum, &z_sum);
+        if ((rc = olmo_model_loss(m, targets, 0.0f, 0.0f, &ce_sum, &z_sum))) break;
         ce += ce_sum;
     }
     free(inputs);
@@ -329,7 +329,7 @@ int olmo_mc_eval(struct olmo_model *m, const struct olmo_mc_task *t, int pad_id,
             for (int j = 0; j < row->len; j++) {
                 /* logits at position p-1 predict the token at position p */
                 size_t pos = (size_t)b * T + (size_t)(row->start + j - 1);
-                m->be->to_host(logit_row, m->logits + pos * V, sizeof(float) * (size_t)V);
+                if ((rc = m->be->to_host(m->be, logit_row, m->logits + pos * V, sizeof(float) * (size_t)V))) break;
                 double mx = -INFINITY, s = 0.0;
                 for (int v = 0; v < V; v++)
                     if (logit_row[v] > mx) mx = logit_row[v];

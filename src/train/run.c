@@ -22,22 +22,24 @@
 double olmo_measure_peak_flops(const struct olmo_backend *be) {
     const int n = 2048; /* 1024^3 products, timed right after start-up, came out at half the speed on 2 cores */
     const size_t bytes = sizeof(float) * (size_t)n * n;
-    float *a = be->alloc(bytes), *b = be->alloc(bytes), *c = be->alloc(bytes);
+    float *a = be->alloc(be, bytes), *b = be->alloc(be, bytes), *c = be->alloc(be, bytes);
     double best = 0.0;
-    if (a && b && c) {
-        be->gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up */
-        if (be->synchronize) be->synchronize();
+    /* a failed product leaves best at 0: the caller then has no measured peak */
+#define PRODUCT()                                                                                              \
+    (be->gemm(be, false, false, n, n, n, 1.0f, a, OLMO_F32, n, b, OLMO_F32, n, 0.0f, c, n) == 0 &&              \
+     (!be->synchronize || be->synchronize(be) == 0)) /* a device only queues the product */
+    if (a && b && c && PRODUCT()) { /* warm-up */
         for (int rep = 0; rep < 3; rep++) {
             const double t0 = olmo_now_seconds();
-            be->gemm(false, false, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-            if (be->synchronize) be->synchronize(); /* a device only queues the product */
+            if (!PRODUCT()) break;
             const double dt = olmo_now_seconds() - t0;
             if (dt > 0 && 2.0 * n * n * (double)n / dt > best) best = 2.0 * n * n * (double)n / dt;
         }
     }
-    be->free(a);
-    be->free(b);
-    be->free(c);
+#undef PRODUCT
+    be->free(be, a);
+    be->free(be, b);
+    be->free(be, c);
     return best;
 }
 
@@ -137,9 +139,9 @@ static int open_model_and_data(struct olmo_run *run) {
     }
     if (run->ckpt[0]) return resume_checkpoint(run);
     if (o->init_path) return olmo_weights_load(&run->tr.model, o->init_path);
-    if (o->init_weights) return o->init_weights(o->ctx, &run->tr.model);
-    olmo_model_init_weights(&run->tr.model, cfg->train.seed);
-    return 0;
+    if (o->init_weights) /* the callback writes the master weights: refresh a bf16 compute copy */
+        return o->init_weights(o->ctx, &run->tr.model) ? -1 : olmo_model_sync_weights(&run->tr.model);
+    return olmo_model_init_weights(&run->tr.model, cfg->train.seed);
 }
 
 /* config.yaml, the metrics log and the batch dump (rank 0). */
@@ -174,7 +176,7 @@ static void print_header(const struct olmo_run *run) {
                 "through %s\n",
                 world, cfg->train.grad_accum, cfg->train.micro_batch, run->tr.device_comm ? "NCCL" : "MPI");
     fprintf(log, "backend %s", be->name);
-    if (be->describe) fprintf(log, " (%s)", be->describe());
+    if (be->describe) fprintf(log, " (%s)", be->describe(be));
     fprintf(log, " | MFU: %.4g FLOPs/token, peak %.4g FLOP/s (%s)\n", run->flops_per_token, run->peak,
             run->peak_source);
     if (run->ckpt[0])
@@ -378,7 +380,7 @@ int olmo_run_step(struct olmo_run *run, struct olmo_run_step *out) {
     char why[64];
     const int verdict = train_step(run, &s, why, sizeof why);
     if (verdict < 0) return -1;
-    if (o->be->synchronize) o->be->synchronize(); /* the update is asynchronous on a device */
+    if (o->be->synchronize && o->be->synchronize(o->be)) return -1; /* the update is asynchronous on a device */
     run->tokens += run->tokens_per_step;
     run->steps_since_log++;
     const double now = olmo_now_seconds();
@@ -398,7 +400,7 @@ int olmo_run_step(struct olmo_run *run, struct olmo_run_step *out) {
         return -1;
     if (o->write_files && t->save_every > 0 && (s.step % t->save_every == 0 || last_step) && save_checkpoint(run))
         return -1;
-    if (o->profile && s.step == run->st.step + 1) olmo_profile_reset(); /* the first step pays for page faults */
+    if (o->profile && s.step == run->st.step + 1) olmo_profile_reset(o->be); /* the first step pays for page faults */
     run->last = olmo_now_seconds(); /* evaluation and checkpoint time do not count as step time */
     if (out) *out = s;
     const int stop = stop_on_signal(run, limit);
@@ -413,7 +415,7 @@ int olmo_run_finish(struct olmo_run *run) {
         run->dump = NULL;
         if (rc) return olmo_error("writing '%s' failed: %s", o->dump_path, strerror(errno));
     }
-    if (o->profile && o->log) olmo_profile_report(o->log);
+    if (o->profile && o->log) olmo_profile_report(o->be, o->log);
     const double total = olmo_now_seconds() - run->start;
     char weights_path[4200];
     const char *save = o->save_path;

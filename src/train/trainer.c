@@ -29,7 +29,7 @@ int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cf
             return olmo_error("backend '%s' keeps gradients in device memory and this build has no collective "
                               "library for it (NCCL): it cannot train with %d ranks",
                               be->name, dist->world);
-        if (be->comm_init(dist)) return -1;
+        if (be->comm_init(be, dist)) return -1;
         tr->device_comm = true;
     }
     if (olmo_model_create(&tr->model, &cfg->model, be)) return -1;
@@ -43,7 +43,7 @@ int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cf
 }
 
 void olmo_trainer_destroy(struct olmo_trainer *tr) {
-    if (tr->device_comm) tr->model.be->comm_destroy();
+    if (tr->device_comm) tr->model.be->comm_destroy(tr->model.be);
     olmo_optimizer_destroy(&tr->opt, &tr->model);
     olmo_model_destroy(&tr->model);
     free(tr->inputs);
@@ -79,43 +79,43 @@ int olmo_trainer_accumulate(struct olmo_trainer *tr, const int32_t *instances, s
     /* this rank's slice of the global batch */
     const int32_t *mine = instances + (size_t)(tr->dist ? tr->dist->rank : 0) * t->grad_accum * micro * T;
     double sums[2] = {0.0, 0.0}; /* cross-entropy, lse^2 */
-    m->be->zero(m->grads, m->n_floats * sizeof(float));
+    if (m->be->zero(m->be, m->grads, m->n_floats * sizeof(float))) return -1;
     for (int a = 0; a < t->grad_accum; a++) {
         stage_micro_batch(tr, mine + (size_t)a * micro * T, micro);
         if (olmo_model_forward(m, tr->inputs, t->intra_doc_masking)) return -1;
         double ce_sum, z_sum;
-        olmo_model_loss(m, tr->targets, (float)(1.0 / (double)total_labels), (float)t->z_loss, &ce_sum, &z_sum);
-        olmo_model_backward(m);
+        if (olmo_model_loss(m, tr->targets, (float)(1.0 / (double)total_labels), (float)t->z_loss, &ce_sum, &z_sum) ||
+            olmo_model_backward(m))
+            return -1;
         sums[0] += ce_sum;
         sums[1] += z_sum;
     }
     if (world_size(tr) > 1 &&
-        ((tr->device_comm ? m->be->comm_allreduce_sum(m->grads, m->n_floats)
+        ((tr->device_comm ? m->be->comm_allreduce_sum(m->be, m->grads, m->n_floats)
                           : olmo_dist_allreduce_f32(tr->dist, m->grads, m->n_floats)) ||
          olmo_dist_allreduce_f64(tr->dist, sums, 2)))
         return -1;
     res->ce_loss = sums[0] / (double)total_labels;
     res->z_loss = t->z_loss * sums[1] / (double)total_labels;
     res->loss_tokens = total_labels;
-    res->grad_norm = olmo_grad_norm(m);
-    return 0;
+    return olmo_grad_norm_of(m, &res->grad_norm);
 }
 
 int olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res) {
     const struct olmo_train_config *t = &tr->cfg.train;
-    olmo_clip_grads(&tr->model, res->grad_norm, t->clip_grad_norm);
+    if (olmo_clip_grads(&tr->model, res->grad_norm, t->clip_grad_norm)) return -1;
     res->lr = olmo_lr_at(t, tr->opt.step + tr->skipped + 1);
     res->skipped = false;
-    olmo_optimizer_step(&tr->opt, &tr->model, t, res->lr);
-    if (!tr->dist || tr->dist->world == 1) return 0;
+    if (olmo_optimizer_step(&tr->opt, &tr->model, t, res->lr)) return -1;
+    if (!tr->dist || tr->dist->world == 1) return olmo_model_sync_weights(&tr->model);
     /* every rank updated its own shard: share them */
     size_t *offsets = olmo_malloc(sizeof(size_t) * (size_t)(tr->dist->world + 1), "shard offsets");
     if (!offsets) return -1;
     olmo_dist_shard_offsets(tr->dist, tr->model.n_floats, offsets);
-    int rc = tr->device_comm ? tr->model.be->comm_allgather(tr->model.weights, offsets)
+    int rc = tr->device_comm ? tr->model.be->comm_allgather(tr->model.be, tr->model.weights, offsets)
                              : olmo_dist_allgather_f32(tr->dist, tr->model.weights, offsets);
     free(offsets);
-    return rc;
+    return rc ? rc : olmo_model_sync_weights(&tr->model);
 }
 
 void olmo_trainer_skip(struct olmo_trainer *tr, struct olmo_step_result *res) {
@@ -156,7 +156,7 @@ int olmo_trainer_eval(struct olmo_trainer *tr, const int32_t *instances, int n_r
         labels += stage_micro_batch(tr, instances + (size_t)r * T, micro);
         if (olmo_model_forward(&tr->model, tr->inputs, tr->cfg.train.intra_doc_masking)) return -1;
         double ce_sum, z_sum;
-        olmo_model_loss(&tr->model, tr->targets, 0.0f, 0.0f, &ce_sum, &z_sum);
+        if (olmo_model_loss(&tr->model, tr->targets, 0.0f, 0.0f, &ce_sum, &z_sum)) return -1;
         ce += ce_sum;
     }
     *ce_loss = ce / (double)labels;

@@ -82,9 +82,9 @@ static int quick_init(struct olmo_model *m, uint64_t seed) {
             w[j] = a * (2.0f * (float)(x >> 40) / 16777216.0f - 1.0f);
         }
     }
-    m->be->to_device(m->weights, host, m->n_floats * sizeof(float));
+    const int rc = m->be->to_device(m->be, m->weights, host, m->n_floats * sizeof(float));
     free(host);
-    return 0;
+    return rc;
 }
 
 struct bench {
@@ -108,8 +108,8 @@ static double run_steps(struct olmo_run *run, int warmup, int steps, int profile
     for (int s = 0; s < warmup + steps + profile_steps; s++) {
         const bool timed_step = s >= warmup && s < warmup + steps, profiled = s >= warmup + steps;
         if (s == warmup + steps) {
-            olmo_profile_reset();
-            olmo_profile_enable(true);
+            olmo_profile_reset(run->o.be);
+            olmo_profile_enable(run->o.be, true);
         }
         struct olmo_run_step st;
         if (olmo_run_step(run, &st) != 1) return -1.0;
@@ -132,6 +132,7 @@ static const char *datasheet_peak(const char *backend, double *tflops) {
 }
 
 int main(int argc, char **argv) {
+    struct olmo_backend *backend = NULL, *profiled = NULL; /* the wrapper first, then the instance */
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
@@ -181,11 +182,12 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (olmo_config_validate(&cfg)) goto fail;
-    const struct olmo_backend *be = olmo_backend_by_name(backend_name);
-    if (!be) goto fail;
+    if (!(backend = olmo_backend_create(backend_name))) goto fail;
+    const struct olmo_backend *be = backend;
     if (profile_steps > 0) { /* wrapped from the start, timing only the profiled steps */
-        be = olmo_backend_profiled(be);
-        olmo_profile_enable(false);
+        if (!(profiled = olmo_backend_profiled(backend))) goto fail;
+        be = profiled;
+        olmo_profile_enable(be, false);
     }
 
     const struct olmo_train_config *t = &cfg.train;
@@ -245,11 +247,15 @@ int main(int argc, char **argv) {
     if (profile_steps > 0) {
         printf("profile of the last %d step%s (each op waits for the one before):\n", profile_steps,
                profile_steps > 1 ? "s" : "");
-        olmo_profile_report(stdout);
+        olmo_profile_report(be, stdout);
     }
     olmo_run_close(&run);
+    olmo_backend_destroy(profiled);
+    olmo_backend_destroy(backend);
     return 0;
 fail:
     fprintf(stderr, "bench_train: %s\n", olmo_last_error());
+    olmo_backend_destroy(profiled);
+    olmo_backend_destroy(backend);
     return 1;
 }

@@ -18,7 +18,8 @@ static int run(const char *config_path, const char *weights_path, const char *ba
     olmo_config_defaults(&cfg);
     if (olmo_config_load(&cfg, config_path) || olmo_config_validate(&cfg)) return -1;
     struct olmo_trainer tr;
-    if (olmo_trainer_init(&tr, &cfg, olmo_backend_cpu()) || olmo_weights_load(&tr.model, weights_path)) return -1;
+    struct olmo_backend *be = olmo_backend_create("cpu"); /* the process's: freed at exit */
+    if (!be || olmo_trainer_init(&tr, &cfg, be) || olmo_weights_load(&tr.model, weights_path)) return -1;
     struct olmo_model *m = &tr.model;
     const struct olmo_train_config *t = &cfg.train;
     const size_t rows = (size_t)t->grad_accum * t->micro_batch, per_step = rows * t->seq_len;
@@ -37,7 +38,7 @@ static int run(const char *config_path, const char *weights_path, const char *ba
     for (size_t i = 0; i < N; i++) tr.inputs[i] = tokens[i];
     if (olmo_model_forward(m, tr.inputs, t->intra_doc_masking)) return -1;
     float *logits = malloc(N * V * sizeof(float));
-    m->be->to_host(logits, m->logits, N * V * sizeof(float));
+    m->be->to_host(m->be, logits, m->logits, N * V * sizeof(float));
     int64_t lshape[3] = {t->micro_batch, t->seq_len, (int64_t)V};
     if (st_writer_add(&w, "logits", ST_F32, 3, lshape, logits)) return -1;
     free(logits);
@@ -48,7 +49,7 @@ static int run(const char *config_path, const char *weights_path, const char *ba
         struct olmo_step_result res;
         if (olmo_trainer_accumulate(&tr, tokens + (size_t)s * per_step, &res)) return -1;
         if (s == 0) {
-            m->be->to_host(host, m->grads, m->n_floats * sizeof(float));
+            m->be->to_host(m->be, host, m->grads, m->n_floats * sizeof(float));
             for (int i = 0; i < m->n_tensors; i++) {
                 const struct olmo_param *p = &m->params[i];
                 char name[200];
@@ -64,7 +65,7 @@ static int run(const char *config_path, const char *weights_path, const char *ba
     }
     int64_t sshape[2] = {steps, 3};
     if (st_writer_add(&w, "losses", ST_F64, 2, sshape, losses)) return -1;
-    m->be->to_host(host, m->weights, m->n_floats * sizeof(float));
+    m->be->to_host(m->be, host, m->weights, m->n_floats * sizeof(float));
     for (int i = 0; i < m->n_tensors; i++) {
         const struct olmo_param *p = &m->params[i];
         char name[200];
@@ -79,6 +80,7 @@ static int run(const char *config_path, const char *weights_path, const char *ba
     free(losses);
     free(tokens);
     olmo_trainer_destroy(&tr);
+    olmo_backend_destroy(be);
     return rc;
 }
 

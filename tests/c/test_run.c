@@ -29,22 +29,32 @@ static void check(int ok, const char *what) {
 /* A device: a GEMM is only queued; synchronize waits QUEUED_SECONDS per product. */
 #define QUEUED_SECONDS 0.02
 static int queued;
-static void queued_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda, const float *b,
-                        int ldb, float beta, float *c, int ldc) {
-    (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb, (void)beta;
-    (void)c, (void)ldc;
+static int queued_gemm(const struct olmo_backend *be, bool ta, bool tb, int m, int n, int k, float alpha, const void *a,
+                       enum olmo_float_type at, int lda, const void *b, enum olmo_float_type bt, int ldb, float beta,
+                       float *c, int ldc) {
+    (void)be, (void)ta, (void)tb, (void)m, (void)n, (void)k, (void)alpha, (void)a, (void)at, (void)lda, (void)b;
+    (void)bt, (void)ldb, (void)beta, (void)c, (void)ldc;
     queued++;
+    return 0;
 }
-static void wait_for_queue(void) {
+static int wait_for_queue(const struct olmo_backend *be) {
+    (void)be;
     if (queued) usleep((useconds_t)(queued * QUEUED_SECONDS * 1e6));
     queued = 0;
+    return 0;
 }
 
 static void test_peak_waits_for_the_device(void) {
-    struct olmo_backend device = *olmo_backend_cpu();
+    struct olmo_backend *cpu = olmo_backend_create("cpu");
+    if (!cpu) {
+        check(0, "cpu backend");
+        return;
+    }
+    struct olmo_backend device = *cpu; /* the CPU's memory ops and state, a device's GEMM and synchronize */
     device.gemm = queued_gemm;
     device.synchronize = wait_for_queue;
     const double peak = olmo_measure_peak_flops(&device), n = 2048;
+    olmo_backend_destroy(cpu);
     printf("     measured %.3g FLOP/s on a device that takes %.2fs a product\n", peak, QUEUED_SECONDS);
     check(peak > 0 && peak <= 2 * n * n * n / QUEUED_SECONDS * 1.01, "peak FLOP/s counts the device's time");
 }
@@ -60,14 +70,16 @@ static void test_micro_batch_must_fit_int(void) {
     tiny_config(&cfg);
     cfg.train.micro_batch = 1 << 20, cfg.train.seq_len = 1 << 16; /* 2^36 tokens: 0 in int */
     struct olmo_trainer tr;
-    const int rc = olmo_trainer_init(&tr, &cfg, olmo_backend_cpu());
+    struct olmo_backend *cpu = olmo_backend_create("cpu");
+    const int rc = olmo_trainer_init(&tr, &cfg, cpu);
     check(rc != 0 && strstr(olmo_last_error(), "train.micro_batch x train.seq_len"),
           "micro_batch x seq_len beyond int is refused before allocating");
     if (!rc) olmo_trainer_destroy(&tr);
     cfg.train.micro_batch = 2, cfg.train.seq_len = 16;
-    const int ok = olmo_trainer_init(&tr, &cfg, olmo_backend_cpu());
+    const int ok = olmo_trainer_init(&tr, &cfg, cpu);
     check(ok == 0, "a small micro-batch is accepted");
     if (!ok) olmo_trainer_destroy(&tr);
+    olmo_backend_destroy(cpu);
 }
 
 static char *slurp(const char *path) {

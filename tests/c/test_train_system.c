@@ -8,12 +8,16 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_internal.h" /* PAR_MIN: the determinism test must run above it */
+#include "backend/profile.h"
+#include "util/error.h"
 #include "model/generate.h"
 #include "model/model.h"
 #include "train/checkpoint.h"
+#include "train/trainer.h"
 #include "util/rng.h"
 
-static const struct olmo_backend *be;
+static struct olmo_backend *be;
 static struct olmo_rng rng;
 static int failures, checks;
 
@@ -24,41 +28,56 @@ static void check(int ok, const char *what, double value) {
 }
 
 static float *rand_buf(size_t n, double scale) {
-    float *p = be->alloc(n * sizeof(float));
+    float *p = be->alloc(be, n * sizeof(float));
     for (size_t i = 0; i < n; i++) p[i] = (float)(olmo_rng_normal(&rng) * scale);
     return p;
 }
 
-/* The same reductions with 1 and with 3 threads must agree bit for bit. */
+/* The same reductions with 1 and with 3 threads must agree bit for bit.  The
+ * sizes put every op above the CPU backend's parallel threshold (PAR_MIN
+ * elements; below it a loop runs on the calling thread and the comparison
+ * proves nothing), and rmsnorm's dim spans several of the column blocks its
+ * dw is split into, so each reduction really is divided among threads. */
+enum { DET_ROWS = 301, DET_DIM = 200, DET_VOCAB = 97, DET_BIG = 300000 };
+_Static_assert(DET_ROWS * DET_DIM >= 3 * PAR_MIN, "rmsnorm determinism test below the parallel threshold");
+_Static_assert(DET_DIM > 3 * 64, "rmsnorm dw in fewer column blocks than threads");
+_Static_assert(DET_ROWS * DET_VOCAB >= PAR_MIN, "cross-entropy determinism test below the parallel threshold");
+
 static void test_determinism(void) {
-    const int n = 301, dim = 40, vocab = 97;
+    const int n = DET_ROWS, dim = DET_DIM, vocab = DET_VOCAB;
     float *x = rand_buf((size_t)n * dim, 1.0), *w = rand_buf((size_t)dim, 1.0), *dy = rand_buf((size_t)n * dim, 1.0);
-    float *y = be->alloc((size_t)n * dim * 4), *rstd = be->alloc((size_t)n * 4);
-    be->rmsnorm_fwd(y, rstd, x, w, n, dim, 1e-6f);
+    float *y = be->alloc(be, (size_t)n * dim * 4), *rstd = be->alloc(be, (size_t)n * 4);
+    be->rmsnorm_fwd(be, y, rstd, x, w, n, dim, 1e-6f);
     float *logits0 = rand_buf((size_t)n * vocab, 3.0);
-    int32_t *targets = be->alloc((size_t)n * 4);
+    int32_t *targets = be->alloc(be, (size_t)n * 4);
     for (int i = 0; i < n; i++) targets[i] = i % 7 == 0 ? -100 : (int32_t)(olmo_rng_next(&rng) % vocab);
-    float *big = rand_buf(300000, 1.0);
-    float dw[2][40], dx[2][301 * 40];
+    float *big = rand_buf(DET_BIG, 1.0);
+    float *dw[2], *dx[2], *yk[2];
     double ce[2], zz[2], ss[2];
-    float *logits = be->alloc((size_t)n * vocab * 4);
+    float *logits = be->alloc(be, (size_t)n * vocab * 4);
     const int threads[2] = {1, 3};
     for (int k = 0; k < 2; k++) {
+        dw[k] = be->alloc(be, (size_t)dim * 4);
+        dx[k] = be->alloc(be, (size_t)n * dim * 4);
+        yk[k] = be->alloc(be, (size_t)n * dim * 4);
+        float *rstd_k = be->alloc(be, (size_t)n * 4);
         omp_set_num_threads(threads[k]);
-        memset(dw[k], 0, sizeof dw[k]);
-        be->rmsnorm_bwd(dx[k], dw[k], dy, x, w, rstd, n, dim);
+        be->rmsnorm_fwd(be, yk[k], rstd_k, x, w, n, dim, 1e-6f);
+        be->rmsnorm_bwd(be, dx[k], dw[k], dy, x, w, rstd, n, dim);
         memcpy(logits, logits0, (size_t)n * vocab * 4);
-        be->cross_entropy(logits, targets, n, vocab, 0.01f, 1e-4f, &ce[k], &zz[k]);
-        ss[k] = be->sum_squares(big, 300000);
+        be->cross_entropy(be, logits, targets, n, vocab, 0.01f, 1e-4f, &ce[k], &zz[k]);
+        be->sum_squares(be, big, DET_BIG, &ss[k]);
+        be->free(be, rstd_k);
     }
     omp_set_num_threads(omp_get_num_procs());
-    check(!memcmp(dw[0], dw[1], sizeof dw[0]) && !memcmp(dx[0], dx[1], sizeof dx[0]),
+    check(!memcmp(yk[0], yk[1], (size_t)n * dim * 4), "rmsnorm forward: 1 vs 3 threads bit-identical", 0.0);
+    check(!memcmp(dw[0], dw[1], (size_t)dim * 4) && !memcmp(dx[0], dx[1], (size_t)n * dim * 4),
           "rmsnorm backward: 1 vs 3 threads bit-identical", 0.0);
     check(ce[0] == ce[1] && zz[0] == zz[1], "cross-entropy sums: 1 vs 3 threads bit-identical", fabs(ce[0] - ce[1]));
     check(ss[0] == ss[1], "sum of squares: 1 vs 3 threads bit-identical", fabs(ss[0] - ss[1]));
-    float *bufs[] = {x, w, dy, y, rstd, logits0, big, logits};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
-    be->free(targets);
+    float *bufs[] = {x, w, dy, y, rstd, logits0, big, logits, dw[0], dw[1], dx[0], dx[1], yk[0], yk[1]};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+    be->free(be, targets);
 }
 
 static int argmax(const float *v, int n) {
@@ -98,7 +117,7 @@ static void test_generate_matches_forward(int chunk) {
         /* reference: the training forward over seq[0..len) */
         olmo_model_reserve(&m, 1, len);
         olmo_model_forward(&m, seq, false);
-        be->to_host(full, m.logits + (size_t)(len - 1) * c.vocab_size, sizeof(float) * c.vocab_size);
+        be->to_host(be, full, m.logits + (size_t)(len - 1) * c.vocab_size, sizeof(float) * c.vocab_size);
         double mx = 0, diff = 0;
         for (int v = 0; v < c.vocab_size; v++) {
             if (fabs(full[v]) > mx) mx = fabs(full[v]);
@@ -178,8 +197,103 @@ static void test_hash(void) {
     check(distinct && olmo_hash64(buf, 100) == h, "hash64 changes with any flipped bit or length", 0);
 }
 
+/* Backend instances share no state: two cpu-bf16 instances (each with its own
+ * scratch buffers and oneDNN primitives) give the same products, one keeps
+ * working after the other is destroyed, and two profiled wrappers count
+ * their own calls. */
+static int gemm_calls_reported(const struct olmo_backend *profiled) {
+    char text[8192] = {0};
+    FILE *f = fmemopen(text, sizeof text - 1, "w");
+    if (!f) return -1;
+    olmo_profile_report(profiled, f);
+    fclose(f);
+    const char *line = strstr(text, "profile: gemm ");
+    long calls = -1;
+    if (line) sscanf(line + strlen("profile: gemm "), "%ld", &calls);
+    return (int)calls;
+}
+
+static void test_instances(void) {
+    enum { M = 70, N = 300, K = 130 };
+    struct olmo_backend *one = olmo_backend_create("cpu-bf16"), *two = olmo_backend_create("cpu-bf16");
+    if (!one || !two) {
+        check(0, "two cpu-bf16 instances", 0);
+        olmo_backend_destroy(one);
+        olmo_backend_destroy(two);
+        return;
+    }
+    float *a = rand_buf((size_t)M * K, 1.0), *b = rand_buf((size_t)N * K, 1.0);
+    float *c1 = be->alloc(be, sizeof(float) * M * N), *c2 = be->alloc(be, sizeof(float) * M * N),
+          *c3 = be->alloc(be, sizeof(float) * M * N);
+    int rc = one->gemm(one, false, true, M, N, K, 1.0f, a, OLMO_F32, K, b, OLMO_F32, K, 0.0f, c1, N);
+    rc |= two->gemm(two, false, true, M, N, K, 1.0f, a, OLMO_F32, K, b, OLMO_F32, K, 0.0f, c2, N);
+    olmo_backend_destroy(one);
+    rc |= two->gemm(two, false, true, M, N, K, 1.0f, a, OLMO_F32, K, b, OLMO_F32, K, 0.0f, c3, N);
+    check(!rc && !memcmp(c1, c2, sizeof(float) * M * N) && !memcmp(c1, c3, sizeof(float) * M * N),
+          "two instances: same products, independent lifetimes", 0);
+    struct olmo_backend *p1 = olmo_backend_profiled(two), *p2 = olmo_backend_profiled(two);
+    if (p1 && p2) {
+        p1->gemm(p1, false, true, M, N, K, 1.0f, a, OLMO_F32, K, b, OLMO_F32, K, 0.0f, c1, N);
+        p1->gemm(p1, false, true, M, N, K, 1.0f, a, OLMO_F32, K, b, OLMO_F32, K, 0.0f, c1, N);
+        p2->gemm(p2, false, true, M, N, K, 1.0f, a, OLMO_F32, K, b, OLMO_F32, K, 0.0f, c2, N);
+    }
+    const int n1 = p1 ? gemm_calls_reported(p1) : -1, n2 = p2 ? gemm_calls_reported(p2) : -1;
+    check(n1 == 2 && n2 == 1, "profiled wrappers count their own calls (2 and 1)", n1 * 10 + n2);
+    olmo_backend_destroy(p1);
+    olmo_backend_destroy(p2);
+    olmo_backend_destroy(two);
+    float *bufs[] = {a, b, c1, c2, c3};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+}
+
+/* cpu-bf16 multiplies by a bf16 compute copy of the weights: after
+ * initialisation and after every optimizer step it must be exactly the
+ * master weights rounded to nearest even (a missed refresh would leave the
+ * GEMMs on stale weights). */
+static void test_compute_copy(void) {
+    struct olmo_backend *bf = olmo_backend_create("cpu-bf16");
+    struct olmo_config cfg;
+    olmo_config_defaults(&cfg);
+    cfg.model = (struct olmo_model_config){.vocab_size = 61, .d_model = 32, .n_layers = 2, .n_heads = 4,
+                                           .n_kv_heads = 2, .mlp_hidden = 48, .rope_theta = 10000.0,
+                                           .sliding_window = 4, .full_attention_every = 2, .rms_norm_eps = 1e-6,
+                                           .init_std = 0.3, .eos_token_id = 0, .pad_token_id = 1};
+    cfg.train.seq_len = 16;
+    cfg.train.micro_batch = 2;
+    cfg.train.grad_accum = 1;
+    cfg.train.lr = 1e-2;
+    struct olmo_trainer tr;
+    if (!bf || olmo_trainer_init(&tr, &cfg, bf)) {
+        check(0, "cpu-bf16 trainer", 0);
+        olmo_backend_destroy(bf);
+        return;
+    }
+    struct olmo_model *m = &tr.model;
+    bool ok = m->compute.numel == m->n_floats && m->compute.dtype == OLMO_BF16 &&
+              m->compute.role == OLMO_BUF_COMPUTE_COPY && !olmo_model_init_weights(m, 5);
+    const size_t n = olmo_trainer_batch_rows(&tr) * (size_t)cfg.train.seq_len;
+    int32_t *batch = malloc(sizeof(int32_t) * n);
+    uint16_t *want = malloc(sizeof(uint16_t) * m->n_floats);
+    for (int step = 0; step <= 2 && ok && batch && want; step++) {
+        struct olmo_step_result res;
+        for (size_t i = 0; i < n; i++) batch[i] = (int32_t)(olmo_rng_next(&rng) % 61);
+        if (step > 0) ok = !olmo_trainer_step(&tr, batch, &res);
+        bf->convert(bf, want, OLMO_BF16, m->weights, OLMO_F32, m->n_floats);
+        ok = ok && !memcmp(want, m->compute.data, sizeof(uint16_t) * m->n_floats);
+    }
+    check(ok && batch && want, "cpu-bf16 compute copy == bf16(weights) after init and steps", 0);
+    free(batch);
+    free(want);
+    olmo_trainer_destroy(&tr);
+    olmo_backend_destroy(bf);
+}
+
 int main(void) {
-    be = olmo_backend_cpu();
+    be = olmo_backend_create("cpu");
+    if (!be) {
+        fprintf(stderr, "test_train_system: %s\n", olmo_last_error());
+        return 1;
+    }
     olmo_rng_seed(&rng, 1234);
     test_determinism();
     test_generate_matches_forward(64);
@@ -187,6 +301,9 @@ int main(void) {
     test_generate_matches_forward(1);
     test_sampler();
     test_hash();
+    test_instances();
+    test_compute_copy();
     printf("%d/%d checks passed\n", checks - failures, checks);
+    olmo_backend_destroy(be);
     return failures ? 1 : 0;
 }

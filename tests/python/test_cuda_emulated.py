@@ -142,3 +142,24 @@ def test_backend_errors(build_dir, tiny, tmp_path):  # noqa: F811
     if shutil.which("nvidia-smi") is None:  # a CUDA build on a machine without a GPU: a message, no crash
         r = subprocess.run(base + ["--backend", "cuda"], capture_output=True, text=True)
         assert r.returncode == 1 and "cuda" in r.stderr.lower(), r.stderr
+
+
+def test_unsupported_head_dim_refused_at_model_creation(build_dir, emu, tiny, tmp_path):  # noqa: F811
+    """The backend's capability query (backend.h check_attention) runs when the model is created: a
+    head_dim the CUDA attention kernels cannot hold (> 128) is an error message and exit status 1
+    before any step, not an abort inside the first forward pass.  The CPU backend trains it."""
+    cfg, data = tiny
+    wide = ("--set", "model.d_model=256", "--set", "model.n_heads=1", "--set", "model.n_kv_heads=1",
+            "--set", "train.steps=1")
+    rows, _ = train(build_dir / "olmoc", cfg, data, tmp_path / "cpu", *wide)
+    assert len(rows) == 1
+    out = tmp_path / "cuda"
+    cmd = [str(emu), "train", str(cfg), "--set", f"data.train_path={data}", "--set", f"data.out_dir={out}",
+           "--set", "train.peak_flops=1e12", *wide, "--backend", "cuda"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "backend 'cuda' cannot run this model's attention" in r.stderr, r.stderr
+    assert "head_dim 256: the CUDA attention kernels support head_dim 1..128" in r.stderr, r.stderr
+    assert not (out / "metrics.jsonl").exists() or not [
+        line for line in (out / "metrics.jsonl").read_text().splitlines() if '"train"' in line]

@@ -512,6 +512,17 @@ static size_t att_bwd_smem(int ld, int n_pd) {
     return sizeof(float) * ((size_t)4 * ATT_TILE * ld + (size_t)n_pd * ATT_TILE * ATT_PLD);
 }
 
+/* The capability query (backend.h check_attention): the fp32 kernels and the
+ * cached kernel hold head_dim in fixed-size tiles (64 or 128 columns); the
+ * tensor-core kernels fall back to them where head_dim is not a multiple of 16. */
+int olmo_cuda_check_attention(OLMO_BE, const struct olmo_attn_shape *s) {
+    (void)be;
+    if (s->head_dim > 128)
+        return olmo_error("head_dim %d: the CUDA attention kernels support head_dim 1..128", s->head_dim);
+    return 0;
+}
+
+/* The ops have no error path: a shape the capability query refuses is a bug of the caller here. */
 static void att_check_shape(const struct olmo_attn_shape *s) {
     char msg[160];
     if (s->head_dim < 1 || s->head_dim > 128 || s->n_kv_heads < 1 || s->n_heads % s->n_kv_heads) {
@@ -559,19 +570,21 @@ static void att_bwd_launch(float *dq, float *dk, float *dv, const float *dout, c
     OLMO_CUDA_LAUNCHED("att_bwd_dq_kernel");
 }
 
-void olmo_cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+int olmo_cuda_attention_fwd(OLMO_BE, float *out, float *lse, const float *q, const float *k, const float *v,
                              const int32_t *doc_ids, const struct olmo_attn_shape *s) {
-    if (s->batch <= 0 || s->seq_len <= 0) return;
+    (void)be;
+    if (s->batch <= 0 || s->seq_len <= 0) return 0;
     att_check_shape(s);
     const struct att_params p = att_make_params(s);
     if (p.D <= 64) att_fwd_launch<64>(out, lse, q, k, v, doc_ids, p, s->batch);
     else att_fwd_launch<128>(out, lse, q, k, v, doc_ids, p, s->batch);
+    return 0;
 }
 
 /* delta = rowsum(dO * O) [batch, heads, seq], in scratch memory. */
-static const float *att_delta(const float *dout, const float *out, const struct olmo_attn_shape *s) {
+static const float *att_delta(OLMO_BE, const float *dout, const float *out, const struct olmo_attn_shape *s) {
     const size_t n_rows = (size_t)s->batch * s->seq_len;
-    float *delta = (float *)olmo_cuda_scratch(SCRATCH_ATTN_DELTA, sizeof(float) * n_rows * s->n_heads);
+    float *delta = (float *)olmo_cuda_scratch(be, SCRATCH_ATTN_DELTA, sizeof(float) * n_rows * s->n_heads);
     const size_t threads = n_rows * s->n_heads * 32;
     OLMO_LAUNCH(att_delta_kernel, (unsigned)((threads + 255) / 256), 256, 0, delta, dout, out, s->seq_len, s->n_heads,
                 s->head_dim, n_rows);
@@ -579,48 +592,50 @@ static const float *att_delta(const float *dout, const float *out, const struct 
     return delta;
 }
 
-void olmo_cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
+int olmo_cuda_attention_bwd(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *out,
                              const float *lse, const float *q, const float *k, const float *v,
                              const int32_t *doc_ids, const struct olmo_attn_shape *s) {
-    if (s->batch <= 0 || s->seq_len <= 0) return;
+    if (s->batch <= 0 || s->seq_len <= 0) return 0;
     att_check_shape(s);
     const struct att_params p = att_make_params(s);
-    const float *delta = att_delta(dout, out, s);
+    const float *delta = att_delta(be, dout, out, s);
     if (p.D <= 64) att_bwd_launch<64>(dq, dk, dv, dout, q, k, v, lse, delta, doc_ids, p, s->batch);
     else att_bwd_launch<128>(dq, dk, dv, dout, q, k, v, lse, delta, doc_ids, p, s->batch);
+    return 0;
 }
 
 /* cuda-bf16: tensor cores (cuda_attention_tc.cu) where head_dim allows, else the fp32 kernels. */
-void olmo_cuda_attention_fwd_bf16(float *out, float *lse, const float *q, const float *k, const float *v,
+int olmo_cuda_attention_fwd_bf16(OLMO_BE, float *out, float *lse, const float *q, const float *k, const float *v,
                                   const int32_t *doc_ids, const struct olmo_attn_shape *s) {
     if (!olmo_cuda_attention_tc_supported(s)) {
-        olmo_cuda_attention_fwd(out, lse, q, k, v, doc_ids, s);
-        return;
+        return olmo_cuda_attention_fwd(be, out, lse, q, k, v, doc_ids, s);
     }
-    olmo_cuda_attention_tc_fwd(out, lse, q, k, v, doc_ids, s);
+    return olmo_cuda_attention_tc_fwd(be, out, lse, q, k, v, doc_ids, s);
+    return 0;
 }
 
-void olmo_cuda_attention_bwd_bf16(float *dq, float *dk, float *dv, const float *dout, const float *out,
+int olmo_cuda_attention_bwd_bf16(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *out,
                                   const float *lse, const float *q, const float *k, const float *v,
                                   const int32_t *doc_ids, const struct olmo_attn_shape *s) {
     if (!olmo_cuda_attention_tc_supported(s)) {
-        olmo_cuda_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
-        return;
+        return olmo_cuda_attention_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
     }
-    if (s->batch <= 0 || s->seq_len <= 0) return;
-    olmo_cuda_attention_tc_bwd(dq, dk, dv, dout, lse, att_delta(dout, out, s), q, k, v, doc_ids, s);
+    if (s->batch <= 0 || s->seq_len <= 0) return 0;
+    return olmo_cuda_attention_tc_bwd(be, dq, dk, dv, dout, lse, att_delta(be, dout, out, s), q, k, v, doc_ids, s);
+    return 0;
 }
 
-void olmo_cuda_attention_cached(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
+int olmo_cuda_attention_cached(OLMO_BE, float *out, const float *q, const float *k_cache, const float *v_cache, int n,
                                 int pos0, int cap, const struct olmo_attn_shape *s) {
-    if (n <= 0) return;
+    if (n <= 0) return 0;
     att_check_shape(s);
     const int window = s->window > 0 ? s->window : 0;
     const int max_keys = window > 0 && window < pos0 + n ? window : pos0 + n;
-    float *scores = (float *)olmo_cuda_scratch(SCRATCH_ATTN_SCORES,
+    float *scores = (float *)olmo_cuda_scratch(be, SCRATCH_ATTN_SCORES,
                                                sizeof(float) * (size_t)n * s->n_heads * (size_t)max_keys);
     OLMO_LAUNCH(att_cached_kernel, dim3((unsigned)n, (unsigned)s->n_heads), CACHED_THREADS, 0, out, q, k_cache,
                 v_cache, scores, pos0, cap, s->n_heads, s->n_heads / s->n_kv_heads, s->head_dim, window, max_keys,
                 s->scale);
     OLMO_CUDA_LAUNCHED("att_cached_kernel");
+    return 0;
 }

@@ -479,19 +479,23 @@ static void tc_bwd_launch(float *dq, float *dk, float *dv, const float *dout, co
     OLMO_CUDA_LAUNCHED("tc_bwd_dq_kernel");
 }
 
-void olmo_cuda_attention_tc_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+int olmo_cuda_attention_tc_fwd(OLMO_BE, float *out, float *lse, const float *q, const float *k, const float *v,
                                 const int32_t *doc_ids, const struct olmo_attn_shape *s) {
-    if (s->batch <= 0 || s->seq_len <= 0) return;
+    (void)be;
+    if (s->batch <= 0 || s->seq_len <= 0) return 0;
     const struct tc_params p = tc_make_params(s);
     if (p.D <= 64) tc_fwd_launch<64>(out, lse, q, k, v, doc_ids, p, s->batch);
     else tc_fwd_launch<128>(out, lse, q, k, v, doc_ids, p, s->batch);
+    return 0;
 }
 
-void olmo_cuda_attention_tc_bwd(float *dq, float *dk, float *dv, const float *dout, const float *lse,
+int olmo_cuda_attention_tc_bwd(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *lse,
                                 const float *delta, const float *q, const float *k, const float *v,
                                 const int32_t *doc_ids, const struct olmo_attn_shape *s) {
-    if (s->batch <= 0 || s->seq_len <= 0) return;
+    (void)be;
+    if (s->batch <= 0 || s->seq_len <= 0) return 0;
     const struct tc_params p = tc_make_params(s);
     if (p.D <= 64) tc_bwd_launch<64>(dq, dk, dv, dout, q, k, v, lse, delta, doc_ids, p, s->batch);
     else tc_bwd_launch<128>(dq, dk, dv, dout, q, k, v, lse, delta, doc_ids, p, s->batch);
+    return 0;
 }

@@ -2,7 +2,7 @@
  * GEMMs, and one kernel per op of backend.h.  See cuda_internal.h for the
  * execution and error model, backend.h for the GEMM precision variants.
  *
- * Fidelity to the CPU backend (src/backend/cpu.c): every kernel evaluates the
+ * Fidelity to the CPU backend (src/backend/cpu/): every kernel evaluates the
  * same expressions in the same order per element, reductions are done in
  * double where cpu.c uses double, and device code is compiled without FMA
  * contraction (-fmad=false), so elementwise ops round like the CPU; only
@@ -26,13 +26,12 @@
 
 /* ------------------------------------------------------------------ state */
 
+/* The process's device, probed once (which device, whether usable, OLMOC_CUDA_SYNC);
+ * everything an instance changes is in its struct olmo_cuda_state. */
 static struct {
     bool initialised, usable;
     bool sync_each_launch;
     char why_unusable[256];
-    cublasHandle_t blas;
-    void *scratch[SCRATCH_SLOTS];
-    size_t scratch_bytes[SCRATCH_SLOTS];
 } g_cuda;
 
 void olmo_cuda_fatal(const char *what, const char *file, int line, const char *detail) {
@@ -52,16 +51,17 @@ void olmo_cuda_check_launch(const char *kernel, const char *file, int line) {
         if (st_ != CUBLAS_STATUS_SUCCESS) olmo_cuda_fatal(#call, __FILE__, __LINE__, cublasGetStatusString(st_)); \
     } while (0)
 
-void *olmo_cuda_scratch(enum olmo_cuda_scratch_slot slot, size_t bytes) {
-    if (bytes > g_cuda.scratch_bytes[slot]) {
+void *olmo_cuda_scratch(OLMO_BE, enum olmo_cuda_scratch_slot slot, size_t bytes) {
+    struct olmo_cuda_state *st = CUDA_STATE(be);
+    if (bytes > st->scratch_bytes[slot]) {
         /* cudaFree synchronises with the device, so pending kernels are done with the old buffer. */
-        if (g_cuda.scratch[slot]) OLMO_CUDA_CHECK(cudaFree(g_cuda.scratch[slot]));
-        g_cuda.scratch[slot] = NULL;
+        if (st->scratch[slot]) OLMO_CUDA_CHECK(cudaFree(st->scratch[slot]));
+        st->scratch[slot] = NULL;
         size_t want = bytes + bytes / 4;
-        OLMO_CUDA_CHECK(cudaMalloc(&g_cuda.scratch[slot], want));
-        g_cuda.scratch_bytes[slot] = want;
+        OLMO_CUDA_CHECK(cudaMalloc(&st->scratch[slot], want));
+        st->scratch_bytes[slot] = want;
     }
-    return g_cuda.scratch[slot];
+    return st->scratch[slot];
 }
 
 /* Threads per block of the row kernels; reductions assume a multiple of 32. */
@@ -121,7 +121,8 @@ static __global__ void sum_doubles_kernel(double *out, const double *in, size_t 
 
 /* ----------------------------------------------------------------- memory */
 
-static void *cu_alloc(size_t bytes) {
+static void *cu_alloc(OLMO_BE, size_t bytes) {
+    (void)be;
     void *p = NULL;
     size_t rounded = (bytes + 255) & ~(size_t)255;
     cudaError_t err = cudaMalloc(&p, rounded ? rounded : 256);
@@ -134,27 +135,40 @@ static void *cu_alloc(size_t bytes) {
     return p;
 }
 
-static void cu_free(void *p) {
+static void cu_free(OLMO_BE, void *p) {
+    (void)be;
     if (p) OLMO_CUDA_CHECK(cudaFree(p));
 }
 
-static void cu_to_device(void *dst, const void *src, size_t bytes) {
+static int cu_to_device(OLMO_BE, void *dst, const void *src, size_t bytes) {
+    (void)be;
     if (bytes) OLMO_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    return 0;
 }
 
-static void cu_to_host(void *dst, const void *src, size_t bytes) {
+static int cu_to_host(OLMO_BE, void *dst, const void *src, size_t bytes) {
+    (void)be;
     if (bytes) OLMO_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    return 0;
 }
 
-static void cu_zero(void *p, size_t bytes) {
+static int cu_zero(OLMO_BE, void *p, size_t bytes) {
+    (void)be;
     if (bytes) OLMO_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
+    return 0;
 }
 
-static void cu_copy(void *dst, const void *src, size_t bytes) {
+static int cu_copy(OLMO_BE, void *dst, const void *src, size_t bytes) {
+    (void)be;
     if (bytes && dst != src) OLMO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
+    return 0;
 }
 
-static void cu_synchronize(void) { OLMO_CUDA_CHECK(cudaDeviceSynchronize()); }
+static int cu_synchronize(OLMO_BE) {
+    (void)be;
+    OLMO_CUDA_CHECK(cudaDeviceSynchronize());
+    return 0;
+}
 
 /* ------------------------------------------------------------------- GEMM */
 
@@ -163,12 +177,51 @@ static __global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, 
         dst[i] = __float2bfloat16(src[i]); /* round to nearest even */
 }
 
+static __global__ void bf16_to_f32_kernel(float *dst, const __nv_bfloat16 *src, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __bfloat162float(src[i]); /* exact */
+}
+
+static int cu_convert(OLMO_BE, void *dst, enum olmo_float_type dst_type, const void *src, enum olmo_float_type src_type,
+                      size_t n) {
+    if (!n) return 0;
+    if (dst_type == src_type) {
+        OLMO_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * olmo_float_type_size(dst_type), cudaMemcpyDeviceToDevice, 0));
+    } else if (dst_type == OLMO_BF16) {
+        OLMO_LAUNCH(f32_to_bf16_kernel, ew_blocks(n), EW_THREADS, 0, (__nv_bfloat16 *)dst, (const float *)src, n);
+        OLMO_CUDA_LAUNCHED("f32_to_bf16_kernel");
+    } else {
+        OLMO_LAUNCH(bf16_to_f32_kernel, ew_blocks(n), EW_THREADS, 0, (float *)dst, (const __nv_bfloat16 *)src, n);
+        OLMO_CUDA_LAUNCHED("bf16_to_f32_kernel");
+    }
+    (void)be;
+    return 0;
+}
+
+/* Elements of a row-major operand of rows x cols with leading dimension ld that cuBLAS reads. */
+static size_t operand_span(int rows, int cols, int ld) {
+    return rows > 0 && cols > 0 ? (size_t)(rows - 1) * ld + cols : 0;
+}
+
+/* An fp32 operand as it is, a bf16 one widened into scratch (same leading dimension). */
+static const float *f32_operand(OLMO_BE, enum olmo_cuda_scratch_slot slot, const void *src, enum olmo_float_type type,
+                                int rows, int cols, int ld) {
+    if (type == OLMO_F32) return (const float *)src;
+    const size_t n = operand_span(rows, cols, ld);
+    float *dst = (float *)olmo_cuda_scratch(be, slot, (n ? n : 1) * sizeof(float));
+    cu_convert(be, dst, OLMO_F32, src, OLMO_BF16, n);
+    return dst;
+}
+
 /* A row-major operand stored as rows x cols with leading dimension ld, as a
- * bf16 copy with the same leading dimension (only the elements cuBLAS reads). */
-static const __nv_bfloat16 *bf16_operand(enum olmo_cuda_scratch_slot slot, const float *src, int rows, int cols,
-                                         int ld) {
+ * bf16 copy with the same leading dimension (only the elements cuBLAS reads);
+ * a bf16 operand (a compute copy of the weights) as it is. */
+static const __nv_bfloat16 *bf16_operand(OLMO_BE, enum olmo_cuda_scratch_slot slot, const void *src_any,
+                                         enum olmo_float_type type, int rows, int cols, int ld) {
+    if (type == OLMO_BF16) return (const __nv_bfloat16 *)src_any;
+    const float *src = (const float *)src_any;
     size_t n = rows > 0 && cols > 0 ? (size_t)(rows - 1) * ld + cols : 0;
-    __nv_bfloat16 *dst = (__nv_bfloat16 *)olmo_cuda_scratch(slot, (n ? n : 1) * sizeof(__nv_bfloat16));
+    __nv_bfloat16 *dst = (__nv_bfloat16 *)olmo_cuda_scratch(be, slot, (n ? n : 1) * sizeof(__nv_bfloat16));
     if (n) {
         OLMO_LAUNCH(f32_to_bf16_kernel, ew_blocks(n), EW_THREADS, 0, dst, src, n);
         OLMO_CUDA_LAUNCHED("f32_to_bf16_kernel");
@@ -179,50 +232,47 @@ static const __nv_bfloat16 *bf16_operand(enum olmo_cuda_scratch_slot slot, const
 /* Row-major C = alpha op(A) op(B) + beta C through column-major cuBLAS: a
  * row-major matrix is its transpose in column-major, so compute
  * C^T = op(B)^T op(A)^T, i.e. swap the operands and m/n, keep the op flags. */
-static void cu_gemm_impl(enum olmo_cuda_gemm_precision precision, bool ta, bool tb, int m, int n, int k,
-                         float alpha, const float *a, int lda, const float *b, int ldb, float beta, float *c,
-                         int ldc) {
+static void cu_gemm_impl(OLMO_BE, enum olmo_cuda_gemm_precision precision, bool ta, bool tb, int m, int n, int k,
+                         float alpha, const void *a_any, enum olmo_float_type a_type, int lda, const void *b_any,
+                         enum olmo_float_type b_type, int ldb, float beta, float *c, int ldc) {
     if (m <= 0 || n <= 0) return;
+    /* fp32 operands for every variant but cuda-bf16 (bf16 ones widened, exactly) */
+    const float *a = precision == OLMO_CUDA_BF16
+                         ? NULL
+                         : f32_operand(be, SCRATCH_GEMM_A, a_any, a_type, ta ? k : m, ta ? m : k, lda);
+    const float *b = precision == OLMO_CUDA_BF16
+                         ? NULL
+                         : f32_operand(be, SCRATCH_GEMM_B, b_any, b_type, tb ? n : k, tb ? k : n, ldb);
     const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     switch (precision) {
     case OLMO_CUDA_FP32:
-        BLAS_CHECK(cublasSgemm(g_cuda.blas, op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, ldc));
+        BLAS_CHECK(cublasSgemm(CUDA_STATE(be)->blas, op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, ldc));
         break;
     case OLMO_CUDA_TF32:
-        BLAS_CHECK(cublasGemmEx(g_cuda.blas, op_b, op_a, n, m, k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda,
+        BLAS_CHECK(cublasGemmEx(CUDA_STATE(be)->blas, op_b, op_a, n, m, k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda,
                                 &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
         break;
     case OLMO_CUDA_BF16: {
         /* Stored shapes: A is (ta ? k x m : m x k), B is (tb ? n x k : k x n). */
-        const __nv_bfloat16 *a16 = bf16_operand(SCRATCH_GEMM_A, a, ta ? k : m, ta ? m : k, lda);
-        const __nv_bfloat16 *b16 = bf16_operand(SCRATCH_GEMM_B, b, tb ? n : k, tb ? k : n, ldb);
-        BLAS_CHECK(cublasGemmEx(g_cuda.blas, op_b, op_a, n, m, k, &alpha, b16, CUDA_R_16BF, ldb, a16, CUDA_R_16BF,
+        const __nv_bfloat16 *a16 = bf16_operand(be, SCRATCH_GEMM_A, a_any, a_type, ta ? k : m, ta ? m : k, lda);
+        const __nv_bfloat16 *b16 = bf16_operand(be, SCRATCH_GEMM_B, b_any, b_type, tb ? n : k, tb ? k : n, ldb);
+        BLAS_CHECK(cublasGemmEx(CUDA_STATE(be)->blas, op_b, op_a, n, m, k, &alpha, b16, CUDA_R_16BF, ldb, a16, CUDA_R_16BF,
                                 lda, &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         break;
     }
     case OLMO_CUDA_BF16_CUBLAS:
-        BLAS_CHECK(cublasGemmEx(g_cuda.blas, op_b, op_a, n, m, k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda,
+        BLAS_CHECK(cublasGemmEx(CUDA_STATE(be)->blas, op_b, op_a, n, m, k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda,
                                 &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
         break;
     }
     if (g_cuda.sync_each_launch) OLMO_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-static void cu_gemm_fp32(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                         const float *b, int ldb, float beta, float *c, int ldc) {
-    cu_gemm_impl(OLMO_CUDA_FP32, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-static void cu_gemm_tf32(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                         const float *b, int ldb, float beta, float *c, int ldc) {
-    cu_gemm_impl(OLMO_CUDA_TF32, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-static void cu_gemm_bf16(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                         const float *b, int ldb, float beta, float *c, int ldc) {
-    cu_gemm_impl(OLMO_CUDA_BF16, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-static void cu_gemm_bf16_cublas(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                                const float *b, int ldb, float beta, float *c, int ldc) {
-    cu_gemm_impl(OLMO_CUDA_BF16_CUBLAS, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+/* The instance's precision (CUDA_STATE(be)->precision) picks the cuBLAS call. */
+static int cu_gemm(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const void *a, enum olmo_float_type a_type,
+                   int lda, const void *b, enum olmo_float_type b_type, int ldb, float beta, float *c, int ldc) {
+    cu_gemm_impl(be, CUDA_STATE(be)->precision, ta, tb, m, n, k, alpha, a, a_type, lda, b, b_type, ldb, beta, c, ldc);
+    return 0;
 }
 
 /* -------------------------------------------------------------- embedding */
@@ -234,10 +284,12 @@ static __global__ void embedding_fwd_kernel(float *out, const float *table, cons
     for (int j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = src[j];
 }
 
-static void cu_embedding_fwd(float *out, const float *table, const int32_t *tokens, int n, int dim) {
-    if (n <= 0 || dim <= 0) return;
+static int cu_embedding_fwd(OLMO_BE, float *out, const float *table, const int32_t *tokens, int n, int dim) {
+    (void)be;
+    if (n <= 0 || dim <= 0) return 0;
     OLMO_LAUNCH(embedding_fwd_kernel, n, ROW_THREADS, 0, out, table, tokens, dim);
     OLMO_CUDA_LAUNCHED("embedding_fwd_kernel");
+    return 0;
 }
 
 /* One thread per (distinct id, column): adds the rows of that id's tokens in
@@ -252,17 +304,17 @@ static __global__ void embedding_bwd_kernel(float *dtable, const float *dout, co
     *dst = acc;
 }
 
-static void cu_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int n, int dim) {
-    if (n <= 0 || dim <= 0) return;
+static int cu_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int32_t *tokens, int n, int dim) {
+    if (n <= 0 || dim <= 0) return 0;
     int32_t *tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
     if (!tok) olmo_cuda_fatal("malloc", __FILE__, __LINE__, "out of host memory (embedding backward)");
-    cu_to_host(tok, tokens, sizeof(int32_t) * (size_t)n);
+    cu_to_host(be, tok, tokens, sizeof(int32_t) * (size_t)n);
     int32_t max_tok = -1;
     for (int i = 0; i < n; i++)
         if (tok[i] > max_tok) max_tok = tok[i];
     if (max_tok < 0) { /* negative ids are skipped (the model never passes them) */
         free(tok);
-        return;
+        return 0;
     }
     /* Stable counting sort of positions by id: start[v] = first slot of id v. */
     int32_t *start = (int32_t *)calloc((size_t)max_tok + 2, sizeof(int32_t));
@@ -284,8 +336,8 @@ static void cu_embedding_bwd(float *dtable, const float *dout, const int32_t *to
     int32_t *seg_token = seg_begin + n_seg + 1;
     for (int s = 0; s < n_seg; s++) seg_token[s] = tok[order[seg_begin[s]]];
     const size_t packed_n = (size_t)n_valid + 2 * (size_t)n_seg + 1;
-    int32_t *dev = (int32_t *)olmo_cuda_scratch(SCRATCH_EMBED_INDEX, packed_n * sizeof(int32_t));
-    cu_to_device(dev, packed, packed_n * sizeof(int32_t));
+    int32_t *dev = (int32_t *)olmo_cuda_scratch(be, SCRATCH_EMBED_INDEX, packed_n * sizeof(int32_t));
+    cu_to_device(be, dev, packed, packed_n * sizeof(int32_t));
     free(tok);
     free(start);
     free(packed);
@@ -293,6 +345,7 @@ static void cu_embedding_bwd(float *dtable, const float *dout, const int32_t *to
     OLMO_LAUNCH(embedding_bwd_kernel, grid, ROW_THREADS, 0, dtable, dout, dev, dev + n_valid,
                 dev + n_valid + n_seg + 1, dim);
     OLMO_CUDA_LAUNCHED("embedding_bwd_kernel");
+    return 0;
 }
 
 /* ---------------------------------------------------------------- RMSNorm */
@@ -311,10 +364,12 @@ static __global__ void rmsnorm_fwd_kernel(float *y, float *rstd, const float *x,
     for (int j = threadIdx.x; j < dim; j += blockDim.x) yi[j] = w[j] * (xi[j] * r);
 }
 
-static void cu_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, int n, int dim, float eps) {
-    if (n <= 0 || dim <= 0) return;
+static int cu_rmsnorm_fwd(OLMO_BE, float *y, float *rstd, const float *x, const float *w, int n, int dim, float eps) {
+    (void)be;
+    if (n <= 0 || dim <= 0) return 0;
     OLMO_LAUNCH(rmsnorm_fwd_kernel, n, ROW_THREADS, 0, y, rstd, x, w, dim, eps);
     OLMO_CUDA_LAUNCHED("rmsnorm_fwd_kernel");
+    return 0;
 }
 
 /* dw partials: block (column tile, chunk of rows); partial[chunk][j] = sum over the chunk's rows. */
@@ -357,14 +412,14 @@ static __global__ void rmsnorm_dx_kernel(float *dx, const float *dy, const float
     for (int j = threadIdx.x; j < dim; j += blockDim.x) dxi[j] = r * (dyi[j] * w[j] - xi[j] * r * mean);
 }
 
-static void cu_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
+static int cu_rmsnorm_bwd(OLMO_BE, float *dx, float *dw, const float *dy, const float *x, const float *w,
                            const float *rstd, int n, int dim) {
-    if (n <= 0 || dim <= 0) return;
+    if (n <= 0 || dim <= 0) return 0;
     /* dw first: it reads dy, which dx may overwrite. */
     const int max_chunks = 256;
     const int rows_per_chunk = (n + max_chunks - 1) / max_chunks;
     const int chunks = (n + rows_per_chunk - 1) / rows_per_chunk;
-    double *partial = (double *)olmo_cuda_scratch(SCRATCH_RMS_DW, sizeof(double) * (size_t)chunks * dim);
+    double *partial = (double *)olmo_cuda_scratch(be, SCRATCH_RMS_DW, sizeof(double) * (size_t)chunks * dim);
     const unsigned col_blocks = (unsigned)((dim + ROW_THREADS - 1) / ROW_THREADS);
     OLMO_LAUNCH(rmsnorm_dw_partial_kernel, dim3(col_blocks, (unsigned)chunks), ROW_THREADS, 0, partial, dy, x, rstd,
                 n, dim, rows_per_chunk);
@@ -373,6 +428,7 @@ static void cu_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x
     OLMO_CUDA_LAUNCHED("rmsnorm_dw_finish_kernel");
     OLMO_LAUNCH(rmsnorm_dx_kernel, n, ROW_THREADS, 0, dx, dy, x, w, rstd, dim);
     OLMO_CUDA_LAUNCHED("rmsnorm_dx_kernel");
+    return 0;
 }
 
 /* ------------------------------------------------------------------- RoPE */
@@ -402,14 +458,18 @@ static void rope_launch(float *x, const float *cos_t, const float *sin_t, int n_
     OLMO_CUDA_LAUNCHED("rope_kernel");
 }
 
-static void cu_rope_fwd(float *x, const float *cos_t, const float *sin_t, int n_rows, int seq_len, int heads,
+static int cu_rope_fwd(OLMO_BE, float *x, const float *cos_t, const float *sin_t, int n_rows, int seq_len, int heads,
                         int head_dim) {
+    (void)be;
     rope_launch(x, cos_t, sin_t, n_rows, seq_len, heads, head_dim, 1.0f);
+    return 0;
 }
 
-static void cu_rope_bwd(float *dx, const float *cos_t, const float *sin_t, int n_rows, int seq_len, int heads,
+static int cu_rope_bwd(OLMO_BE, float *dx, const float *cos_t, const float *sin_t, int n_rows, int seq_len, int heads,
                         int head_dim) {
+    (void)be;
     rope_launch(dx, cos_t, sin_t, n_rows, seq_len, heads, head_dim, -1.0f);
+    return 0;
 }
 
 /* ------------------------------------------------- SwiGLU, add, scale */
@@ -432,16 +492,20 @@ static __global__ void swiglu_bwd_kernel(float *dg, float *du, const float *ds, 
     }
 }
 
-static void cu_swiglu_fwd(float *out, const float *g, const float *u, size_t n) {
-    if (!n) return;
+static int cu_swiglu_fwd(OLMO_BE, float *out, const float *g, const float *u, size_t n) {
+    (void)be;
+    if (!n) return 0;
     OLMO_LAUNCH(swiglu_fwd_kernel, ew_blocks(n), EW_THREADS, 0, out, g, u, n);
     OLMO_CUDA_LAUNCHED("swiglu_fwd_kernel");
+    return 0;
 }
 
-static void cu_swiglu_bwd(float *dg, float *du, const float *ds, const float *g, const float *u, size_t n) {
-    if (!n) return;
+static int cu_swiglu_bwd(OLMO_BE, float *dg, float *du, const float *ds, const float *g, const float *u, size_t n) {
+    (void)be;
+    if (!n) return 0;
     OLMO_LAUNCH(swiglu_bwd_kernel, ew_blocks(n), EW_THREADS, 0, dg, du, ds, g, u, n);
     OLMO_CUDA_LAUNCHED("swiglu_bwd_kernel");
+    return 0;
 }
 
 static __global__ void add_kernel(float *y, const float *a, const float *b, size_t n) {
@@ -449,10 +513,12 @@ static __global__ void add_kernel(float *y, const float *a, const float *b, size
         y[i] = a[i] + b[i];
 }
 
-static void cu_add(float *y, const float *a, const float *b, size_t n) {
-    if (!n) return;
+static int cu_add(OLMO_BE, float *y, const float *a, const float *b, size_t n) {
+    (void)be;
+    if (!n) return 0;
     OLMO_LAUNCH(add_kernel, ew_blocks(n), EW_THREADS, 0, y, a, b, n);
     OLMO_CUDA_LAUNCHED("add_kernel");
+    return 0;
 }
 
 static __global__ void scale_kernel(float *x, size_t n, float s) {
@@ -460,10 +526,12 @@ static __global__ void scale_kernel(float *x, size_t n, float s) {
         x[i] *= s;
 }
 
-static void cu_scale(float *x, size_t n, float s) {
-    if (!n) return;
+static int cu_scale(OLMO_BE, float *x, size_t n, float s) {
+    (void)be;
+    if (!n) return 0;
     OLMO_LAUNCH(scale_kernel, ew_blocks(n), EW_THREADS, 0, x, n, s);
     OLMO_CUDA_LAUNCHED("scale_kernel");
+    return 0;
 }
 
 /* ---------------------------------------------------------- cross-entropy */
@@ -505,12 +573,12 @@ static __global__ void cross_entropy_kernel(float *logits, const int32_t *target
     }
 }
 
-static void cu_cross_entropy(float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
+static int cu_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
                              float z_mult, double *ce_sum, double *z_sum) {
     *ce_sum = *z_sum = 0.0;
-    if (n <= 0 || vocab <= 0) return;
-    double *rows = (double *)olmo_cuda_scratch(SCRATCH_REDUCE, 2 * sizeof(double) * (size_t)n);
-    double *out = (double *)olmo_cuda_scratch(SCRATCH_REDUCE_OUT, 2 * sizeof(double));
+    if (n <= 0 || vocab <= 0) return 0;
+    double *rows = (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE, 2 * sizeof(double) * (size_t)n);
+    double *out = (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE_OUT, 2 * sizeof(double));
     OLMO_LAUNCH(cross_entropy_kernel, n, CE_THREADS, 0, logits, targets, vocab, grad_scale, z_mult, rows, rows + n);
     OLMO_CUDA_LAUNCHED("cross_entropy_kernel");
     OLMO_LAUNCH(sum_doubles_kernel, 1, 1024, 0, out, rows, (size_t)n);
@@ -518,9 +586,10 @@ static void cu_cross_entropy(float *logits, const int32_t *targets, int n, int v
     OLMO_LAUNCH(sum_doubles_kernel, 1, 1024, 0, out + 1, rows + n, (size_t)n);
     OLMO_CUDA_LAUNCHED("sum_doubles_kernel");
     double host[2];
-    cu_to_host(host, out, sizeof host);
+    cu_to_host(be, host, out, sizeof host);
     *ce_sum = host[0];
     *z_sum = host[1];
+    return 0;
 }
 
 /* ------------------------------------------------------------ sum_squares */
@@ -536,17 +605,19 @@ static __global__ void sum_squares_kernel(double *partial, const float *x, size_
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-static double cu_sum_squares(const float *x, size_t n) {
-    if (!n) return 0.0;
-    double *partial = (double *)olmo_cuda_scratch(SCRATCH_REDUCE, SUMSQ_BLOCKS * sizeof(double));
-    double *out = (double *)olmo_cuda_scratch(SCRATCH_REDUCE_OUT, 2 * sizeof(double));
+static int cu_sum_squares(OLMO_BE, const float *x, size_t n, double *result) {
+    *result = 0.0;
+    if (!n) return 0;
+    double *partial = (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE, SUMSQ_BLOCKS * sizeof(double));
+    double *out = (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE_OUT, 2 * sizeof(double));
     OLMO_LAUNCH(sum_squares_kernel, SUMSQ_BLOCKS, EW_THREADS, 0, partial, x, n);
     OLMO_CUDA_LAUNCHED("sum_squares_kernel");
     OLMO_LAUNCH(sum_doubles_kernel, 1, 1024, 0, out, partial, SUMSQ_BLOCKS);
     OLMO_CUDA_LAUNCHED("sum_doubles_kernel");
     double host;
-    cu_to_host(&host, out, sizeof host);
-    return host;
+    cu_to_host(be, &host, out, sizeof host);
+    *result = host;
+    return 0;
 }
 
 /* ------------------------------------------------------------------ AdamW */
@@ -567,9 +638,10 @@ static __global__ void adamw_kernel(float *param, const float *grad, float *m, f
     }
 }
 
-static void cu_adamw(float *param, const float *grad, float *m, float *v, size_t n, double lr, float beta1,
+static int cu_adamw(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr, float beta1,
                      float beta2, float eps, double weight_decay, long step) {
-    if (!n) return;
+    (void)be;
+    if (!n) return 0;
     /* Same scalars, computed on the host in double, as cpu.c (torch's single-tensor AdamW). */
     const double bc1 = 1.0 - pow(beta1, (double)step);
     const float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step));
@@ -578,6 +650,7 @@ static void cu_adamw(float *param, const float *grad, float *m, float *v, size_t
     OLMO_LAUNCH(adamw_kernel, ew_blocks(n), EW_THREADS, 0, param, grad, m, v, n, beta1, beta2, eps, bc2_sqrt,
                 step_size, decay);
     OLMO_CUDA_LAUNCHED("adamw_kernel");
+    return 0;
 }
 
 /* --------------------------------------------------------------- backends */
@@ -615,24 +688,51 @@ static bool cuda_init(void) {
     }
     const char *sync = getenv("OLMOC_CUDA_SYNC");
     g_cuda.sync_each_launch = sync && *sync && strcmp(sync, "0") != 0;
-    cublasStatus_t st = cublasCreate(&g_cuda.blas);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        snprintf(g_cuda.why_unusable, sizeof g_cuda.why_unusable, "CUDA backend: cublasCreate failed (%s)",
-                 cublasGetStatusString(st));
-        olmo_error("%s", g_cuda.why_unusable);
-        return false;
-    }
-    /* Plain fp32 SGEMM (no TF32) unless a variant asks for it per call. */
-    BLAS_CHECK(cublasSetMathMode(g_cuda.blas, CUBLAS_DEFAULT_MATH));
     g_cuda.usable = true;
     return true;
 }
 
-static void fill_backend(struct olmo_backend *be, const char *name,
-                         void (*gemm)(bool, bool, int, int, int, float, const float *, int, const float *, int,
-                                      float, float *, int)) {
-    memset(be, 0, sizeof *be);
-    be->name = name;
+static void cu_destroy(struct olmo_backend *be) {
+    struct olmo_cuda_state *st = CUDA_STATE(be);
+    if (!st) return;
+#ifdef OLMOC_HAVE_NCCL
+    olmo_cuda_comm_destroy(be);
+#endif
+    for (int i = 0; i < SCRATCH_SLOTS; i++)
+        if (st->scratch[i]) cudaFree(st->scratch[i]);
+    if (st->blas) cublasDestroy(st->blas);
+    free(st);
+    be->state = NULL;
+}
+
+static const char *const variant_names[] = {"cuda", "cuda-tf32", "cuda-bf16", "cuda-bf16-cublas"};
+
+extern "C" struct olmo_backend *olmo_backend_cuda_create(enum olmo_cuda_gemm_precision precision) {
+    if (precision < OLMO_CUDA_FP32 || precision > OLMO_CUDA_BF16_CUBLAS) {
+        olmo_error("CUDA backend: unknown GEMM precision %d", (int)precision);
+        return NULL;
+    }
+    if (!cuda_init()) return NULL;
+    struct olmo_backend *be = (struct olmo_backend *)olmo_calloc(1, sizeof *be, "backend");
+    struct olmo_cuda_state *st = be ? (struct olmo_cuda_state *)olmo_calloc(1, sizeof *st, "CUDA backend state") : NULL;
+    if (!st) {
+        free(be);
+        return NULL;
+    }
+    st->precision = precision;
+    be->state = st;
+    be->destroy = cu_destroy;
+    cublasStatus_t bst = cublasCreate(&st->blas);
+    if (bst != CUBLAS_STATUS_SUCCESS) {
+        st->blas = NULL;
+        olmo_error("CUDA backend: cublasCreate failed (%s)", cublasGetStatusString(bst));
+        olmo_backend_destroy(be);
+        return NULL;
+    }
+    /* Plain fp32 SGEMM (no TF32) unless a variant asks for it per call. */
+    BLAS_CHECK(cublasSetMathMode(st->blas, CUBLAS_DEFAULT_MATH));
+    const bool bf16 = precision == OLMO_CUDA_BF16 || precision == OLMO_CUDA_BF16_CUBLAS;
+    be->name = variant_names[precision];
     be->alloc = cu_alloc;
     be->free = cu_free;
     be->to_device = cu_to_device;
@@ -640,15 +740,20 @@ static void fill_backend(struct olmo_backend *be, const char *name,
     be->zero = cu_zero;
     be->copy = cu_copy;
     be->synchronize = cu_synchronize;
-    be->gemm = gemm;
+    be->convert = cu_convert;
+    /* cuda-bf16 multiplies a bf16 compute copy of the weights; cuda-bf16-cublas rounds inside cuBLAS */
+    be->compute_dtype = precision == OLMO_CUDA_BF16 ? OLMO_BF16 : OLMO_F32;
+    be->check_attention = olmo_cuda_check_attention;
+    be->gemm = cu_gemm;
     be->embedding_fwd = cu_embedding_fwd;
     be->embedding_bwd = cu_embedding_bwd;
     be->rmsnorm_fwd = cu_rmsnorm_fwd;
     be->rmsnorm_bwd = cu_rmsnorm_bwd;
     be->rope_fwd = cu_rope_fwd;
     be->rope_bwd = cu_rope_bwd;
-    be->attention_fwd = olmo_cuda_attention_fwd;
-    be->attention_bwd = olmo_cuda_attention_bwd;
+    /* bf16 operands for attention's products too (tensor cores), as for the GEMMs */
+    be->attention_fwd = bf16 ? olmo_cuda_attention_fwd_bf16 : olmo_cuda_attention_fwd;
+    be->attention_bwd = bf16 ? olmo_cuda_attention_bwd_bf16 : olmo_cuda_attention_bwd;
     be->swiglu_fwd = cu_swiglu_fwd;
     be->swiglu_bwd = cu_swiglu_bwd;
     be->add = cu_add;
@@ -663,35 +768,5 @@ static void fill_backend(struct olmo_backend *be, const char *name,
     be->comm_allgather = olmo_cuda_comm_allgather;
     be->comm_destroy = olmo_cuda_comm_destroy;
 #endif
-}
-
-extern "C" const struct olmo_backend *olmo_backend_cuda_precision(enum olmo_cuda_gemm_precision precision) {
-    static struct olmo_backend backends[4];
-    static bool filled;
-    if (!cuda_init()) return NULL;
-    if (!filled) {
-        fill_backend(&backends[OLMO_CUDA_FP32], "cuda", cu_gemm_fp32);
-        fill_backend(&backends[OLMO_CUDA_TF32], "cuda-tf32", cu_gemm_tf32);
-        fill_backend(&backends[OLMO_CUDA_BF16], "cuda-bf16", cu_gemm_bf16);
-        fill_backend(&backends[OLMO_CUDA_BF16_CUBLAS], "cuda-bf16-cublas", cu_gemm_bf16_cublas);
-        /* bf16 operands for attention's products too (tensor cores), as for the GEMMs */
-        for (int v = OLMO_CUDA_BF16; v <= OLMO_CUDA_BF16_CUBLAS; v++) {
-            backends[v].attention_fwd = olmo_cuda_attention_fwd_bf16;
-            backends[v].attention_bwd = olmo_cuda_attention_bwd_bf16;
-        }
-        filled = true;
-    }
-    switch (precision) {
-    case OLMO_CUDA_FP32:
-    case OLMO_CUDA_TF32:
-    case OLMO_CUDA_BF16:
-    case OLMO_CUDA_BF16_CUBLAS:
-        return &backends[precision];
-    }
-    olmo_error("CUDA backend: unknown GEMM precision %d", (int)precision);
-    return NULL;
-}
-
-extern "C" const struct olmo_backend *olmo_backend_cuda(void) {
-    return olmo_backend_cuda_precision(OLMO_CUDA_FP32);
+    return be;
 }

@@ -12,8 +12,8 @@ extern "C" {
 #include "dist/dist.h"
 }
 
-static ncclComm_t g_comm;
-static int g_comm_world;
+/* The instance's communicator */
+#define COMM(be) ((ncclComm_t)CUDA_STATE(be)->comm)
 
 #define NCCL_TRY(call, what)                                                                   \
     do {                                                                                       \
@@ -21,30 +21,32 @@ static int g_comm_world;
         if (r_ != ncclSuccess) return olmo_error("NCCL %s failed: %s", what, ncclGetErrorString(r_)); \
     } while (0)
 
-extern "C" int olmo_cuda_comm_init(const struct olmo_dist *dist) {
-    if (g_comm) return olmo_error("NCCL communicator already initialised");
+int olmo_cuda_comm_init(OLMO_BE, const struct olmo_dist *dist) {
+    if (COMM(be)) return olmo_error("NCCL communicator already initialised");
     ncclUniqueId id;
     if (dist->rank == 0) NCCL_TRY(ncclGetUniqueId(&id), "ncclGetUniqueId");
     if (olmo_dist_broadcast_bytes(dist, &id, sizeof id, 0)) return -1;
-    NCCL_TRY(ncclCommInitRank(&g_comm, dist->world, id, dist->rank), "ncclCommInitRank");
-    g_comm_world = dist->world;
+    ncclComm_t comm;
+    NCCL_TRY(ncclCommInitRank(&comm, dist->world, id, dist->rank), "ncclCommInitRank");
+    CUDA_STATE(be)->comm = comm;
+    CUDA_STATE(be)->comm_world = dist->world;
     return 0;
 }
 
-extern "C" int olmo_cuda_comm_allreduce_sum(float *buf, size_t n) {
-    if (!g_comm) return olmo_error("NCCL all-reduce before the communicator was set up");
-    NCCL_TRY(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, g_comm, 0), "all-reduce");
+int olmo_cuda_comm_allreduce_sum(OLMO_BE, float *buf, size_t n) {
+    if (!COMM(be)) return olmo_error("NCCL all-reduce before the communicator was set up");
+    NCCL_TRY(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, COMM(be), 0), "all-reduce");
     return 0;
 }
 
 /* Shards differ in size by one element at most, but ncclAllGather needs equal
  * counts: one broadcast per owner, in a group so NCCL runs them together. */
-extern "C" int olmo_cuda_comm_allgather(float *buf, const size_t *offsets) {
-    if (!g_comm) return olmo_error("NCCL all-gather before the communicator was set up");
+int olmo_cuda_comm_allgather(OLMO_BE, float *buf, const size_t *offsets) {
+    if (!COMM(be)) return olmo_error("NCCL all-gather before the communicator was set up");
     NCCL_TRY(ncclGroupStart(), "group start");
-    for (int r = 0; r < g_comm_world; r++) {
+    for (int r = 0; r < CUDA_STATE(be)->comm_world; r++) {
         float *slice = buf + offsets[r];
-        ncclResult_t res = ncclBroadcast(slice, slice, offsets[r + 1] - offsets[r], ncclFloat32, r, g_comm, 0);
+        ncclResult_t res = ncclBroadcast(slice, slice, offsets[r + 1] - offsets[r], ncclFloat32, r, COMM(be), 0);
         if (res != ncclSuccess) {
             ncclGroupEnd();
             return olmo_error("NCCL broadcast of rank %d's shard failed: %s", r, ncclGetErrorString(res));
@@ -54,8 +56,8 @@ extern "C" int olmo_cuda_comm_allgather(float *buf, const size_t *offsets) {
     return 0;
 }
 
-extern "C" void olmo_cuda_comm_destroy(void) {
-    if (g_comm) ncclCommDestroy(g_comm);
-    g_comm = NULL;
-    g_comm_world = 0;
+void olmo_cuda_comm_destroy(OLMO_BE) {
+    if (COMM(be)) ncclCommDestroy(COMM(be));
+    CUDA_STATE(be)->comm = NULL;
+    CUDA_STATE(be)->comm_world = 0;
 }

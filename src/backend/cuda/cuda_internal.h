@@ -5,9 +5,11 @@
  * sum_squares) and to_host synchronise.  cuBLAS uses the same stream.
  *
  * Errors: alloc reports failure through olmo_error and returns NULL like the
- * CPU backend.  The other ops return void in the backend interface, so a CUDA
- * error there (a failed launch, a device fault) is fatal: the message and the
- * failing call are printed and the process aborts.  OLMOC_CUDA_SYNC=1 in the
+ * CPU backend; a shape the capability query refuses never reaches the
+ * kernels.  A CUDA error inside an op (a failed launch, a device fault, a
+ * scratch allocation) is still fatal: the message and the failing call are
+ * printed and the process aborts (the ops' int status is there for turning
+ * these into returns).  OLMOC_CUDA_SYNC=1 in the
  * environment synchronises after every kernel so a fault is reported at the op
  * that caused it. */
 #ifndef OLMOC_CUDA_INTERNAL_H
@@ -56,7 +58,18 @@ enum olmo_cuda_scratch_slot {
     SCRATCH_GEMM_B,
     SCRATCH_SLOTS
 };
-void *olmo_cuda_scratch(enum olmo_cuda_scratch_slot slot, size_t bytes);
+
+/* A CUDA backend instance's state (olmo_backend.state). */
+struct olmo_cuda_state {
+    enum olmo_cuda_gemm_precision precision;
+    cublasHandle_t blas;
+    void *scratch[SCRATCH_SLOTS];
+    size_t scratch_bytes[SCRATCH_SLOTS];
+    void *comm; /* ncclComm_t (cuda_comm.cu), NULL until comm_init */
+    int comm_world;
+};
+#define CUDA_STATE(be) ((struct olmo_cuda_state *)(be)->state)
+void *olmo_cuda_scratch(OLMO_BE, enum olmo_cuda_scratch_slot slot, size_t bytes);
 
 /* ---- attention: shared by cuda_attention.cu and cuda_attention_tc.cu ---- */
 
@@ -78,32 +91,33 @@ static __device__ __forceinline__ int olmo_att_first_key_tile(int q0, int window
 void olmo_cuda_allow_smem(const void *kernel, size_t bytes, bool *done, const char *name);
 
 /* cuda_attention.cu */
-void olmo_cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+int olmo_cuda_check_attention(OLMO_BE, const struct olmo_attn_shape *shape);
+int olmo_cuda_attention_fwd(OLMO_BE, float *out, float *lse, const float *q, const float *k, const float *v,
                              const int32_t *doc_ids, const struct olmo_attn_shape *shape);
-void olmo_cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
+int olmo_cuda_attention_bwd(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *out,
                              const float *lse, const float *q, const float *k, const float *v,
                              const int32_t *doc_ids, const struct olmo_attn_shape *shape);
-void olmo_cuda_attention_fwd_bf16(float *out, float *lse, const float *q, const float *k, const float *v,
+int olmo_cuda_attention_fwd_bf16(OLMO_BE, float *out, float *lse, const float *q, const float *k, const float *v,
                                   const int32_t *doc_ids, const struct olmo_attn_shape *shape);
-void olmo_cuda_attention_bwd_bf16(float *dq, float *dk, float *dv, const float *dout, const float *out,
+int olmo_cuda_attention_bwd_bf16(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *out,
                                   const float *lse, const float *q, const float *k, const float *v,
                                   const int32_t *doc_ids, const struct olmo_attn_shape *shape);
-void olmo_cuda_attention_cached(float *out, const float *q, const float *k_cache, const float *v_cache, int n,
+int olmo_cuda_attention_cached(OLMO_BE, float *out, const float *q, const float *k_cache, const float *v_cache, int n,
                                 int pos0, int cap, const struct olmo_attn_shape *shape);
 
 /* cuda_attention_tc.cu: bf16 tensor-core attention (head_dim a multiple of 16, at most 128) */
 bool olmo_cuda_attention_tc_supported(const struct olmo_attn_shape *shape);
-void olmo_cuda_attention_tc_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+int olmo_cuda_attention_tc_fwd(OLMO_BE, float *out, float *lse, const float *q, const float *k, const float *v,
                                 const int32_t *doc_ids, const struct olmo_attn_shape *shape);
-void olmo_cuda_attention_tc_bwd(float *dq, float *dk, float *dv, const float *dout, const float *lse,
+int olmo_cuda_attention_tc_bwd(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *lse,
                                 const float *delta, const float *q, const float *k, const float *v,
                                 const int32_t *doc_ids, const struct olmo_attn_shape *shape);
 
 /* cuda_comm.cu, in builds with NCCL (OLMOC_HAVE_NCCL) */
 struct olmo_dist;
-extern "C" int olmo_cuda_comm_init(const struct olmo_dist *dist);
-extern "C" int olmo_cuda_comm_allreduce_sum(float *buf, size_t n);
-extern "C" int olmo_cuda_comm_allgather(float *buf, const size_t *offsets);
-extern "C" void olmo_cuda_comm_destroy(void);
+int olmo_cuda_comm_init(OLMO_BE, const struct olmo_dist *dist);
+int olmo_cuda_comm_allreduce_sum(OLMO_BE, float *buf, size_t n);
+int olmo_cuda_comm_allgather(OLMO_BE, float *buf, const size_t *offsets);
+void olmo_cuda_comm_destroy(OLMO_BE);
 
 #endif

@@ -444,6 +444,10 @@ cublasStatus_t cublasCreate(cublasHandle_t *handle) {
     return CUBLAS_STATUS_SUCCESS;
 }
 
+cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+    return handle ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+
 cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
     (void)mode;
     return handle ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;

@@ -123,6 +123,7 @@ struct __nv_bfloat16 {
 };
 __nv_bfloat16 __float2bfloat16(float f); /* round to nearest even */
 float emu_bfloat162float(__nv_bfloat16 h);
+static inline float __bfloat162float(__nv_bfloat16 h) { return emu_bfloat162float(h); }
 
 /* ---- cuBLAS ---- */
 typedef struct emu_cublas *cublasHandle_t;
@@ -143,6 +144,7 @@ typedef enum {
 typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 
 cublasStatus_t cublasCreate(cublasHandle_t *handle);
+cublasStatus_t cublasDestroy(cublasHandle_t handle);
 cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);
 const char *cublasGetStatusString(cublasStatus_t status);
 cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,

@@ -1,0 +1,169 @@
+/* CPU backend (src/backend/cpu/, see cpu_internal.h for its files): GEMMs
+ * from oneDNN or OpenBLAS (attention's tiles: its own
+ * AVX-512 kernel, else OpenBLAS), OpenMP loops for everything else.
+ *
+ * Numerics: reductions are done in double where an fp32 sum over a long axis
+ * would lose the 1e-5 agreement with the PyTorch reference; exponentials use
+ * a vectorisable exp (fast_expf, within 2 ulp of expf).
+ *
+ * Determinism: every result is the same from run to run with the same
+ * thread count.  No floating-point reduction depends on OpenMP's reduction
+ * clause (whose combination order is unspecified) or on which thread ran
+ * what under dynamic scheduling: partial sums live in per-row, per-chunk or
+ * per-column slots that are combined in a fixed order.  Except for
+ * attention's dq (per-thread partials under a fixed task-to-thread
+ * assignment, summed in thread order), results do not even depend on the
+ * thread count. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_internal.h"
+#include "util/error.h"
+
+static void *cpu_alloc(OLMO_BE, size_t bytes) {
+    (void)be;
+    /* 64-byte alignment keeps SIMD loads aligned; round size up as required. */
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (!p) {
+        olmo_error("out of memory allocating %zu bytes", bytes);
+        return NULL;
+    }
+    memset(p, 0, rounded);
+    return p;
+}
+
+void *cpu_scratch(size_t bytes) {
+    void *p = aligned_alloc(64, ((bytes + 63) & ~(size_t)63) + 64);
+    if (!p) olmo_error("out of memory for %zu bytes of CPU scratch space", bytes);
+    return p;
+}
+
+/* Large per-call buffers are kept between calls: fresh multi-megabyte
+ * allocations come from mmap and pay a page fault per 4 KiB on every call
+ * (10% of attention at seq_len 512).  Grow-only. */
+void *cpu_cached_scratch(struct cpu_state *st, int slot, size_t bytes) {
+    if (st->slots[slot].bytes < bytes) {
+        free(st->slots[slot].p);
+        st->slots[slot].p = cpu_scratch(bytes);
+        st->slots[slot].bytes = st->slots[slot].p ? bytes : 0;
+    }
+    return st->slots[slot].p;
+}
+
+static void cpu_free(OLMO_BE, void *p) {
+    (void)be;
+    free(p);
+}
+static int cpu_copy(OLMO_BE, void *dst, const void *src, size_t bytes) {
+    (void)be;
+    memcpy(dst, src, bytes);
+    return 0;
+}
+static int cpu_zero(OLMO_BE, void *p, size_t bytes) {
+    (void)be;
+    memset(p, 0, bytes);
+    return 0;
+}
+
+static void cpu_destroy(struct olmo_backend *be) {
+    struct cpu_state *st = be->state;
+    if (!st) return;
+    for (int i = 0; i < N_SLOTS; i++) free(st->slots[i].p);
+#ifdef OLMOC_CPU_BF16
+    cpu_bf16_cache_free(st->bf16);
+#endif
+    free(st);
+    be->state = NULL;
+}
+
+/* Every op but the GEMM and attention's precision is the same in all CPU variants. */
+typedef int (*cpu_gemm_fn)(OLMO_BE, bool, bool, int, int, int, float, const void *, enum olmo_float_type, int,
+                           const void *, enum olmo_float_type, int, float, float *, int);
+
+/* bf16: cpu-bf16 (bf16 compute copies of the weights, attention's products in bf16) */
+static struct olmo_backend *cpu_new(const char *name, cpu_gemm_fn gemm, const char *(*describe)(OLMO_BE), bool bf16) {
+    struct olmo_backend *be = olmo_calloc(1, sizeof *be, "backend");
+    struct cpu_state *st = be ? olmo_calloc(1, sizeof *st, "CPU backend state") : NULL;
+    if (!st) {
+        free(be);
+        return NULL;
+    }
+    *be = (struct olmo_backend){
+        .name = name, .host_memory = true, .state = st, .compute_dtype = bf16 ? OLMO_BF16 : OLMO_F32,
+        .destroy = cpu_destroy, .describe = describe, .convert = cpu_convert,
+        .alloc = cpu_alloc, .free = cpu_free, .to_device = cpu_copy, .to_host = cpu_copy, .zero = cpu_zero,
+        .copy = cpu_copy, .gemm = gemm, .embedding_fwd = cpu_embedding_fwd, .embedding_bwd = cpu_embedding_bwd,
+        .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_bwd = cpu_rmsnorm_bwd, .rope_fwd = cpu_rope_fwd,
+        .rope_bwd = cpu_rope_bwd, .attention_fwd = bf16 ? cpu_attention_fwd_bf16 : cpu_attention_fwd,
+        .attention_bwd = bf16 ? cpu_attention_bwd_bf16 : cpu_attention_bwd, .swiglu_fwd = cpu_swiglu_fwd,
+        .swiglu_bwd = cpu_swiglu_bwd, .add = cpu_add, .cross_entropy = cpu_cross_entropy,
+        .sum_squares = cpu_sum_squares, .scale = cpu_scale, .adamw = cpu_adamw,
+        .attention_cached = cpu_attention_cached};
+    return be;
+}
+
+/* cpu-bf16 on oneDNN's bf16 matmul; NULL, error set, where this build or processor has none. */
+static struct olmo_backend *onednn_bf16(void) {
+#if defined(OLMOC_CPU_BF16)
+    struct olmo_backend *be = cpu_new("cpu-bf16", cpu_gemm_onednn_bf16, cpu_describe_onednn_bf16, true);
+    if (be && !cpu_bf16_available(be->state)) {
+        olmo_backend_destroy(be);
+        return NULL;
+    }
+    return be;
+#elif defined(OLMOC_HAVE_ONEDNN)
+    olmo_error("cpu-bf16's bf16 matmul needs oneDNN 2.x's matmul API (this build has oneDNN %d)", DNNL_VERSION_MAJOR);
+    return NULL;
+#else
+    olmo_error("cpu-bf16's bf16 matmul needs oneDNN (this build has none: install libdnnl-dev and reconfigure)");
+    return NULL;
+#endif
+}
+
+/* cpu-bf16 through bf16 rounding and the fp32 GEMM, chosen for `why`. */
+static struct olmo_backend *bf16_convert(const char *why) {
+    struct olmo_backend *be = cpu_new("cpu-bf16", cpu_gemm_bf16_convert, cpu_describe_bf16_convert, true);
+    if (be) CPU_STATE(be)->why = why;
+    return be;
+}
+
+/* "cpu-bf16": the matmul where available, else the fallback; OLMOC_CPU_BF16 can force either. */
+static struct olmo_backend *cpu_bf16(void) {
+    const char *path = getenv("OLMOC_CPU_BF16");
+    if (path && !strcmp(path, "convert")) return bf16_convert("forced by OLMOC_CPU_BF16=convert");
+    if (path && !strcmp(path, "onednn")) return onednn_bf16(); /* NULL, error set, where it is missing */
+    if (path && path[0]) {
+        olmo_error("OLMOC_CPU_BF16=%s: expected 'onednn' (the bf16 matmul, or fail) or 'convert' (bf16 rounding + "
+                   "fp32 GEMM)",
+                   path);
+        return NULL;
+    }
+    struct olmo_backend *matmul = onednn_bf16();
+    return matmul ? matmul : bf16_convert("no oneDNN bf16 matmul in this build or for this processor");
+}
+
+struct olmo_backend *olmo_backend_cpu_create(enum olmo_cpu_gemm_library library) {
+    switch (library) {
+    case OLMO_CPU_GEMM_BEST:
+#ifdef OLMOC_HAVE_ONEDNN
+        return cpu_new("cpu", cpu_gemm_onednn, cpu_describe_onednn, false);
+#else
+        return cpu_new("cpu", cpu_gemm_openblas, cpu_describe_openblas, false);
+#endif
+    case OLMO_CPU_GEMM_OPENBLAS: return cpu_new("cpu-openblas", cpu_gemm_openblas, cpu_describe_openblas, false);
+    case OLMO_CPU_GEMM_ONEDNN:
+#ifdef OLMOC_HAVE_ONEDNN
+        return cpu_new("cpu-onednn", cpu_gemm_onednn, cpu_describe_onednn, false);
+#else
+        olmo_error("backend 'cpu-onednn': this build has no oneDNN (install libdnnl-dev and reconfigure)");
+        return NULL;
+#endif
+    case OLMO_CPU_GEMM_ONEDNN_BF16: return onednn_bf16();
+    case OLMO_CPU_GEMM_BF16_CONVERT: return bf16_convert("chosen explicitly");
+    case OLMO_CPU_GEMM_BF16: return cpu_bf16();
+    }
+    olmo_error("unknown CPU GEMM library %d", (int)library);
+    return NULL;
+}

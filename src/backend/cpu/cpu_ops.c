@@ -1,0 +1,269 @@
+/* The CPU backend's elementwise and row-wise ops: OpenMP loops, reductions in
+ * double where the reference needs it, sums in a fixed order (cpu_backend.c). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/cpu_simd.h"
+
+int cpu_embedding_fwd(OLMO_BE, float *out, const float *table, const int32_t *tokens, int n, int dim) {
+    (void)be;
+#pragma omp parallel for if ((size_t)n * dim >= PAR_MIN)
+    for (int i = 0; i < n; i++)
+        memcpy(out + (size_t)i * dim, table + (size_t)tokens[i] * dim, sizeof(float) * (size_t)dim);
+    return 0;
+}
+
+/* Columns per task of the column-parallel loops: a multiple of the SIMD width. */
+enum { COL_BLOCK = 64 };
+
+int cpu_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int32_t *tokens, int n, int dim) {
+    (void)be;
+    /* Parallel over columns, tokens in order inside: repeated ids never race
+     * and every sum has the same order whatever the thread count. */
+    const int blocks = (dim + COL_BLOCK - 1) / COL_BLOCK;
+#pragma omp parallel for schedule(static) if ((size_t)n * dim >= PAR_MIN)
+    for (int cb = 0; cb < blocks; cb++) {
+        const int j0 = cb * COL_BLOCK, j1 = j0 + COL_BLOCK < dim ? j0 + COL_BLOCK : dim;
+        for (int i = 0; i < n; i++) {
+            float *row = dtable + (size_t)tokens[i] * dim;
+            const float *g = dout + (size_t)i * dim;
+#pragma omp simd
+            for (int j = j0; j < j1; j++) row[j] += g[j];
+        }
+    }
+    return 0;
+}
+
+int cpu_rmsnorm_fwd(OLMO_BE, float *y, float *rstd, const float *x, const float *w, int n, int dim,
+                            float eps) {
+    (void)be;
+#pragma omp parallel for if ((size_t)n * dim >= PAR_MIN)
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * dim;
+        float *yi = y + (size_t)i * dim;
+        double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
+        for (int j = 0; j < dim; j++) ss += (double)xi[j] * xi[j];
+        float r = (float)(1.0 / sqrt(ss / dim + eps));
+        rstd[i] = r;
+#pragma omp simd
+        for (int j = 0; j < dim; j++) yi[j] = w[j] * (xi[j] * r);
+    }
+    return 0;
+}
+
+int cpu_rmsnorm_bwd(OLMO_BE, float *dx, float *dw, const float *dy, const float *x, const float *w,
+                            const float *rstd, int n, int dim) {
+    (void)be;
+    const bool par = (size_t)n * dim >= PAR_MIN;
+    /* dw first (dx may alias dy): parallel over columns, rows summed in order. */
+    const int blocks = (dim + COL_BLOCK - 1) / COL_BLOCK;
+#pragma omp parallel for schedule(static) if (par)
+    for (int cb = 0; cb < blocks; cb++) {
+        const int j0 = cb * COL_BLOCK, nj = j0 + COL_BLOCK < dim ? COL_BLOCK : dim - j0;
+        double acc[COL_BLOCK] = {0};
+        for (int i = 0; i < n; i++) {
+            const float *xi = x + (size_t)i * dim + j0, *dyi = dy + (size_t)i * dim + j0;
+            const float r = rstd[i];
+#pragma omp simd
+            for (int j = 0; j < nj; j++) acc[j] += (double)dyi[j] * (xi[j] * r);
+        }
+        for (int j = 0; j < nj; j++) dw[j0 + j] += (float)acc[j];
+    }
+#pragma omp parallel for if (par)
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * dim, *dyi = dy + (size_t)i * dim;
+        float *dxi = dx + (size_t)i * dim;
+        const float r = rstd[i];
+        double dot = 0.0; /* sum_j (dy_j * w_j) * xhat_j */
+#pragma omp simd reduction(+ : dot)
+        for (int j = 0; j < dim; j++) dot += (double)dyi[j] * w[j] * (xi[j] * r);
+        const float mean = (float)(dot / dim);
+#pragma omp simd
+        for (int j = 0; j < dim; j++) dxi[j] = r * (dyi[j] * w[j] - xi[j] * r * mean);
+    }
+    return 0;
+}
+
+/* sign = +1 rotates forward, -1 applies the transpose (the backward pass). */
+static void rope_apply(float *x, const float *cos_t, const float *sin_t, int n_rows, int seq_len,
+                       int heads, int head_dim, float sign) {
+    int half = head_dim / 2;
+#pragma omp parallel for if ((size_t)n_rows * heads * head_dim >= PAR_MIN)
+    for (int r = 0; r < n_rows; r++) {
+        int pos = r % seq_len;
+        const float *c = cos_t + (size_t)pos * half, *s = sin_t + (size_t)pos * half;
+        for (int h = 0; h < heads; h++) {
+            float *xh = x + ((size_t)r * heads + h) * head_dim;
+#pragma omp simd
+            for (int i = 0; i < half; i++) {
+                float a = xh[i], b = xh[i + half];
+                xh[i] = a * c[i] - sign * b * s[i];
+                xh[i + half] = b * c[i] + sign * a * s[i];
+            }
+        }
+    }
+}
+
+int cpu_rope_fwd(OLMO_BE, float *x, const float *cos_t, const float *sin_t, int n_rows, int seq_len,
+                         int heads, int head_dim) {
+    (void)be;
+    rope_apply(x, cos_t, sin_t, n_rows, seq_len, heads, head_dim, 1.0f);
+    return 0;
+}
+
+int cpu_rope_bwd(OLMO_BE, float *dx, const float *cos_t, const float *sin_t, int n_rows, int seq_len,
+                         int heads, int head_dim) {
+    (void)be;
+    rope_apply(dx, cos_t, sin_t, n_rows, seq_len, heads, head_dim, -1.0f);
+    return 0;
+}
+
+/* silu(x) = x / (1 + exp(-x)) */
+int cpu_swiglu_fwd(OLMO_BE, float *out, const float *g, const float *u, size_t n) {
+    (void)be;
+#pragma omp parallel for simd if (parallel : n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) out[i] = g[i] / (1.0f + fast_expf(-g[i])) * u[i];
+    return 0;
+}
+
+int cpu_swiglu_bwd(OLMO_BE, float *dg, float *du, const float *ds, const float *g, const float *u,
+                           size_t n) {
+    (void)be;
+#pragma omp parallel for simd if (parallel : n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        float sig = 1.0f / (1.0f + fast_expf(-g[i]));
+        float sl = g[i] * sig;
+        du[i] = ds[i] * sl;
+        dg[i] = ds[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
+    }
+    return 0;
+}
+
+int cpu_add(OLMO_BE, float *y, const float *a, const float *b, size_t n) {
+    (void)be;
+#pragma omp parallel for simd if (parallel : n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+    return 0;
+}
+
+int cpu_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
+                              float z_mult, double *ce_sum, double *z_sum) {
+    (void)be;
+    /* per-row results, summed in row order afterwards: deterministic */
+    double *row_ce = cpu_scratch(sizeof(double) * 2 * (size_t)(n > 0 ? n : 1)), *row_z = row_ce + n;
+    if (!row_ce) return -1;
+#pragma omp parallel for if ((size_t)n * vocab >= PAR_MIN)
+    for (int i = 0; i < n; i++) {
+        float *row = logits + (size_t)i * vocab;
+        row_ce[i] = row_z[i] = 0.0;
+        if (targets[i] < 0) {
+            memset(row, 0, sizeof(float) * (size_t)vocab);
+            continue;
+        }
+        const float mx = max_of(row, vocab);
+        const float target_logit = row[targets[i]];
+        double sum = 0.0; /* fp32 exponentials, double accumulation */
+#pragma omp simd reduction(+ : sum)
+        for (int j = 0; j < vocab; j++) {
+            float e = fast_expf(row[j] - mx);
+            row[j] = e;
+            sum += e;
+        }
+        double lse = mx + log(sum);
+        row_ce[i] = lse - target_logit;
+        row_z[i] = lse * lse;
+        /* d/dlogit of (ce + z*lse^2) = softmax * (1 + 2 z lse) - onehot */
+        const float mult = (float)(grad_scale * (1.0 + 2.0 * z_mult * lse) / sum);
+#pragma omp simd
+        for (int j = 0; j < vocab; j++) row[j] *= mult;
+        row[targets[i]] -= grad_scale;
+    }
+    double ce = 0.0, zz = 0.0;
+    for (int i = 0; i < n; i++) {
+        ce += row_ce[i];
+        zz += row_z[i];
+    }
+    free(row_ce);
+    *ce_sum = ce;
+    *z_sum = zz;
+    return 0;
+}
+
+/* Fixed-size chunks (not per-thread) so the sum is the same for any thread count. */
+enum { SUM_CHUNK = 1 << 16 };
+
+int cpu_sum_squares(OLMO_BE, const float *x, size_t n, double *out) {
+    (void)be;
+    const size_t chunks = (n + SUM_CHUNK - 1) / SUM_CHUNK;
+    if (chunks == 0) {
+        *out = 0.0;
+        return 0;
+    }
+    double *part = cpu_scratch(sizeof(double) * chunks);
+    if (!part) return -1;
+#pragma omp parallel for if (chunks > 1)
+    for (size_t c = 0; c < chunks; c++) {
+        const size_t i0 = c * SUM_CHUNK, i1 = i0 + SUM_CHUNK < n ? i0 + SUM_CHUNK : n;
+        double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+        for (size_t i = i0; i < i1; i++) acc += (double)x[i] * x[i];
+        part[c] = acc;
+    }
+    double total = 0.0;
+    for (size_t c = 0; c < chunks; c++) total += part[c];
+    free(part);
+    *out = total;
+    return 0;
+}
+
+int cpu_scale(OLMO_BE, float *x, size_t n, float s) {
+    (void)be;
+#pragma omp parallel for simd if (parallel : n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+    return 0;
+}
+
+int cpu_adamw(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr,
+                      float beta1, float beta2, float eps, double weight_decay, long step) {
+    (void)be;
+    /* Same operation order as torch.optim.AdamW (single-tensor path). */
+    /* torch computes these scalars in Python (double) before the fp32 loop. */
+    const double bc1 = 1.0 - pow(beta1, (double)step);
+    const float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step));
+    const float step_size = (float)(lr / bc1);
+    const float decay = (float)(1.0 - lr * weight_decay);
+#pragma omp parallel for simd if (parallel : n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        float g = grad[i];
+        float p = param[i] * decay;
+        float mi = m[i] + (g - m[i]) * (1.0f - beta1);
+        float vi = v[i] * beta2 + (1.0f - beta2) * g * g;
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        m[i] = mi;
+        v[i] = vi;
+        param[i] = p - step_size * mi / denom;
+    }
+    return 0;
+}
+
+
+int cpu_convert(OLMO_BE, void *dst, enum olmo_float_type dst_type, const void *src, enum olmo_float_type src_type, size_t n) {
+    (void)be;
+    if (dst_type == src_type) {
+        memcpy(dst, src, n * olmo_float_type_size(dst_type));
+    } else if (dst_type == OLMO_BF16) {
+        uint16_t *d = dst;
+        const float *x = src;
+#pragma omp parallel for simd if (parallel : n >= PAR_MIN)
+        for (size_t i = 0; i < n; i++) d[i] = to_bf16(x[i]);
+    } else {
+        float *d = dst;
+        const uint16_t *x = src;
+#pragma omp parallel for simd if (parallel : n >= PAR_MIN)
+        for (size_t i = 0; i < n; i++) d[i] = from_bf16(x[i]);
+    }
+    return 0;
+}

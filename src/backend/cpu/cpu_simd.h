@@ -1,0 +1,109 @@
+/* Scalar and AVX-512 helpers of the CPU backend's kernels: a vectorisable
+ * exp, fp32 -> bf16 rounding, a vectorisable max, and their 16-lane forms.
+ * AVX-512 code is compiled in when the build targets it (-march); the
+ * kernels that use it keep a portable version under #else. */
+#ifndef OLMOC_CPU_SIMD_H
+#define OLMOC_CPU_SIMD_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+/* Attention's products on bf16 pairs with vdpbf16ps (cpu-bf16). */
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define OLMOC_ATTN_BF16 1
+#endif
+
+/* exp(x) for float x, vectorisable (no calls, no branches): x = n ln2 + r
+ * with |r| <= ln2/2, exp(r) by its degree-7 Taylor polynomial (truncation
+ * < 1e-8 relative), times 2^n built in the exponent bits.  Within 2 ulp of
+ * glibc's expf for x >= -87.33; below that it returns 0 (expf gives
+ * subnormals < 1.2e-38), exp(-inf) = 0, and x > 88.37 gives inf. */
+static inline float fast_expf(float x) {
+    const float hi = 88.3762626647949f, lo = -87.3365478515625f;
+    float xc = x < lo ? lo : (x > hi ? hi : x);
+    float n = rintf(xc * 1.44269504088896341f);
+    float r = fmaf(n, -0.693145751953125f, xc); /* ln2 split in two for an exact n*ln2_hi */
+    r = fmaf(n, -1.428606765330187045e-06f, r);
+    float p = 1.98412698e-4f;
+    p = fmaf(p, r, 1.38888889e-3f);
+    p = fmaf(p, r, 8.33333333e-3f);
+    p = fmaf(p, r, 4.16666667e-2f);
+    p = fmaf(p, r, 1.66666667e-1f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    int32_t bits = ((int32_t)n + 127) * (1 << 23);
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    float y = p * two_n;
+    y = x > hi ? INFINITY : y;
+    return x < lo ? 0.0f : y;
+}
+
+
+/* fp32 -> bf16, rounded to nearest even: the operands of cpu-bf16's GEMMs and attention products. */
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays a (quiet) NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+
+/* bf16 -> fp32, exact. */
+static inline float from_bf16(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* max of x[0..n), n >= 1; 16 running maxima so that gcc and clang both vectorise it. */
+static inline float max_of(const float *x, int n) {
+    float lanes[16];
+    int i = 0;
+    for (int l = 0; l < 16; l++) lanes[l] = x[0];
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) lanes[l] = x[i + l] > lanes[l] ? x[i + l] : lanes[l];
+    float mx = lanes[0];
+    for (int l = 1; l < 16; l++) mx = lanes[l] > mx ? lanes[l] : mx;
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
+#if defined(__AVX512F__)
+/* Lanes 0 .. left-1 of 16. */
+static inline __mmask16 col_mask(int left) {
+    return left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1u);
+}
+
+/* fast_expf on 16 lanes, the same operations in the same order: bitwise equal results. */
+static inline __m512 fast_exp16(__m512 x) {
+    const __m512 hi = _mm512_set1_ps(88.3762626647949f), lo = _mm512_set1_ps(-87.3365478515625f);
+    /* max/min return their second operand when one is NaN: a NaN x stays NaN, as in fast_expf */
+    const __m512 xc = _mm512_min_ps(hi, _mm512_max_ps(lo, x));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145751953125f), xc);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.98412698e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.38888889e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.33333333e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.16666667e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.66666667e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+    __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ), _mm512_set1_ps(INFINITY));
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), y);
+}
+#endif /* __AVX512F__ */
+
+#endif
