@@ -55,9 +55,9 @@ static int bpe_one(struct olmo_encoder *e, const uint8_t *p, size_t n, struct ol
             const struct cache_slot *c = &e->cache[slot];
             if (!c->hash) break;
             if (c->hash == h && c->key_len == n && !memcmp((uint8_t *)e->cache_keys.p + c->key_off, p, n)) {
-                const uint32_t *ids = (const uint32_t *)e->cache_vals.p + c->val_off;
+                /* indexed, not offset: a word cached with no ids may have a NULL value store */
                 for (uint16_t i = 0; i < c->n_ids; i++)
-                    if (olmo_ids_push(out, ids[i])) return -1;
+                    if (olmo_ids_push(out, ((const uint32_t *)e->cache_vals.p)[c->val_off + i])) return -1;
                 return 0;
             }
         }
