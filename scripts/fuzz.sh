@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Runs every libFuzzer harness (tests/fuzz/fuzz_*.c) for a bounded time from the
 # committed corpus (tests/fuzz/corpus/<target>/), with ASan + UBSan.
-#   bash scripts/fuzz.sh [--seconds N] [--build-dir DIR] [TARGET ...]
-# N seconds per target (default 10).  A crash, a sanitizer report, a leak, a
+#   bash scripts/fuzz.sh [--seconds N] [--runs R] [--seed S] [--build-dir DIR] [TARGET ...]
+# At most N seconds (default 10) and R inputs (default: no limit) per target;
+# --seed fixes libFuzzer's random seed (0, the default: a random one), so that with --runs the same inputs run
+# every time (the test suite does this: a CI run must not fail by chance; a
+# longer search uses a random seed).  A crash, a sanitizer report, a leak, a
 # timeout (10 s per input) or an input over 2 GiB of memory fails the run; the
 # input that caused it is copied into tests/fuzz/corpus/<target>/ as crash-*, so
 # it becomes a regression input of the default test suite (ctest fuzz_corpus_*)
@@ -12,18 +15,25 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds=10
+runs=-1
+seed=0
 build=build-fuzz
 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds="$2"; shift 2 ;;
+    --runs) runs="$2"; shift 2 ;;
+    --seed) seed="$2"; shift 2 ;;
     --build-dir) build="$2"; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
 done
-case "$seconds" in ''|*[!0-9]*) echo "fuzz.sh: --seconds needs a whole number, got '$seconds'" >&2; exit 2 ;; esac
+for v in "$seconds" "$seed"; do
+  case "$v" in ''|*[!0-9]*) echo "fuzz.sh: --seconds and --seed need whole numbers, got '$v'" >&2; exit 2 ;; esac
+done
+case "$runs" in -1) ;; ''|*[!0-9]*) echo "fuzz.sh: --runs needs a whole number, got '$runs'" >&2; exit 2 ;; esac
 if [ ${#targets[@]} -eq 0 ]; then
   for f in tests/fuzz/fuzz_*.c; do t=$(basename "$f" .c); [ "$t" = fuzz_input ] || targets+=("${t#fuzz_}"); done
 fi
@@ -42,11 +52,11 @@ for t in "${targets[@]}"; do
   log=$scratch/$t/log
   # -fork would outlive one crash; one process is simpler to bound and to read
   if ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
-     OMP_NUM_THREADS=1 "$build/tests/fuzz_$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+     OMP_NUM_THREADS=1 "$build/tests/fuzz_$t" -max_total_time="$seconds" -runs="$runs" -seed="$seed" -timeout=10 -rss_limit_mb=2048 \
      -print_final_stats=1 -artifact_prefix="$scratch/$t/artifacts/" "$scratch/$t/corpus" "$seeds" >"$log" 2>&1; then
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
-    echo "fuzz $t: ok, ${execs:-?} inputs in ${seconds}s (${cov:-cov: ?})"
+    echo "fuzz $t: ok, ${execs:-?} inputs (seed $seed, at most ${seconds}s) (${cov:-cov: ?})"
   else
     failed=1
     echo "fuzz $t: FAILED"
