@@ -37,7 +37,9 @@ static inline float fast_expf(float x) {
     p = fmaf(p, r, 0.5f);
     p = fmaf(p, r, 1.0f);
     p = fmaf(p, r, 1.0f);
-    int32_t bits = ((int32_t)n + 127) * (1 << 23);
+    /* NaN x: n is NaN, whose conversion to int is undefined; p is NaN already, so any
+     * exponent gives the NaN that fast_exp16 gives */
+    int32_t bits = ((int32_t)(n == n ? n : 0.0f) + 127) * (1 << 23);
     float two_n;
     memcpy(&two_n, &bits, sizeof two_n);
     float y = p * two_n;
