@@ -14,6 +14,7 @@
 #include <yaml.h>
 
 #include "util/error.h"
+#include "util/fs.h"
 
 enum field_type { F_INT, F_LONG, F_U64, F_DOUBLE, F_BOOL, F_STRING, F_SCHEDULE, F_NONFINITE };
 
@@ -289,18 +290,13 @@ static int load_events(struct olmo_config *cfg, yaml_parser_t *parser, const cha
 }
 
 int olmo_config_load(struct olmo_config *cfg, const char *path) {
-    /* O_NONBLOCK: a FIFO is refused instead of waiting for a writer */
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st)) {
-        int err = errno;
-        if (fd >= 0) close(fd);
-        return olmo_error("cannot open config '%s': %s", path, strerror(err));
-    }
-    FILE *fp = S_ISREG(st.st_mode) ? fdopen(fd, "rb") : NULL;
+    size_t size;
+    int fd = olmo_open_regular(path, "config", &size);
+    if (fd < 0) return -1;
+    FILE *fp = fdopen(fd, "rb");
     if (!fp) {
         close(fd);
-        return olmo_error("config '%s' is not a regular file", path);
+        return olmo_error("cannot open config '%s': %s", path, strerror(errno));
     }
     yaml_parser_t parser;
     yaml_parser_initialize(&parser);

@@ -17,6 +17,7 @@
 #include "config/config.h"
 #include "data/npy.h"
 #include "util/error.h"
+#include "util/fs.h"
 #include "util/rng.h"
 
 int olmo_dtype_parse(const char *s, enum olmo_dtype *out) {
@@ -59,41 +60,10 @@ static int setup_raw(struct olmo_token_file *f, enum olmo_dtype dtype) {
     return 0;
 }
 
-static const char *file_kind(mode_t m) {
-    if (S_ISDIR(m)) return "directory";
-    if (S_ISFIFO(m)) return "FIFO";
-    if (S_ISCHR(m)) return "character device";
-    if (S_ISBLK(m)) return "block device";
-    if (S_ISSOCK(m)) return "socket";
-    return "special file";
-}
-
 int olmo_token_file_open_ex(struct olmo_token_file *f, const char *path, enum olmo_dtype dtype) {
     memset(f, 0, sizeof *f);
     snprintf(f->path, sizeof f->path, "%s", path);
-    /* O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below) */
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return olmo_error("cannot open token file '%s': %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st)) {
-        close(fd);
-        return olmo_error("cannot stat token file '%s': %s", path, strerror(errno));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return olmo_error("token file '%s' is not a regular file (it is a %s)", path, file_kind(st.st_mode));
-    }
-    if (st.st_size == 0) {
-        close(fd);
-        return olmo_error("token file '%s' is empty", path);
-    }
-    f->map_size = (size_t)st.st_size;
-    f->map = mmap(NULL, f->map_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (f->map == MAP_FAILED) {
-        f->map = NULL;
-        return olmo_error("cannot map '%s': %s", path, strerror(errno));
-    }
+    if (olmo_map_file(path, "token file", &f->map, &f->map_size)) return -1;
     int rc;
     if (olmo_npy_is_npy(f->map, f->map_size)) {
         rc = parse_npy_header(f);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "util/error.h"
+#include "util/fs.h"
 
 /* A header larger than this is rejected (the reference library uses 100 MB). */
 #define ST_MAX_HEADER (100u << 20)
@@ -200,23 +201,10 @@ static int read_entries(struct st_file *f, const cJSON *root) {
 int st_open(struct st_file *f, const char *path) {
     memset(f, 0, sizeof *f);
     snprintf(f->path, sizeof f->path, "%s", path);
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* NONBLOCK: a FIFO must not wait for a writer */
-    if (fd < 0) return olmo_error("cannot open '%s': %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return olmo_error("'%s' is not a regular file", path);
-    }
-    if (st.st_size < 8) {
-        close(fd);
+    if (olmo_map_file(path, "safetensors file", &f->map, &f->map_size)) return -1;
+    if (f->map_size < 8) {
+        st_close(f);
         return olmo_error("'%s': too small to be a safetensors file", path);
-    }
-    f->map_size = (size_t)st.st_size;
-    f->map = mmap(NULL, f->map_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (f->map == MAP_FAILED) {
-        f->map = NULL;
-        return olmo_error("cannot map '%s': %s", path, strerror(errno));
     }
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | f->map[i];

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -75,33 +76,72 @@ int olmo_write_file_atomic(const char *path, const void *data, size_t len) {
     return olmo_fsync_path(dir);
 }
 
+static const char *file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "directory";
+    if (S_ISFIFO(m)) return "FIFO";
+    if (S_ISCHR(m)) return "character device";
+    if (S_ISBLK(m)) return "block device";
+    if (S_ISSOCK(m)) return "socket";
+    return "special file";
+}
+
+int olmo_open_regular(const char *path, const char *what, size_t *size) {
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below) */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return olmo_error("cannot open %s '%s': %s", what, path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st)) {
+        int err = errno;
+        close(fd);
+        return olmo_error("cannot stat %s '%s': %s", what, path, strerror(err));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return olmo_error("%s '%s' is not a regular file (it is a %s)", what, path, file_kind(st.st_mode));
+    }
+    *size = (size_t)st.st_size;
+    return fd;
+}
+
+int olmo_map_file(const char *path, const char *what, uint8_t **map, size_t *size) {
+    *map = NULL;
+    int fd = olmo_open_regular(path, what, size);
+    if (fd < 0) return -1;
+    if (*size == 0) {
+        close(fd);
+        return olmo_error("%s '%s' is empty", what, path);
+    }
+    void *m = mmap(NULL, *size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) return olmo_error("cannot map %s '%s': %s", what, path, strerror(errno));
+    *map = m;
+    return 0;
+}
+
 int olmo_read_file(const char *path, size_t max_bytes, char **out, size_t *len) {
     *out = NULL;
-    /* O_NONBLOCK: a FIFO is refused below instead of waiting for a writer */
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    size_t size;
+    int fd = olmo_open_regular(path, "file", &size);
     FILE *fp = fd >= 0 ? fdopen(fd, "rb") : NULL;
     if (!fp) {
-        int err = errno;
-        if (fd >= 0) close(fd);
-        return olmo_error("cannot open '%s': %s", path, strerror(err));
+        if (fd >= 0) {
+            close(fd);
+            return olmo_error("cannot open '%s': %s", path, strerror(errno));
+        }
+        return -1;
     }
-    struct stat st;
-    if (fstat(fileno(fp), &st) || !S_ISREG(st.st_mode)) {
+    if (size > max_bytes) {
         fclose(fp);
-        return olmo_error("'%s' is not a regular file", path);
+        return olmo_error("'%s' is %zu bytes, more than the %zu allowed", path, size, max_bytes);
     }
-    if ((size_t)st.st_size > max_bytes) {
-        fclose(fp);
-        return olmo_error("'%s' is %lld bytes, more than the %zu allowed", path, (long long)st.st_size, max_bytes);
-    }
-    char *buf = malloc((size_t)st.st_size + 1);
+    char *buf = malloc(size + 1);
     if (!buf) {
         fclose(fp);
         return olmo_error("out of memory reading '%s'", path);
     }
-    size_t got = fread(buf, 1, (size_t)st.st_size, fp);
+    size_t got = fread(buf, 1, size, fp);
     fclose(fp);
-    if (got != (size_t)st.st_size) {
+    if (got != size) {
         free(buf);
         return olmo_error("short read of '%s'", path);
     }
