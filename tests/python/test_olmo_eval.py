@@ -13,6 +13,7 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -202,9 +203,37 @@ def test_task_table_matches_the_packages(build_dir):
     for name, value in oe_tasks.LABEL_TO_TASK_MAP.items():
         cls, kw = value if isinstance(value, tuple) else (value, {})
         if cls.__name__ == "OEEvalTask":
-            want_tasks[name] = (f"{kw['dataset_path']}/{kw['dataset_name']}", kw["metric_type"], bool(kw.get("fast_mc")))
+            want_tasks[name] = (f"{kw['dataset_path']}/{kw['dataset_name']}", kw["metric_type"],
+                                bool(kw.get("fast_mc")))
         else:
             want_other[name] = cls.__name__
     assert ours_tasks == want_tasks
     assert ours_other == want_other
     assert ours_sets == {k: sorted(v) for k, v in TASK_GROUPS.items()}
+
+
+def test_in_loop_equals_olmoc_eval(setup, build_dir, tmp_path):
+    """data.eval_tasks with OLMo-eval names during training: the metrics.jsonl
+    records equal `olmoc eval` of the checkpoint saved at that step."""
+    _, _, _, tasks_dir, _ = setup
+    model = {**BASE_MODEL, "vocab_size": 8192, "eos_token_id": 0, "pad_token_id": 1}
+    train = {"seq_len": SEQ_LEN, "micro_batch": 8, "steps": 2, "eval_every": 2, "save_every": 2, "lr": 1e-3,
+             "warmup_steps": 1, "peak_flops": 1e12}
+    write_config(tmp_path / "cfg.yaml", model, train)
+    tasks = "copycolors_10way,gsm8k_gold_bpb_5shot,hellaswag_rc_5shot:ce_loss"
+    run = tmp_path / "run"
+    np.save(tmp_path / "train.npy", np.random.default_rng(0).integers(2, 8192, 8 * SEQ_LEN * 4).astype(np.uint16))
+    r = olmoc(build_dir, "train", tmp_path / "cfg.yaml", "--set", f"data.out_dir={run}", "--set",
+              f"data.train_path={tmp_path / 'train.npy'}", "--set",
+              f"data.eval_tasks={tasks}", "--set", f"data.tokenizer={TOKENIZER}", "--set",
+              f"data.eval_tasks_dir={tasks_dir}")
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    inloop = {d["task"]: d for d in recs if d.get("type") == "downstream"}
+    assert len(inloop) == 3 and all(d["step"] == 2 for d in inloop.values())
+    r = olmoc(build_dir, "eval", run / "step-000002", "--task", tasks, "--json")  # tokenizer and dir from its config
+    assert r.returncode == 0, r.stderr
+    offline = {d["task"]: d for d in map(json.loads, r.stdout.splitlines())}
+    for name, d in inloop.items():
+        assert {k: v for k, v in d.items() if k not in ("type", "step", "time")} == \
+            {k: v for k, v in offline[name].items() if k != "type"}, name
