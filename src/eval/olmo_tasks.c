@@ -97,9 +97,10 @@ static void free_task(struct olmo_eval_task *t) {
 }
 
 /* Keeps the requests of the first `limit` documents (in order of first appearance). */
-static void limit_docs(struct olmo_eval_requests *rq, int limit) {
-    long *docs = malloc(sizeof(long) * (size_t)limit);
-    if (!docs) return;
+static int limit_docs(struct olmo_eval_requests *rq, int limit) {
+    if (limit >= rq->n) return 0; /* never more documents than requests */
+    long *docs = olmo_malloc(sizeof(long) * (size_t)limit, "documents");
+    if (!docs) return -1;
     int nd = 0, k = 0;
     for (int i = 0; i < rq->n; i++) {
         bool seen = false;
@@ -114,6 +115,7 @@ static void limit_docs(struct olmo_eval_requests *rq, int limit) {
     }
     rq->n = k;
     free(docs);
+    return 0;
 }
 
 /* Tokenizes the requests into instances. */
@@ -158,22 +160,28 @@ static int build_instances(struct olmo_eval_task *t, struct olmo_eval_requests *
 /* fast_mc: every choice of a document is scored from the query of its lowest
  * continuation id and with that continuation's lengths, as OLMo does. */
 static int apply_fast_mc(struct olmo_eval_task *t) {
-    for (int i = 0; i < t->n; i++) {
-        struct olmo_eval_instance *in = &t->inst[i];
-        const struct olmo_eval_instance *base = in;
-        for (int j = 0; j < t->n; j++)
-            if (t->inst[j].doc_id == in->doc_id && t->inst[j].cont_id < base->cont_id) base = &t->inst[j];
-        if (base == in) continue;
-        in->chars = base->chars, in->bytes = base->bytes;
-        in->chars_nls = base->chars_nls, in->bytes_nls = base->bytes_nls;
-        int32_t *ctx = olmo_malloc(sizeof(int32_t) * (size_t)base->n_ctx, "tokens");
-        if (!ctx) return -1;
-        memcpy(ctx, base->ctx, sizeof(int32_t) * (size_t)base->n_ctx);
-        free(in->ctx);
-        in->ctx = ctx;
-        in->n_ctx = base->n_ctx;
+    int *order, *start, nd, rc = 0;
+    if (olmo_eval_documents(t, &order, &start, &nd)) return -1;
+    for (int d = 0; d < nd && !rc; d++) {
+        const struct olmo_eval_instance *base = &t->inst[order[start[d]]];
+        for (int k = start[d] + 1; k < start[d + 1] && !rc; k++) {
+            struct olmo_eval_instance *in = &t->inst[order[k]];
+            in->chars = base->chars, in->bytes = base->bytes;
+            in->chars_nls = base->chars_nls, in->bytes_nls = base->bytes_nls;
+            int32_t *ctx = olmo_malloc(sizeof(int32_t) * (size_t)base->n_ctx, "tokens");
+            if (!ctx) {
+                rc = -1;
+                break;
+            }
+            memcpy(ctx, base->ctx, sizeof(int32_t) * (size_t)base->n_ctx);
+            free(in->ctx);
+            in->ctx = ctx;
+            in->n_ctx = base->n_ctx;
+        }
     }
-    return 0;
+    free(order);
+    free(start);
+    return rc;
 }
 
 static int load_one(const char *spec, const struct olmo_eval_options *o, struct olmo_eval_task *t) {
@@ -230,8 +238,8 @@ static int load_one(const char *spec, const struct olmo_eval_options *o, struct 
     int rc = olmo_eval_requests_parse(text, len, metric, path, &rq);
     free(text);
     if (rc) return rc;
-    if (o->limit_docs > 0) limit_docs(&rq, o->limit_docs);
-    rc = build_instances(t, &rq, o);
+    rc = o->limit_docs > 0 ? limit_docs(&rq, o->limit_docs) : 0;
+    if (!rc) rc = build_instances(t, &rq, o);
     olmo_eval_requests_free(&rq);
     if (!rc && t->fast_mc) rc = apply_fast_mc(t);
     if (rc) {

@@ -135,6 +135,9 @@ struct olmo_eval_result {
     double soft_v1, soft_v2, soft_log_v1, soft_log_v2; /* acc / len_norm only */
 };
 
+/* The instances by document: documents in order of first appearance, each
+ * one's instances order[start[d] .. start[d + 1]) by continuation id.  Both malloc'ed. */
+int olmo_eval_documents(const struct olmo_eval_task *t, int **order, int **start, int *n_docs);
 /* Metrics from each instance's continuation log-likelihood (sum over its tokens). */
 int olmo_eval_metrics(const struct olmo_eval_task *t, const double *logprob, struct olmo_eval_result *r);
 /* Scores every instance with the model (reserved as batch x seq_len);

@@ -99,22 +99,50 @@ int olmo_eval_score(struct olmo_model *m, const struct olmo_eval_task *t, int pa
     return rc ? olmo_error_context("task '%s'", t->name) : 0;
 }
 
-/* Documents in order of first appearance: first[d] is the first instance of document d. */
-static int group_docs(const struct olmo_eval_task *t, int **doc_of, int *n_docs) {
-    int *d = olmo_malloc(sizeof(int) * (size_t)t->n, "documents");
-    if (!d) return -1;
-    int nd = 0;
-    for (int i = 0; i < t->n; i++) {
-        d[i] = -1;
-        for (int j = 0; j < i; j++) /* quadratic, but tasks hold at most tens of thousands of requests */
-            if (t->inst[j].doc_id == t->inst[i].doc_id) {
-                d[i] = d[j];
-                break;
-            }
-        if (d[i] < 0) d[i] = nd++;
+static const struct olmo_eval_task *doc_task;
+static int cmp_doc_cont(const void *a, const void *b) {
+    const struct olmo_eval_instance *x = &doc_task->inst[*(const int *)a], *y = &doc_task->inst[*(const int *)b];
+    if (x->doc_id != y->doc_id) return x->doc_id < y->doc_id ? -1 : 1;
+    if (x->cont_id != y->cont_id) return x->cont_id < y->cont_id ? -1 : 1;
+    return *(const int *)a - *(const int *)b;
+}
+struct doc_group {
+    int start, end, first;
+};
+static int cmp_first(const void *a, const void *b) {
+    return ((const struct doc_group *)a)->first - ((const struct doc_group *)b)->first;
+}
+
+int olmo_eval_documents(const struct olmo_eval_task *t, int **order, int **start, int *n_docs) {
+    int *o = olmo_malloc(sizeof(int) * (size_t)(t->n + 1), "documents");
+    int *st = olmo_malloc(sizeof(int) * (size_t)(t->n + 1), "documents");
+    struct doc_group *g = olmo_malloc(sizeof *g * (size_t)(t->n + 1), "documents");
+    int *o2 = olmo_malloc(sizeof(int) * (size_t)(t->n + 1), "documents");
+    if (!o || !st || !g || !o2) {
+        free(o), free(st), free(g), free(o2);
+        return -1;
     }
-    *doc_of = d;
-    *n_docs = nd;
+    for (int i = 0; i < t->n; i++) o[i] = i;
+    doc_task = t;
+    qsort(o, (size_t)t->n, sizeof *o, cmp_doc_cont);
+    int ng = 0;
+    for (int k = 0; k < t->n; k++) {
+        if (k == 0 || t->inst[o[k]].doc_id != t->inst[o[k - 1]].doc_id) g[ng++] = (struct doc_group){k, k, o[k]};
+        g[ng - 1].end = k + 1;
+        if (o[k] < g[ng - 1].first) g[ng - 1].first = o[k];
+    }
+    qsort(g, (size_t)ng, sizeof *g, cmp_first); /* documents in order of first appearance */
+    int k = 0;
+    for (int d = 0; d < ng; d++) {
+        st[d] = k;
+        for (int j = g[d].start; j < g[d].end; j++) o2[k++] = o[j];
+    }
+    st[ng] = k;
+    free(o);
+    free(g);
+    *order = o2;
+    *start = st;
+    *n_docs = ng;
     return 0;
 }
 
@@ -170,23 +198,15 @@ static int score_doc(const struct olmo_eval_task *t, const double *lp, const int
 int olmo_eval_metrics(const struct olmo_eval_task *t, const double *logprob, struct olmo_eval_result *r) {
     memset(r, 0, sizeof *r);
     r->metric = t->metric;
-    int *doc_of, nd;
-    if (group_docs(t, &doc_of, &nd)) return -1;
-    int *idx = olmo_malloc(sizeof(int) * (size_t)t->n, "document choices");
-    int rc = idx ? 0 : -1;
+    int *order, *start, nd;
+    if (olmo_eval_documents(t, &order, &start, &nd)) return -1;
+    int rc = 0;
     double sum[9] = {0};
     int counted = 0;
     for (int d = 0; d < nd && !rc; d++) {
-        int k = 0;
-        for (int i = 0; i < t->n; i++)
-            if (doc_of[i] == d) idx[k++] = i;
-        /* order by continuation id; the ids must be 0..k-1, else OLMo skips the document */
-        for (int a = 1; a < k; a++)
-            for (int b = a; b > 0 && t->inst[idx[b - 1]].cont_id > t->inst[idx[b]].cont_id; b--) {
-                int tmp = idx[b];
-                idx[b] = idx[b - 1];
-                idx[b - 1] = tmp;
-            }
+        const int *idx = order + start[d];
+        int k = start[d + 1] - start[d];
+        /* the continuation ids must be 0..k-1, else OLMo skips the document */
         if (t->inst[idx[k - 1]].cont_id >= k) continue;
         struct doc_acc a = {0};
         if ((rc = score_doc(t, logprob, idx, k, &a))) break;
@@ -194,8 +214,8 @@ int olmo_eval_metrics(const struct olmo_eval_task *t, const double *logprob, str
         for (int j = 0; j < 9; j++) sum[j] += v[j];
         counted++;
     }
-    free(idx);
-    free(doc_of);
+    free(order);
+    free(start);
     if (rc) return rc;
     if (!counted) return olmo_error("task '%s': no complete document to score", t->name);
     r->n_docs = counted;

@@ -87,7 +87,8 @@ def setup(build_dir, tmp_path_factory):
     return tmp, hf_dir, hf, tasks_dir, requests
 
 
-def reference(label, metric_type, hf, tasks_dir, monkeypatch):
+def reference(label, metric_type, hf, tasks_dir, monkeypatch, tokenizer=TOKENIZER, eos=0, pad=1, seq_len=SEQ_LEN,
+              batch_size=16):
     """OLMo's in-loop evaluator on the task files in tasks_dir."""
     def load(path, name=None, split=None):
         d = tasks_dir / path / name
@@ -95,26 +96,45 @@ def reference(label, metric_type, hf, tasks_dir, monkeypatch):
         return json.loads((d / "config.json").read_text()), reqs
 
     monkeypatch.setattr(oe_tasks, "load_oe_eval_requests", load)
-    tok = HFTokenizer(str(TOKENIZER), pad_token_id=1, eos_token_id=0)
+    tok = HFTokenizer(str(tokenizer), pad_token_id=pad, eos_token_id=eos)
     cls, kw = oe_tasks.LABEL_TO_TASK_MAP[label]
     if metric_type:
         kw = {**kw, "metric_type": metric_type}
-    task = cls(tokenizer=tok, model_ctx_len=SEQ_LEN, **kw)
+    task = cls(tokenizer=tok, model_ctx_len=seq_len, **kw)
     metric = ICLMetric(metric_type=task.metric_type)
-    for i in range(0, len(task), 16):
-        batch = task.collate_fn([task[j] for j in range(i, min(i + 16, len(task)))])
+    for i in range(0, len(task), batch_size):
+        batch = task.collate_fn([task[j] for j in range(i, min(i + batch_size, len(task)))])
         with torch.no_grad():
             logits = hf(input_ids=batch["input_ids"]).logits
         metric.update(batch, logits)
     return task, {k: float(v) for k, v in metric.compute().items()}
 
 
-def run_olmoc(build, hf_dir, tasks_dir, specs, *extra):
-    r = olmoc(build, "eval", hf_dir, "--tokenizer", TOKENIZER, "--tasks-dir", tasks_dir, "--task", ",".join(specs),
-              "--set", f"train.seq_len={SEQ_LEN}", "--set", "train.micro_batch=8", "--json", *extra)
+def run_olmoc(build, hf_dir, tasks_dir, specs, *extra, tokenizer=TOKENIZER, seq_len=SEQ_LEN, micro_batch=8):
+    """olmoc eval's JSON records, by task spec."""
+    r = olmoc(build, "eval", hf_dir, "--tokenizer", tokenizer, "--tasks-dir", tasks_dir, "--task", ",".join(specs),
+              "--set", f"train.seq_len={seq_len}", "--set", f"train.micro_batch={micro_batch}", "--json", *extra)
     assert r.returncode == 0, r.stderr
-    return {d["task"] + ("" if ":" not in s else ":" + s.split(":")[1]): d
-            for d, s in zip((json.loads(line) for line in r.stdout.splitlines()), specs)}
+    recs = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(recs) == len(specs)
+    return dict(zip(specs, recs))
+
+
+def compare(spec, got, task, ref, worst):
+    """Every metric OLMo reports: counts identical, the rest within REL_TOL."""
+    assert got["metric"] == task.metric_type, spec
+    assert set(ref) <= set(got), (spec, sorted(ref), sorted(got))
+    n = got["n"]
+    assert n == len({s["doc_id"] for s in task.samples}), spec
+    for key, want in ref.items():
+        kind = key.rsplit("_v", 1)[0]
+        if kind in ("acc", "len_norm"):  # a count of correct documents: identical
+            assert round(got[key] * n) == round(want * n), (spec, key, got[key], want)
+            err = 0.0
+        else:
+            err = abs(got[key] - want) / max(abs(want), 1e-30)
+            assert err < REL_TOL, (spec, key, got[key], want, err)
+        worst[kind] = max(worst.get(kind, 0.0), err)
 
 
 def test_metrics_match_olmo_eval(setup, build_dir, monkeypatch):
@@ -125,20 +145,7 @@ def test_metrics_match_olmo_eval(setup, build_dir, monkeypatch):
     for spec, label, metric_type in TASKS:
         task, ref = reference(label, metric_type, hf, tasks_dir, monkeypatch)
         n_bytes_differ += sum(s["cont_byte_len"] != s["cont_str_len"] for s in task.samples)
-        got = ours[spec.split(":")[0] + (":" + spec.split(":")[1] if ":" in spec else "")]
-        assert got["metric"] == task.metric_type, spec
-        assert set(ref) <= set(got), (spec, sorted(ref), sorted(got))
-        n = got["n"]
-        assert n == len({s["doc_id"] for s in task.samples}), spec
-        for key, want in ref.items():
-            kind = key.rsplit("_v", 1)[0]
-            if kind in ("acc", "len_norm"):  # a count of correct documents: identical
-                assert round(got[key] * n) == round(want * n), (spec, key, got[key], want)
-                err = 0.0
-            else:
-                err = abs(got[key] - want) / max(abs(want), 1e-30)
-                assert err < REL_TOL, (spec, key, got[key], want, err)
-            worst[kind] = max(worst.get(kind, 0.0), err)
+        compare(spec, ours[spec], task, ref, worst)
         print(f"\n{spec}: " + " ".join(f"{k}={ref[k]:.6g}" for k in sorted(ref)))
     print("\nworst relative difference per metric type: " + ", ".join(f"{k} {v:.1e}" for k, v in sorted(worst.items())))
     assert set(worst) == {"acc", "len_norm", "ce_loss", "bpb", "soft", "soft_log"}
@@ -158,7 +165,7 @@ def test_directory_and_errors(setup, build_dir, tmp_path):
     tmp, hf_dir, hf, tasks_dir, _ = setup
     d = tasks_dir / "copycolors" / "10way"
     a = run_olmoc(build_dir, hf_dir, tasks_dir, ["copycolors_10way"])["copycolors_10way"]
-    b = run_olmoc(build_dir, hf_dir, tasks_dir, [str(d)])["10way"]  # the metric from config.json (acc_raw)
+    b = run_olmoc(build_dir, hf_dir, tasks_dir, [str(d)])[str(d)]  # the metric from config.json (acc_raw)
     assert {k: v for k, v in a.items() if k != "task"} == {k: v for k, v in b.items() if k != "task"}
 
     def fails(*args):
@@ -237,3 +244,32 @@ def test_in_loop_equals_olmoc_eval(setup, build_dir, tmp_path):
     for name, d in inloop.items():
         assert {k: v for k, v in d.items() if k not in ("type", "step", "time")} == \
             {k: v for k, v in offline[name].items() if k != "type"}, name
+
+
+def test_metrics_match_olmo_eval_dolma2(build_dir, tmp_path, monkeypatch):
+    """The same with the real Olmo 3 tokenizer (dolma2, vocabulary 100278; scripts/setup.sh
+    fetches it) on a tiny model of that vocabulary, a few documents of three tasks."""
+    from test_tokenizer import DOLMA2
+
+    assert DOLMA2.is_file(), f"{DOLMA2} is missing: run scripts/setup.sh"
+    seq_len, specs = 128, ["arc_easy_test_rc_5shot", "csqa_val_mc_5shot", "gsm8k_gold_bpb_5shot"]
+    model = {**BASE_MODEL, "vocab_size": 100278, "eos_token_id": 100257, "pad_token_id": 100277}
+    write_config(tmp_path / "model.yaml", model, {"seq_len": seq_len, "micro_batch": 4})
+    save_file(random_params(model, seed=9), str(tmp_path / "model.safetensors"))
+    r = olmoc(build_dir, "convert", "--to-hf", tmp_path / "model.safetensors", tmp_path / "hf", "--config",
+              tmp_path / "model.yaml")
+    assert r.returncode == 0, r.stderr
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float64,
+                                                           attn_implementation="eager")
+    tasks_dir = tmp_path / "oe_eval_tasks"
+    for label in specs:
+        _, kw = oe_tasks.LABEL_TO_TASK_MAP[label]
+        subset_task(kw["dataset_path"], kw["dataset_name"], tasks_dir, 6)
+    ours = run_olmoc(build_dir, tmp_path / "hf", tasks_dir, specs, tokenizer=DOLMA2, seq_len=seq_len, micro_batch=4)
+    worst = {}
+    for label in specs:
+        task, ref = reference(label, None, hf, tasks_dir, monkeypatch, tokenizer=DOLMA2, eos=100257, pad=100277,
+                              seq_len=seq_len, batch_size=4)
+        compare(label, ours[label], task, ref, worst)
+    print("\ndolma2: worst relative difference per metric type: " +
+          ", ".join(f"{k} {v:.1e}" for k, v in sorted(worst.items())))
