@@ -88,7 +88,7 @@ def setup(build_dir, tmp_path_factory):
 
 
 def reference(label, metric_type, hf, tasks_dir, monkeypatch, tokenizer=TOKENIZER, eos=0, pad=1, seq_len=SEQ_LEN,
-              batch_size=16):
+              batch_size=16, bos=None):
     """OLMo's in-loop evaluator on the task files in tasks_dir."""
     def load(path, name=None, split=None):
         d = tasks_dir / path / name
@@ -96,7 +96,7 @@ def reference(label, metric_type, hf, tasks_dir, monkeypatch, tokenizer=TOKENIZE
         return json.loads((d / "config.json").read_text()), reqs
 
     monkeypatch.setattr(oe_tasks, "load_oe_eval_requests", load)
-    tok = HFTokenizer(str(tokenizer), pad_token_id=pad, eos_token_id=eos)
+    tok = HFTokenizer(str(tokenizer), pad_token_id=pad, eos_token_id=eos, bos_token_id=bos)
     cls, kw = oe_tasks.LABEL_TO_TASK_MAP[label]
     if metric_type:
         kw = {**kw, "metric_type": metric_type}
@@ -150,6 +150,20 @@ def test_metrics_match_olmo_eval(setup, build_dir, monkeypatch):
     print("\nworst relative difference per metric type: " + ", ".join(f"{k} {v:.1e}" for k, v in sorted(worst.items())))
     assert set(worst) == {"acc", "len_norm", "ce_loss", "bpb", "soft", "soft_log"}
     assert n_bytes_differ > 0  # some continuations have more bytes than characters
+
+
+def test_bos_token(setup, build_dir, monkeypatch):
+    """A tokenizer config with a BOS id (OLMo prepends it to every context): --bos."""
+    _, hf_dir, hf, tasks_dir, _ = setup
+    specs = ["piqa_val_rc_5shot", "lambada_bpb_0shot"]  # contexts shorter than seq_len: the BOS stays
+    ours = run_olmoc(build_dir, hf_dir, tasks_dir, specs, "--bos", "0")
+    plain = run_olmoc(build_dir, hf_dir, tasks_dir, specs)
+    worst = {}
+    for label in specs:
+        task, ref = reference(label, None, hf, tasks_dir, monkeypatch, bos=0)
+        assert all(s["ctx"][0] == 0 for s in task.samples)
+        compare(label, ours[label], task, ref, worst)
+        assert ours[label] != plain[label]
 
 
 def test_limit_equals_subset(setup, build_dir):
