@@ -113,11 +113,12 @@ static int run_olmo_tasks(struct olmo_model *model, struct olmo_eval_task *tasks
     return 0;
 }
 
-static int parse_count(const char *opt, const char *v, long max, long *out) {
+/* An integer in [min, max] for option opt. */
+static int parse_count(const char *opt, const char *v, long min, long max, long *out) {
     char *end;
     long b = strtol(v, &end, 10);
-    if (!*v || *end || b < 0 || b > max) {
-        fprintf(stderr, "olmoc eval: %s expects an integer in [0, %ld], got '%s'\n", opt, max, v);
+    if (!*v || *end || b < min || b > max) {
+        fprintf(stderr, "olmoc eval: %s expects an integer in [%ld, %ld], got '%s'\n", opt, min, max, v);
         return -1;
     }
     *out = b;
@@ -132,12 +133,16 @@ static bool takes_value(const char *a) {
     return false;
 }
 
-int cmd_eval(int argc, char **argv) {
-    const char *src = NULL, *config_path = NULL, *val = NULL, *tasks_arg = NULL, *scores_path = NULL,
-               *backend_name = "cpu";
-    struct olmo_task_args ta = {.bos = -1};
-    int batches = 0;
-    bool json = false;
+struct eval_args {
+    const char *src, *config_path, *val, *tasks_arg, *scores_path, *backend_name;
+    struct olmo_task_args ta;
+    int batches;
+    bool json;
+};
+
+/* Returns -1 to go on, else the exit code. */
+static int parse_args(int argc, char **argv, struct eval_args *a) {
+    *a = (struct eval_args){.backend_name = "cpu", .ta = {.bos = -1}};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             eval_usage(stdout);
@@ -148,7 +153,7 @@ int cmd_eval(int argc, char **argv) {
             return 0;
         }
         if (!strcmp(argv[i], "--json")) {
-            json = true;
+            a->json = true;
         } else if (takes_value(argv[i])) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "olmoc eval: %s needs a value\n", argv[i]);
@@ -156,38 +161,50 @@ int cmd_eval(int argc, char **argv) {
             }
             const char *v = argv[i + 1];
             long num;
-            if (!strcmp(argv[i], "--config")) config_path = v;
-            else if (!strcmp(argv[i], "--val")) val = v;
-            else if (!strcmp(argv[i], "--task")) tasks_arg = v;
-            else if (!strcmp(argv[i], "--scores-out")) scores_path = v;
-            else if (!strcmp(argv[i], "--backend")) backend_name = v;
-            else if (!strcmp(argv[i], "--tokenizer")) ta.tokenizer = v;
-            else if (!strcmp(argv[i], "--tasks-dir")) ta.tasks_dir = v;
+            if (!strcmp(argv[i], "--config")) a->config_path = v;
+            else if (!strcmp(argv[i], "--val")) a->val = v;
+            else if (!strcmp(argv[i], "--task")) a->tasks_arg = v;
+            else if (!strcmp(argv[i], "--scores-out")) a->scores_path = v;
+            else if (!strcmp(argv[i], "--backend")) a->backend_name = v;
+            else if (!strcmp(argv[i], "--tokenizer")) a->ta.tokenizer = v;
+            else if (!strcmp(argv[i], "--tasks-dir")) a->ta.tasks_dir = v;
             else if (!strcmp(argv[i], "--bos")) {
-                if (parse_count("--bos", v, 1L << 30, &num)) return 2;
-                ta.bos = num;
+                if (parse_count("--bos", v, 0, 1L << 30, &num)) return 2;
+                a->ta.bos = num;
             } else if (!strcmp(argv[i], "--limit")) {
-                if (parse_count("--limit", v, 1000000000L, &num) || !num) return 2;
-                ta.limit = (int)num;
+                if (parse_count("--limit", v, 1, 1000000000L, &num)) return 2;
+                a->ta.limit = (int)num;
             } else if (!strcmp(argv[i], "--batches")) {
-                if (parse_count("--batches", v, 1000000, &num) || !num) return 2;
-                batches = (int)num;
+                if (parse_count("--batches", v, 1, 1000000, &num)) return 2;
+                a->batches = (int)num;
             }
             i++;
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "olmoc eval: unknown option '%s' (see --help)\n", argv[i]);
             return 2;
-        } else if (src) {
+        } else if (a->src) {
             fprintf(stderr, "olmoc eval: unexpected argument '%s' (see --help)\n", argv[i]);
             return 2;
         } else {
-            src = argv[i];
+            a->src = argv[i];
         }
     }
-    if (!src) {
+    if (!a->src) {
         eval_usage(stderr);
         return 2;
     }
+    return -1;
+}
+
+int cmd_eval(int argc, char **argv) {
+    struct eval_args args;
+    int code = parse_args(argc, argv, &args);
+    if (code >= 0) return code;
+    const char *src = args.src, *config_path = args.config_path, *val = args.val, *tasks_arg = args.tasks_arg,
+               *scores_path = args.scores_path, *backend_name = args.backend_name;
+    const struct olmo_task_args ta = args.ta;
+    int batches = args.batches;
+    const bool json = args.json;
     struct olmo_config cfg;
     struct olmo_model_source source;
     struct olmo_model model = {0};

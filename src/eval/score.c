@@ -152,7 +152,11 @@ struct doc_acc {
 
 /* One document's choices (instances idx[0..k), ordered by continuation id). */
 static int score_doc(const struct olmo_eval_task *t, const double *lp, const int *idx, int k, struct doc_acc *a) {
-    const struct olmo_eval_instance *in0 = &t->inst[idx[0]];
+    /* the label is the document's first request's (file order); with fast_mc the lowest continuation's */
+    int first = idx[0];
+    for (int c = 1; c < k && !t->fast_mc; c++)
+        if (idx[c] < first) first = idx[c];
+    const struct olmo_eval_instance *in0 = &t->inst[first];
     bool normed = t->metric != OLMO_METRIC_ACC;
     int label = in0->label;
     if (t->metric == OLMO_METRIC_BPB || t->metric == OLMO_METRIC_CE_LOSS) label = 0;
