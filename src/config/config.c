@@ -53,6 +53,7 @@ static const struct field fields[] = {
     DS(train_path),                DS(mix),
     DS(dtype),                     DS(out_dir),
     DS(val_paths),                 DS(eval_tasks),
+    DS(tokenizer),                 DS(eval_tasks_dir),
 };
 #undef M
 #undef T

