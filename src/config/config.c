@@ -51,6 +51,7 @@ static const struct field fields[] = {
     T(peak_flops, F_DOUBLE),
     DS(train_path),                DS(mix),
     DS(dtype),                     DS(out_dir),
+    DS(order),
     DS(val_paths),                 DS(eval_tasks),
 };
 #undef M
@@ -87,6 +88,7 @@ void olmo_config_defaults(struct olmo_config *cfg) {
     cfg->train.eval_batches = 8;
     snprintf(cfg->data.out_dir, sizeof cfg->data.out_dir, "runs/default");
     snprintf(cfg->data.dtype, sizeof cfg->data.dtype, "auto");
+    snprintf(cfg->data.order, sizeof cfg->data.order, "olmo_core");
 }
 
 static const struct field *find_field(const char *key) {
@@ -383,6 +385,8 @@ int olmo_config_validate(const struct olmo_config *cfg) {
     if (t->peak_flops < 0) return olmo_error("train.peak_flops must be >= 0 (0 = measure at startup)");
     if (strcmp(cfg->data.dtype, "auto") && strcmp(cfg->data.dtype, "uint16") && strcmp(cfg->data.dtype, "uint32"))
         return olmo_error("data.dtype must be auto, uint16 or uint32; got '%s'", cfg->data.dtype);
+    if (strcmp(cfg->data.order, "olmo_core") && strcmp(cfg->data.order, "olmoc"))
+        return olmo_error("data.order must be olmo_core or olmoc; got '%s'", cfg->data.order);
     if (cfg->data.mix[0] && cfg->data.train_path[0])
         return olmo_error("set either data.train_path or data.mix, not both");
     return 0;

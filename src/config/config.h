@@ -55,6 +55,7 @@ struct olmo_data_config {
     char train_path[1024]; /* token file; empty = synthetic tokens */
     char mix[4096];        /* data mix "PATH[+PATH...][:WEIGHT],..." (replaces train_path) */
     char dtype[16];        /* dtype of raw (headerless) token files: auto, uint16, uint32 */
+    char order[16];        /* data order: olmo_core (OLMo-core's data loader, default) or olmoc */
     char out_dir[1024];
     char val_paths[1024];  /* comma-separated validation token files (.npy); empty = none */
     char eval_tasks[1024]; /* comma-separated ranked-classification task files (.jsonl); empty = none */

@@ -119,8 +119,7 @@ static int open_model_and_data(struct olmo_run *run) {
     const struct olmo_run_options *o = &run->o;
     const struct olmo_config *cfg = &run->cfg;
     if (!o->next_batch) {
-        if (olmo_loader_open_config(&run->loader, &cfg->data, cfg->train.seq_len, cfg->model.vocab_size,
-                                    cfg->train.seed))
+        if (olmo_loader_open_run(&run->loader, cfg, o->dist ? o->dist->world : 1))
             return -1;
         run->loader_ready = true;
     }

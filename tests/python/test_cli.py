@@ -135,7 +135,7 @@ def test_bad_data_files(build_dir, tiny, tmp_path):
         if content == "float":
             np.save(path, np.zeros(100, dtype=np.float32))
         elif content == "big":
-            np.save(path, np.full(100, 70, dtype=np.uint16))
+            np.save(path, np.full(256, 70, dtype=np.uint16))  # 8 instances: at least one global batch
         elif content is not None:
             path.write_bytes(content)
         for build in builds(build_dir):
