@@ -7,7 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum olmo_schedule_kind { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT };
+/* OLMo-core's schedulers (src/optim/schedule.h); NONE only for train.schedule2 */
+enum olmo_schedule_kind { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT, SCHED_HALF_COSINE, SCHED_WSD, SCHED_NONE };
 
 struct olmo_model_config {
     int vocab_size;
@@ -42,6 +43,15 @@ struct olmo_train_config {
     long warmup_steps;
     double alpha_f;        /* final lr = alpha_f * lr */
     long schedule_steps;   /* length of the schedule; 0 = train.steps */
+    long schedule_tokens;  /* length in tokens, as OLMo-core's Duration.tokens: ceil(tokens / batch tokens) steps */
+    long decay_steps;      /* wsd: steps of the final linear decay; 0 = decay_fraction of the length */
+    double decay_fraction; /* wsd: 0.1 as OLMo-core */
+    /* an optional second part replacing the schedule after step schedule2_after */
+    enum olmo_schedule_kind schedule2; /* SCHED_NONE = no second part */
+    long schedule2_after;
+    long schedule2_warmup_steps;
+    long schedule2_steps;  /* its length; 0 = schedule2_tokens, else train.steps */
+    long schedule2_tokens;
     int log_every;
     /* checkpoints and in-loop evaluation (olmoc train) */
     long save_every;   /* checkpoint every N steps and at the end; 0 = no checkpoints */

@@ -102,7 +102,7 @@ int olmo_trainer_accumulate(struct olmo_trainer *tr, const int32_t *instances, s
 int olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res) {
     const struct olmo_train_config *t = &tr->cfg.train;
     olmo_clip_grads(&tr->model, res->grad_norm, t->clip_grad_norm);
-    res->lr = olmo_lr_at(t, tr->opt.step + 1);
+    res->lr = olmo_lr_at_batch(t, (long)olmo_trainer_batch_rows(tr) * t->seq_len, tr->opt.step + 1);
     olmo_optimizer_step(&tr->opt, &tr->model, t, res->lr);
     if (!tr->dist || tr->dist->world == 1) return 0;
     /* every rank updated its own shard: share them */

@@ -85,7 +85,7 @@ def test_unknown_command(build_dir):
     ("optimizer:\n  lr: 1\n", "unknown section 'optimizer'"),
     ("model:\n  d_model: [1, 2]\n", "a list is not valid"),
     ("model:\n\td_model: 1\n", "YAML error"),
-    ("train:\n  schedule: step\n", "must be one of cosine, linear, constant"),
+    ("train:\n  schedule: step\n", "must be one of cosine (cos_with_warmup), linear (linear_with_warmup), constant"),
 ])
 def test_config_errors(build_dir, tmp_path, text, message):
     cfg = tmp_path / "bad.yaml"
