@@ -27,13 +27,6 @@ int olmo_dtype_parse(const char *s, enum olmo_dtype *out) {
     return 0;
 }
 
-int olmo_data_order_parse(const char *s, enum olmo_data_order *out) {
-    if (!strcmp(s, "olmo_core")) *out = OLMO_ORDER_OLMO_CORE;
-    else if (!strcmp(s, "olmoc")) *out = OLMO_ORDER_OLMOC;
-    else return olmo_error("unknown data order '%s' (expected olmo_core or olmoc)", s);
-    return 0;
-}
-
 static const uint8_t NPY_MAGIC[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
 
 /* Parses the .npy v1/v2/v3 header: a 1-D, C-order array of <u2, <u4 or <i4. */
@@ -262,6 +255,13 @@ int olmo_token_file_read(const struct olmo_token_file *f, size_t start, size_t n
 
 
 /* ---------------------------------------------------------------- loader */
+
+int olmo_data_order_parse(const char *s, enum olmo_data_order *out) {
+    if (!strcmp(s, "olmo_core")) *out = OLMO_ORDER_OLMO_CORE;
+    else if (!strcmp(s, "olmoc")) *out = OLMO_ORDER_OLMOC;
+    else return olmo_error("unknown data order '%s' (expected olmo_core or olmoc)", s);
+    return 0;
+}
 
 static uint64_t mix64(uint64_t h, uint64_t v) {
     h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
