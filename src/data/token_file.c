@@ -15,9 +15,10 @@
 #include <unistd.h>
 
 #include "config/config.h"
-#include "data/np_random.h"
 #include "util/error.h"
 #include "util/rng.h"
+/* numpy's PCG64 for the OLMo-core order */
+#include "data/np_random.h"
 
 int olmo_dtype_parse(const char *s, enum olmo_dtype *out) {
     if (!strcmp(s, "auto") || !s[0]) *out = OLMO_DTYPE_AUTO;
