@@ -56,7 +56,8 @@ static const struct field fields[] = {
     T(peak_flops, F_DOUBLE),
     DS(train_path),                DS(mix),
     DS(dtype),                     DS(out_dir),
-    DS(order),
+    DS(order),                     DS(mix_file),
+    DS(mix_base_dir),              DS(mix_tokenizer),
     DS(val_paths),                 DS(eval_tasks),
 };
 #undef M
@@ -401,8 +402,8 @@ int olmo_config_validate(const struct olmo_config *cfg) {
         return olmo_error("data.dtype must be auto, uint16 or uint32; got '%s'", cfg->data.dtype);
     if (strcmp(cfg->data.order, "olmo_core") && strcmp(cfg->data.order, "olmoc"))
         return olmo_error("data.order must be olmo_core or olmoc; got '%s'", cfg->data.order);
-    if (cfg->data.mix[0] && cfg->data.train_path[0])
-        return olmo_error("set either data.train_path or data.mix, not both");
+    if (!!cfg->data.mix[0] + !!cfg->data.train_path[0] + !!cfg->data.mix_file[0] > 1)
+        return olmo_error("set one of data.train_path, data.mix and data.mix_file");
     return 0;
 }
 

@@ -17,7 +17,8 @@
 #include "config/config.h"
 #include "util/error.h"
 #include "util/rng.h"
-/* numpy's PCG64 for the OLMo-core order */
+/* numpy's PCG64 for the OLMo-core order, OLMo-core's mix files */
+#include "data/mix_file.h"
 #include "data/np_random.h"
 
 int olmo_dtype_parse(const char *s, enum olmo_dtype *out) {
@@ -581,7 +582,17 @@ static int open_data_config(struct olmo_loader *l, const struct olmo_data_config
         if (open_entries(l, e, n, dtype, seq_len, vocab_size, seed, ord)) return olmo_error_context("data.mix");
         return 0;
     }
-    if (!d->train_path[0]) return olmo_error("no training data: set data.train_path or data.mix");
+    if (d->mix_file[0]) {
+        if (!(e = olmo_calloc(1, sizeof *e, "data source"))) return -1;
+        e->weight = 1.0;
+        if (olmo_mix_file_paths(d->mix_file, d->mix_base_dir, d->mix_tokenizer, &e->paths, &e->n_paths)) {
+            free(e);
+            return olmo_error_context("data.mix_file");
+        }
+        if (open_entries(l, e, 1, dtype, seq_len, vocab_size, seed, ord)) return olmo_error_context("data.mix_file");
+        return 0;
+    }
+    if (!d->train_path[0]) return olmo_error("no training data: set data.train_path, data.mix or data.mix_file");
     e = olmo_calloc(1, sizeof *e, "data source");
     if (!e) return -1;
     e->weight = 1.0;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "data/mix_file.h"
 #include "data/token_file.h"
 #include "util/error.h"
 #include "util/rng.h"
@@ -329,6 +330,31 @@ static void test_olmo_core_order(void) {
           "unknown order: %s", olmo_last_error());
 }
 
+/* OLMo-core mix files: "label,path" lines with {TOKENIZER} under a base directory. */
+static void test_mix_file(void) {
+    const char *text = "# comment\n\nweb,a/{TOKENIZER}/x.npy\r\n  code,b/{TOKENIZER}/{TOKENIZER}.npy  \n";
+    write_bytes("mix.txt", text, strlen(text));
+    char **paths;
+    int n;
+    CHECK(!olmo_mix_file_paths(path_of("mix.txt"), "/base", "tok/id", &paths, &n) && n == 2 &&
+              !strcmp(paths[0], "/base/a/tok/id/x.npy") && !strcmp(paths[1], "/base/b/tok/id/tok/id.npy"),
+          "mix file paths: %s", olmo_last_error());
+    if (n == 2) olmo_mix_file_free(paths, n);
+    CHECK(!olmo_mix_file_paths(path_of("mix.txt"), "/base/", "t", &paths, &n) && !strcmp(paths[0], "/base/a/t/x.npy"),
+          "base dir ending in /");
+    olmo_mix_file_free(paths, n);
+    CHECK(olmo_mix_file_paths(path_of("mix.txt"), "", "t", &paths, &n) && error_has("mix_base_dir", NULL),
+          "no base dir: %s", olmo_last_error());
+    CHECK(olmo_mix_file_paths(path_of("mix.txt"), "/b", "", &paths, &n) && error_has("mix_tokenizer", NULL),
+          "no tokenizer: %s", olmo_last_error());
+    write_bytes("bad.txt", "web,a/x.npy\n", 12);
+    CHECK(olmo_mix_file_paths(path_of("bad.txt"), "/b", "t", &paths, &n) && error_has("line 1", "{TOKENIZER}"),
+          "path without {TOKENIZER}: %s", olmo_last_error());
+    write_bytes("bad.txt", "# only\n\n", 9);
+    CHECK(olmo_mix_file_paths(path_of("bad.txt"), "/b", "t", &paths, &n) && error_has("no token file", NULL),
+          "empty mix: %s", olmo_last_error());
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/olmoc_test_data_XXXXXX");
     if (!mkdtemp(dir)) {
@@ -341,6 +367,7 @@ int main(void) {
     test_mix();
     test_config();
     test_olmo_core_order();
+    test_mix_file();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd)) printf("warning: could not remove %s\n", dir);

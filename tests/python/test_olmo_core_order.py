@@ -11,6 +11,8 @@ import os
 import shutil
 import subprocess
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -61,10 +63,11 @@ def make_files(root, sizes, dtype):
     return paths
 
 
-def olmo_core_rank_batches(paths, dtype, seq_len, batch_instances, world, seed, epochs, work):
+def olmo_core_rank_batches(paths, dtype, seq_len, batch_instances, world, seed, epochs, work, ds=None):
     """{rank: [rank batch (instances x seq_len) for every batch of epochs 1..epochs]}"""
-    ds = olmo_data.NumpyFSLDataset(*paths, sequence_length=seq_len, pad_token_id=1, eos_token_id=0,
-                                   vocab_size=VOCAB, dtype=dtype)
+    if ds is None:
+        ds = olmo_data.NumpyFSLDataset(*paths, sequence_length=seq_len, pad_token_id=1, eos_token_id=0,
+                                       vocab_size=VOCAB, dtype=dtype)
     ds.work_dir = work
     out = {}
     for rank in range(world):
@@ -80,11 +83,11 @@ def olmo_core_rank_batches(paths, dtype, seq_len, batch_instances, world, seed, 
 
 
 def olmoc_batches(build_dir, paths, dtype, seq_len, micro, accum, world, seed, n_batches, out, *extra):
-    state = run_tool(build_dir, "batches", out, world, n_batches, *extra,
-                     "--set", f"data.mix={'+'.join(map(str, paths))}", "--set", f"data.dtype={np.dtype(dtype).name}",
+    data = ["--set", f"data.mix={'+'.join(map(str, paths))}"] if paths else []
+    state = run_tool(build_dir, "batches", out, world, n_batches, *data, "--set", f"model.vocab_size={VOCAB}", *extra,
+                     "--set", f"data.dtype={np.dtype(dtype).name}",
                      "--set", f"train.seq_len={seq_len}", "--set", f"train.micro_batch={micro}",
-                     "--set", f"train.grad_accum={accum}", "--set", f"train.seed={seed}",
-                     "--set", f"model.vocab_size={VOCAB}")
+                     "--set", f"train.grad_accum={accum}", "--set", f"train.seed={seed}")
     rows = np.fromfile(out, dtype=np.int32)
     return rows.reshape(n_batches, world, micro * accum, seq_len), [int(v) for v in state.split()]
 
@@ -132,6 +135,38 @@ def test_resumed_loader_continues_olmo_core_order(build_dir, tmp_path, resume_at
     ref, _ = olmo_core_rank_batches(paths, np.uint16, seq_len, micro * accum * world, world, seed, 3, tmp_path)
     for r in range(world):
         assert all(np.array_equal(full[b, r], ref[r][b]) for b in range(30))
+
+
+def test_olmo3_stage1_mix_file(build_dir, tmp_path):
+    """data.mix_file with OLMo-core's own OLMo-mix-0625-official.txt (the Olmo 3 7B Stage 1 mix, 1016
+    files): small stand-in files at every listed path; the dataset OLMo-core's
+    NumpyFSLDatasetConfig.from_data_mix builds from it and olmoc's loader give every rank the same batches."""
+    import importlib.resources
+
+    mix_txt = importlib.resources.files("olmo_core").joinpath("data/mixes/OLMo-mix-0625-official.txt")
+    tokenizer = olmo_data.TokenizerConfig.dolma2()
+    base = tmp_path / "mix"
+    paths, _ = olmo_data.DataMix.OLMo_mix_0625_official.build(str(base), tokenizer.identifier)
+    rng = np.random.default_rng(3)
+    for p in paths:
+        Path(p).parent.mkdir(parents=True, exist_ok=True)
+        rng.integers(0, tokenizer.vocab_size, int(rng.integers(5, 120)), dtype=np.uint32).tofile(p)
+    seq_len, micro, accum, world, seed = 16, 2, 2, 2, 34521
+    ds = olmo_data.NumpyFSLDatasetConfig.from_data_mix(
+        olmo_data.DataMix.OLMo_mix_0625_official, tokenizer=tokenizer, mix_base_dir=str(base),
+        sequence_length=seq_len, max_target_sequence_length=seq_len, work_dir=str(tmp_path / "work")).build()
+    assert ds.dtype == np.uint32 and len(ds.paths) == 1016
+    ref, n_instances = olmo_core_rank_batches(None, None, seq_len, micro * accum * world, world, seed, 2,
+                                              tmp_path, ds=ds)
+    n = n_instances // (micro * accum * world) * 2
+    ours, _ = olmoc_batches(build_dir, None, np.uint32, seq_len, micro, accum, world, seed, n, tmp_path / "o.bin",
+                            "--set", f"data.mix_file={mix_txt}", "--set", f"data.mix_base_dir={base}",
+                            "--set", "data.mix_tokenizer=allenai/dolma3-tokenizer",
+                            "--set", f"model.vocab_size={tokenizer.padded_vocab_size()}")
+    for r in range(world):
+        assert len(ref[r]) == n
+        for b in range(n):
+            assert np.array_equal(ours[b, r], ref[r][b]), (r, b)
 
 
 def test_train_run_feeds_olmo_core_batches(build_dir, tmp_path):
