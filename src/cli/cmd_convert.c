@@ -4,7 +4,7 @@
 
 #include "backend/backend.h"
 #include "cli/commands.h"
-#include "cli/model_source.h"
+#include "model/source.h"
 #include "model/hf.h"
 #include "model/weights.h"
 #include "util/error.h"

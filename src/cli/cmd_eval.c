@@ -7,7 +7,7 @@
 
 #include "backend/backend.h"
 #include "cli/commands.h"
-#include "cli/model_source.h"
+#include "model/source.h"
 #include "train/evaluate.h"
 #include "util/error.h"
 

@@ -4,11 +4,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "util/clock.h"
 #include "backend/backend.h"
 #include "cli/commands.h"
-#include "cli/model_source.h"
-#include "model/generate.h"
+#include "model/source.h"
+#include "model/sample.h"
 #include "util/error.h"
 
 static void generate_usage(FILE *out) {
@@ -54,6 +53,22 @@ static int parse_ids(const char *text, int32_t **ids, int *n) {
     }
     if (!*n) return olmo_error("--ids is empty");
     return 0;
+}
+
+static void print_result(const int32_t *ids, int n_prompt, const struct olmo_sample_result *r, bool json) {
+    const int len = n_prompt + r->n_new;
+    if (json) {
+        printf("{\"prompt\":[");
+        for (int i = 0; i < n_prompt; i++) printf(i ? ",%d" : "%d", ids[i]);
+        printf("],\"generated\":[");
+        for (int i = n_prompt; i < len; i++) printf(i > n_prompt ? ",%d" : "%d", ids[i]);
+        printf("],\"prefill_s\":%.6f,\"decode_s\":%.6f}\n", r->prefill_s, r->decode_s);
+        return;
+    }
+    for (int i = n_prompt; i < len; i++) printf(i > n_prompt ? ",%d" : "%d", ids[i]);
+    printf("\n");
+    fprintf(stderr, "olmoc generate: %d prompt tokens in %.3fs, %d new tokens in %.3fs (%.1f tok/s)\n", n_prompt,
+            r->prefill_s, r->n_new, r->decode_s, r->n_new > 0 && r->decode_s > 0 ? r->n_new / r->decode_s : 0.0);
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -123,9 +138,7 @@ int cmd_generate(int argc, char **argv) {
     struct olmo_config cfg;
     struct olmo_model_source source;
     struct olmo_model model = {0};
-    struct olmo_gen gen = {0};
     int32_t *ids = NULL;
-    float *logits = NULL;
     int n_prompt;
     if (parse_ids(ids_text, &ids, &n_prompt)) goto fail;
     if (olmo_source_resolve(src, config_path, &source, &cfg)) goto fail;
@@ -134,58 +147,22 @@ int cmd_generate(int argc, char **argv) {
     if (olmo_config_validate(&cfg)) goto fail;
     const struct olmo_backend *be = olmo_backend_by_name(backend_name);
     if (!be || olmo_model_create(&model, &cfg.model, be) || olmo_source_load_weights(&source, &model)) goto fail;
-    const int total = n_prompt + (int)max_new;
-    int32_t *all = realloc(ids, sizeof(int32_t) * (size_t)(total > 0 ? total : 1));
+    int32_t *all = realloc(ids, sizeof(int32_t) * (size_t)(n_prompt + max_new));
     if (!all) {
         olmo_error("out of memory");
         goto fail;
     }
     ids = all;
-    logits = malloc(sizeof(float) * (size_t)cfg.model.vocab_size);
-    if (!logits) {
-        olmo_error("out of memory");
-        goto fail;
-    }
-    if (olmo_gen_create(&gen, &model, total, 64)) goto fail;
-    struct olmo_rng rng;
-    olmo_rng_seed(&rng, seed);
-    const double t0 = olmo_now_seconds();
-    for (int p = 0; p < n_prompt; p += gen.chunk) { /* prefill */
-        int n = n_prompt - p < gen.chunk ? n_prompt - p : gen.chunk;
-        if (olmo_gen_feed(&gen, ids + p, n, logits)) goto fail;
-    }
-    const double t1 = olmo_now_seconds();
-    int len = n_prompt;
-    while (len < total) {
-        int32_t next = olmo_sample_token(logits, cfg.model.vocab_size, temperature, top_p, &rng);
-        ids[len++] = next;
-        if (!ignore_eos && next == cfg.model.eos_token_id) break;
-        if (len < total && olmo_gen_feed(&gen, &next, 1, logits)) goto fail;
-    }
-    const double t2 = olmo_now_seconds();
-    const int n_new = len - n_prompt;
-    if (json) {
-        printf("{\"prompt\":[");
-        for (int i = 0; i < n_prompt; i++) printf(i ? ",%d" : "%d", ids[i]);
-        printf("],\"generated\":[");
-        for (int i = n_prompt; i < len; i++) printf(i > n_prompt ? ",%d" : "%d", ids[i]);
-        printf("],\"prefill_s\":%.6f,\"decode_s\":%.6f}\n", t1 - t0, t2 - t1);
-    } else {
-        for (int i = n_prompt; i < len; i++) printf(i > n_prompt ? ",%d" : "%d", ids[i]);
-        printf("\n");
-        fprintf(stderr, "olmoc generate: %d prompt tokens in %.3fs, %d new tokens in %.3fs (%.1f tok/s)\n", n_prompt,
-                t1 - t0, n_new, t2 - t1, n_new > 0 && t2 > t1 ? n_new / (t2 - t1) : 0.0);
-    }
-    olmo_gen_destroy(&gen);
+    const struct olmo_sample_options so = {(int)max_new, temperature, top_p, seed, cfg.model.eos_token_id, ignore_eos};
+    struct olmo_sample_result res;
+    if (olmo_generate_tokens(&model, ids, n_prompt, &so, &res)) goto fail;
+    print_result(ids, n_prompt, &res, json);
     olmo_model_destroy(&model);
     free(ids);
-    free(logits);
     return 0;
 fail:
     fprintf(stderr, "olmoc generate: %s\n", olmo_last_error());
-    olmo_gen_destroy(&gen);
     olmo_model_destroy(&model);
     free(ids);
-    free(logits);
     return 1;
 }

@@ -37,7 +37,7 @@ int cmd_info(int argc, char **argv) {
     if (olmo_config_load(&cfg, path)) goto fail;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--set") && olmo_config_set(&cfg, argv[++i])) goto fail;
-    if (olmo_config_validate(&cfg) || olmo_config_write(&cfg, "/dev/stdout")) goto fail;
+    if (olmo_config_validate(&cfg) || olmo_config_write_fp(&cfg, stdout)) goto fail;
     const struct olmo_model_config *m = &cfg.model;
     printf("# parameters: %zu total, %zu without the input embedding\n", olmo_model_count_params(m, true),
            olmo_model_count_params(m, false));

@@ -12,6 +12,7 @@
 #include "config/config.h"
 #include "dist/dist.h"
 #include "train/run.h"
+#include "train/signals.h"
 #include "util/error.h"
 
 static void train_usage(FILE *out) {
@@ -25,7 +26,10 @@ static void train_usage(FILE *out) {
             "One run at a time per data.out_dir: a second one is refused (a lock on data.out_dir/.lock,\n"
             "which names the holder's PID). Values that are not finite are null in metrics.jsonl.\n"
             "Under mpirun -np N, train.grad_accum is per rank: each step takes N x grad_accum x\n"
-            "micro_batch instances.\n\n"
+            "micro_batch instances.\n"
+            "SIGTERM or SIGINT: the run finishes its step, writes a checkpoint and exits with\n"
+            "128 + the signal; a second one exits at once. A step whose loss or grad norm is NaN/inf\n"
+            "stops the run (train.nonfinite: stop, the default) or is skipped (skip: no update).\n\n"
             "options:\n"
             "  --set KEY=VALUE     override a config value, e.g. --set train.steps=10 (repeatable)\n"
             "  --resume            continue from the newest checkpoint in data.out_dir (start fresh\n"
@@ -119,10 +123,22 @@ static int parse_args(int argc, char **argv, struct olmo_config *cfg, struct olm
     return 0;
 }
 
+/* Every rank stopped after the same step (a signal, or a step that was not
+ * finite): no rank needs to bring the job down. */
+static int stopped(struct olmo_dist *dist) {
+    fflush(stdout);
+    if (dist->world > 1) fprintf(stderr, "olmoc train (rank %d): %s\n", dist->rank, olmo_last_error());
+    else fprintf(stderr, "olmoc train: %s\n", olmo_last_error());
+    fflush(stderr);
+    olmo_dist_finalize(dist);
+    const int sig = olmo_signals_stopped_by();
+    return sig ? 128 + sig : 1; /* as a shell reports a process ended by that signal */
+}
+
 int cmd_train(int argc, char **argv) {
     struct olmo_config cfg;
     olmo_config_defaults(&cfg);
-    struct olmo_run_options opts = {.cfg = &cfg, .write_files = true, .log = stdout};
+    struct olmo_run_options opts = {.cfg = &cfg, .write_files = true, .log = stdout, .handle_signals = true};
     const char *backend_name = "cpu";
     static struct olmo_dist dist; /* static: zero (world 0) if an earlier error reaches fail */
     int status;
@@ -142,7 +158,9 @@ int cmd_train(int argc, char **argv) {
     if (!(opts.be = olmo_backend_by_name(backend_name))) goto fail;
     if (opts.profile) opts.be = olmo_backend_profiled(opts.be);
     opts.dist = &dist;
-    if (olmo_run_train(&opts)) goto fail;
+    const int rc = olmo_run_train(&opts);
+    if (rc == OLMO_RUN_STOPPED) return stopped(&dist);
+    if (rc) goto fail;
     olmo_dist_finalize(&dist);
     return 0;
 fail:

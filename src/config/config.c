@@ -16,7 +16,7 @@
 #include "optim/schedule.h"
 #include "util/error.h"
 
-enum field_type { F_INT, F_LONG, F_U64, F_DOUBLE, F_BOOL, F_STRING, F_SCHEDULE };
+enum field_type { F_INT, F_LONG, F_U64, F_DOUBLE, F_BOOL, F_STRING, F_SCHEDULE, F_NONFINITE };
 
 struct field {
     const char *key;
@@ -53,7 +53,7 @@ static const struct field fields[] = {
     T(log_every, F_INT),
     T(save_every, F_LONG),         T(keep_last, F_INT),
     T(eval_every, F_LONG),         T(eval_batches, F_INT),
-    T(peak_flops, F_DOUBLE),
+    T(peak_flops, F_DOUBLE),       T(nonfinite, F_NONFINITE),
     DS(train_path),                DS(mix),
     DS(dtype),                     DS(out_dir),
     DS(order),                     DS(mix_file),
@@ -67,6 +67,7 @@ static const struct field fields[] = {
 /* by enum olmo_schedule_kind; cos_with_warmup and linear_with_warmup (OLMo-core's names) are accepted too */
 static const char *const schedule_names[] = {"cosine", "linear", "constant", "half_cos_with_warmup", "wsd", "none"};
 #define N_SCHEDULES (int)(sizeof schedule_names / sizeof schedule_names[0])
+static const char *const nonfinite_names[] = {"stop", "skip"};
 
 void olmo_config_defaults(struct olmo_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
@@ -165,6 +166,13 @@ static int parse_value(struct olmo_config *cfg, const struct field *f, const cha
         return olmo_error("'%s' must be one of cosine (cos_with_warmup), linear (linear_with_warmup), constant, "
                           "half_cos_with_warmup, wsd%s; got '%s'",
                           f->key, strcmp(f->key, "train.schedule2") ? "" : ", none", value);
+    case F_NONFINITE:
+        for (int i = 0; i < 2; i++)
+            if (!strcmp(value, nonfinite_names[i])) {
+                *(enum olmo_nonfinite_policy *)base = (enum olmo_nonfinite_policy)i;
+                return 0;
+            }
+        return olmo_error("'%s' must be stop or skip; got '%s'", f->key, value);
     }
     return olmo_error("internal: bad field type");
 }
@@ -417,6 +425,7 @@ static void format_field(const struct olmo_config *cfg, const struct field *f, c
     case F_BOOL: snprintf(buf, n, "%s", *(const bool *)base ? "true" : "false"); break;
     case F_STRING: snprintf(buf, n, "%s", base); break;
     case F_SCHEDULE: snprintf(buf, n, "%s", schedule_names[*(const enum olmo_schedule_kind *)base]); break;
+    case F_NONFINITE: snprintf(buf, n, "%s", nonfinite_names[*(const enum olmo_nonfinite_policy *)base]); break;
     }
 }
 
@@ -485,14 +494,10 @@ static bool emit_config(yaml_emitter_t *e, const struct olmo_config *cfg, const 
            emit_event(e, YAML_DOCUMENT_END_EVENT) && emit_event(e, YAML_STREAM_END_EVENT) && yaml_emitter_flush(e);
 }
 
-int olmo_config_write(const struct olmo_config *cfg, const char *path) {
-    FILE *fp = fopen(path, "w");
-    if (!fp) return olmo_error("cannot write '%s': %s", path, strerror(errno));
+/* Emits the config to fp; name is the file for messages.  Does not close fp. */
+static int emit_to(const struct olmo_config *cfg, FILE *fp, const char *name) {
     yaml_emitter_t e;
-    if (!yaml_emitter_initialize(&e)) {
-        fclose(fp);
-        return olmo_error("out of memory writing '%s'", path);
-    }
+    if (!yaml_emitter_initialize(&e)) return olmo_error("out of memory writing '%s'", name);
     yaml_emitter_set_output_file(&e, fp);
     yaml_emitter_set_unicode(&e, 1); /* UTF-8 as is; only non-printable characters escaped */
     yaml_emitter_set_width(&e, -1);  /* no line folding */
@@ -502,7 +507,17 @@ int olmo_config_write(const struct olmo_config *cfg, const char *path) {
     snprintf(problem, sizeof problem, "%s%s%s", e.problem ? e.problem : "cannot emit YAML",
              bad_key ? " in the value of " : "", bad_key ? bad_key : "");
     yaml_emitter_delete(&e);
-    if (fclose(fp) || !ok)
-        return olmo_error("writing '%s' failed: %s", path, ok ? strerror(errno) : problem);
+    if (!ok) return olmo_error("writing '%s' failed: %s", name, problem);
+    if (fflush(fp) || ferror(fp)) return olmo_error("writing '%s' failed: %s", name, strerror(errno));
     return 0;
+}
+
+int olmo_config_write_fp(const struct olmo_config *cfg, FILE *fp) { return emit_to(cfg, fp, "the config"); }
+
+int olmo_config_write(const struct olmo_config *cfg, const char *path) {
+    FILE *fp = fopen(path, "w");
+    if (!fp) return olmo_error("cannot write '%s': %s", path, strerror(errno));
+    int rc = emit_to(cfg, fp, path);
+    if (fclose(fp) && rc == 0) rc = olmo_error("writing '%s' failed: %s", path, strerror(errno));
+    return rc;
 }

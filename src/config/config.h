@@ -6,9 +6,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* OLMo-core's schedulers (src/optim/schedule.h); NONE only for train.schedule2 */
 enum olmo_schedule_kind { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT, SCHED_HALF_COSINE, SCHED_WSD, SCHED_NONE };
+/* train.nonfinite: what a step whose loss or gradient norm is not finite does. */
+enum olmo_nonfinite_policy { NONFINITE_STOP, NONFINITE_SKIP };
 
 struct olmo_model_config {
     int vocab_size;
@@ -59,6 +62,9 @@ struct olmo_train_config {
     long eval_every;   /* validation loss / downstream tasks every N steps and at the end; 0 = off */
     int eval_batches;  /* micro-batches of each validation set per evaluation */
     double peak_flops; /* FLOP/s for MFU; 0 = measure with an SGEMM at startup */
+    /* a step whose loss or gradient norm is NaN/inf: stop the run (keeping the
+     * last checkpoint) or skip it (no optimizer update) */
+    enum olmo_nonfinite_policy nonfinite;
 };
 
 struct olmo_data_config {
@@ -109,6 +115,8 @@ int olmo_config_validate(const struct olmo_config *cfg);
 int olmo_config_check_limits(const struct olmo_config *cfg);
 /* Writes every field as YAML (used for run directories and checkpoints). */
 int olmo_config_write(const struct olmo_config *cfg, const char *path);
+/* The same YAML to an open stream (e.g. stdout, shared with other output). */
+int olmo_config_write_fp(const struct olmo_config *cfg, FILE *fp);
 
 /* Config keys in table order ("section.key"); NULL past the end. */
 const char *olmo_config_key(int index);

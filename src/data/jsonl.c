@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/utf8.h"
+
 #define MAX_DEPTH 512
 
 struct parser {
@@ -44,26 +46,7 @@ static bool reserve(struct olmo_json_text *t, size_t need) {
 }
 
 static void put_utf8(struct olmo_json_text *t, uint32_t cp) {
-    char *o = t->buf + t->len;
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        t->len += 1;
-    } else if (cp < 0x800) {
-        o[0] = (char)(0xC0 | cp >> 6);
-        o[1] = (char)(0x80 | (cp & 0x3F));
-        t->len += 2;
-    } else if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | cp >> 12);
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F));
-        t->len += 3;
-    } else {
-        o[0] = (char)(0xF0 | cp >> 18);
-        o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-        o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[3] = (char)(0x80 | (cp & 0x3F));
-        t->len += 4;
-    }
+    t->len += olmo_utf8_encode(cp, (uint8_t *)t->buf + t->len);
 }
 
 static int hex4(struct parser *ps, uint32_t *v) {

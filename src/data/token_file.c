@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "data/npy.h"
 #include "util/error.h"
 #include "util/rng.h"
 /* numpy's PCG64 for the OLMo-core order, OLMo-core's mix files */
@@ -29,59 +30,8 @@ int olmo_dtype_parse(const char *s, enum olmo_dtype *out) {
     return 0;
 }
 
-static const uint8_t NPY_MAGIC[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
-
-/* Parses the .npy v1/v2/v3 header: a 1-D, C-order array of <u2, <u4 or <i4. */
 static int parse_npy_header(struct olmo_token_file *f) {
-    const uint8_t *p = f->map;
-    if (f->map_size < 10) return olmo_error("'%s': truncated .npy header (file has %zu bytes)", f->path, f->map_size);
-    size_t hlen, hstart;
-    if (p[6] == 1) {
-        hlen = (size_t)p[8] | (size_t)p[9] << 8;
-        hstart = 10;
-    } else if (p[6] == 2 || p[6] == 3) {
-        if (f->map_size < 12) return olmo_error("'%s': truncated .npy header", f->path);
-        hlen = (size_t)p[8] | (size_t)p[9] << 8 | (size_t)p[10] << 16 | (size_t)p[11] << 24;
-        hstart = 12;
-    } else {
-        return olmo_error("'%s': unsupported .npy version %d at byte offset 6", f->path, p[6]);
-    }
-    if (hlen > 65536 || hstart + hlen > f->map_size)
-        return olmo_error("'%s': truncated .npy header: %zu header bytes announced at offset 8, file has %zu bytes",
-                          f->path, hlen, f->map_size);
-    char header[65537];
-    memcpy(header, p + hstart, hlen);
-    header[hlen] = 0;
-    const char *descr = strstr(header, "'descr':");
-    const char *order = strstr(header, "'fortran_order':");
-    const char *shape = strstr(header, "'shape':");
-    if (!descr || !order || !shape) return olmo_error("'%s': .npy header lacks descr/fortran_order/shape", f->path);
-    const char *dt = descr + 8;
-    while (*dt == ' ') dt++;
-    if (!strncmp(dt, "'<u2'", 5))
-        f->elem_size = 2;
-    else if (!strncmp(dt, "'<u4'", 5) || !strncmp(dt, "'<i4'", 5))
-        f->elem_size = 4;
-    else
-        return olmo_error("'%s': wrong dtype at byte offset %zu: token arrays must be uint16, uint32 or int32 "
-                          "(little-endian), header says %.8s",
-                          f->path, hstart + (size_t)(dt - header), dt);
-    const char *fo = order + 16;
-    while (*fo == ' ') fo++;
-    if (strncmp(fo, "False", 5)) return olmo_error("'%s': Fortran-ordered arrays are not supported", f->path);
-    const char *s = shape + 8;
-    while (*s == ' ') s++;
-    unsigned long long n = 0;
-    int consumed = 0;
-    if (sscanf(s, "(%llu,)%n", &n, &consumed) != 1 || consumed == 0)
-        return olmo_error("'%s': token array must be 1-D, shape is %.40s", f->path, s);
-    f->data_offset = hstart + hlen;
-    f->n_tokens = (size_t)n;
-    size_t have = f->map_size - f->data_offset;
-    if (f->n_tokens > have / (size_t)f->elem_size)
-        return olmo_error("'%s': truncated: header promises %zu tokens (%zu bytes from offset %zu) but the file "
-                          "ends at offset %zu",
-                          f->path, f->n_tokens, f->n_tokens * (size_t)f->elem_size, f->data_offset, f->map_size);
+    if (olmo_npy_parse_header(f->map, f->map_size, f->path, &f->elem_size, &f->data_offset, &f->n_tokens)) return -1;
     f->data = f->map + f->data_offset;
     return 0;
 }
@@ -148,7 +98,7 @@ int olmo_token_file_open_ex(struct olmo_token_file *f, const char *path, enum ol
         return olmo_error("cannot map '%s': %s", path, strerror(errno));
     }
     int rc;
-    if (f->map_size >= 6 && !memcmp(f->map, NPY_MAGIC, 6)) {
+    if (olmo_npy_is_npy(f->map, f->map_size)) {
         rc = parse_npy_header(f);
         if (!rc && dtype != OLMO_DTYPE_AUTO && f->elem_size != (dtype == OLMO_DTYPE_UINT16 ? 2 : 4))
             rc = olmo_error("'%s': the .npy header says %d-byte tokens but uint%d was requested", path, f->elem_size,

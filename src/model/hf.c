@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/weights.h"
 #include "util/error.h"
 #include "util/fs.h"
 
@@ -365,7 +366,9 @@ int olmo_hf_load_weights(struct olmo_model *m, const char *dir) {
                             p->name, t->ndim, (long long)rows, p->rows, p->cols);
             break;
         }
-        rc = st_read_f32(&s->files[k], t, host + p->offset);
+        if (st_read_f32(&s->files[k], t, host + p->offset) ||
+            olmo_check_finite(s->files[k].path, p->name, host + p->offset, p->numel))
+            rc = -1;
     }
     /* Nothing unexpected may be left over (a sign of a config that does not match). */
     for (int k = 0; k < s->n && !rc; k++)

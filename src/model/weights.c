@@ -1,11 +1,23 @@
 #include "model/weights.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "io/safetensors.h"
 #include "util/error.h"
+
+int olmo_check_finite(const char *path, const char *tensor, const float *x, size_t n) {
+    size_t bad = 0; /* a plain loop the compiler vectorises; the position only when there is one */
+    for (size_t i = 0; i < n; i++) bad += !isfinite(x[i]);
+    if (!bad) return 0;
+    size_t i = 0;
+    while (isfinite(x[i])) i++;
+    return olmo_error("'%s': tensor '%s' has %zu values that are not finite (the first, element %zu, is %s): "
+                      "refusing weights or optimizer state from a run that diverged or a damaged file",
+                      path, tensor, bad, i, isnan(x[i]) ? "NaN" : x[i] > 0 ? "+inf" : "-inf");
+}
 
 int olmo_weights_load(struct olmo_model *m, const char *path) {
     struct st_file f;
@@ -35,7 +47,8 @@ int olmo_weights_load(struct olmo_model *m, const char *path) {
                               : olmo_error("'%s': tensor '%s' has shape %s but the config needs [%d, %d]", path,
                                            p->name, shape, p->rows, p->cols);
         }
-        else rc = st_read_f32(&f, t, host + p->offset);
+        else if (st_read_f32(&f, t, host + p->offset) || olmo_check_finite(path, p->name, host + p->offset, p->numel))
+            rc = -1;
     }
     for (int i = 0; i < f.n_tensors && !rc; i++)
         if (!olmo_model_find_param(m, f.tensors[i].name))

@@ -4,10 +4,15 @@
 
 #include "model/model.h"
 
-/* Strict: every parameter must be present with its exact shape, and no
- * unexpected tensor may be present.  Float16/bfloat16 are widened to fp32. */
+/* Strict: every parameter must be present with its exact shape, no
+ * unexpected tensor may be present, and every value must be finite (a NaN or
+ * inf is refused, naming the tensor).  Float16/bfloat16 are widened to fp32. */
 int olmo_weights_load(struct olmo_model *m, const char *path);
 /* which: m->weights or m->grads (any buffer with the parameter layout). */
 int olmo_weights_save(const struct olmo_model *m, const float *which, const char *path);
+
+/* Refuses a tensor holding a NaN or inf (x: n floats read from path),
+ * naming it and the first such element; 0 when every value is finite. */
+int olmo_check_finite(const char *path, const char *tensor, const float *x, size_t n);
 
 #endif

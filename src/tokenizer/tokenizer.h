@@ -32,6 +32,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util/utf8.h" /* olmo_utf8_sanitize: repair before streaming */
+
 struct olmo_tokenizer;
 struct olmo_encoder;
 
@@ -42,6 +44,14 @@ struct olmo_ids {
 };
 int olmo_ids_push(struct olmo_ids *v, uint32_t id);
 void olmo_ids_free(struct olmo_ids *v);
+
+/* Token ids must be below this (16M; the largest real vocabularies have
+ * about 1M tokens): tables are sized by the largest id. */
+#define OLMO_TOKENIZER_MAX_IDS (1u << 24)
+
+/* Pre-tokens longer than this are merged in pieces of at most this many
+ * bytes (see bpe_word), which bounds the encoder's memory. */
+#define OLMO_MAX_PRETOKEN_BYTES ((size_t)1 << 20)
 
 int olmo_tokenizer_load(struct olmo_tokenizer **out, const char *path);
 void olmo_tokenizer_free(struct olmo_tokenizer *t);
@@ -87,14 +97,5 @@ int olmo_encode(struct olmo_encoder *e, const char *text, size_t len, int flags,
 int olmo_decode(const struct olmo_tokenizer *t, const uint32_t *ids, size_t n, bool skip_special, char **out,
                 size_t *out_len);
 
-/* UTF-8 repair: copies in[0, len) to out (capacity >= 3 * len) replacing
- * each maximal invalid subpart by U+FFFD (EF BF BD).  Returns the number of
- * bytes written; *n_replaced counts substitutions.  When !final, an
- * incomplete but so far valid sequence at the end is left out and
- * *in_consumed tells how many input bytes were used. */
-size_t olmo_utf8_sanitize(const uint8_t *in, size_t len, uint8_t *out, bool final, size_t *in_consumed,
-                          size_t *n_replaced);
-/* Length of the valid UTF-8 prefix of s (== len when all of it is valid). */
-size_t olmo_utf8_valid_prefix(const uint8_t *s, size_t len);
 
 #endif

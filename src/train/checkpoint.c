@@ -121,6 +121,7 @@ static int write_state(const char *dir, const struct olmo_ckpt_state *st, const 
     cJSON_AddNumberToObject(root, "step", (double)st->step);
     cJSON_AddNumberToObject(root, "tokens", (double)st->tokens);
     cJSON_AddNumberToObject(root, "elapsed_s", st->elapsed);
+    if (st->skipped) cJSON_AddNumberToObject(root, "skipped_steps", (double)st->skipped);
     cJSON *loader = cJSON_AddObjectToObject(root, "loader");
     cJSON_AddStringToObject(loader, "train_path", cfg->data.train_path);
     snprintf(buf, sizeof buf, "%" PRIu64, st->loader_seed);
@@ -338,6 +339,9 @@ int olmo_ckpt_verify(const char *dir, struct olmo_ckpt_state *out) {
     long v;
     if ((rc = json_long(root, "step", &st.step, dir)) || (rc = json_long(root, "tokens", &st.tokens, dir)))
         goto done;
+    if (cJSON_GetObjectItemCaseSensitive(root, "skipped_steps") &&
+        (rc = json_long(root, "skipped_steps", &st.skipped, dir)))
+        goto done;
     const cJSON *el = cJSON_GetObjectItemCaseSensitive(root, "elapsed_s");
     st.elapsed = cJSON_IsNumber(el) ? el->valuedouble : 0.0;
     const cJSON *seed = cJSON_GetObjectItemCaseSensitive(loader, "seed");
@@ -418,6 +422,18 @@ static int check_compatible(const char *dir, const struct olmo_config *ck, const
     return 0;
 }
 
+/* Adam moments must be finite, and the second moment (a running mean of
+ * squares) not negative: either would turn every later update into NaN. */
+static int check_moment(const char *path, const char *name, const float *x, size_t n, int second) {
+    if (olmo_check_finite(path, name, x, n)) return -1;
+    for (size_t i = 0; second && i < n; i++)
+        if (x[i] < 0)
+            return olmo_error("'%s': tensor '%s' has a negative value at element %zu (%g): a second moment is "
+                              "never negative",
+                              path, name, i, (double)x[i]);
+    return 0;
+}
+
 static int load_optimizer(struct olmo_trainer *tr, const char *path) {
     struct olmo_model *m = &tr->model;
     struct st_file f;
@@ -433,7 +449,8 @@ static int load_optimizer(struct olmo_trainer *tr, const char *path) {
             if (!t) rc = olmo_error("'%s' has no tensor '%s'", path, name);
             else if (t->dtype != ST_F32 || st_numel(t) != p->numel)
                 rc = olmo_error("'%s': tensor '%s' is not F32 with %zu elements", path, name, p->numel);
-            else rc = st_read_f32(&f, t, (which ? vh : mh) + p->offset);
+            else if (!(rc = st_read_f32(&f, t, (which ? vh : mh) + p->offset)))
+                rc = check_moment(path, name, (which ? vh : mh) + p->offset, p->numel, which);
         }
     }
     const struct st_tensor *t = st_find(&f, "step");
@@ -462,9 +479,11 @@ int olmo_ckpt_load(const char *dir, struct olmo_trainer *tr, struct olmo_ckpt_st
         return olmo_error_context("checkpoint '%s'", dir);
     if (path_join(path, sizeof path, dir, "optim.safetensors") || load_optimizer(tr, path))
         return olmo_error_context("checkpoint '%s'", dir);
-    if (tr->opt.step != st->step)
-        return olmo_error("checkpoint '%s' is inconsistent: optimizer step %ld, state.json step %ld", dir,
-                          tr->opt.step, st->step);
+    if (tr->opt.step + st->skipped != st->step)
+        return olmo_error("checkpoint '%s' is inconsistent: optimizer step %ld and %ld skipped steps, state.json "
+                          "step %ld",
+                          dir, tr->opt.step, st->skipped, st->step);
+    tr->skipped = st->skipped;
     return 0;
 }
 

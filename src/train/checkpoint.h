@@ -29,6 +29,8 @@ struct olmo_ckpt_state {
     size_t loader_instances;
     uint64_t loader_seed;
     uint64_t loader_fingerprint; /* identity of the data (files, weights, seed, seq_len) */
+    long skipped;                /* steps skipped (train.nonfinite: skip): step = optimizer step + skipped;
+                                  * in state.json as "skipped_steps" only when not 0 */
 };
 
 /* Writes out_dir/step-<step>; its path goes to path_out. */

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -13,6 +14,7 @@
 
 #include "backend/profile.h"
 #include "model/weights.h"
+#include "train/signals.h"
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/fs.h"
@@ -188,6 +190,10 @@ int olmo_run_open(struct olmo_run *run, const struct olmo_run_options *opts) {
     const struct olmo_config *cfg = &run->cfg;
     const int world = opts->dist ? opts->dist->world : 1;
     run->leader = !opts->dist || opts->dist->rank == 0;
+    if (opts->handle_signals) {
+        if (olmo_signals_install()) return -1;
+        run->signals_installed = true;
+    }
     if (olmo_config_validate(cfg)) return -1;
     if (!opts->next_batch && !cfg->data.train_path[0] && !cfg->data.mix[0])
         return olmo_error("neither data.train_path nor data.mix is set: give token files in the config or with --set");
@@ -274,11 +280,13 @@ static int save_checkpoint(struct olmo_run *run) {
         .loader_instances = run->loader.n_instances,
         .loader_seed = run->cfg.train.seed,
         .loader_fingerprint = run->loader.fingerprint,
+        .skipped = run->tr.skipped,
     };
     char saved[4096];
     if (olmo_ckpt_save(run->cfg.data.out_dir, &run->tr, &cs, saved, sizeof saved) ||
         (run->leader && olmo_ckpt_retain(run->cfg.data.out_dir, run->cfg.train.keep_last)))
         return -1;
+    run->saved_step = run->step;
     if (run->o.log) {
         fprintf(run->o.log, "checkpoint step %ld: %s (%.2fs)\n", run->step, saved, olmo_now_seconds() - t0);
         fflush(run->o.log);
@@ -298,6 +306,7 @@ static int report_step(struct olmo_run *run, const struct olmo_run_step *s, doub
     olmo_metrics_add_num(rec, "tokens_per_s", "%.6g", s->tokens_per_s);
     olmo_metrics_add_num(rec, "mfu", "%.6g", s->mfu);
     olmo_metrics_add_num(rec, "elapsed", "%.6f", run->st.elapsed + (now - run->start));
+    if (s->res.skipped) cJSON_AddBoolToObject(rec, "skipped", 1);
     if (olmo_metrics_write(&run->metrics, rec)) return -1;
     if (!run->o.log || (s->step % t->log_every != 0 && s->step != t->steps)) return 0;
     const double tok_s = (double)(run->steps_since_log * run->tokens_per_step) / run->interval;
@@ -314,10 +323,50 @@ static int report_step(struct olmo_run *run, const struct olmo_run_step *s, doub
     return 0;
 }
 
+/* A step whose loss or gradient norm is not finite, under train.nonfinite: stop. */
+static int stop_nonfinite(struct olmo_run *run, const char *why) {
+    char last[4096] = "";
+    if (run->o.write_files && olmo_ckpt_find_latest(run->cfg.data.out_dir, last, sizeof last) < 0) return -1;
+    olmo_error("step %ld: %s: stopping the run (train.nonfinite: stop; train.nonfinite: skip would skip such steps "
+               "instead); nothing of this step was applied or saved; %s%s%s",
+               run->step, why, last[0] ? "the last checkpoint is '" : "there is no checkpoint to resume from",
+               last, last[0] ? "'" : "");
+    return OLMO_RUN_STOPPED;
+}
+
+/* After a step, on every rank: stop if any rank was sent SIGTERM/SIGINT,
+ * with a checkpoint of this step. */
+static int stop_on_signal(struct olmo_run *run, long limit) {
+    int sig;
+    if (!run->signals_installed || run->step >= limit) return 0; /* the last step: the run ends anyway */
+    if (olmo_signals_agree(run->o.dist, &sig)) return -1;
+    if (!sig) return 0;
+    const char *name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    if (!run->o.write_files) {
+        olmo_error("stopped by %s after step %ld (this run writes no checkpoints)", name, run->step);
+        return OLMO_RUN_STOPPED;
+    }
+    if (run->saved_step != run->step && save_checkpoint(run)) return -1;
+    olmo_error("stopped by %s after step %ld: checkpoint '%s/step-%06ld' written; continue with --resume", name,
+               run->step, run->cfg.data.out_dir, run->step);
+    return OLMO_RUN_STOPPED;
+}
+
+/* Gradients, the step guard, and the update (or none). */
+static int train_step(struct olmo_run *run, struct olmo_run_step *s, char *why, size_t n) {
+    if (olmo_trainer_accumulate(&run->tr, run->batch, &s->res)) return -1;
+    const enum olmo_step_verdict v = olmo_step_check(&run->tr, &s->res, why, n);
+    if (v == OLMO_STEP_APPLY && olmo_trainer_update(&run->tr, &s->res)) return -1;
+    if (v == OLMO_STEP_SKIP) olmo_trainer_skip(&run->tr, &s->res);
+    if (v == OLMO_STEP_STOP) s->res.lr = olmo_trainer_next_lr(&run->tr);
+    return v;
+}
+
 int olmo_run_step(struct olmo_run *run, struct olmo_run_step *out) {
     const struct olmo_run_options *o = &run->o;
     const struct olmo_train_config *t = &run->cfg.train;
-    if (run->step >= (o->stop_after > 0 ? o->stop_after : t->steps)) return 0;
+    const long limit = o->stop_after > 0 ? o->stop_after : t->steps;
+    if (run->step >= limit) return 0;
     const int seq = t->seq_len;
     struct olmo_run_step s = {.step = ++run->step};
     const int rc = o->next_batch ? o->next_batch(o->ctx, run->batch, run->rows, seq)
@@ -325,7 +374,9 @@ int olmo_run_step(struct olmo_run *run, struct olmo_run_step *out) {
     if (rc) return -1;
     if (run->dump && fwrite(run->batch, sizeof(int32_t), run->rows * seq, run->dump) != run->rows * seq)
         return olmo_error("writing '%s' failed: %s", o->dump_path, strerror(errno));
-    if (olmo_trainer_step(&run->tr, run->batch, &s.res)) return -1;
+    char why[64];
+    const int verdict = train_step(run, &s, why, sizeof why);
+    if (verdict < 0) return -1;
     if (o->be->synchronize) o->be->synchronize(); /* the update is asynchronous on a device */
     run->tokens += run->tokens_per_step;
     run->steps_since_log++;
@@ -335,6 +386,11 @@ int olmo_run_step(struct olmo_run *run, struct olmo_run_step *out) {
     s.mfu = run->peak > 0 ? s.tokens_per_s * run->flops_per_token / run->peak : 0.0;
     run->interval += s.seconds;
     if (report_step(run, &s, now)) return -1;
+    if (verdict == OLMO_STEP_STOP) return stop_nonfinite(run, why);
+    if (verdict == OLMO_STEP_SKIP && o->log) {
+        fprintf(o->log, "step %ld/%ld skipped: %s (train.nonfinite: skip): no update\n", s.step, t->steps, why);
+        fflush(o->log);
+    }
     const bool last_step = s.step == t->steps;
     if (t->eval_every > 0 && (s.step % t->eval_every == 0 || last_step) && (run->ev.n_val || run->ev.n_tasks) &&
         run_evals(run))
@@ -344,7 +400,8 @@ int olmo_run_step(struct olmo_run *run, struct olmo_run_step *out) {
     if (o->profile && s.step == run->st.step + 1) olmo_profile_reset(); /* the first step pays for page faults */
     run->last = olmo_now_seconds(); /* evaluation and checkpoint time do not count as step time */
     if (out) *out = s;
-    return 1;
+    const int stop = stop_on_signal(run, limit);
+    return stop ? stop : 1;
 }
 
 int olmo_run_finish(struct olmo_run *run) {
@@ -380,6 +437,7 @@ void olmo_run_close(struct olmo_run *run) {
     if (run->trainer_ready) olmo_trainer_destroy(&run->tr);
     if (run->loader_ready) olmo_loader_close(&run->loader);
     if (run->lock_fd >= 0) close(run->lock_fd);
+    if (run->signals_installed) olmo_signals_restore();
     memset(run, 0, sizeof *run);
     run->lock_fd = -1;
 }

@@ -46,6 +46,8 @@ struct olmo_run_options {
     const char *save_path;        /* final weights; NULL: data.out_dir/model.safetensors */
     const char *dump_path;        /* append each step's batch (raw int32) here */
     long stop_after;              /* stop after this many steps (0: train.steps, which also sets the LR schedule) */
+    bool handle_signals;          /* SIGTERM/SIGINT stop the run after the current step, with a checkpoint
+                                   * (train/signals.h); installed by open, put back by close */
     bool profile;                 /* be is profiled (backend/profile.h): reset after step 1, report at the end */
     FILE *log;                    /* progress lines as olmoc train prints them; NULL: silent */
     /* Instead of data.train_path / data.mix: fills rows x seq_len tokens per step. */
@@ -87,6 +89,8 @@ struct olmo_run {
     int32_t *batch;
     size_t rows;
     long tokens_per_step, tokens, step, steps_since_log;
+    long saved_step; /* the step of the last checkpoint this run wrote (0: none) */
+    bool signals_installed;
     double flops_per_token, peak; /* peak over all ranks */
     const char *peak_source;
     double start, last, interval;
@@ -97,12 +101,19 @@ struct olmo_run {
 int olmo_run_open(struct olmo_run *run, const struct olmo_run_options *opts);
 /* The next optimizer step (with its metrics record, progress line, and any
  * evaluation and checkpoint due): 1 done (out filled, may be NULL), 0 all
- * train.steps done, -1 error. */
+ * train.steps done, -1 error, OLMO_RUN_STOPPED: every rank stopped after the
+ * same step, the reason in olmo_last_error:
+ *   - its loss or gradient norm was not finite and train.nonfinite is stop:
+ *     nothing of the step is applied or saved (the last checkpoint stays the
+ *     newest); train.nonfinite: skip logs the step and applies no update;
+ *   - SIGTERM or SIGINT (opts.handle_signals): the step was finished and a
+ *     checkpoint written (olmo_signals_stopped_by() says which signal). */
+#define OLMO_RUN_STOPPED (-2)
 int olmo_run_step(struct olmo_run *run, struct olmo_run_step *out);
 /* Closes the logs, writes the final weights, prints the summary. */
 int olmo_run_finish(struct olmo_run *run);
 void olmo_run_close(struct olmo_run *run);
-/* open, every step, finish, close. */
+/* open, every step, finish, close: 0, -1 or OLMO_RUN_STOPPED. */
 int olmo_run_train(const struct olmo_run_options *opts);
 
 /* Peak FLOP/s of the backend's SGEMM: best of a few 2048^3 products, each

@@ -1,6 +1,8 @@
 #include "train/trainer.h"
 
 #include <limits.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -102,7 +104,8 @@ int olmo_trainer_accumulate(struct olmo_trainer *tr, const int32_t *instances, s
 int olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res) {
     const struct olmo_train_config *t = &tr->cfg.train;
     olmo_clip_grads(&tr->model, res->grad_norm, t->clip_grad_norm);
-    res->lr = olmo_lr_at_batch(t, (long)olmo_trainer_batch_rows(tr) * t->seq_len, tr->opt.step + 1);
+    res->lr = olmo_trainer_next_lr(tr);
+    res->skipped = false;
     olmo_optimizer_step(&tr->opt, &tr->model, t, res->lr);
     if (!tr->dist || tr->dist->world == 1) return 0;
     /* every rank updated its own shard: share them */
@@ -115,9 +118,40 @@ int olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res) {
     return rc;
 }
 
+double olmo_trainer_next_lr(const struct olmo_trainer *tr) {
+    /* skipped steps advance the schedule (as OLMo-core's trainer.global_step); the schedule's
+     * length in tokens counts the global batch of every rank */
+    const struct olmo_train_config *t = &tr->cfg.train;
+    return olmo_lr_at_batch(t, (long)olmo_trainer_batch_rows(tr) * t->seq_len, tr->opt.step + tr->skipped + 1);
+}
+
+void olmo_trainer_skip(struct olmo_trainer *tr, struct olmo_step_result *res) {
+    res->lr = olmo_trainer_next_lr(tr);
+    res->skipped = true;
+    tr->skipped++;
+}
+
+enum olmo_step_verdict olmo_step_check(const struct olmo_trainer *tr, const struct olmo_step_result *res, char *why,
+                                       size_t n) {
+    const char *what = !isfinite(res->ce_loss) ? "loss"
+                       : !isfinite(res->z_loss) ? "z-loss"
+                       : !isfinite(res->grad_norm) ? "gradient norm"
+                                                  : NULL;
+    if (!what) return OLMO_STEP_APPLY;
+    const double v = !isfinite(res->ce_loss) ? res->ce_loss : !isfinite(res->z_loss) ? res->z_loss : res->grad_norm;
+    snprintf(why, n, "the %s is %s", what, isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf");
+    return tr->cfg.train.nonfinite == NONFINITE_SKIP ? OLMO_STEP_SKIP : OLMO_STEP_STOP;
+}
+
 int olmo_trainer_step(struct olmo_trainer *tr, const int32_t *instances, struct olmo_step_result *res) {
     if (olmo_trainer_accumulate(tr, instances, res)) return -1;
-    return olmo_trainer_update(tr, res);
+    char why[64];
+    switch (olmo_step_check(tr, res, why, sizeof why)) {
+    case OLMO_STEP_APPLY: return olmo_trainer_update(tr, res);
+    case OLMO_STEP_SKIP: olmo_trainer_skip(tr, res); return 0;
+    case OLMO_STEP_STOP: break;
+    }
+    return olmo_error("%s (train.nonfinite: stop)", why);
 }
 
 int olmo_trainer_eval(struct olmo_trainer *tr, const int32_t *instances, int n_rows, double *ce_loss) {

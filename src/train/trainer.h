@@ -16,6 +16,8 @@ struct olmo_trainer {
     const struct olmo_dist *dist; /* data-parallel ranks; NULL = one process */
     bool device_comm;             /* collectives through the backend (NCCL), not MPI on host memory */
     int32_t *inputs, *targets;    /* host staging for one micro-batch */
+    long skipped;                 /* steps skipped (no update): the LR schedule counts them, Adam's bias
+                                   * correction (opt.step) does not, as in OLMo-core's SkipStepAdamW */
 };
 
 struct olmo_step_result {
@@ -24,7 +26,11 @@ struct olmo_step_result {
     double grad_norm; /* before clipping */
     double lr;
     long loss_tokens;
+    bool skipped; /* the update was not applied (olmo_trainer_skip) */
 };
+
+/* What to do with a step once its loss and gradient norm are known. */
+enum olmo_step_verdict { OLMO_STEP_APPLY, OLMO_STEP_SKIP, OLMO_STEP_STOP };
 
 int olmo_trainer_init(struct olmo_trainer *tr, const struct olmo_config *cfg, const struct olmo_backend *be);
 /* Data-parallel variant: train.grad_accum is per rank, so a step consumes
@@ -33,16 +39,32 @@ int olmo_trainer_init(struct olmo_trainer *tr, const struct olmo_config *cfg, co
  * optimizer state is sharded (ZeRO-1).  dist must outlive the trainer. */
 int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cfg, const struct olmo_backend *be,
                            const struct olmo_dist *dist);
+/* The learning rate of the next optimizer step (skipped steps count). */
+double olmo_trainer_next_lr(const struct olmo_trainer *tr);
 /* Instances per optimizer step over all ranks. */
 size_t olmo_trainer_batch_rows(const struct olmo_trainer *tr);
 void olmo_trainer_destroy(struct olmo_trainer *tr);
 /* instances: olmo_trainer_batch_rows() rows of seq_len tokens.  Labels are
- * the inputs shifted left; the last position of each row has no label. */
+ * the inputs shifted left; the last position of each row has no label.
+ * accumulate, olmo_step_check, then update or skip; a step that must stop
+ * the run (train.nonfinite: stop) fails with the reason. */
 int olmo_trainer_step(struct olmo_trainer *tr, const int32_t *instances, struct olmo_step_result *res);
+/* The step guard: a loss or gradient norm that is not finite stops the run
+ * (train.nonfinite: stop) or skips the step (skip); why (n bytes) says which
+ * value.  Every rank decides on the same all-reduced values, so all ranks
+ * agree without another collective.  A spike-skipping optimizer (OLMo-core's
+ * SkipStepAdamW: loss or grad norm too many standard deviations above a
+ * rolling window) would keep its window in the trainer and return
+ * OLMO_STEP_SKIP here. */
+enum olmo_step_verdict olmo_step_check(const struct olmo_trainer *tr, const struct olmo_step_result *res, char *why,
+                                       size_t n);
 /* The two halves of a step: gradients (and losses, grad norm) of the batch ... */
 int olmo_trainer_accumulate(struct olmo_trainer *tr, const int32_t *instances, struct olmo_step_result *res);
 /* ... then clipping and the scheduled AdamW update (fills res->lr). */
 int olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res);
+/* ... or no update at all (weights, optimizer state and opt.step unchanged);
+ * fills res->lr with the LR the step would have had and sets res->skipped. */
+void olmo_trainer_skip(struct olmo_trainer *tr, struct olmo_step_result *res);
 /* Loss only (no update): mean CE over instances (n_rows rows of seq_len). */
 int olmo_trainer_eval(struct olmo_trainer *tr, const int32_t *instances, int n_rows, double *ce_loss);
 

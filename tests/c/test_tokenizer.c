@@ -209,6 +209,24 @@ static void test_utf8(void) {
     size_t n = olmo_utf8_sanitize((const uint8_t *)"ab\xf0\x9f", 4, out, false, &used, &repl);
     CHECK(n == 2 && used == 2 && repl == 0, "incomplete tail held back when not final");
     CHECK(olmo_utf8_valid_prefix((const uint8_t *)"abc\xc3\xa9\xff", 6) == 5, "valid prefix");
+    /* the decoder and the encoder: every scalar value round-trips; the
+     * decoder takes exactly what sanitize keeps */
+    size_t bad = 0;
+    for (uint32_t cp = 0; cp < 0x110000; cp++) {
+        if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+        uint8_t b[4];
+        uint32_t back = 0;
+        size_t k = olmo_utf8_encode(cp, b);
+        if (olmo_utf8_decode(b, k, &back) != k || back != cp || olmo_utf8_decode(b, k - 1, &back) != 0) bad++;
+    }
+    CHECK(bad == 0, "utf8 encode/decode round trip (%zu bad)", bad);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const uint8_t *s = (const uint8_t *)cases[i].in;
+        uint32_t cp;
+        size_t k = olmo_utf8_decode(s, strlen(cases[i].in), &cp);
+        CHECK((k != 0) == (olmo_utf8_valid_prefix(s, strlen(cases[i].in)) > 0), "decode agrees with validation %zu", i);
+    }
+    CHECK(olmo_utf8_char_start((const uint8_t *)"a\xf0\x9f\x98\x80", 4, 0) == 1, "char start");
 }
 
 static void test_jsonl(void) {

@@ -43,8 +43,19 @@ def builds(build_dir):
     return dirs
 
 
+SANITIZER_REPORTS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
+
+
 def olmoc(build, *args, cwd=None):
-    return subprocess.run([str(build / "olmoc"), *map(str, args)], capture_output=True, text=True, cwd=cwd)
+    """Runs olmoc; on the sanitizer build with leak detection on, and any
+    sanitizer report fails the test (a refused run exits 1 either way, so its
+    exit status alone would not show a leak)."""
+    env = dict(os.environ)
+    env["ASAN_OPTIONS"] = ":".join(filter(None, [env.get("ASAN_OPTIONS", ""), "detect_leaks=1"]))
+    r = subprocess.run([str(build / "olmoc"), *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env)
+    reports = [x for x in SANITIZER_REPORTS if x in r.stderr]
+    assert not reports, f"olmoc {' '.join(map(str, args))}: {reports[0]}\n{r.stderr}"
+    return r
 
 
 @pytest.fixture
@@ -303,3 +314,23 @@ def test_training_learns_and_is_deterministic(build_dir, tiny, tmp_path):
     assert runs[0] == runs[1], "same seed and data must give identical losses"
     first, last = np.mean(runs[0][:5]), np.mean(runs[0][-5:])
     assert last < first - 0.5, runs[0]
+
+
+def test_info_redirected_to_a_file(build_dir, tmp_path):
+    """`olmoc info CFG > file` gives the whole output, YAML first: the YAML
+    goes through stdout itself, not a reopened /dev/stdout whose writes the
+    later output overwrote."""
+    import yaml
+
+    cfg = ROOT / "configs" / "olmo3-7b.yaml"
+    for build in builds(build_dir):
+        out = tmp_path / f"info-{build.name}.txt"
+        with open(out, "w") as f:
+            r = subprocess.run([str(build / "olmoc"), "info", cfg], stdout=f, stderr=subprocess.PIPE, text=True)
+        assert r.returncode == 0, r.stderr
+        text = out.read_text()
+        parsed = yaml.safe_load(text)  # the '#' lines are comments
+        assert parsed["model"]["n_layers"] == 32 and parsed["model"]["d_model"] == 4096, text[:400]
+        assert text.startswith("model:\n") and "# attention: SSSF" in text
+        piped = olmoc(build, "info", cfg)
+        assert piped.returncode == 0 and piped.stdout == text

@@ -356,3 +356,37 @@ def test_bytes_missing_from_the_vocabulary(tool, tmp_path, unk):
     texts = ["the fox", "THE FOX 123 ünïcödé 😀😀", "zzz qqq", "日本語", "fox\n\ndog!!", ""]
     ref = reference(tok, texts)
     assert_same(ref, c_encode(tool, path, [t.encode() for t in texts], tmp_path), texts, tok)
+
+
+@pytest.mark.parametrize("where", ["vocab", "added"])
+def test_absurd_token_id_is_refused_up_front(build_dir, cl100k, tmp_path, where):
+    """An id of 2^31 - 2 sized every per-id table by it: each load took ~10 s
+    and gigabytes.  Ids at or above the limit (2^24) are refused, naming it."""
+    import os
+    import time
+    from pathlib import Path
+
+    path, _ = cl100k
+    data = json.loads(path.read_text())
+    if where == "vocab":
+        data["model"]["vocab"]["zzz-absurd"] = 2**31 - 2
+    else:
+        data["added_tokens"][-1]["id"] = 2**31 - 2
+    bad = tmp_path / "absurd.json"
+    bad.write_text(json.dumps(data))
+    tools = [build_dir / "tests" / "tok_tool"]
+    if os.environ.get("OLMOC_BUILD_ASAN"):
+        tools.append(Path(os.environ["OLMOC_BUILD_ASAN"]) / "tests" / "tok_tool")
+    for tool in tools:
+        t0 = time.monotonic()
+        r = subprocess.run([str(tool), "info", str(bad)], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and "absurd.json" in r.stderr, r.stderr
+        assert "2147483646" in r.stderr and "below 16777216" in r.stderr, r.stderr
+        assert time.monotonic() - t0 < 5
+    # a large but sane id still loads
+    data = json.loads(path.read_text())
+    data["model"]["vocab"]["zzz-big"] = 2**20
+    ok = tmp_path / "big.json"
+    ok.write_text(json.dumps(data))
+    out = subprocess.run([str(tools[0]), "info", str(ok)], capture_output=True, text=True, check=True).stdout
+    assert f"vocab_size {2**20 + 1}" in out

@@ -1,9 +1,10 @@
-/* UTF-8 validation and repair with the "maximal subpart" rule of the Unicode
- * standard (chapter 3, U+FFFD substitution), which Python's
- * decode(errors="replace") and Rust's String::from_utf8_lossy both follow. */
-#include <string.h>
+/* UTF-8: the one decoder (with the "maximal subpart" rule of the Unicode
+ * standard, chapter 3, U+FFFD substitution, which Python's
+ * decode(errors="replace") and Rust's String::from_utf8_lossy both follow),
+ * validation, repair and encoding. */
+#include "util/utf8.h"
 
-#include "tokenizer/tokenizer.h"
+#include <string.h>
 
 /* Length of the well-formed sequence starting at s[0] (1..4), or 0 when
  * s[0..] is not well formed; *sub gets the length of the maximal subpart
@@ -43,6 +44,49 @@ static size_t utf8_seq(const uint8_t *s, size_t avail, size_t *sub, int *incompl
     if (i == need) return need;
     *sub = i;
     return 0;
+}
+
+size_t olmo_utf8_decode(const uint8_t *s, size_t n, uint32_t *cp) {
+    if (n == 0) return 0;
+    size_t sub;
+    int inc;
+    size_t k = utf8_seq(s, n, &sub, &inc);
+    static const uint8_t lead_mask[5] = {0, 0x7F, 0x1F, 0x0F, 0x07};
+    if (k) {
+        uint32_t c = s[0] & lead_mask[k];
+        for (size_t i = 1; i < k; i++) c = c << 6 | (s[i] & 0x3F);
+        *cp = c;
+    }
+    return k;
+}
+
+size_t olmo_utf8_encode(uint32_t cp, uint8_t *out) {
+    if (cp < 0x80) {
+        out[0] = (uint8_t)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (uint8_t)(0xC0 | cp >> 6);
+        out[1] = (uint8_t)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (uint8_t)(0xE0 | cp >> 12);
+        out[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+        out[2] = (uint8_t)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    out[0] = (uint8_t)(0xF0 | cp >> 18);
+    out[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3F));
+    out[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
+    out[3] = (uint8_t)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+size_t olmo_utf8_char_start(const uint8_t *s, size_t i, size_t floor) {
+    size_t j = i;
+    while (j > floor && i - j < 3 && (s[j] & 0xC0) == 0x80) j--;
+    return j;
 }
 
 size_t olmo_utf8_valid_prefix(const uint8_t *s, size_t len) {

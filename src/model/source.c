@@ -1,4 +1,4 @@
-#include "cli/model_source.h"
+#include "model/source.h"
 
 #include <stdio.h>
 #include <string.h>
