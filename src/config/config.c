@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <yaml.h>
 
+#include "optim/schedule.h"
 #include "util/error.h"
 #include "util/fs.h"
 
@@ -46,12 +47,18 @@ static const struct field fields[] = {
     T(weight_decay, F_DOUBLE),     T(embedding_weight_decay, F_DOUBLE),
     T(schedule, F_SCHEDULE),       T(warmup_steps, F_LONG),
     T(alpha_f, F_DOUBLE),          T(schedule_steps, F_LONG),
+    T(schedule_tokens, F_LONG),    T(decay_steps, F_LONG),
+    T(decay_fraction, F_DOUBLE),   T(schedule2, F_SCHEDULE),
+    T(schedule2_after, F_LONG),    T(schedule2_warmup_steps, F_LONG),
+    T(schedule2_steps, F_LONG),    T(schedule2_tokens, F_LONG),
     T(log_every, F_INT),
     T(save_every, F_LONG),         T(keep_last, F_INT),
     T(eval_every, F_LONG),         T(eval_batches, F_INT),
     T(peak_flops, F_DOUBLE),       T(nonfinite, F_NONFINITE),
     DS(train_path),                DS(mix),
     DS(dtype),                     DS(out_dir),
+    DS(order),                     DS(mix_file),
+    DS(mix_base_dir),              DS(mix_tokenizer),
     DS(val_paths),                 DS(eval_tasks),
     DS(tokenizer),                 DS(eval_tasks_dir),
 };
@@ -59,7 +66,9 @@ static const struct field fields[] = {
 #undef T
 #undef DS
 
-static const char *const schedule_names[] = {"cosine", "linear", "constant"};
+/* by enum olmo_schedule_kind; cos_with_warmup and linear_with_warmup (OLMo-core's names) are accepted too */
+static const char *const schedule_names[] = {"cosine", "linear", "constant", "half_cos_with_warmup", "wsd", "none"};
+#define N_SCHEDULES (int)(sizeof schedule_names / sizeof schedule_names[0])
 static const char *const nonfinite_names[] = {"stop", "skip"};
 
 void olmo_config_defaults(struct olmo_config *cfg) {
@@ -85,11 +94,14 @@ void olmo_config_defaults(struct olmo_config *cfg) {
     cfg->train.embedding_weight_decay = 0.0;
     cfg->train.schedule = SCHED_COSINE;
     cfg->train.alpha_f = 0.1;
+    cfg->train.decay_fraction = 0.1;
+    cfg->train.schedule2 = SCHED_NONE;
     cfg->train.log_every = 1;
     cfg->train.keep_last = 3;
     cfg->train.eval_batches = 8;
     snprintf(cfg->data.out_dir, sizeof cfg->data.out_dir, "runs/default");
     snprintf(cfg->data.dtype, sizeof cfg->data.dtype, "auto");
+    snprintf(cfg->data.order, sizeof cfg->data.order, "olmo_core");
 }
 
 static const struct field *find_field(const char *key) {
@@ -146,12 +158,16 @@ static int parse_value(struct olmo_config *cfg, const struct field *f, const cha
         strcpy(base, value);
         return 0;
     case F_SCHEDULE:
-        for (int i = 0; i < 3; i++)
+        if (!strcmp(value, "cos_with_warmup")) value = "cosine";
+        if (!strcmp(value, "linear_with_warmup")) value = "linear";
+        for (int i = 0; i < N_SCHEDULES; i++)
             if (!strcmp(value, schedule_names[i])) {
                 *(enum olmo_schedule_kind *)base = (enum olmo_schedule_kind)i;
                 return 0;
             }
-        return olmo_error("'%s' must be one of cosine, linear, constant; got '%s'", f->key, value);
+        return olmo_error("'%s' must be one of cosine (cos_with_warmup), linear (linear_with_warmup), constant, "
+                          "half_cos_with_warmup, wsd%s; got '%s'",
+                          f->key, strcmp(f->key, "train.schedule2") ? "" : ", none", value);
     case F_NONFINITE:
         for (int i = 0; i < 2; i++)
             if (!strcmp(value, nonfinite_names[i])) {
@@ -375,6 +391,7 @@ int olmo_config_validate(const struct olmo_config *cfg) {
                           m->vocab_size);
     if (t->steps < 0 || t->warmup_steps < 0 || t->schedule_steps < 0)
         return olmo_error("train.steps, train.warmup_steps and train.schedule_steps must be >= 0");
+    if (olmo_schedule_validate(t)) return -1;
     if (t->beta1 < 0 || t->beta1 >= 1 || t->beta2 < 0 || t->beta2 >= 1)
         return olmo_error("train.beta1 and train.beta2 must be in [0, 1)");
     if (t->eps <= 0) return olmo_error("train.eps must be positive");
@@ -388,8 +405,10 @@ int olmo_config_validate(const struct olmo_config *cfg) {
     if (t->peak_flops < 0) return olmo_error("train.peak_flops must be >= 0 (0 = measure at startup)");
     if (strcmp(cfg->data.dtype, "auto") && strcmp(cfg->data.dtype, "uint16") && strcmp(cfg->data.dtype, "uint32"))
         return olmo_error("data.dtype must be auto, uint16 or uint32; got '%s'", cfg->data.dtype);
-    if (cfg->data.mix[0] && cfg->data.train_path[0])
-        return olmo_error("set either data.train_path or data.mix, not both");
+    if (strcmp(cfg->data.order, "olmo_core") && strcmp(cfg->data.order, "olmoc"))
+        return olmo_error("data.order must be olmo_core or olmoc; got '%s'", cfg->data.order);
+    if (!!cfg->data.mix[0] + !!cfg->data.train_path[0] + !!cfg->data.mix_file[0] > 1)
+        return olmo_error("set one of data.train_path, data.mix and data.mix_file");
     return 0;
 }
 

@@ -8,7 +8,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-enum olmo_schedule_kind { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT };
+/* OLMo-core's schedulers (src/optim/schedule.h); NONE only for train.schedule2 */
+enum olmo_schedule_kind { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT, SCHED_HALF_COSINE, SCHED_WSD, SCHED_NONE };
 /* train.nonfinite: what a step whose loss or gradient norm is not finite does. */
 enum olmo_nonfinite_policy { NONFINITE_STOP, NONFINITE_SKIP };
 
@@ -45,6 +46,15 @@ struct olmo_train_config {
     long warmup_steps;
     double alpha_f;        /* final lr = alpha_f * lr */
     long schedule_steps;   /* length of the schedule; 0 = train.steps */
+    long schedule_tokens;  /* length in tokens, as OLMo-core's Duration.tokens: ceil(tokens / batch tokens) steps */
+    long decay_steps;      /* wsd: steps of the final linear decay; 0 = decay_fraction of the length */
+    double decay_fraction; /* wsd: 0.1 as OLMo-core */
+    /* an optional second part replacing the schedule after step schedule2_after */
+    enum olmo_schedule_kind schedule2; /* SCHED_NONE = no second part */
+    long schedule2_after;
+    long schedule2_warmup_steps;
+    long schedule2_steps;  /* its length; 0 = schedule2_tokens, else train.steps */
+    long schedule2_tokens;
     int log_every;
     /* checkpoints and in-loop evaluation (olmoc train) */
     long save_every;   /* checkpoint every N steps and at the end; 0 = no checkpoints */
@@ -61,6 +71,10 @@ struct olmo_data_config {
     char train_path[1024]; /* token file; empty = synthetic tokens */
     char mix[4096];        /* data mix "PATH[+PATH...][:WEIGHT],..." (replaces train_path) */
     char dtype[16];        /* dtype of raw (headerless) token files: auto, uint16, uint32 */
+    char order[16];        /* data order: olmo_core (OLMo-core's data loader, default) or olmoc */
+    char mix_file[1024];      /* an OLMo-core data mix .txt ("label,path" lines): its files, concatenated */
+    char mix_base_dir[1024];  /* OLMo-core's mix_base_dir, prefixed to every path of mix_file */
+    char mix_tokenizer[128];  /* the id OLMo-core puts for {TOKENIZER} (e.g. allenai/dolma3-tokenizer) */
     char out_dir[1024];
     char val_paths[1024];  /* comma-separated validation token files (.npy); empty = none */
     char eval_tasks[1024]; /* comma-separated downstream tasks: OLMo-eval task / task-set names, task

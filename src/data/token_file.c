@@ -19,6 +19,9 @@
 #include "util/error.h"
 #include "util/fs.h"
 #include "util/rng.h"
+/* numpy's PCG64 for the OLMo-core order, OLMo-core's mix files */
+#include "data/mix_file.h"
+#include "data/np_random.h"
 
 int olmo_dtype_parse(const char *s, enum olmo_dtype *out) {
     if (!strcmp(s, "auto") || !s[0]) *out = OLMO_DTYPE_AUTO;
@@ -175,6 +178,13 @@ int olmo_token_file_read(const struct olmo_token_file *f, size_t start, size_t n
 
 /* ---------------------------------------------------------------- loader */
 
+int olmo_data_order_parse(const char *s, enum olmo_data_order *out) {
+    if (!strcmp(s, "olmo_core")) *out = OLMO_ORDER_OLMO_CORE;
+    else if (!strcmp(s, "olmoc")) *out = OLMO_ORDER_OLMOC;
+    else return olmo_error("unknown data order '%s' (expected olmo_core or olmoc)", s);
+    return 0;
+}
+
 static uint64_t mix64(uint64_t h, uint64_t v) {
     h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
     h ^= h >> 31;
@@ -185,8 +195,22 @@ static uint64_t mix64(uint64_t h, uint64_t v) {
 #define SOURCE_SHIFT 48
 #define INDEX_MASK ((1ULL << SOURCE_SHIFT) - 1)
 
+/* OLMo-core: epoch e (1-based) is Generator(PCG64(seed + e)).shuffle(arange(N)) */
+static int build_epoch_olmo_core(struct olmo_loader *l) {
+    const uint64_t e = (uint64_t)l->epoch + 1;
+    if (l->seed > UINT64_MAX - e)
+        return olmo_error("train.seed %llu + epoch %llu does not fit in 64 bits (the OLMo-core order seeds "
+                          "epoch e with seed + e)",
+                          (unsigned long long)l->seed, (unsigned long long)e);
+    for (size_t i = 0; i < l->dataset_instances; i++) l->perm[i] = (uint32_t)i;
+    olmo_np_shuffle_u32(l->seed + e, l->perm, l->dataset_instances);
+    l->pos = 0;
+    return 0;
+}
+
 /* Builds this epoch's order (see the header for the composition rule). */
 static int build_epoch(struct olmo_loader *l) {
+    if (l->order_kind == OLMO_ORDER_OLMO_CORE) return build_epoch_olmo_core(l);
     size_t o = 0;
     for (int s = 0; s < l->n_sources; s++) {
         const struct olmo_loader_source *src = &l->sources[s];
@@ -307,9 +331,44 @@ static int parse_mix(const char *mix, struct mix_entry **out, int *n_out) {
     return 0;
 }
 
+struct order_opts {
+    enum olmo_data_order kind;
+    size_t batch_instances;
+    int world;
+};
+
+/* The OLMo-core order over the opened files: checks the layout, cuts the
+ * epoch to whole global batches and builds the first epoch. */
+static int setup_olmo_core(struct olmo_loader *l, const struct order_opts *o) {
+    if (l->n_sources != 1)
+        return olmo_error("data.order olmo_core reads one dataset, the files concatenated in order (join them with "
+                          "'+'): a weighted mix of %d sources needs data.order: olmoc",
+                          l->n_sources);
+    if (o->world <= 0 || o->batch_instances == 0 || o->batch_instances % (size_t)o->world)
+        return olmo_error("a global batch of %zu instances cannot be dealt evenly to %d data-parallel ranks",
+                          o->batch_instances, o->world);
+    if (l->n_instances >= UINT32_MAX)
+        return olmo_error("%zu instances: OLMo-core's order indexes instances with uint32", l->n_instances);
+    if (l->n_instances < o->batch_instances)
+        return olmo_error("'%s'%s: %zu instances of %d tokens, fewer than one global batch of %zu instances (the "
+                          "OLMo-core order drops every epoch's last partial batch)",
+                          l->files[0].path, l->n_files > 1 ? " and the other files" : "", l->n_instances, l->seq_len,
+                          o->batch_instances);
+    l->order_kind = OLMO_ORDER_OLMO_CORE;
+    l->batch_instances = o->batch_instances;
+    l->world = o->world;
+    l->dataset_instances = l->n_instances;
+    l->n_instances = o->batch_instances * (l->dataset_instances / o->batch_instances);
+    /* the order and the batch size decide which instances a position stands for */
+    l->fingerprint = mix64(mix64(l->fingerprint, 0x01c0c0de), (uint64_t)o->batch_instances);
+    l->perm = olmo_malloc(l->dataset_instances * sizeof(uint32_t), "instance order");
+    if (!l->perm) return -1;
+    return build_epoch(l);
+}
+
 /* Opens the files of the sources (takes ownership of entries). */
 static int open_entries(struct olmo_loader *l, struct mix_entry *entries, int n_entries, enum olmo_dtype dtype,
-                        int seq_len, int vocab_size, uint64_t seed) {
+                        int seq_len, int vocab_size, uint64_t seed, const struct order_opts *ord) {
     memset(l, 0, sizeof *l);
     if (seq_len <= 0) {
         free_entries(entries, n_entries);
@@ -395,6 +454,10 @@ static int open_entries(struct olmo_loader *l, struct mix_entry *entries, int n_
     l->fingerprint = fp;
     free_entries(entries, n_entries);
     entries = NULL;
+    if (ord && ord->kind == OLMO_ORDER_OLMO_CORE) {
+        if (setup_olmo_core(l, ord)) goto fail;
+        return 0;
+    }
     l->order = olmo_malloc(l->n_instances * sizeof(uint64_t), "instance order");
     if (!l->order || build_epoch(l)) goto fail;
     return 0;
@@ -410,7 +473,7 @@ int olmo_loader_open_mix(struct olmo_loader *l, const char *mix, enum olmo_dtype
     struct mix_entry *entries;
     int n_entries;
     if (parse_mix(mix, &entries, &n_entries)) return -1;
-    return open_entries(l, entries, n_entries, dtype, seq_len, vocab_size, seed);
+    return open_entries(l, entries, n_entries, dtype, seq_len, vocab_size, seed, NULL);
 }
 
 int olmo_loader_open(struct olmo_loader *l, const char *path, int seq_len, int vocab_size, uint64_t seed) {
@@ -424,20 +487,33 @@ int olmo_loader_open(struct olmo_loader *l, const char *path, int seq_len, int v
         return olmo_error("out of memory");
     }
     e->n_paths = 1;
-    return open_entries(l, e, 1, OLMO_DTYPE_AUTO, seq_len, vocab_size, seed);
+    return open_entries(l, e, 1, OLMO_DTYPE_AUTO, seq_len, vocab_size, seed, NULL);
 }
 
-int olmo_loader_open_config(struct olmo_loader *l, const struct olmo_data_config *d, int seq_len, int vocab_size,
-                            uint64_t seed) {
+static int open_data_config(struct olmo_loader *l, const struct olmo_data_config *d, int seq_len, int vocab_size,
+                            uint64_t seed, const struct order_opts *ord) {
     memset(l, 0, sizeof *l);
     enum olmo_dtype dtype = OLMO_DTYPE_AUTO;
     if (olmo_dtype_parse(d->dtype, &dtype)) return olmo_error_context("data.dtype");
+    struct mix_entry *e;
+    int n;
     if (d->mix[0]) {
-        if (olmo_loader_open_mix(l, d->mix, dtype, seq_len, vocab_size, seed)) return olmo_error_context("data.mix");
+        if (parse_mix(d->mix, &e, &n)) return olmo_error_context("data.mix");
+        if (open_entries(l, e, n, dtype, seq_len, vocab_size, seed, ord)) return olmo_error_context("data.mix");
         return 0;
     }
-    if (!d->train_path[0]) return olmo_error("no training data: set data.train_path or data.mix");
-    struct mix_entry *e = olmo_calloc(1, sizeof *e, "data source");
+    if (d->mix_file[0]) {
+        if (!(e = olmo_calloc(1, sizeof *e, "data source"))) return -1;
+        e->weight = 1.0;
+        if (olmo_mix_file_paths(d->mix_file, d->mix_base_dir, d->mix_tokenizer, &e->paths, &e->n_paths)) {
+            free(e);
+            return olmo_error_context("data.mix_file");
+        }
+        if (open_entries(l, e, 1, dtype, seq_len, vocab_size, seed, ord)) return olmo_error_context("data.mix_file");
+        return 0;
+    }
+    if (!d->train_path[0]) return olmo_error("no training data: set data.train_path, data.mix or data.mix_file");
+    e = olmo_calloc(1, sizeof *e, "data source");
     if (!e) return -1;
     e->weight = 1.0;
     e->paths = olmo_calloc(1, sizeof(char *), "data source");
@@ -446,7 +522,20 @@ int olmo_loader_open_config(struct olmo_loader *l, const struct olmo_data_config
         return olmo_error("out of memory");
     }
     e->n_paths = 1;
-    return open_entries(l, e, 1, dtype, seq_len, vocab_size, seed);
+    return open_entries(l, e, 1, dtype, seq_len, vocab_size, seed, ord);
+}
+
+int olmo_loader_open_config(struct olmo_loader *l, const struct olmo_data_config *d, int seq_len, int vocab_size,
+                            uint64_t seed) {
+    return open_data_config(l, d, seq_len, vocab_size, seed, NULL);
+}
+
+int olmo_loader_open_run(struct olmo_loader *l, const struct olmo_config *cfg, int world) {
+    memset(l, 0, sizeof *l);
+    struct order_opts ord = {.world = world};
+    if (olmo_data_order_parse(cfg->data.order, &ord.kind)) return olmo_error_context("data.order");
+    ord.batch_instances = (size_t)cfg->train.micro_batch * (size_t)cfg->train.grad_accum * (size_t)world;
+    return open_data_config(l, &cfg->data, cfg->train.seq_len, cfg->model.vocab_size, cfg->train.seed, &ord);
 }
 
 void olmo_loader_close(struct olmo_loader *l) {
@@ -456,6 +545,7 @@ void olmo_loader_close(struct olmo_loader *l) {
     free(l->file_first);
     free(l->sources);
     free(l->order);
+    free(l->perm);
     memset(l, 0, sizeof *l);
 }
 
@@ -473,7 +563,27 @@ static int read_instance(const struct olmo_loader *l, uint64_t packed, int32_t *
     return olmo_token_file_read(&l->files[lo], local * (size_t)l->seq_len, (size_t)l->seq_len, l->vocab_size, dst);
 }
 
+/* OLMo-core: one global batch, rank r's instances (r, r + W, ...) in rows [r * B/W, (r+1) * B/W) */
+static int next_olmo_core(struct olmo_loader *l, int32_t *dst, int n_rows) {
+    const size_t B = l->batch_instances, W = (size_t)l->world, per_rank = B / W;
+    if (n_rows < 0 || (size_t)n_rows != B)
+        return olmo_error("the OLMo-core data order hands out whole global batches of %zu instances, not %d", B,
+                          n_rows);
+    if (l->pos + B > l->n_instances) {
+        l->epoch++;
+        if (build_epoch(l)) return -1;
+    }
+    for (size_t r = 0; r < W; r++)
+        for (size_t k = 0; k < per_rank; k++) {
+            const uint32_t idx = l->perm[l->pos + k * W + r];
+            if (read_instance(l, idx, dst + (r * per_rank + k) * (size_t)l->seq_len)) return -1;
+        }
+    l->pos += B;
+    return 0;
+}
+
 int olmo_loader_next(struct olmo_loader *l, int32_t *dst, int n_rows) {
+    if (l->order_kind == OLMO_ORDER_OLMO_CORE) return next_olmo_core(l, dst, n_rows);
     for (int r = 0; r < n_rows; r++) {
         if (l->pos == l->n_instances) {
             l->epoch++;
@@ -493,9 +603,11 @@ void olmo_loader_state_get(const struct olmo_loader *l, struct olmo_loader_state
 int olmo_loader_state_set(struct olmo_loader *l, const struct olmo_loader_state *s) {
     if (s->fingerprint != l->fingerprint)
         return olmo_error("data loader state was saved for other data (fingerprint %016llx, this data %016llx): "
-                          "the files, their sizes, the mix weights, seed and seq_len must be the same",
+                          "the files, their sizes, the mix weights, seed, seq_len, data.order and (olmo_core order) the "
+                          "global batch size must be the same",
                           (unsigned long long)s->fingerprint, (unsigned long long)l->fingerprint);
-    if (s->position > l->n_instances || s->epoch > (uint64_t)LONG_MAX)
+    if (s->position > l->n_instances || s->epoch > (uint64_t)LONG_MAX ||
+        (l->order_kind == OLMO_ORDER_OLMO_CORE && s->position % l->batch_instances))
         return olmo_error("data loader state out of range: position %llu of %zu instances",
                           (unsigned long long)s->position, l->n_instances);
     if ((long)s->epoch != l->epoch) {

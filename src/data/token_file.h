@@ -21,7 +21,23 @@
  * floor(take_s / n_s) times, plus a random subset of the rest).  The chosen
  * instances are then shuffled together with the seed + epoch.  A single
  * file, or a mix of one source, visits every instance once per epoch in the
- * same order as olmo_loader_open always has. */
+ * same order as olmo_loader_open always has.
+ *
+ * Data order (data.order).  "olmo_core" (the default of a training run,
+ * olmo_loader_open_run) is OLMo-core's NumpyFSLDataLoader order: the files of
+ * one source concatenated in order are the dataset; epoch e (1-based) visits
+ * np.random.Generator(PCG64(seed + e)).shuffle(arange(N)) (data/np_random.h)
+ * cut to whole global batches (the last partial batch of every epoch is
+ * dropped), and each global batch is dealt to the data-parallel ranks in turn:
+ * rank r gets the batch's instances r, r + W, r + 2W, ...  olmo_loader_next
+ * then returns the global batch with each rank's instances contiguous (rank
+ * r's rows are [r * B/W, (r+1) * B/W)), which is how the trainer slices it;
+ * a rank's micro-batches are consecutive pieces of its rows, as OLMo-core's
+ * split_batch cuts a rank batch.  "olmoc" is the order described above
+ * (xoshiro256**, a mix's weights, batches running across epoch boundaries,
+ * contiguous rank slices).  OLMo-core reads every file as a headerless
+ * memmap: for raw token files the instances are the same; a .npy file with
+ * a header is read by olmoc after its header. */
 #ifndef OLMOC_TOKEN_FILE_H
 #define OLMOC_TOKEN_FILE_H
 
@@ -35,6 +51,13 @@ enum olmo_dtype {
 };
 /* "auto", "uint16" / "u16", "uint32" / "u32"; anything else is an error. */
 int olmo_dtype_parse(const char *s, enum olmo_dtype *out);
+
+enum olmo_data_order {
+    OLMO_ORDER_OLMOC = 0,    /* olmoc's own order (olmo_loader_open*, data.order: olmoc) */
+    OLMO_ORDER_OLMO_CORE, /* OLMo-core's NumpyFSLDataLoader order (data.order: olmo_core, the default) */
+};
+/* "olmo_core" or "olmoc"; anything else is an error. */
+int olmo_data_order_parse(const char *s, enum olmo_data_order *out);
 
 struct olmo_token_file {
     char path[1024];
@@ -76,6 +99,13 @@ struct olmo_loader {
     uint64_t *order;    /* this epoch's instances: source << 48 | index within source */
     long epoch;
     size_t pos; /* next index into order */
+    /* OLMO_ORDER_OLMO_CORE: n_instances is the instances served per epoch
+     * (whole global batches), dataset_instances all of them */
+    enum olmo_data_order order_kind;
+    size_t batch_instances;   /* instances per global batch */
+    int world;                /* data-parallel ranks a global batch is dealt to */
+    size_t dataset_instances; /* instances of the concatenated files */
+    uint32_t *perm;           /* this epoch's permutation of the dataset (instead of order) */
 };
 
 /* The position of a loader: store these three integers in a checkpoint. */
@@ -95,8 +125,15 @@ int olmo_loader_open_mix(struct olmo_loader *l, const char *mix, enum olmo_dtype
 struct olmo_data_config;
 int olmo_loader_open_config(struct olmo_loader *l, const struct olmo_data_config *d, int seq_len, int vocab_size,
                             uint64_t seed);
+/* The loader of a training run: data.order (default olmo_core) with global
+ * batches of train.micro_batch x train.grad_accum x world instances dealt to
+ * world data-parallel ranks; data.mix / data.train_path, data.dtype,
+ * train.seq_len, model.vocab_size, train.seed. */
+struct olmo_config;
+int olmo_loader_open_run(struct olmo_loader *l, const struct olmo_config *cfg, int world);
 void olmo_loader_close(struct olmo_loader *l);
-/* Fills n_rows instances of seq_len tokens; starts a new shuffled epoch when one runs out. */
+/* Fills n_rows instances of seq_len tokens; starts a new shuffled epoch when
+ * one runs out.  In the olmo_core order n_rows must be one global batch. */
 int olmo_loader_next(struct olmo_loader *l, int32_t *dst, int n_rows);
 
 void olmo_loader_state_get(const struct olmo_loader *l, struct olmo_loader_state *s);

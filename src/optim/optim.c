@@ -5,17 +5,6 @@
 
 #include "util/error.h"
 
-double olmo_lr_at(const struct olmo_train_config *t, long step) {
-    const double peak = t->lr, eta_min = t->lr * t->alpha_f;
-    const long t_max = t->schedule_steps > 0 ? t->schedule_steps : t->steps;
-    if (t->schedule == SCHED_CONSTANT) return peak;
-    if (step < t->warmup_steps) return peak * (double)step / (double)t->warmup_steps;
-    if (step >= t_max) return eta_min;
-    double progress = (double)(step - t->warmup_steps) / (double)(t_max - t->warmup_steps);
-    if (t->schedule == SCHED_COSINE) return eta_min + (peak - eta_min) * (1.0 + cos(M_PI * progress)) / 2.0;
-    return peak - progress * (peak - eta_min);
-}
-
 int olmo_optimizer_create(struct olmo_optimizer *opt, const struct olmo_model *m, const struct olmo_dist *dist) {
     opt->step = 0;
     opt->lo = 0;

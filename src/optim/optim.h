@@ -7,6 +7,7 @@
 #include "config/config.h"
 #include "dist/dist.h"
 #include "model/model.h"
+#include "optim/schedule.h" /* olmo_lr_at: the learning-rate schedules */
 
 /* ZeRO-1: with several data-parallel ranks each rank keeps the Adam moments
  * of (and updates) only its contiguous shard [lo, hi) of the flat parameter
@@ -17,9 +18,6 @@ struct olmo_optimizer {
     long step;     /* optimizer steps taken */
 };
 
-/* Learning rate for the optimizer step number `step` (1-based), following
- * OLMo-core's CosWithWarmup / LinearWithWarmup / ConstantScheduler. */
-double olmo_lr_at(const struct olmo_train_config *t, long step);
 
 int olmo_optimizer_create(struct olmo_optimizer *opt, const struct olmo_model *m, const struct olmo_dist *dist);
 void olmo_optimizer_destroy(struct olmo_optimizer *opt, const struct olmo_model *m);

@@ -123,8 +123,7 @@ static int open_model_and_data(struct olmo_run *run) {
     const struct olmo_run_options *o = &run->o;
     const struct olmo_config *cfg = &run->cfg;
     if (!o->next_batch) {
-        if (olmo_loader_open_config(&run->loader, &cfg->data, cfg->train.seq_len, cfg->model.vocab_size,
-                                    cfg->train.seed))
+        if (olmo_loader_open_run(&run->loader, cfg, o->dist ? o->dist->world : 1))
             return -1;
         run->loader_ready = true;
     }
@@ -366,7 +365,7 @@ static int train_step(struct olmo_run *run, struct olmo_run_step *s, char *why, 
     const enum olmo_step_verdict v = olmo_step_check(&run->tr, &s->res, why, n);
     if (v == OLMO_STEP_APPLY && olmo_trainer_update(&run->tr, &s->res)) return -1;
     if (v == OLMO_STEP_SKIP) olmo_trainer_skip(&run->tr, &s->res);
-    if (v == OLMO_STEP_STOP) s->res.lr = olmo_lr_at(&run->cfg.train, run->tr.opt.step + run->tr.skipped + 1);
+    if (v == OLMO_STEP_STOP) s->res.lr = olmo_trainer_next_lr(&run->tr);
     return v;
 }
 

@@ -104,7 +104,7 @@ int olmo_trainer_accumulate(struct olmo_trainer *tr, const int32_t *instances, s
 int olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res) {
     const struct olmo_train_config *t = &tr->cfg.train;
     if (olmo_clip_grads(&tr->model, res->grad_norm, t->clip_grad_norm)) return -1;
-    res->lr = olmo_lr_at(t, tr->opt.step + tr->skipped + 1);
+    res->lr = olmo_trainer_next_lr(tr);
     res->skipped = false;
     if (olmo_optimizer_step(&tr->opt, &tr->model, t, res->lr)) return -1;
     if (!tr->dist || tr->dist->world == 1) return olmo_model_sync_weights(&tr->model);
@@ -118,8 +118,15 @@ int olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res) {
     return rc ? rc : olmo_model_sync_weights(&tr->model);
 }
 
+double olmo_trainer_next_lr(const struct olmo_trainer *tr) {
+    /* skipped steps advance the schedule (as OLMo-core's trainer.global_step); the schedule's
+     * length in tokens counts the global batch of every rank */
+    const struct olmo_train_config *t = &tr->cfg.train;
+    return olmo_lr_at_batch(t, (long)olmo_trainer_batch_rows(tr) * t->seq_len, tr->opt.step + tr->skipped + 1);
+}
+
 void olmo_trainer_skip(struct olmo_trainer *tr, struct olmo_step_result *res) {
-    res->lr = olmo_lr_at(&tr->cfg.train, tr->opt.step + tr->skipped + 1);
+    res->lr = olmo_trainer_next_lr(tr);
     res->skipped = true;
     tr->skipped++;
 }

@@ -39,6 +39,8 @@ int olmo_trainer_init(struct olmo_trainer *tr, const struct olmo_config *cfg, co
  * optimizer state is sharded (ZeRO-1).  dist must outlive the trainer. */
 int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cfg, const struct olmo_backend *be,
                            const struct olmo_dist *dist);
+/* The learning rate of the next optimizer step (skipped steps count). */
+double olmo_trainer_next_lr(const struct olmo_trainer *tr);
 /* Instances per optimizer step over all ranks. */
 size_t olmo_trainer_batch_rows(const struct olmo_trainer *tr);
 void olmo_trainer_destroy(struct olmo_trainer *tr);

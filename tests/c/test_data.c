@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "data/mix_file.h"
 #include "data/token_file.h"
 #include "util/error.h"
 #include "util/rng.h"
@@ -265,6 +266,95 @@ static void test_config(void) {
     CHECK(olmo_config_validate(&cfg) && error_has("data.dtype", NULL), "bad dtype rejected: %s", olmo_last_error());
 }
 
+/* The OLMo-core order's refusals and its loader state (the order itself is
+ * compared with OLMo-core by tests/python/test_olmo_core_order.py). */
+static void test_olmo_core_order(void) {
+    const int L = 8;
+    uint16_t tok[8 * 21];
+    for (int i = 0; i < 8 * 21; i++) tok[i] = (uint16_t)i;
+    write_bytes("oc.u16", tok, sizeof tok); /* 21 instances */
+    struct olmo_config cfg;
+    olmo_config_defaults(&cfg);
+    char set[1300];
+    snprintf(set, sizeof set, "data.train_path=%s", path_of("oc.u16"));
+    CHECK(!olmo_config_set(&cfg, set), "--set: %s", olmo_last_error());
+    cfg.model.vocab_size = 1 << 16, cfg.train.seq_len = L, cfg.train.micro_batch = 2, cfg.train.grad_accum = 2;
+    CHECK(!strcmp(cfg.data.order, "olmo_core"), "olmo_core is the default order");
+    struct olmo_loader l, m;
+    /* 2 ranks: global batches of 8, 2 per epoch (5 instances dropped) */
+    CHECK(!olmo_loader_open_run(&l, &cfg, 2), "open: %s", olmo_last_error());
+    CHECK(l.n_instances == 16 && l.dataset_instances == 21, "epoch of whole batches: %zu", l.n_instances);
+    int32_t rows[8 * 8], again[8 * 8];
+    CHECK(olmo_loader_next(&l, rows, 4) && error_has("whole global batches", NULL), "part of a batch refused");
+    int seen[21] = {0}, ok = 1;
+    for (int b = 0; b < 2; b++) {
+        ok &= !olmo_loader_next(&l, rows, 8);
+        for (int r = 0; r < 8; r++) seen[rows[r * L] / L]++;
+    }
+    int distinct = 0;
+    for (int i = 0; i < 21; i++) distinct += seen[i] == 1;
+    CHECK(ok && distinct == 16, "an epoch visits 16 distinct instances once (%d)", distinct);
+    struct olmo_loader_state st;
+    olmo_loader_state_get(&l, &st);
+    CHECK(st.epoch == 0 && st.position == 16, "state at the epoch end: %llu %llu", (unsigned long long)st.epoch,
+          (unsigned long long)st.position);
+    CHECK(!olmo_loader_next(&l, rows, 8), "next epoch");
+    CHECK(!olmo_loader_open_run(&m, &cfg, 2) && !olmo_loader_state_set(&m, &st) && !olmo_loader_next(&m, again, 8) &&
+              !memcmp(rows, again, sizeof rows),
+          "resumed at the epoch boundary: %s", olmo_last_error());
+    st.position = 4;
+    CHECK(olmo_loader_state_set(&m, &st), "a position inside a global batch is refused");
+    olmo_loader_close(&m);
+    /* the global batch size is part of the data's identity; the rank count is not */
+    olmo_loader_state_get(&l, &st);
+    CHECK(!olmo_loader_open_run(&m, &cfg, 4) && olmo_loader_state_set(&m, &st), "other batch size refused");
+    olmo_loader_close(&m);
+    cfg.train.grad_accum = 4;
+    CHECK(!olmo_loader_open_run(&m, &cfg, 1) && !olmo_loader_state_set(&m, &st), "other rank count accepted: %s",
+          olmo_last_error());
+    olmo_loader_close(&m);
+    CHECK(!olmo_config_set(&cfg, "data.order=olmoc") && !olmo_loader_open_run(&m, &cfg, 1) &&
+              olmo_loader_state_set(&m, &st),
+          "other order refused");
+    olmo_loader_close(&m);
+    olmo_loader_close(&l);
+    CHECK(!olmo_config_set(&cfg, "data.order=olmo_core"), "set order");
+    cfg.train.grad_accum = 11; /* 22 instances per batch > 21 */
+    CHECK(olmo_loader_open_run(&m, &cfg, 1) && error_has("fewer than one global batch", "oc.u16"),
+          "less than a batch: %s", olmo_last_error());
+    cfg.train.grad_accum = 1;
+    CHECK(olmo_loader_open_run(&m, &cfg, 3) == 0, "3 ranks x 2: %s", olmo_last_error());
+    olmo_loader_close(&m);
+    CHECK(!olmo_config_set(&cfg, "data.order=random") && olmo_loader_open_run(&m, &cfg, 1) &&
+              error_has("data.order", "olmo_core or olmoc"),
+          "unknown order: %s", olmo_last_error());
+}
+
+/* OLMo-core mix files: "label,path" lines with {TOKENIZER} under a base directory. */
+static void test_mix_file(void) {
+    const char *text = "# comment\n\nweb,a/{TOKENIZER}/x.npy\r\n  code,b/{TOKENIZER}/{TOKENIZER}.npy  \n";
+    write_bytes("mix.txt", text, strlen(text));
+    char **paths;
+    int n;
+    CHECK(!olmo_mix_file_paths(path_of("mix.txt"), "/base", "tok/id", &paths, &n) && n == 2 &&
+              !strcmp(paths[0], "/base/a/tok/id/x.npy") && !strcmp(paths[1], "/base/b/tok/id/tok/id.npy"),
+          "mix file paths: %s", olmo_last_error());
+    if (n == 2) olmo_mix_file_free(paths, n);
+    CHECK(!olmo_mix_file_paths(path_of("mix.txt"), "/base/", "t", &paths, &n) && !strcmp(paths[0], "/base/a/t/x.npy"),
+          "base dir ending in /");
+    olmo_mix_file_free(paths, n);
+    CHECK(olmo_mix_file_paths(path_of("mix.txt"), "", "t", &paths, &n) && error_has("mix_base_dir", NULL),
+          "no base dir: %s", olmo_last_error());
+    CHECK(olmo_mix_file_paths(path_of("mix.txt"), "/b", "", &paths, &n) && error_has("mix_tokenizer", NULL),
+          "no tokenizer: %s", olmo_last_error());
+    write_bytes("bad.txt", "web,a/x.npy\n", 12);
+    CHECK(olmo_mix_file_paths(path_of("bad.txt"), "/b", "t", &paths, &n) && error_has("line 1", "{TOKENIZER}"),
+          "path without {TOKENIZER}: %s", olmo_last_error());
+    write_bytes("bad.txt", "# only\n\n", 9);
+    CHECK(olmo_mix_file_paths(path_of("bad.txt"), "/b", "t", &paths, &n) && error_has("no token file", NULL),
+          "empty mix: %s", olmo_last_error());
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/olmoc_test_data_XXXXXX");
     if (!mkdtemp(dir)) {
@@ -276,6 +366,8 @@ int main(void) {
     test_state_resume();
     test_mix();
     test_config();
+    test_olmo_core_order();
+    test_mix_file();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd)) printf("warning: could not remove %s\n", dir);

@@ -96,7 +96,7 @@ def test_unknown_command(build_dir):
     ("optimizer:\n  lr: 1\n", "unknown section 'optimizer'"),
     ("model:\n  d_model: [1, 2]\n", "a list is not valid"),
     ("model:\n\td_model: 1\n", "YAML error"),
-    ("train:\n  schedule: step\n", "must be one of cosine, linear, constant"),
+    ("train:\n  schedule: step\n", "must be one of cosine (cos_with_warmup), linear (linear_with_warmup), constant"),
 ])
 def test_config_errors(build_dir, tmp_path, text, message):
     cfg = tmp_path / "bad.yaml"
@@ -146,7 +146,7 @@ def test_bad_data_files(build_dir, tiny, tmp_path):
         if content == "float":
             np.save(path, np.zeros(100, dtype=np.float32))
         elif content == "big":
-            np.save(path, np.full(100, 70, dtype=np.uint16))
+            np.save(path, np.full(256, 70, dtype=np.uint16))  # 8 instances: at least one global batch
         elif content is not None:
             path.write_bytes(content)
         for build in builds(build_dir):
