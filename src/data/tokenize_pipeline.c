@@ -498,6 +498,11 @@ static size_t reader_cut(const struct ctx *c, const struct reader *r, bool *last
     if (cut == 0) cut = n;
     while (cut > 0 && cut < n && (buf[cut] & 0xC0) == 0x80) cut--; /* a character start */
     if (cut == 0) cut = n;
+    if (cut == n) { /* the buffer's end may fall inside a character: its bytes go with the next piece */
+        uint32_t cp;
+        size_t s = olmo_utf8_char_start(buf, n - 1, 0);
+        if (s > 0 && olmo_utf8_decode(buf + s, n - s, &cp) != n - s) cut = s;
+    }
     *last_continues = true;
     return cut;
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "util/error.h"
+#include "util/sysmem.h"
 #include "util/rng.h"
 
 /* A weight as a GEMM operand: two arguments, the pointer and its type (olmo_model_weight). */
@@ -120,6 +121,17 @@ int olmo_model_create(struct olmo_model *m, const struct olmo_model_config *cfg,
     m->lg = olmo_calloc((size_t)cfg->n_layers, sizeof *m->lg, "layer table");
     if (!m->params || !m->lw || !m->lg) return -1;
     declare_params(m);
+    if (be->host_memory) { /* refuse what cannot fit before allocating (see util/sysmem.h) */
+        const double need = (double)m->n_floats * (2 * sizeof(float) + olmo_float_type_size(be->compute_dtype) *
+                                                                          (be->compute_dtype != OLMO_F32));
+        const size_t limit = olmo_memory_limit();
+        char a[32], b[32];
+        if (need > (double)limit)
+            return olmo_error("the model's %zu parameters need %s for fp32 weights and gradients alone, more than "
+                              "this process may use (%s: physical memory or ulimit); reduce model.n_layers, "
+                              "model.d_model, model.mlp_hidden or model.vocab_size",
+                              m->n_floats, olmo_format_gib(a, sizeof a, need), olmo_format_gib(b, sizeof b, (double)limit));
+    }
     m->weights = be->alloc(be, m->n_floats * sizeof(float));
     m->grads = be->alloc(be, m->n_floats * sizeof(float));
     if (!m->weights || !m->grads) return olmo_error_context("model parameters (%zu floats)", m->n_floats);
@@ -241,12 +253,20 @@ int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len) {
     const size_t N = (size_t)batch * seq_len, D = (size_t)c->d_model, Q = (size_t)m->q_dim,
                  K = (size_t)m->kv_dim, F = (size_t)c->mlp_hidden, V = (size_t)c->vocab_size;
     int failed = 0;
-#define ALLOC(ptr, count) \
-    do { if (!((ptr) = be->alloc(be, (count) * sizeof(float)))) failed = 1; } while (0)
-    m->acts = olmo_calloc((size_t)c->n_layers, sizeof *m->acts, "activation table");
-    if (!m->acts) return -1;
+    /* Two passes over one list: the first (host memory) adds up the bytes and refuses what cannot
+     * fit, the second allocates. */
+    double need = 3.0 * N * sizeof(int32_t); /* tokens, targets, doc_ids */
+    bool counting = be->host_memory;
+    struct olmo_layer_acts counted;
+#define ALLOC(ptr, count)                                                                 \
+    do {                                                                                  \
+        if (counting) need += (double)(count) * sizeof(float);                            \
+        else if (!((ptr) = be->alloc(be, (count) * sizeof(float)))) failed = 1;           \
+    } while (0)
+pass:
+    if (!counting && !(m->acts = olmo_calloc((size_t)c->n_layers, sizeof *m->acts, "activation table"))) return -1;
     for (int l = 0; l < c->n_layers; l++) {
-        struct olmo_layer_acts *a = &m->acts[l];
+        struct olmo_layer_acts *a = counting ? &counted : &m->acts[l];
         ALLOC(a->x, N * D);
         ALLOC(a->q_raw, N * Q);
         ALLOC(a->k_raw, N * K);
@@ -284,6 +304,19 @@ int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len) {
     ALLOC(m->du, N * F);
     ALLOC(m->ds, N * F);
 #undef ALLOC
+    if (counting) {
+        const size_t limit = olmo_memory_limit();
+        char a[32], b[32];
+        if (need > (double)limit) {
+            m->batch = m->seq_len = 0;
+            return olmo_error("activations for train.micro_batch %d x train.seq_len %d need %s, more than this "
+                              "process may use (%s: physical memory or ulimit); reduce train.micro_batch or "
+                              "train.seq_len (train.grad_accum keeps the batch)",
+                              batch, seq_len, olmo_format_gib(a, sizeof a, need), olmo_format_gib(b, sizeof b, (double)limit));
+        }
+        counting = false;
+        goto pass;
+    }
     if (!failed && !(m->tokens = be->alloc(be, N * sizeof(int32_t)))) failed = 1;
     if (!failed && !(m->targets = be->alloc(be, N * sizeof(int32_t)))) failed = 1;
     if (!failed && !(m->doc_ids = be->alloc(be, N * sizeof(int32_t)))) failed = 1;

