@@ -4,39 +4,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "config/config.h"
 #include "data/mix_file.h"
 #include "data/token_file.h"
 #include "util/error.h"
 #include "util/rng.h"
-
-static int failures, checks;
-static char dir[256];
-
-#define CHECK(cond, ...)                                   \
-    do {                                                   \
-        checks++;                                          \
-        if (!(cond)) {                                     \
-            failures++;                                    \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);    \
-            printf(__VA_ARGS__);                           \
-            printf("\n");                                  \
-        }                                                  \
-    } while (0)
-
-static const char *path_of(const char *name) {
-    static char buf[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
-    return buf[k];
-}
-
-static void write_bytes(const char *name, const void *p, size_t n) {
-    FILE *f = fopen(path_of(name), "wb");
-    fwrite(p, 1, n, f);
-    fclose(f);
-}
 
 /* .npy v1 with the given descr and n elements of `elem` bytes from data. */
 static void write_npy(const char *name, const char *descr, size_t n, const void *data, size_t elem, size_t cut) {
@@ -56,11 +29,6 @@ static void write_npy(const char *name, const char *descr, size_t n, const void 
     memcpy(buf + 10 + hlen, data, n * elem);
     write_bytes(name, buf, size - cut);
     free(buf);
-}
-
-static int error_has(const char *a, const char *b) {
-    const char *e = olmo_last_error();
-    return strstr(e, a) && (!b || strstr(e, b));
 }
 
 static void test_files(void) {
@@ -356,8 +324,8 @@ static void test_mix_file(void) {
 }
 
 int main(void) {
-    snprintf(dir, sizeof dir, "/tmp/olmoc_test_data_XXXXXX");
-    if (!mkdtemp(dir)) {
+    snprintf(check_dir, sizeof check_dir, "/tmp/olmoc_test_data_XXXXXX");
+    if (!mkdtemp(check_dir)) {
         perror("mkdtemp");
         return 1;
     }
@@ -369,8 +337,8 @@ int main(void) {
     test_olmo_core_order();
     test_mix_file();
     char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd)) printf("warning: could not remove %s\n", dir);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", check_dir);
+    if (system(cmd)) printf("warning: could not remove %s\n", check_dir);
     printf("%d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }

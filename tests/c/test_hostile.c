@@ -14,49 +14,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "config/config.h"
 #include "data/token_file.h"
 #include "io/safetensors.h"
 #include "model/hf.h"
 #include "train/evaluate.h"
 #include "util/error.h"
-
-static int failures, checks;
-static char dir[256];
-
-#define CHECK(cond, ...)                                \
-    do {                                                \
-        checks++;                                       \
-        if (!(cond)) {                                  \
-            failures++;                                 \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                        \
-            printf("\n");                               \
-        }                                               \
-    } while (0)
-
-static const char *path_of(const char *name) {
-    static char buf[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
-    return buf[k];
-}
-
-static void write_bytes(const char *name, const void *p, size_t n) {
-    FILE *f = fopen(path_of(name), "wb");
-    if (!f || fwrite(p, 1, n, f) != n || fclose(f)) {
-        printf("cannot write %s\n", path_of(name));
-        exit(1);
-    }
-}
-
-static void write_text(const char *name, const char *text) { write_bytes(name, text, strlen(text)); }
-
-static int error_has(const char *a, const char *b) {
-    const char *e = olmo_last_error();
-    return strstr(e, a) && (!b || strstr(e, b));
-}
 
 static void on_alarm(int sig) {
     (void)sig;
@@ -102,7 +66,7 @@ static void test_fifo_token_file(void) {
     struct olmo_token_file f;
     CHECK(olmo_token_file_open(&f, path_of("fifo.u16")) && error_has("fifo.u16", "not a regular file"),
           "FIFO refused: %s", olmo_last_error());
-    CHECK(olmo_token_file_open(&f, dir) && error_has(dir, "directory"), "directory refused: %s", olmo_last_error());
+    CHECK(olmo_token_file_open(&f, check_dir) && error_has(check_dir, "directory"), "directory refused: %s", olmo_last_error());
     /* the other inputs opened by name: safetensors, YAML configs, task files (read whole) */
     struct st_file st;
     CHECK(st_open(&st, path_of("fifo.u16")) && error_has("fifo.u16", "not a regular file"), "FIFO as safetensors: %s",
@@ -432,8 +396,8 @@ static const struct {
 
 /* test_hostile [NAME...]: the named cases only (all by default). */
 int main(int argc, char **argv) {
-    snprintf(dir, sizeof dir, "/tmp/olmoc_test_hostile_XXXXXX");
-    if (!mkdtemp(dir)) {
+    snprintf(check_dir, sizeof check_dir, "/tmp/olmoc_test_hostile_XXXXXX");
+    if (!mkdtemp(check_dir)) {
         perror("mkdtemp");
         return 1;
     }
@@ -450,8 +414,8 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd)) printf("warning: could not remove %s\n", dir);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", check_dir);
+    if (system(cmd)) printf("warning: could not remove %s\n", check_dir);
     printf("%d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }

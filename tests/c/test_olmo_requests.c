@@ -5,21 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "eval/olmo_tasks.h"
 #include "util/error.h"
-
-static int failures, checks;
-
-#define CHECK(cond, ...)                                \
-    do {                                                \
-        checks++;                                       \
-        if (!(cond)) {                                  \
-            failures++;                                 \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                        \
-            printf("\n");                               \
-        }                                               \
-    } while (0)
 
 #define REQ(doc, idx, label, cont)                                                                                  \
     "{\"request_type\":\"loglikelihood\",\"doc_id\":" #doc ",\"idx\":" #idx ",\"label\":" label                    \

@@ -6,23 +6,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "data/jsonl.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/rng.h"
-
-static int failures, checks;
-
-#define CHECK(cond, ...)                                \
-    do {                                                \
-        checks++;                                       \
-        if (!(cond)) {                                  \
-            failures++;                                 \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                        \
-            printf("\n");                               \
-        }                                               \
-    } while (0)
 
 static void put_cp(char **o, unsigned cp) {
     unsigned char *p = (unsigned char *)*o;
