@@ -104,7 +104,7 @@ static int check_attention(const struct olmo_model *m) {
     return 0;
 }
 
-int olmo_model_create(struct olmo_model *m, const struct olmo_model_config *cfg, const struct olmo_backend *be) {
+static int create(struct olmo_model *m, const struct olmo_model_config *cfg, const struct olmo_backend *be) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->be = be;
@@ -142,6 +142,12 @@ int olmo_model_create(struct olmo_model *m, const struct olmo_model_config *cfg,
     bind_tensors(m, m->weights, m->lw, &m->embed, &m->final_norm, &m->lm_head);
     bind_tensors(m, m->grads, m->lg, &m->d_embed, &m->d_final_norm, &m->d_lm_head);
     return 0;
+}
+
+int olmo_model_create(struct olmo_model *m, const struct olmo_model_config *cfg, const struct olmo_backend *be) {
+    if (create(m, cfg, be) == 0) return 0;
+    olmo_model_destroy(m); /* whatever a refused or failed creation had allocated */
+    return -1;
 }
 
 static void free_acts(struct olmo_model *m) {
