@@ -205,6 +205,8 @@ enum olmo_cpu_gemm_library {
 };
 /* A new CPU backend instance; NULL (error set) where the variant is unavailable. */
 struct olmo_backend *olmo_backend_cpu_create(enum olmo_cpu_gemm_library library);
+/* The processor has AVX-512 (F, BW, DQ, VL): what oneDNN's bf16 matmul and our AVX-512 kernels need. */
+bool olmo_cpu_has_avx512(void);
 
 #ifdef OLMOC_HAVE_CUDA
 /* CUDA backend (src/backend/cuda/): device memory, cuBLAS GEMMs, deterministic

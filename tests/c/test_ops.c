@@ -20,18 +20,8 @@ static struct olmo_rng rng;
 static int failures, checks, skips;
 
 /* A variant this build or processor cannot have is skipped, with the reason printed and
- * counted; one that should exist and cannot be created is a failure. */
-static bool has_avx512(void) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-#else
-    return false;
-#endif
-}
-
-/* Why this build or processor lacks the variant; NULL when it must have it. */
+ * counted; one that should exist and cannot be created is a failure.
+ * Why this build or processor lacks the variant; NULL when it must have it. */
 static const char *missing_reason(enum olmo_cpu_gemm_library library) {
 #ifndef OLMOC_HAVE_ONEDNN
     if (library == OLMO_CPU_GEMM_ONEDNN) return "this build has no oneDNN";
@@ -39,7 +29,7 @@ static const char *missing_reason(enum olmo_cpu_gemm_library library) {
 #ifndef OLMOC_CPU_BF16
     if (library == OLMO_CPU_GEMM_ONEDNN_BF16) return "this build has no oneDNN 2.x bf16 matmul";
 #endif
-    if (library == OLMO_CPU_GEMM_ONEDNN_BF16 && !has_avx512())
+    if (library == OLMO_CPU_GEMM_ONEDNN_BF16 && !olmo_cpu_has_avx512())
         return "oneDNN's bf16 matmul needs AVX-512, which this processor lacks";
     return NULL;
 }

@@ -44,7 +44,7 @@ int cpu_gemm_openblas(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alph
 }
 
 
-static bool has_avx512(void) {
+bool olmo_cpu_has_avx512(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -65,7 +65,7 @@ static void openblas_line(char *text, size_t size) {
 #else
     const char *warning = ": AVX2 on an AVX-512 processor, half its peak at best; README: CPU performance";
 #endif
-    snprintf(text, size, "GEMMs: OpenBLAS, %s kernels%s", kernels, avx2_only && has_avx512() ? warning : "");
+    snprintf(text, size, "GEMMs: OpenBLAS, %s kernels%s", kernels, avx2_only && olmo_cpu_has_avx512() ? warning : "");
 }
 
 const char *cpu_describe_openblas(OLMO_BE) {
