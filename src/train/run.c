@@ -445,7 +445,7 @@ void olmo_run_close(struct olmo_run *run) {
     if (run->trainer_ready) olmo_trainer_destroy(&run->tr);
     if (run->loader_ready) olmo_loader_close(&run->loader);
     if (run->lock_fd >= 0) close(run->lock_fd);
-    if (run->signals_installed) olmo_signals_restore();
+    if (run->signals_installed) olmo_signals_release();
     memset(run, 0, sizeof *run);
     run->lock_fd = -1;
 }

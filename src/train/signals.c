@@ -31,6 +31,11 @@ static void on_signal(int sig) {
 }
 
 int olmo_signals_install(void) {
+    if (installed) { /* a second run in this process: start afresh, keep what was saved */
+        pending = 0;
+        agreed = 0;
+        return 0;
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -49,6 +54,10 @@ void olmo_signals_restore(void) {
     sigaction(SIGTERM, &saved_term, NULL);
     sigaction(SIGINT, &saved_int, NULL);
     installed = 0;
+}
+
+void olmo_signals_release(void) {
+    if (!agreed) olmo_signals_restore();
 }
 
 int olmo_signals_agree(const struct olmo_dist *dist, int *sig) {

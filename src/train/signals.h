@@ -14,6 +14,12 @@
 int olmo_signals_install(void);
 /* Puts back the handlers that were there before. */
 void olmo_signals_restore(void);
+/* olmo_signals_restore, unless a stop was agreed: then the handlers stay, so
+ * that a late signal (a scheduler signals the ranks one after another, and a
+ * rank may already be stopping because another one was told) cannot kill the
+ * process between the checkpoint and its exit report. The process is about
+ * to exit with 128 + the signal anyway. */
+void olmo_signals_release(void);
 /* Collective when dist has several ranks: the signal to stop on (SIGTERM if
  * any rank got one, else SIGINT if any did), or 0 to go on. */
 int olmo_signals_agree(const struct olmo_dist *dist, int *sig);
