@@ -17,19 +17,25 @@
 #include "util/error.h"
 #include "util/fs.h"
 
-enum field_type { F_INT, F_LONG, F_U64, F_DOUBLE, F_BOOL, F_STRING, F_SCHEDULE, F_NONFINITE };
+/* F_ENUM: an enum stored as int, named by a NULL-terminated table */
+enum field_type { F_INT, F_LONG, F_U64, F_DOUBLE, F_BOOL, F_STRING, F_SCHEDULE, F_NONFINITE, F_ENUM };
 
 struct field {
     const char *key;
     enum field_type type;
     size_t offset;
     size_t size; /* F_STRING: buffer size */
+    const char *const *names; /* F_ENUM: value i's name; NULL-terminated */
 };
 
-#define M(name, type) {"model." #name, type, offsetof(struct olmo_config, model.name), 0}
-#define T(name, type) {"train." #name, type, offsetof(struct olmo_config, train.name), 0}
+static const char *const act_ckpt_names[] = {"none", "feed_forward", "block", NULL};
+static const char *const sharding_names[] = {"zero1", "fsdp", NULL};
+
+#define M(name, type) {"model." #name, type, offsetof(struct olmo_config, model.name), 0, NULL}
+#define T(name, type) {"train." #name, type, offsetof(struct olmo_config, train.name), 0, NULL}
+#define TE(name, table) {"train." #name, F_ENUM, offsetof(struct olmo_config, train.name), 0, table}
 #define DS(name) \
-    {"data." #name, F_STRING, offsetof(struct olmo_config, data.name), sizeof(((struct olmo_config *)0)->data.name)}
+    {"data." #name, F_STRING, offsetof(struct olmo_config, data.name), sizeof(((struct olmo_config *)0)->data.name), NULL}
 static const struct field fields[] = {
     M(vocab_size, F_INT),          M(d_model, F_INT),
     M(n_layers, F_INT),            M(n_heads, F_INT),
@@ -55,6 +61,8 @@ static const struct field fields[] = {
     T(save_every, F_LONG),         T(keep_last, F_INT),
     T(eval_every, F_LONG),         T(eval_batches, F_INT),
     T(peak_flops, F_DOUBLE),       T(nonfinite, F_NONFINITE),
+    TE(activation_checkpointing, act_ckpt_names), T(block_every, F_INT),
+    TE(sharding, sharding_names),  T(shard_degree, F_INT),
     DS(train_path),                DS(mix),
     DS(dtype),                     DS(out_dir),
     DS(order),                     DS(mix_file),
@@ -64,6 +72,7 @@ static const struct field fields[] = {
 };
 #undef M
 #undef T
+#undef TE
 #undef DS
 
 /* by enum olmo_schedule_kind; cos_with_warmup and linear_with_warmup (OLMo-core's names) are accepted too */
@@ -99,6 +108,7 @@ void olmo_config_defaults(struct olmo_config *cfg) {
     cfg->train.log_every = 1;
     cfg->train.keep_last = 3;
     cfg->train.eval_batches = 8;
+    cfg->train.block_every = 1;
     snprintf(cfg->data.out_dir, sizeof cfg->data.out_dir, "runs/default");
     snprintf(cfg->data.dtype, sizeof cfg->data.dtype, "auto");
     snprintf(cfg->data.order, sizeof cfg->data.order, "olmo_core");
@@ -175,6 +185,19 @@ static int parse_value(struct olmo_config *cfg, const struct field *f, const cha
                 return 0;
             }
         return olmo_error("'%s' must be stop or skip; got '%s'", f->key, value);
+    case F_ENUM: {
+        _Static_assert(sizeof(enum olmo_act_ckpt) == sizeof(int) && sizeof(enum olmo_sharding) == sizeof(int),
+                       "F_ENUM stores an int");
+        char list[256] = "";
+        for (int i = 0; f->names[i]; i++) {
+            if (!strcmp(value, f->names[i])) {
+                *(int *)base = i;
+                return 0;
+            }
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", f->names[i]);
+        }
+        return olmo_error("'%s' must be one of %s; got '%s'", f->key, list, value);
+    }
     }
     return olmo_error("internal: bad field type");
 }
@@ -403,6 +426,12 @@ int olmo_config_validate(const struct olmo_config *cfg) {
     if (t->eval_every < 0) return olmo_error("train.eval_every must be >= 0 (0 = no evaluation)");
     if (t->eval_batches <= 0) return olmo_error("train.eval_batches must be positive");
     if (t->peak_flops < 0) return olmo_error("train.peak_flops must be >= 0 (0 = measure at startup)");
+    if (t->block_every < 1) return olmo_error("train.block_every must be >= 1 (1 = every block)");
+    if (t->shard_degree < 0) return olmo_error("train.shard_degree must be >= 0 (0 = all ranks in one group)");
+    if (t->activation_checkpointing != ACT_CKPT_NONE)
+        return olmo_error("train.activation_checkpointing: only none is implemented in this build");
+    if (t->sharding != SHARDING_ZERO1 || t->shard_degree)
+        return olmo_error("train.sharding: only zero1 is implemented in this build (no shard_degree)");
     if (strcmp(cfg->data.dtype, "auto") && strcmp(cfg->data.dtype, "uint16") && strcmp(cfg->data.dtype, "uint32"))
         return olmo_error("data.dtype must be auto, uint16 or uint32; got '%s'", cfg->data.dtype);
     if (strcmp(cfg->data.order, "olmo_core") && strcmp(cfg->data.order, "olmoc"))
@@ -423,6 +452,7 @@ static void format_field(const struct olmo_config *cfg, const struct field *f, c
     case F_STRING: snprintf(buf, n, "%s", base); break;
     case F_SCHEDULE: snprintf(buf, n, "%s", schedule_names[*(const enum olmo_schedule_kind *)base]); break;
     case F_NONFINITE: snprintf(buf, n, "%s", nonfinite_names[*(const enum olmo_nonfinite_policy *)base]); break;
+    case F_ENUM: snprintf(buf, n, "%s", f->names[*(const int *)base]); break;
     }
 }
 

@@ -12,6 +12,12 @@
 enum olmo_schedule_kind { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT, SCHED_HALF_COSINE, SCHED_WSD, SCHED_NONE };
 /* train.nonfinite: what a step whose loss or gradient norm is not finite does. */
 enum olmo_nonfinite_policy { NONFINITE_STOP, NONFINITE_SKIP };
+/* train.activation_checkpointing: which saved activations the backward pass recomputes instead
+ * (OLMo-core's ActivationCheckpointingMode: none, selected_modules ["*.feed_forward"], full/selected_blocks). */
+enum olmo_act_ckpt { ACT_CKPT_NONE, ACT_CKPT_FEED_FORWARD, ACT_CKPT_BLOCK };
+/* train.sharding: ZeRO-1 (optimizer state sharded, weights and gradients replicated) or fully sharded
+ * (OLMo-core's FSDP/HSDP: weights, gradients and optimizer state sharded, blocks gathered as used). */
+enum olmo_sharding { SHARDING_ZERO1, SHARDING_FSDP };
 
 struct olmo_model_config {
     int vocab_size;
@@ -65,6 +71,13 @@ struct olmo_train_config {
     /* a step whose loss or gradient norm is NaN/inf: stop the run (keeping the
      * last checkpoint) or skip it (no optimizer update) */
     enum olmo_nonfinite_policy nonfinite;
+    /* memory: activation checkpointing (every block_every-th block, 1 = all) and sharding across
+     * data-parallel ranks; shard_degree (HSDP): shard within groups of that many ranks, replicate
+     * across groups (0 = one group of all ranks) */
+    enum olmo_act_ckpt activation_checkpointing;
+    int block_every;
+    enum olmo_sharding sharding;
+    int shard_degree;
 };
 
 struct olmo_data_config {
