@@ -11,6 +11,11 @@ int olmo_optimizer_create(struct olmo_optimizer *opt, const struct olmo_model *m
     opt->hi = m->n_floats;
     if (dist) olmo_dist_shard(dist, m->n_floats, &opt->lo, &opt->hi);
     size_t n = opt->hi - opt->lo;
+    opt->ranges = olmo_malloc(sizeof *opt->ranges, "shard ranges");
+    if (!opt->ranges) return -1;
+    opt->ranges[0] = (struct olmo_shard_range){.global = opt->lo, .local = 0, .len = n};
+    opt->n_ranges = 1;
+    opt->n_local = n;
     opt->m = m->be->alloc(m->be, n * sizeof(float));
     opt->v = m->be->alloc(m->be, n * sizeof(float));
     if (!opt->m || !opt->v) return olmo_error_context("optimizer state");
@@ -21,6 +26,13 @@ void olmo_optimizer_destroy(struct olmo_optimizer *opt, const struct olmo_model 
     m->be->free(m->be, opt->m);
     m->be->free(m->be, opt->v);
     opt->m = opt->v = NULL;
+    free(opt->ranges);
+    opt->ranges = NULL;
+    opt->n_ranges = 0;
+}
+
+float *olmo_optimizer_master(const struct olmo_optimizer *opt, const struct olmo_model *m) {
+    return m->weights + opt->lo;
 }
 
 int olmo_grad_norm_of(const struct olmo_model *m, double *norm) {

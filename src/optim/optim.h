@@ -12,11 +12,27 @@
 /* ZeRO-1: with several data-parallel ranks each rank keeps the Adam moments
  * of (and updates) only its contiguous shard [lo, hi) of the flat parameter
  * buffer; the updated shards are then all-gathered.  One rank: lo = 0, hi = all. */
+/* One piece of a rank's shard: flat parameters [global, global + len) are
+ * at [local, local + len) of the rank's shard buffers (its fp32 master
+ * weights, gradient shard and Adam moments).  ZeRO-1 has one piece, [lo, hi)
+ * at 0; a fully sharded run has a slice of every unit.  Checkpoints save and
+ * load shards by these pieces, so a checkpoint written with one layout
+ * loads into another. */
+struct olmo_shard_range {
+    size_t global, local, len;
+};
+
 struct olmo_optimizer {
     float *m, *v;  /* backend buffers of hi - lo floats (shard-local indexing) */
     size_t lo, hi; /* this rank's shard of the flat parameters */
     long step;     /* optimizer steps taken */
+    struct olmo_shard_range *ranges; /* this rank's pieces, by global offset; n_local = their total length */
+    int n_ranges;
+    size_t n_local;
 };
+
+/* This rank's fp32 master weights, shard-local indexing (ZeRO-1: the model's weights from lo). */
+float *olmo_optimizer_master(const struct olmo_optimizer *opt, const struct olmo_model *m);
 
 
 int olmo_optimizer_create(struct olmo_optimizer *opt, const struct olmo_model *m, const struct olmo_dist *dist);
