@@ -30,6 +30,7 @@ struct field {
 
 static const char *const act_ckpt_names[] = {"none", "feed_forward", "block", NULL};
 static const char *const sharding_names[] = {"zero1", "fsdp", NULL};
+static const char *const optimizer_names[] = {"adamw", "skip_step_adamw", NULL};
 
 #define M(name, type) {"model." #name, type, offsetof(struct olmo_config, model.name), 0, NULL}
 #define T(name, type) {"train." #name, type, offsetof(struct olmo_config, train.name), 0, NULL}
@@ -51,6 +52,9 @@ static const struct field fields[] = {
     T(lr, F_DOUBLE),               T(beta1, F_DOUBLE),
     T(beta2, F_DOUBLE),            T(eps, F_DOUBLE),
     T(weight_decay, F_DOUBLE),     T(embedding_weight_decay, F_DOUBLE),
+    TE(optimizer, optimizer_names), T(rolling_interval_length, F_INT),
+    T(sigma_factor, F_DOUBLE),     T(step_increment_bugfix, F_BOOL),
+    T(optim_init_step, F_BOOL),
     T(schedule, F_SCHEDULE),       T(warmup_steps, F_LONG),
     T(alpha_f, F_DOUBLE),          T(schedule_steps, F_LONG),
     T(schedule_tokens, F_LONG),    T(decay_steps, F_LONG),
@@ -101,6 +105,10 @@ void olmo_config_defaults(struct olmo_config *cfg) {
     cfg->train.eps = 1e-8;
     cfg->train.weight_decay = 0.1;
     cfg->train.embedding_weight_decay = 0.0;
+    cfg->train.optimizer = OPTIM_ADAMW;
+    cfg->train.rolling_interval_length = 128; /* SkipStepAdamWConfig's defaults */
+    cfg->train.sigma_factor = 6;
+    cfg->train.step_increment_bugfix = true;
     cfg->train.schedule = SCHED_COSINE;
     cfg->train.alpha_f = 0.1;
     cfg->train.decay_fraction = 0.1;
@@ -186,7 +194,8 @@ static int parse_value(struct olmo_config *cfg, const struct field *f, const cha
             }
         return olmo_error("'%s' must be stop or skip; got '%s'", f->key, value);
     case F_ENUM: {
-        _Static_assert(sizeof(enum olmo_act_ckpt) == sizeof(int) && sizeof(enum olmo_sharding) == sizeof(int),
+        _Static_assert(sizeof(enum olmo_act_ckpt) == sizeof(int) && sizeof(enum olmo_sharding) == sizeof(int) &&
+                           sizeof(enum olmo_optimizer_kind) == sizeof(int),
                        "F_ENUM stores an int");
         char list[256] = "";
         for (int i = 0; f->names[i]; i++) {
@@ -421,6 +430,9 @@ int olmo_config_validate(const struct olmo_config *cfg) {
     if (t->alpha_f < 0 || t->alpha_f > 1) return olmo_error("train.alpha_f must be in [0, 1]");
     if (t->z_loss < 0 || t->weight_decay < 0 || t->embedding_weight_decay < 0)
         return olmo_error("train.z_loss and weight decays must be >= 0");
+    if (t->rolling_interval_length < 0 || t->rolling_interval_length > 1000000)
+        return olmo_error("train.rolling_interval_length must be in [0, 1000000] (got %d)", t->rolling_interval_length);
+    if (!(t->sigma_factor >= 0)) return olmo_error("train.sigma_factor must be >= 0");
     if (t->save_every < 0) return olmo_error("train.save_every must be >= 0 (0 = no checkpoints)");
     if (t->keep_last < 0) return olmo_error("train.keep_last must be >= 0 (0 = keep every checkpoint)");
     if (t->eval_every < 0) return olmo_error("train.eval_every must be >= 0 (0 = no evaluation)");

@@ -18,6 +18,9 @@ enum olmo_act_ckpt { ACT_CKPT_NONE, ACT_CKPT_FEED_FORWARD, ACT_CKPT_BLOCK };
 /* train.sharding: ZeRO-1 (optimizer state sharded, weights and gradients replicated) or fully sharded
  * (OLMo-core's FSDP/HSDP: weights, gradients and optimizer state sharded, blocks gathered as used). */
 enum olmo_sharding { SHARDING_ZERO1, SHARDING_FSDP };
+/* train.optimizer: torch.optim.AdamW (OLMo-core's AdamWConfig) or OLMo-core's SkipStepAdamW
+ * (SkipStepAdamWConfig: no update on a step whose loss or gradient norm is a spike). */
+enum olmo_optimizer_kind { OPTIM_ADAMW, OPTIM_SKIP_STEP_ADAMW };
 
 struct olmo_model_config {
     int vocab_size;
@@ -47,6 +50,18 @@ struct olmo_train_config {
     double clip_grad_norm; /* <= 0 disables clipping */
     /* optimizer (AdamW) */
     double lr, beta1, beta2, eps, weight_decay, embedding_weight_decay;
+    enum olmo_optimizer_kind optimizer;
+    /* skip_step_adamw (SkipStepAdamWConfig's fields of the same names): a step is skipped when its CE
+     * loss, or its gradient norm before clipping, is more than sigma_factor standard deviations above
+     * the mean of the previous rolling_interval_length steps (once half of them are there);
+     * step_increment_bugfix false keeps Adam's step at 0 (bias correction of step 1 forever). */
+    int rolling_interval_length;
+    double sigma_factor;
+    bool step_increment_bugfix;
+    /* OLMo-core's Trainer saves a step-0 checkpoint of a fresh run, and torch's
+     * get_optimizer_state_dict first initialises the empty optimizer state with one step of zero
+     * gradients at lr 0: no change to weights or moments, but Adam's step counter starts at 1. */
+    bool optim_init_step;
     /* learning-rate schedule */
     enum olmo_schedule_kind schedule;
     long warmup_steps;

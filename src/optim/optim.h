@@ -22,6 +22,17 @@ struct olmo_shard_range {
     size_t global, local, len;
 };
 
+/* OLMo-core's SkipStepOptimizer window (train.optimizer: skip_step_adamw): the CE loss and the
+ * gradient norm before clipping of the last rolling_interval_length + 1 steps, skipped steps
+ * included, oldest first.  Values are held as the float32 tensors OLMo-core keeps.  Gradient
+ * norms are recorded only when clipping is on (OLMo-core sets latest_grad_norm in its clipping
+ * branch); without them only the loss decides. */
+struct olmo_skip_window {
+    int cap;              /* rolling_interval_length + 1; 0 = no window (plain AdamW) */
+    int n_loss, n_norm;   /* entries held */
+    double *loss, *norm;  /* cap entries each */
+};
+
 struct olmo_optimizer {
     float *m, *v;  /* backend buffers of hi - lo floats (shard-local indexing) */
     size_t lo, hi; /* this rank's shard of the flat parameters */
@@ -29,6 +40,7 @@ struct olmo_optimizer {
     struct olmo_shard_range *ranges; /* this rank's pieces, by global offset; n_local = their total length */
     int n_ranges;
     size_t n_local;
+    struct olmo_skip_window win; /* skip_step_adamw only */
 };
 
 /* This rank's fp32 master weights, shard-local indexing (ZeRO-1: the model's weights from lo). */
@@ -37,6 +49,34 @@ float *olmo_optimizer_master(const struct olmo_optimizer *opt, const struct olmo
 
 int olmo_optimizer_create(struct olmo_optimizer *opt, const struct olmo_model *m, const struct olmo_dist *dist);
 void olmo_optimizer_destroy(struct olmo_optimizer *opt, const struct olmo_model *m);
+/* Applies the optimizer choice of train (allocates the skip-step window); after create. */
+int olmo_optimizer_configure(struct olmo_optimizer *opt, const struct olmo_train_config *t);
+/* The exponent of Adam's bias corrections for the update that makes opt->step applied updates:
+ * OLMo-core's state["step"] + 1 -- shifted by the zero-LR initial step (train.optim_init_step),
+ * always 1 for skip_step_adamw without step_increment_bugfix (its step never increments). */
+long olmo_optimizer_bias_step(const struct olmo_optimizer *opt, const struct olmo_train_config *t);
+
+/* SkipStepOptimizer: records a step's CE loss and gradient norm before clipping (has_norm: clipping
+ * is on) as the latest_loss / latest_grad_norm setters do, keeping the last cap entries. */
+void olmo_skip_window_push(struct olmo_skip_window *w, double loss, bool has_norm, double grad_norm);
+/* get_step_factor(): 0 (step) while the window holds fewer than max(2, rolling_interval_length / 2)
+ * losses; else whether (latest - mean) <= sigma_factor * std (std with Bessel's correction, over the
+ * entries before the latest) holds for the loss and, when recorded, for the gradient norm: the
+ * OLMO_SPIKE_* bits of the values where it does not (skip the step).  A NaN statistic compares
+ * false, so it skips, as in torch. */
+enum { OLMO_SPIKE_LOSS = 1, OLMO_SPIKE_GRAD_NORM = 2 };
+int olmo_skip_window_spikes(const struct olmo_skip_window *w, int rolling_interval_length, double sigma_factor);
+
+/* Optimizer state beyond the moments and opt->step, for checkpoints: the skip-step window as
+ * doubles ([n_loss, n_norm, losses..., norms...]; empty for plain AdamW).  All ranks hold the same
+ * window (it sees all-reduced values), so rank 0's copy is the state.  Note that OLMo-core itself
+ * does not checkpoint the window (it is not in Optimizer.state_dict()): its resumed runs restart
+ * with an empty window; restoring it makes a resumed olmoc run equal an uninterrupted one. */
+size_t olmo_optimizer_extra_count(const struct olmo_optimizer *opt);
+void olmo_optimizer_extra_get(const struct olmo_optimizer *opt, double *out); /* extra_count doubles */
+/* 0, or -1 (error set) when `in` is not a window of this optimizer (sizes, non-finite values). */
+int olmo_optimizer_extra_set(struct olmo_optimizer *opt, const double *in, size_t n);
+
 /* Global L2 norm of all gradients. */
 double olmo_grad_norm(const struct olmo_model *m); /* NaN, error set, when the backend fails */
 int olmo_grad_norm_of(const struct olmo_model *m, double *norm); /* 0, or -1 with the error set */

@@ -381,7 +381,7 @@ int olmo_run_step(struct olmo_run *run, struct olmo_run_step *out) {
     if (rc) return -1;
     if (run->dump && fwrite(run->batch, sizeof(int32_t), run->rows * seq, run->dump) != run->rows * seq)
         return olmo_error("writing '%s' failed: %s", o->dump_path, strerror(errno));
-    char why[64];
+    char why[OLMO_STEP_WHY_MAX];
     const int verdict = train_step(run, &s, why, sizeof why);
     if (verdict < 0) return -1;
     if (o->be->synchronize && o->be->synchronize(o->be)) return -1; /* the update is asynchronous on a device */
@@ -395,7 +395,7 @@ int olmo_run_step(struct olmo_run *run, struct olmo_run_step *out) {
     if (report_step(run, &s, now)) return -1;
     if (verdict == OLMO_STEP_STOP) return stop_nonfinite(run, why);
     if (verdict == OLMO_STEP_SKIP && o->log) {
-        fprintf(o->log, "step %ld/%ld skipped: %s (train.nonfinite: skip): no update\n", s.step, t->steps, why);
+        fprintf(o->log, "step %ld/%ld skipped: %s: no update\n", s.step, t->steps, why);
         fflush(o->log);
     }
     const bool last_step = s.step == t->steps;

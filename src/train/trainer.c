@@ -34,7 +34,8 @@ int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cf
     }
     if (olmo_model_create(&tr->model, &cfg->model, be)) return -1;
     if (olmo_model_reserve(&tr->model, cfg->train.micro_batch, cfg->train.seq_len)) return -1;
-    if (olmo_optimizer_create(&tr->opt, &tr->model, dist)) return -1;
+    if (olmo_optimizer_create(&tr->opt, &tr->model, dist) || olmo_optimizer_configure(&tr->opt, &cfg->train))
+        return -1;
     size_t n = (size_t)cfg->train.micro_batch * cfg->train.seq_len;
     tr->inputs = olmo_malloc(n * sizeof(int32_t), "input batch");
     tr->targets = olmo_malloc(n * sizeof(int32_t), "target batch");
@@ -131,21 +132,36 @@ void olmo_trainer_skip(struct olmo_trainer *tr, struct olmo_step_result *res) {
     tr->skipped++;
 }
 
-enum olmo_step_verdict olmo_step_check(const struct olmo_trainer *tr, const struct olmo_step_result *res, char *why,
+enum olmo_step_verdict olmo_step_check(struct olmo_trainer *tr, const struct olmo_step_result *res, char *why,
                                        size_t n) {
+    const struct olmo_train_config *t = &tr->cfg.train;
     const char *what = !isfinite(res->ce_loss) ? "loss"
                        : !isfinite(res->z_loss) ? "z-loss"
                        : !isfinite(res->grad_norm) ? "gradient norm"
                                                   : NULL;
-    if (!what) return OLMO_STEP_APPLY;
-    const double v = !isfinite(res->ce_loss) ? res->ce_loss : !isfinite(res->z_loss) ? res->z_loss : res->grad_norm;
-    snprintf(why, n, "the %s is %s", what, isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf");
-    return tr->cfg.train.nonfinite == NONFINITE_SKIP ? OLMO_STEP_SKIP : OLMO_STEP_STOP;
+    if (what) {
+        /* train.nonfinite decides; the value stays out of the skip-step window (in OLMo-core a NaN there
+         * would make every comparison false, and NaN gradients reach the moments even on a skipped step) */
+        const double v = !isfinite(res->ce_loss) ? res->ce_loss : !isfinite(res->z_loss) ? res->z_loss : res->grad_norm;
+        snprintf(why, n, "the %s is %s%s", what, isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf",
+                 t->nonfinite == NONFINITE_SKIP ? " (train.nonfinite: skip)" : "");
+        return t->nonfinite == NONFINITE_SKIP ? OLMO_STEP_SKIP : OLMO_STEP_STOP;
+    }
+    if (t->optimizer != OPTIM_SKIP_STEP_ADAMW) return OLMO_STEP_APPLY;
+    /* SkipStepAdamW: the step's values join the window first (skipped or not), then get_step_factor() */
+    olmo_skip_window_push(&tr->opt.win, res->ce_loss, t->clip_grad_norm > 0, res->grad_norm);
+    const int spikes = olmo_skip_window_spikes(&tr->opt.win, t->rolling_interval_length, t->sigma_factor);
+    if (!spikes) return OLMO_STEP_APPLY;
+    snprintf(why, n, "%s%s%s more than %g standard deviations above the mean of the last %d steps "
+             "(train.optimizer: skip_step_adamw)",
+             spikes & OLMO_SPIKE_LOSS ? "the loss" : "", spikes == (OLMO_SPIKE_LOSS | OLMO_SPIKE_GRAD_NORM) ? " and " : "",
+             spikes & OLMO_SPIKE_GRAD_NORM ? "the gradient norm" : "", t->sigma_factor, tr->opt.win.n_loss - 1);
+    return OLMO_STEP_SKIP;
 }
 
 int olmo_trainer_step(struct olmo_trainer *tr, const int32_t *instances, struct olmo_step_result *res) {
     if (olmo_trainer_accumulate(tr, instances, res)) return -1;
-    char why[64];
+    char why[OLMO_STEP_WHY_MAX];
     switch (olmo_step_check(tr, res, why, sizeof why)) {
     case OLMO_STEP_APPLY: return olmo_trainer_update(tr, res);
     case OLMO_STEP_SKIP: olmo_trainer_skip(tr, res); return 0;

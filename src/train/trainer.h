@@ -17,7 +17,8 @@ struct olmo_trainer {
     bool device_comm;             /* collectives through the backend (NCCL), not MPI on host memory */
     int32_t *inputs, *targets;    /* host staging for one micro-batch */
     long skipped;                 /* steps skipped (no update): the LR schedule counts them, Adam's bias
-                                   * correction (opt.step) does not, as in OLMo-core's SkipStepAdamW */
+                                   * correction (opt.step) does not, as in OLMo-core's SkipStepAdamW
+                                   * (step_increment_bugfix: its step advances by the step factor, 0) */
 };
 
 struct olmo_step_result {
@@ -50,13 +51,15 @@ void olmo_trainer_destroy(struct olmo_trainer *tr);
  * the run (train.nonfinite: stop) fails with the reason. */
 int olmo_trainer_step(struct olmo_trainer *tr, const int32_t *instances, struct olmo_step_result *res);
 /* The step guard: a loss or gradient norm that is not finite stops the run
- * (train.nonfinite: stop) or skips the step (skip); why (n bytes) says which
- * value.  Every rank decides on the same all-reduced values, so all ranks
- * agree without another collective.  A spike-skipping optimizer (OLMo-core's
- * SkipStepAdamW: loss or grad norm too many standard deviations above a
- * rolling window) would keep its window in the trainer and return
- * OLMO_STEP_SKIP here. */
-enum olmo_step_verdict olmo_step_check(const struct olmo_trainer *tr, const struct olmo_step_result *res, char *why,
+ * (train.nonfinite: stop) or skips the step (skip).  With train.optimizer
+ * skip_step_adamw the step's CE loss and gradient norm (before clipping) then
+ * join OLMo-core's SkipStepAdamW rolling window, and a spike (more than
+ * train.sigma_factor standard deviations above the window's mean) skips the
+ * step.  why (n bytes, OLMO_STEP_WHY_MAX is enough) says which value and which
+ * setting.  Every rank decides on the same all-reduced values, so all ranks
+ * agree without another collective.  Call it once per step: it records the step. */
+#define OLMO_STEP_WHY_MAX 192
+enum olmo_step_verdict olmo_step_check(struct olmo_trainer *tr, const struct olmo_step_result *res, char *why,
                                        size_t n);
 /* The two halves of a step: gradients (and losses, grad norm) of the batch ... */
 int olmo_trainer_accumulate(struct olmo_trainer *tr, const int32_t *instances, struct olmo_step_result *res);
