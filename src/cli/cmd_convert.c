@@ -22,7 +22,10 @@ static void convert_usage(FILE *out) {
             "model.safetensors.index.json; fp32, bf16 or fp16) and writes OUTDIR/config.yaml (the model\n"
             "section filled in, train/data at their defaults, train.seq_len = min(max_position_embeddings,\n"
             "4096)) and OUTDIR/model.safetensors (fp32), usable with olmoc eval / generate, or with\n"
-            "olmoc train --init.  Refused: RoPE scaling (YaRN), tied embeddings, biases, dropout.\n");
+            "olmoc train --init.  Refused: RoPE scaling (YaRN), tied embeddings, biases, dropout.\n"
+            "A config written by OLMo-core's exporter (max_position_embeddings -1, null eos/pad_token_id)\n"
+            "is read with Olmo 3's values assumed and said so: sequence length 8192 (train.seq_len 4096),\n"
+            "the dolma2 tokenizer's EOS 100257 and PAD 100277; --set model.eos_token_id=ID etc. changes them.\n");
 }
 
 int cmd_convert(int argc, char **argv) {
@@ -85,6 +88,8 @@ int cmd_convert(int argc, char **argv) {
         olmo_error("'%s' is not a Hugging Face directory (no config.json)", src);
         goto fail;
     }
+    if (!to_hf && olmo_hf_config_assumed()[0])
+        fprintf(stderr, "olmoc convert: %s/config.json: %s\n", src, olmo_hf_config_assumed());
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--set") && olmo_config_set(&cfg, argv[++i])) goto fail;
     if (olmo_config_validate(&cfg)) goto fail;

@@ -2,6 +2,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,7 +162,46 @@ static int check_limits(const struct olmo_model_config *m, const char *path) {
     return 0;
 }
 
+/* What the last olmo_hf_read_config assumed (olmo_hf_config_assumed). */
+static _Thread_local char assumed[512];
+
+static void assume(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void assume(const char *fmt, ...) {
+    size_t len = strlen(assumed);
+    if (len && len + 2 < sizeof assumed) {
+        strcpy(assumed + len, "; ");
+        len += 2;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(assumed + len, sizeof assumed - len, fmt, ap);
+    va_end(ap);
+}
+
+const char *olmo_hf_config_assumed(void) { return assumed; }
+
+/* OLMo-core's Hugging Face exporter (olmo_core/nn/hf/config.py, get_hf_config) writes
+ * "max_position_embeddings": -1 and null pad/bos/eos token ids (save_hf_model fills the ids in only
+ * when given a tokenizer).  Those are read as unknown: the Olmo 3 values are assumed -- the dolma2
+ * tokenizer's EOS 100257 and PAD 100277 (OLMo-core TokenizerConfig.dolma2) and Olmo 3's 8192-token
+ * sequence length -- and said so. */
+#define DOLMA2_EOS 100257
+#define DOLMA2_PAD 100277
+#define OLMO3_SEQ_LEN 8192
+
+static int read_token_id(const cJSON *root, const char *k, int absent, int null_id, int *out, const char *path) {
+    const cJSON *v = get(root, k);
+    if (v && cJSON_IsNull(v)) {
+        *out = null_id;
+        assume("%s is null: %d assumed (the dolma2 tokenizer's; --set model.%s=ID to change)", k, null_id,
+               strcmp(k, "eos_token_id") ? "pad_token_id" : "eos_token_id");
+        return 0;
+    }
+    return get_token_id(root, k, absent, out, path);
+}
+
 int olmo_hf_read_config(const char *path, struct olmo_config *cfg) {
+    assumed[0] = '\0';
     char *text;
     if (olmo_read_file(path, 1u << 20, &text, NULL)) return -1;
     cJSON *root = cJSON_Parse(text);
@@ -209,8 +249,9 @@ int olmo_hf_read_config(const char *path, struct olmo_config *cfg) {
         get_int(root, "max_position_embeddings", 2048, false, &max_pos, path) ||
         get_double(root, "rms_norm_eps", 1e-5, &m->rms_norm_eps, path) ||
         get_double(root, "initializer_range", 0.02, &m->init_std, path) ||
-        get_token_id(root, "eos_token_id", 50279, &m->eos_token_id, path) ||
-        get_token_id(root, "pad_token_id", 1, &m->pad_token_id, path) || read_rope(root, &m->rope_theta, path))
+        read_token_id(root, "eos_token_id", 50279, DOLMA2_EOS, &m->eos_token_id, path) ||
+        read_token_id(root, "pad_token_id", 1, DOLMA2_PAD, &m->pad_token_id, path) ||
+        read_rope(root, &m->rope_theta, path))
         goto done;
     if (m->n_layers <= 0 || m->n_heads <= 0 || m->d_model <= 0) {
         olmo_error("%s: hidden_size, num_hidden_layers and num_attention_heads must be positive", path);
@@ -229,6 +270,12 @@ int olmo_hf_read_config(const char *path, struct olmo_config *cfg) {
     else if (cJSON_IsNull(sw)) m->sliding_window = 0; /* sliding layers attend to everything */
     else if (get_int(root, "sliding_window", 0, true, &m->sliding_window, path)) goto done;
     if (read_layer_types(root, m, path)) goto done;
+    if (max_pos <= 0) {
+        assume("max_position_embeddings is %d (no limit recorded, as OLMo-core's exporter writes): Olmo 3's %d "
+               "assumed, train.seq_len %d",
+               max_pos, OLMO3_SEQ_LEN, OLMO3_SEQ_LEN < 4096 ? OLMO3_SEQ_LEN : 4096);
+        max_pos = OLMO3_SEQ_LEN;
+    }
     cfg->train.seq_len = max_pos < 4096 ? max_pos : 4096;
     rc = 0;
 done:

@@ -21,6 +21,10 @@
 /* Reads config.json into cfg's model section (the train/data sections keep
  * their defaults; train.seq_len = min(max_position_embeddings, 4096)). */
 int olmo_hf_read_config(const char *config_json, struct olmo_config *cfg);
+/* What the last olmo_hf_read_config (on this thread) assumed for values config.json leaves open,
+ * as one line ("" when nothing): OLMo-core's exporter writes max_position_embeddings -1 (Olmo 3's
+ * 8192 assumed) and null eos/pad_token_id (the dolma2 tokenizer's 100257 / 100277 assumed). */
+const char *olmo_hf_config_assumed(void);
 /* Writes an Olmo3Config config.json (max_position_embeddings = train.seq_len). */
 int olmo_hf_write_config(const struct olmo_config *cfg, const char *path, const char *dtype_name);
 /* Loads weights from dir/model.safetensors or the shards listed in
