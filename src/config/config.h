@@ -58,9 +58,12 @@ struct olmo_train_config {
     int rolling_interval_length;
     double sigma_factor;
     bool step_increment_bugfix;
-    /* OLMo-core's Trainer saves a step-0 checkpoint of a fresh run, and torch's
-     * get_optimizer_state_dict first initialises the empty optimizer state with one step of zero
-     * gradients at lr 0: no change to weights or moments, but Adam's step counter starts at 1. */
+    /* OLMo-core's Trainer saves a step-0 checkpoint when it loaded none (CheckpointerCallback
+     * pre_train_checkpoint), and torch's get_optimizer_state_dict first initialises the empty
+     * optimizer state with one step of zero gradients at lr 0 (_init_optim_state): no change to
+     * weights or moments, but Adam's step counter starts at 1.  Applied as an offset to opt.step in
+     * the bias corrections, so it also holds after a resume (a run that loads optimizer state made
+     * this way, as Stage 2 loads Stage 1's, keeps it on). */
     bool optim_init_step;
     /* learning-rate schedule */
     enum olmo_schedule_kind schedule;
