@@ -1,0 +1,236 @@
+"""scripts/import_olmo_core.py: an OLMo-core run stopped at a checkpoint, imported into olmoc and
+continued with `olmoc train --resume`, against OLMo-core continuing from the same checkpoint.
+
+The reference runs at test time: OLMo-core's own Trainer (TrainerConfig / TransformerTrainModuleConfig,
+on the CPU, one process, no process group) trains a scaled-down Olmo 3 model (TransformerConfig.llama_like
+with olmo3_7B's block, QK-norm, RoPE theta, norm eps and 3:1 sliding-window pattern; the torch attention
+backend, since flash-attn needs a GPU) with SkipStepAdamW (the Olmo 3 7B recipe's optimizer; no step can
+be skipped in a run this short: the window needs 64 losses), no weight decay on the embeddings,
+CosWithWarmup, z-loss and clipping, on a token file read by NumpyFSLDataLoader.  It stops at a
+checkpoint (hard_stop) written by OLMo-core's Checkpointer; then a second Trainer loads that checkpoint
+and runs to the end.  The importer turns the same checkpoint into an olmoc checkpoint and olmoc
+continues: every continued step's CE loss, z-loss, gradient norm and learning rate, and all parameters
+at the end, must agree (fp32 tolerances below; the continuation crosses into the data's second epoch).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from test_cli import ROOT
+
+V, SEQ, MICRO, ACCUM, SEED = 64, 32, 2, 2, 34521
+STOP, TOTAL = 5, 10           # OLMo-core stops at step 5; both continue to step 10
+N_INSTANCES = 30              # 7 batches of 4 an epoch: steps 8-10 read epoch 2
+LR, WARMUP, ALPHA_F = 1e-2, 2, 0.1
+# fp32 on the CPU, different kernels: the continued losses (after 5 Adam steps from the same state)
+# agree to LOSS_RTOL relative, the parameters after them to PARAM_ATOL (Adam's normalised update makes
+# parameter differences of order lr x rounding noise of the moments).
+LOSS_RTOL, PARAM_ATOL = 1e-5, 1e-5
+
+CONFIG = f"""model:
+  vocab_size: {V}
+  d_model: 32
+  n_layers: 4
+  n_heads: 4
+  n_kv_heads: 2
+  mlp_hidden: 96
+  rope_theta: 500000
+  sliding_window: 8
+  full_attention_every: 4
+  full_attention_last: true
+  rms_norm_eps: 1.0e-6
+  eos_token_id: 0
+  pad_token_id: 1
+train:
+  seq_len: {SEQ}
+  micro_batch: {MICRO}
+  grad_accum: {ACCUM}
+  steps: {TOTAL}
+  seed: {SEED}
+  z_loss: 1.0e-5
+  clip_grad_norm: 1.0
+  lr: {LR}
+  beta1: 0.9
+  beta2: 0.95
+  eps: 1.0e-8
+  weight_decay: 0.1
+  embedding_weight_decay: 0.0
+  schedule: cos_with_warmup
+  warmup_steps: {WARMUP}
+  alpha_f: {ALPHA_F}
+  save_every: 1000
+  keep_last: 0
+  eval_every: 0
+  peak_flops: 1.0e12
+data:
+  dtype: uint16
+  order: olmo_core
+"""
+
+
+def make_data(path):
+    """EOS-separated documents with a bigram structure, as a raw uint16 memmap (OLMo-core's format)."""
+    rng = np.random.default_rng(11)
+    toks = []
+    while len(toks) < N_INSTANCES * SEQ + 5:
+        doc = [int(rng.integers(2, V))]
+        for _ in range(int(rng.integers(8, 40))):
+            doc.append((doc[-1] * 7 + 3) % (V - 2) + 2 if rng.random() < 0.8 else int(rng.integers(2, V)))
+        toks += doc + [0]
+    np.array(toks[:N_INSTANCES * SEQ + 5], dtype=np.uint16).tofile(path)
+
+
+# ------------------------------------------------------------------------------ OLMo-core's side
+
+OLMO_CORE_RUN = r'''
+import json, sys
+from pathlib import Path
+import numpy as np, torch
+from olmo_core.data import DataCollator, NumpyDataLoaderBase, NumpyFSLDataset
+from olmo_core.nn.attention import SlidingWindowAttentionConfig
+from olmo_core.nn.attention.backend import AttentionBackendName
+from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
+from olmo_core.optim import CosWithWarmup, OptimGroupOverride, SkipStepAdamWConfig
+from olmo_core.train import Duration, TrainerConfig
+from olmo_core.train.callbacks import Callback, CheckpointerCallback
+from olmo_core.train.train_module import TransformerTrainModuleConfig
+
+a = json.loads(sys.argv[1])
+work, V, SEQ = Path(a["work"]), a["V"], a["SEQ"]
+torch.manual_seed(0)
+model = TransformerConfig.llama_like(
+    vocab_size=V, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, hidden_size_multiple_of=32,
+    block_name=TransformerBlockType.reordered_norm, qk_norm=True, rope_theta=500_000, layer_norm_eps=1e-6,
+    sliding_window=SlidingWindowAttentionConfig(pattern=[8, 8, 8, -1], force_full_attention_on_first_layer=False,
+                                                force_full_attention_on_last_layer=True),
+    attn_backend=AttentionBackendName.torch).build(init_device="cpu")
+model.init_weights(device=torch.device("cpu"))
+assert model.blocks["0"].feed_forward.w1.weight.shape == (96, 32)
+optim = SkipStepAdamWConfig(lr=a["LR"], betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                            group_overrides=[OptimGroupOverride(params=["embeddings.weight"],
+                                                                opts=dict(weight_decay=0.0))])
+tm = TransformerTrainModuleConfig(rank_microbatch_size=a["MICRO"] * SEQ, max_sequence_length=SEQ, optim=optim,
+                                  z_loss_multiplier=1e-5, max_grad_norm=1.0,
+                                  scheduler=CosWithWarmup(warmup=a["WARMUP"], alpha_f=a["ALPHA_F"])
+                                  ).build(model, device=torch.device("cpu"))
+ds = NumpyFSLDataset(a["data"], sequence_length=SEQ, pad_token_id=1, eos_token_id=0, vocab_size=V,
+                     dtype=np.uint16)
+ds.work_dir = work
+dl = NumpyDataLoaderBase.wrap_numpy_dataset(ds, global_batch_size=a["MICRO"] * a["ACCUM"] * SEQ,
+                                            collator=DataCollator(pad_token_id=1), work_dir=work, seed=a["SEED"],
+                                            num_threads=0)
+records = {}
+class Record(Callback):
+    def log_metrics(self, step, metrics):
+        if "train/CE loss" in metrics:
+            records[step] = {k: float(metrics[n]) for k, n in (("loss", "train/CE loss"), ("z_loss", "train/Z loss"),
+                             ("grad_norm", "optim/total grad norm"), ("lr", "optim/LR (group 0)"))}
+trainer = TrainerConfig(
+    save_folder=str(work / "olmo_core"), max_duration=Duration.steps(a["TOTAL"]), metrics_collect_interval=1,
+    hard_stop=Duration.steps(a["stop"]) if a["stop"] else None, load_path=a["load"],
+    callbacks={"record": Record(),
+               "checkpointer": CheckpointerCallback(save_interval=a["STOP"], ephemeral_save_interval=None,
+                                                    pre_train_checkpoint=a["step0"])}).build(tm, dl)
+trainer.fit()
+params = {n: p.detach().numpy().tolist() for n, p in model.named_parameters()} if a["params"] else {}
+(work / a["out"]).write_text(json.dumps({"records": records, "params": params}))
+'''
+
+
+def olmo_core(work, data, out, stop=None, load=None, step0=False, params=False):
+    args = dict(work=str(work), data=str(data), out=out, stop=stop, load=load, step0=step0, params=params, V=V,
+                SEQ=SEQ, MICRO=MICRO, ACCUM=ACCUM, SEED=SEED, STOP=STOP, TOTAL=TOTAL, LR=LR, WARMUP=WARMUP,
+                ALPHA_F=ALPHA_F)
+    r = subprocess.run([sys.executable, "-c", OLMO_CORE_RUN, json.dumps(args)], capture_output=True, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    res = json.loads((work / out).read_text())
+    return {int(k): v for k, v in res["records"].items()}, {k: np.array(v, dtype=np.float32)
+                                                              for k, v in res["params"].items()}
+
+
+def importer(build_dir, *args):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "import_olmo_core.py"), *map(str, args),
+                           "--olmoc", str(build_dir / "olmoc")], capture_output=True, text=True, timeout=600)
+
+
+def olmoc_knows(build_dir, cfg, key_value):
+    r = subprocess.run([str(build_dir / "olmoc"), "info", str(cfg), "--set", key_value], capture_output=True,
+                       text=True)
+    return r.returncode == 0
+
+
+def hf_names():
+    from olmo_core.nn.hf.convert import LAYER, OLMO_CORE_TO_HF_WEIGHT_MAPPINGS
+
+    out = {}
+    for src, dst in OLMO_CORE_TO_HF_WEIGHT_MAPPINGS.items():
+        for i in range(4):
+            out[src.replace(str(LAYER), str(i))] = dst.replace(str(LAYER), str(i))
+    return out
+
+
+@pytest.mark.parametrize("step0", [False, True], ids=["no-step0-checkpoint", "step0-checkpoint"])
+def test_import_and_continue_matches_olmo_core(build_dir, tmp_path, step0):
+    """step0: OLMo-core's default, a step-0 checkpoint of the fresh run, which shifts Adam's step counter by
+    one (state["step"] = global_step + 1); olmoc continues it with train.optim_init_step."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(CONFIG)
+    if step0 and not olmoc_knows(build_dir, cfg, "train.optim_init_step=true"):
+        pytest.skip("this olmoc has no train.optim_init_step (OLMo-core's shifted Adam step counter), needed to "
+                    "continue a run that saved a step-0 checkpoint")
+    data = tmp_path / "train.u16"
+    make_data(data)
+
+    first, _ = olmo_core(tmp_path, data, "first.json", stop=STOP, step0=step0)
+    assert sorted(first) == list(range(1, STOP + 1))
+    ckpt = tmp_path / "olmo_core" / f"step{STOP}"
+    ref, ref_params = olmo_core(tmp_path, data, "second.json", load=str(ckpt), params=True)
+    assert sorted(ref) == list(range(STOP + 1, TOTAL + 1))
+
+    run = tmp_path / "run"
+    r = importer(build_dir, ckpt, run, "--config", cfg, "--set", f"data.train_path={data}")
+    assert r.returncode == 0, r.stderr
+    imported = run / f"step-{STOP:06d}"
+    state = json.loads((imported / "state.json").read_text())
+    assert state["step"] == STOP and state["tokens"] == STOP * MICRO * ACCUM * SEQ
+    assert state["imported_from"]["adam_step"] == STOP + (1 if step0 else 0)
+    assert state["loader"]["epoch"] == 0 and state["loader"]["pos"] == STOP * MICRO * ACCUM
+    # the imported weights are OLMo-core's at the checkpoint, by OLMo-core's own HF name table
+    ck_params = olmo_core_params_at(ckpt)
+    names = hf_names()
+    model = load_file(imported / "model.safetensors")
+    assert set(model) == {names[n] for n in ck_params}
+    for n, p in ck_params.items():
+        assert np.array_equal(model[names[n]], p), n
+
+    c = subprocess.run([str(build_dir / "olmoc"), "train", str(imported / "config.yaml"), "--resume"],
+                       capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
+    assert c.returncode == 0, c.stdout[-3000:] + c.stderr
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    ours = {x["step"]: x for x in recs if x["type"] == "train"}
+    assert sorted(ours) == list(range(STOP + 1, TOTAL + 1))
+    worst = {}
+    for s in range(STOP + 1, TOTAL + 1):
+        for k, rtol in (("loss", LOSS_RTOL), ("z_loss", LOSS_RTOL), ("grad_norm", LOSS_RTOL), ("lr", 1e-12)):
+            rel = abs(ours[s][k] - ref[s][k]) / abs(ref[s][k])
+            worst[k] = max(worst.get(k, 0.0), rel)
+            assert rel <= rtol, f"step {s} {k}: olmoc {ours[s][k]!r}, OLMo-core {ref[s][k]!r} (rel {rel:.2e})"
+    final = load_file(run / f"step-{TOTAL:06d}" / "model.safetensors")
+    diff = max(float(np.max(np.abs(final[names[n]] - p))) for n, p in ref_params.items())
+    print(f"\ncontinued steps {STOP + 1}..{TOTAL}: worst relative difference {worst}; "
+          f"parameters at step {TOTAL}: max |olmoc - OLMo-core| = {diff:.2e}")
+    assert diff <= PARAM_ATOL
+
+
+def olmo_core_params_at(ckpt):
+    from olmo_core.distributed.checkpoint import get_checkpoint_metadata, load_keys
+
+    mo = str(ckpt / "model_and_optim")
+    keys = [k for k in get_checkpoint_metadata(mo).state_dict_metadata if k.startswith("model.")]
+    return {k[len("model."):]: v.float().numpy() for k, v in zip(keys, load_keys(mo, keys))}
