@@ -12,13 +12,14 @@ and runs to the end.  The importer turns the same checkpoint into an olmoc check
 continues: every continued step's CE loss, z-loss, gradient norm and learning rate, and all parameters
 at the end, must agree (fp32 tolerances below; the continuation crosses into the data's second epoch).
 """
+import importlib.util
 import json
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
+import torch
 from safetensors.numpy import load_file
 
 from test_cli import ROOT
@@ -87,76 +88,64 @@ def make_data(path):
 
 # ------------------------------------------------------------------------------ OLMo-core's side
 
-OLMO_CORE_RUN = r'''
-import json, sys
-from pathlib import Path
-import numpy as np, torch
-from olmo_core.data import DataCollator, NumpyDataLoaderBase, NumpyFSLDataset
-from olmo_core.nn.attention import SlidingWindowAttentionConfig
-from olmo_core.nn.attention.backend import AttentionBackendName
-from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
-from olmo_core.optim import CosWithWarmup, OptimGroupOverride, SkipStepAdamWConfig
-from olmo_core.train import Duration, TrainerConfig
-from olmo_core.train.callbacks import Callback, CheckpointerCallback
-from olmo_core.train.train_module import TransformerTrainModuleConfig
+def olmo_core(work, data, stop=None, load=None, step0=False):
+    """Runs OLMo-core's Trainer (in this process) to `stop` (hard_stop, writing a checkpoint there) or,
+    from checkpoint `load`, to TOTAL; returns {step: CE loss, z-loss, grad norm, LR} and the model."""
+    from olmo_core.data import DataCollator, NumpyDataLoaderBase, NumpyFSLDataset
+    from olmo_core.nn.attention import SlidingWindowAttentionConfig
+    from olmo_core.nn.attention.backend import AttentionBackendName
+    from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
+    from olmo_core.optim import CosWithWarmup, OptimGroupOverride, SkipStepAdamWConfig
+    from olmo_core.train import Duration, TrainerConfig
+    from olmo_core.train.callbacks import Callback, CheckpointerCallback
+    from olmo_core.train.train_module import TransformerTrainModuleConfig
 
-a = json.loads(sys.argv[1])
-work, V, SEQ = Path(a["work"]), a["V"], a["SEQ"]
-torch.manual_seed(0)
-model = TransformerConfig.llama_like(
-    vocab_size=V, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, hidden_size_multiple_of=32,
-    block_name=TransformerBlockType.reordered_norm, qk_norm=True, rope_theta=500_000, layer_norm_eps=1e-6,
-    sliding_window=SlidingWindowAttentionConfig(pattern=[8, 8, 8, -1], force_full_attention_on_first_layer=False,
-                                                force_full_attention_on_last_layer=True),
-    attn_backend=AttentionBackendName.torch).build(init_device="cpu")
-model.init_weights(device=torch.device("cpu"))
-assert model.blocks["0"].feed_forward.w1.weight.shape == (96, 32)
-optim = SkipStepAdamWConfig(lr=a["LR"], betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
-                            group_overrides=[OptimGroupOverride(params=["embeddings.weight"],
-                                                                opts=dict(weight_decay=0.0))])
-tm = TransformerTrainModuleConfig(rank_microbatch_size=a["MICRO"] * SEQ, max_sequence_length=SEQ, optim=optim,
-                                  z_loss_multiplier=1e-5, max_grad_norm=1.0,
-                                  scheduler=CosWithWarmup(warmup=a["WARMUP"], alpha_f=a["ALPHA_F"])
-                                  ).build(model, device=torch.device("cpu"))
-ds = NumpyFSLDataset(a["data"], sequence_length=SEQ, pad_token_id=1, eos_token_id=0, vocab_size=V,
-                     dtype=np.uint16)
-ds.work_dir = work
-dl = NumpyDataLoaderBase.wrap_numpy_dataset(ds, global_batch_size=a["MICRO"] * a["ACCUM"] * SEQ,
-                                            collator=DataCollator(pad_token_id=1), work_dir=work, seed=a["SEED"],
-                                            num_threads=0)
-records = {}
-class Record(Callback):
-    def log_metrics(self, step, metrics):
-        if "train/CE loss" in metrics:
-            records[step] = {k: float(metrics[n]) for k, n in (("loss", "train/CE loss"), ("z_loss", "train/Z loss"),
-                             ("grad_norm", "optim/total grad norm"), ("lr", "optim/LR (group 0)"))}
-trainer = TrainerConfig(
-    save_folder=str(work / "olmo_core"), max_duration=Duration.steps(a["TOTAL"]), metrics_collect_interval=1,
-    hard_stop=Duration.steps(a["stop"]) if a["stop"] else None, load_path=a["load"],
-    callbacks={"record": Record(),
-               "checkpointer": CheckpointerCallback(save_interval=a["STOP"], ephemeral_save_interval=None,
-                                                    pre_train_checkpoint=a["step0"])}).build(tm, dl)
-trainer.fit()
-params = {n: p.detach().numpy().tolist() for n, p in model.named_parameters()} if a["params"] else {}
-(work / a["out"]).write_text(json.dumps({"records": records, "params": params}))
-'''
+    torch.manual_seed(0)
+    model = TransformerConfig.llama_like(
+        vocab_size=V, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, hidden_size_multiple_of=32,
+        block_name=TransformerBlockType.reordered_norm, qk_norm=True, rope_theta=500_000, layer_norm_eps=1e-6,
+        sliding_window=SlidingWindowAttentionConfig(pattern=[8, 8, 8, -1], force_full_attention_on_first_layer=False,
+                                                    force_full_attention_on_last_layer=True),
+        attn_backend=AttentionBackendName.torch).build(init_device="cpu")
+    model.init_weights(device=torch.device("cpu"))
+    assert model.blocks["0"].feed_forward.w1.weight.shape == (96, 32)  # mlp_hidden
+    optim = SkipStepAdamWConfig(lr=LR, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                                group_overrides=[OptimGroupOverride(params=["embeddings.weight"],
+                                                                    opts=dict(weight_decay=0.0))])
+    tm = TransformerTrainModuleConfig(rank_microbatch_size=MICRO * SEQ, max_sequence_length=SEQ, optim=optim,
+                                      z_loss_multiplier=1e-5, max_grad_norm=1.0,
+                                      scheduler=CosWithWarmup(warmup=WARMUP, alpha_f=ALPHA_F)
+                                      ).build(model, device=torch.device("cpu"))
+    ds = NumpyFSLDataset(data, sequence_length=SEQ, pad_token_id=1, eos_token_id=0, vocab_size=V, dtype=np.uint16)
+    ds.work_dir = work
+    dl = NumpyDataLoaderBase.wrap_numpy_dataset(ds, global_batch_size=MICRO * ACCUM * SEQ,
+                                                collator=DataCollator(pad_token_id=1), work_dir=work, seed=SEED,
+                                                num_threads=0)
+    records = {}
 
+    class Record(Callback):
+        def log_metrics(self, step, metrics):
+            if "train/CE loss" in metrics:
+                records[step] = {k: float(metrics[n]) for k, n in (
+                    ("loss", "train/CE loss"), ("z_loss", "train/Z loss"), ("grad_norm", "optim/total grad norm"),
+                    ("lr", "optim/LR (group 0)"))}
 
-def olmo_core(work, data, out, stop=None, load=None, step0=False, params=False):
-    args = dict(work=str(work), data=str(data), out=out, stop=stop, load=load, step0=step0, params=params, V=V,
-                SEQ=SEQ, MICRO=MICRO, ACCUM=ACCUM, SEED=SEED, STOP=STOP, TOTAL=TOTAL, LR=LR, WARMUP=WARMUP,
-                ALPHA_F=ALPHA_F)
-    r = subprocess.run([sys.executable, "-c", OLMO_CORE_RUN, json.dumps(args)], capture_output=True, text=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
-    res = json.loads((work / out).read_text())
-    return {int(k): v for k, v in res["records"].items()}, {k: np.array(v, dtype=np.float32)
-                                                              for k, v in res["params"].items()}
+    trainer = TrainerConfig(
+        save_folder=str(work / "olmo_core"), max_duration=Duration.steps(TOTAL), metrics_collect_interval=1,
+        hard_stop=Duration.steps(stop) if stop else None, load_path=load,
+        callbacks={"record": Record(),
+                   "checkpointer": CheckpointerCallback(save_interval=STOP, ephemeral_save_interval=None,
+                                                        pre_train_checkpoint=step0)}).build(tm, dl)
+    trainer.fit()
+    return records, {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
 
 
 def importer(build_dir, *args):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "import_olmo_core.py"), *map(str, args),
-                           "--olmoc", str(build_dir / "olmoc")], capture_output=True, text=True, timeout=600)
+    """scripts/import_olmo_core.py's main() in this process (OLMo-core is imported once)."""
+    spec = importlib.util.spec_from_file_location("import_olmo_core", ROOT / "scripts" / "import_olmo_core.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main([*map(str, args), "--olmoc", str(build_dir / "olmoc")])
 
 
 def olmoc_knows(build_dir, cfg, key_value):
@@ -187,15 +176,14 @@ def test_import_and_continue_matches_olmo_core(build_dir, tmp_path, step0):
     data = tmp_path / "train.u16"
     make_data(data)
 
-    first, _ = olmo_core(tmp_path, data, "first.json", stop=STOP, step0=step0)
+    first, _ = olmo_core(tmp_path, data, stop=STOP, step0=step0)
     assert sorted(first) == list(range(1, STOP + 1))
     ckpt = tmp_path / "olmo_core" / f"step{STOP}"
-    ref, ref_params = olmo_core(tmp_path, data, "second.json", load=str(ckpt), params=True)
+    ref, ref_params = olmo_core(tmp_path, data, load=str(ckpt))
     assert sorted(ref) == list(range(STOP + 1, TOTAL + 1))
 
     run = tmp_path / "run"
-    r = importer(build_dir, ckpt, run, "--config", cfg, "--set", f"data.train_path={data}")
-    assert r.returncode == 0, r.stderr
+    assert importer(build_dir, ckpt, run, "--config", cfg, "--set", f"data.train_path={data}") == 0
     imported = run / f"step-{STOP:06d}"
     state = json.loads((imported / "state.json").read_text())
     assert state["step"] == STOP and state["tokens"] == STOP * MICRO * ACCUM * SEQ
