@@ -90,14 +90,14 @@ def make_data(path):
 
 # ------------------------------------------------------------------------------ OLMo-core's side
 
-def olmo_core(work, data, stop=None, load=None, step0=False):
+def olmo_core(work, data, stop=None, load=None, step0=False, optimizer="skip_step_adamw"):
     """Runs OLMo-core's Trainer (in this process) to `stop` (hard_stop, writing a checkpoint there) or,
     from checkpoint `load`, to TOTAL; returns {step: CE loss, z-loss, grad norm, LR} and the model."""
     from olmo_core.data import DataCollator, NumpyDataLoaderBase, NumpyFSLDataset
     from olmo_core.nn.attention import SlidingWindowAttentionConfig
     from olmo_core.nn.attention.backend import AttentionBackendName
     from olmo_core.nn.transformer import TransformerBlockType, TransformerConfig
-    from olmo_core.optim import CosWithWarmup, OptimGroupOverride, SkipStepAdamWConfig
+    from olmo_core.optim import AdamWConfig, CosWithWarmup, OptimGroupOverride, SkipStepAdamWConfig
     from olmo_core.train import Duration, TrainerConfig
     from olmo_core.train.callbacks import Callback, CheckpointerCallback
     from olmo_core.train.train_module import TransformerTrainModuleConfig
@@ -111,7 +111,8 @@ def olmo_core(work, data, stop=None, load=None, step0=False):
         attn_backend=AttentionBackendName.torch).build(init_device="cpu")
     model.init_weights(device=torch.device("cpu"))
     assert model.blocks["0"].feed_forward.w1.weight.shape == (96, 32)  # mlp_hidden
-    optim = SkipStepAdamWConfig(lr=LR, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+    optim = {"skip_step_adamw": SkipStepAdamWConfig, "adamw": AdamWConfig}[optimizer](
+        lr=LR, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
                                 group_overrides=[OptimGroupOverride(params=["embeddings.weight"],
                                                                     opts=dict(weight_decay=0.0))])
     tm = TransformerTrainModuleConfig(rank_microbatch_size=MICRO * SEQ, max_sequence_length=SEQ, optim=optim,
@@ -166,13 +167,13 @@ def hf_names():
     return out
 
 
-def stop_olmo_core_run(work, step0):
+def stop_olmo_core_run(work, step0, optimizer="skip_step_adamw"):
     """The config, the data, and OLMo-core's checkpoint at step STOP."""
     cfg = work / "tiny.yaml"
     cfg.write_text(CONFIG)
     data = work / "train.u16"
     make_data(data)
-    first, _ = olmo_core(work, data, stop=STOP, step0=step0)
+    first, _ = olmo_core(work, data, stop=STOP, step0=step0, optimizer=optimizer)
     assert sorted(first) == list(range(1, STOP + 1))
     return cfg, data, work / "olmo_core" / f"step{STOP}"
 
@@ -182,19 +183,22 @@ def stopped(tmp_path_factory):
     return stop_olmo_core_run(tmp_path_factory.mktemp("olmo_core_run"), step0=False)
 
 
-@pytest.mark.parametrize("step0", [False, True], ids=["no-step0-checkpoint", "step0-checkpoint"])
-def test_import_and_continue_matches_olmo_core(build_dir, tmp_path, step0, request):
-    """step0: OLMo-core's default, a step-0 checkpoint of the fresh run, which shifts Adam's step counter by
-    one (state["step"] = global_step + 1); olmoc continues it with train.optim_init_step."""
+@pytest.mark.parametrize("optimizer,step0", [("skip_step_adamw", False), ("skip_step_adamw", True), ("adamw", False)],
+                         ids=["skip_step_adamw", "skip_step_adamw-step0-checkpoint", "adamw"])
+def test_import_and_continue_matches_olmo_core(build_dir, tmp_path, optimizer, step0, request):
+    """SkipStepAdamW (the Olmo 3 recipe's) or torch's AdamW (OLMo-core's AdamWConfig).  step0: OLMo-core's
+    default, a step-0 checkpoint of the fresh run, which shifts Adam's step counter by one
+    (state["step"] = global_step + 1); olmoc continues it with train.optim_init_step."""
     if step0:
         (tmp_path / "tiny.yaml").write_text(CONFIG)
         if not olmoc_knows(build_dir, tmp_path / "tiny.yaml", "train.optim_init_step=true"):
             pytest.skip("this olmoc has no train.optim_init_step (OLMo-core's shifted Adam step counter), needed "
                         "to continue a run that saved a step-0 checkpoint")
-        cfg, data, ckpt = stop_olmo_core_run(tmp_path, step0=True)
+    if step0 or optimizer != "skip_step_adamw":
+        cfg, data, ckpt = stop_olmo_core_run(tmp_path, step0=step0, optimizer=optimizer)
     else:
         cfg, data, ckpt = request.getfixturevalue("stopped")
-    ref, ref_params = olmo_core(ckpt.parents[1], data, load=str(ckpt))
+    ref, ref_params = olmo_core(ckpt.parents[1], data, load=str(ckpt), optimizer=optimizer)
     assert sorted(ref) == list(range(STOP + 1, TOTAL + 1))
 
     run = tmp_path / "run"
