@@ -331,11 +331,24 @@ def run_import(a):
             yaml_text, info2 = olmoc_info(a.olmoc, a.config, sets, a.ranks)
         except Refused as e:
             raise Refused(f"OLMo-core's Adam step counter is shifted by a step-0 checkpoint ({adam_step} after "
-                               f"{step} steps), which needs olmoc's train.optim_init_step: {e}") from None
+                          f"{step} steps), which needs olmoc's train.optim_init_step: {e}") from None
         assert info2 == info
+    # which optimizer: torch's AdamW has param-group flags (amsgrad, foreach, ...) SkipStepAdamW has not
+    kind = "adamw" if "amsgrad" in group_keys else "skip_step_adamw"
+    if "optimizer" in yaml.safe_load(yaml_text)["train"]:
+        if yaml.safe_load(yaml_text)["train"]["optimizer"] != kind:
+            sets.append(f"train.optimizer={kind}")
+            yaml_text = olmoc_info(a.olmoc, a.config, sets, a.ranks)[0]
+            print(f"note: the OLMo-core optimizer is {kind}: train.optimizer set to {kind}", file=sys.stderr)
+    elif kind == "skip_step_adamw":
+        print("note: the OLMo-core optimizer is SkipStepAdamW; this olmoc has no train.optimizer, so the run "
+              "continues with AdamW (the same updates until SkipStepAdamW would skip a step)", file=sys.stderr)
+    if skipped and kind != "skip_step_adamw":
+        raise Refused(f"Adam's step counter {adam_step} after {step} trainer steps would mean {skipped} skipped "
+                      "steps, but the optimizer is torch's AdamW, which never skips")
     if skipped and yaml.safe_load(yaml_text)["train"].get("optimizer") != "skip_step_adamw":
-        raise Refused(f"{skipped} steps were skipped (SkipStepAdamW) but train.optimizer is not "
-                           "skip_step_adamw")
+        raise Refused(f"{skipped} steps were skipped (SkipStepAdamW) but this olmoc has no train.optimizer "
+                      "skip_step_adamw to continue with")
 
     # the model shape: olmoc's parameters and their sizes
     hf_shapes = {to_hf[n]: tuple(meta[f"model.{n}"].size) for n in names}

@@ -220,7 +220,9 @@ def test_import_and_continue_matches_olmo_core(build_dir, tmp_path, optimizer, s
             assert np.array_equal(optim[f"{names[n]}.{s}"], ck["optim"][f"{n}.{s}"]), (n, s)
         assert ck["optim"][f"{n}.step"] == STOP + (1 if step0 else 0)
     assert optim["step"].tolist() == [STOP]  # updates applied; the shift is train.optim_init_step
-    assert yaml.safe_load((imported / "config.yaml").read_text())["train"].get("optim_init_step", False) == step0
+    train = yaml.safe_load((imported / "config.yaml").read_text())["train"]
+    assert train.get("optim_init_step", False) == step0
+    assert train.get("optimizer", optimizer) == optimizer  # set by the importer where olmoc has the key
 
     c = subprocess.run([str(build_dir / "olmoc"), "train", str(imported / "config.yaml"), "--resume"],
                        capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
@@ -282,10 +284,17 @@ def test_import_refuses_other_inputs(build_dir, tmp_path, stopped, capsys):
     capsys.readouterr()
     assert importer(build_dir, ckpt, tmp_path / "run", *base) == 1  # never over an existing checkpoint
     assert f"step-{STOP:06d}' already exists" in capsys.readouterr().err
-    # Adam's counter equals global_step: --optim-init-step yes would mean one skipped step
-    assert importer(build_dir, ckpt, tmp_path / "run2", *base, "--optim-init-step", "yes") == 1
+    # --optim-init-step yes on a counter equal to global_step: a shifted counter and one skipped step
+    # (SkipStepAdamW), which needs train.optim_init_step and train.optimizer skip_step_adamw
+    rc = importer(build_dir, ckpt, tmp_path / "run2", *base, "--optim-init-step", "yes")
     err = capsys.readouterr().err
-    assert "train.optim_init_step" in err or "1 steps were skipped (SkipStepAdamW)" in err, err
+    if olmoc_knows(build_dir, cfg, "train.optim_init_step=true"):
+        assert rc == 0, err
+        state = json.loads((tmp_path / "run2" / f"step-{STOP:06d}" / "state.json").read_text())
+        assert state["skipped_steps"] == 1
+        assert load_file(tmp_path / "run2" / f"step-{STOP:06d}" / "optim.safetensors")["step"].tolist() == [STOP - 1]
+    else:
+        assert rc == 1 and "needs olmoc's train.optim_init_step" in err, err
     # olmoc info --data: a number of ranks
     for bad in ("0", "x", "-1"):
         r = subprocess.run([str(build_dir / "olmoc"), "info", str(cfg), "--data", bad], capture_output=True,
