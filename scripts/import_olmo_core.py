@@ -173,7 +173,7 @@ def hf_name_map(olmo_core_names):
                 break
         else:
             raise Refused(f"OLMo-core parameter '{name}' has no Olmo3 (Hugging Face) counterpart: not an "
-                               "Olmo 3 dense model olmoc can train")
+                          "Olmo 3 dense model olmoc can train")
     return out
 
 
@@ -185,7 +185,7 @@ def read_olmo_core(step_dir):
     train_pt = step_dir / "train" / "rank0.pt"
     if not (mo / ".metadata").is_file() or not train_pt.is_file():
         raise Refused(f"'{step_dir}' is not an OLMo-core checkpoint (no model_and_optim/.metadata or "
-                           "train/rank0.pt)")
+                      "train/rank0.pt)")
     meta = get_checkpoint_metadata(str(mo)).state_dict_metadata
     train_state = torch.load(train_pt, map_location="cpu", weights_only=False)
 
@@ -237,7 +237,7 @@ def run_import(a):
     dl = ts["data_loader"]
     if dl.get("dataset_type", "fsl") != "fsl":
         raise Refused(f"OLMo-core data loader type '{dl.get('dataset_type')}': olmoc continues only the "
-                           "fixed-sequence-length (fsl) NumpyFSLDataLoader")
+                      "fixed-sequence-length (fsl) NumpyFSLDataLoader")
 
     # the olmoc config, with the model and the data as olmoc will open them
     out_dir = a.out_dir.resolve()
@@ -247,32 +247,32 @@ def run_import(a):
     tcfg, mcfg, dcfg = cfg["train"], cfg["model"], cfg["data"]
     if dcfg.get("order") != "olmo_core":
         raise Refused(f"data.order is '{dcfg.get('order')}': only data.order olmo_core continues OLMo-core's "
-                           "batches")
+                      "batches")
     seq = int(tcfg["seq_len"])
     if int(dl["sequence_length"]) != seq:
         raise Refused(f"train.seq_len is {seq}, the OLMo-core data loader's sequence_length "
-                           f"{dl['sequence_length']}")
+                      f"{dl['sequence_length']}")
     if dl.get("max_target_sequence_length") not in (None, seq):
         raise Refused("the OLMo-core dataset used max_target_sequence_length "
-                           f"{dl['max_target_sequence_length']} != sequence_length: not an order olmoc reproduces")
+                      f"{dl['max_target_sequence_length']} != sequence_length: not an order olmoc reproduces")
     if int(dl["seed"]) != int(tcfg["seed"]):
         raise Refused(f"train.seed is {tcfg['seed']}, the OLMo-core data loader's seed {dl['seed']}")
     B = info["batch"]
     batches, tokens_epoch = int(dl["batches_processed"]), int(dl["tokens_processed"])
     if tokens_epoch != batches * B * seq:
         raise Refused(f"the OLMo-core data loader processed {tokens_epoch} tokens in {batches} batches this "
-                           f"epoch, not {B} instances of {seq} tokens a batch: the olmoc global batch "
-                           f"(micro_batch x grad_accum x --ranks = {B}) differs")
+                      f"epoch, not {B} instances of {seq} tokens a batch: the olmoc global batch "
+                      f"(micro_batch x grad_accum x --ranks = {B}) differs")
     epoch = int(dl["epoch"]) - 1  # OLMo-core counts epochs from 1
     pos = batches * B
     if epoch < 0 or pos > info["n_instances"]:
         raise Refused(f"OLMo-core data loader epoch {dl['epoch']}, {batches} batches: beyond the "
-                           f"{info['n_instances']} instances per epoch of olmoc's data")
+                      f"{info['n_instances']} instances per epoch of olmoc's data")
     tokens = int(ts["global_train_tokens_seen"])
     if tokens != (epoch * info["n_instances"] + pos) * seq:
         raise Refused(f"OLMo-core saw {tokens} tokens, but epoch {epoch + 1} at batch {batches} of olmoc's "
-                           f"data ({info['n_instances']} instances an epoch) is "
-                           f"{(epoch * info['n_instances'] + pos) * seq}: not the same data")
+                      f"data ({info['n_instances']} instances an epoch) is "
+                      f"{(epoch * info['n_instances'] + pos) * seq}: not the same data")
 
     # parameters, in olmoc's (Hugging Face) names
     names = [k[len("model."):] for k in meta if k.startswith("model.")]
@@ -317,21 +317,21 @@ def run_import(a):
             shift = 0
         else:
             raise Refused(f"Adam's step counter is {adam_step} after {step} trainer steps: skipped steps or "
-                               "a shifted counter cannot be told apart; pass --optim-init-step yes or no")
+                          "a shifted counter cannot be told apart; pass --optim-init-step yes or no")
     else:
         shift = 1 if a.optim_init_step == "yes" else 0
     applied = adam_step - shift
     skipped = step - applied
     if applied < 0 or skipped < 0:
         raise Refused(f"Adam's step counter {adam_step} with --optim-init-step {a.optim_init_step} does not "
-                           f"fit {step} trainer steps")
+                      f"fit {step} trainer steps")
     if shift != (1 if tcfg.get("optim_init_step") else 0):
         sets.append(f"train.optim_init_step={'true' if shift else 'false'}")
         try:
             yaml_text, info2 = olmoc_info(a.olmoc, a.config, sets, a.ranks)
         except Refused as e:
             raise Refused(f"OLMo-core's Adam step counter is shifted by a step-0 checkpoint ({adam_step} after "
-                          f"{step} steps), which needs olmoc's train.optim_init_step: {e}") from None
+                     f"{step} steps), which needs olmoc's train.optim_init_step: {e}") from None
         assert info2 == info
     # which optimizer: torch's AdamW has param-group flags (amsgrad, foreach, ...) SkipStepAdamW has not
     kind = "adamw" if "amsgrad" in group_keys else "skip_step_adamw"
@@ -345,10 +345,10 @@ def run_import(a):
               "continues with AdamW (the same updates until SkipStepAdamW would skip a step)", file=sys.stderr)
     if skipped and kind != "skip_step_adamw":
         raise Refused(f"Adam's step counter {adam_step} after {step} trainer steps would mean {skipped} skipped "
-                      "steps, but the optimizer is torch's AdamW, which never skips")
+                 "steps, but the optimizer is torch's AdamW, which never skips")
     if skipped and yaml.safe_load(yaml_text)["train"].get("optimizer") != "skip_step_adamw":
         raise Refused(f"{skipped} steps were skipped (SkipStepAdamW) but this olmoc has no train.optimizer "
-                      "skip_step_adamw to continue with")
+                 "skip_step_adamw to continue with")
 
     # the model shape: olmoc's parameters and their sizes
     hf_shapes = {to_hf[n]: tuple(meta[f"model.{n}"].size) for n in names}
@@ -356,11 +356,11 @@ def run_import(a):
     if set(hf_shapes) != set(expect):
         missing, unknown = sorted(set(expect) - set(hf_shapes)), sorted(set(hf_shapes) - set(expect))
         raise Refused(f"the OLMo-core model does not have the config's layers: missing {missing[:3]}, "
-                           f"not in the config {unknown[:3]}")
+                      f"not in the config {unknown[:3]}")
     for k, shape in expect.items():
         if hf_shapes[k] != shape:
             raise Refused(f"{k} is {list(hf_shapes[k])} in the OLMo-core checkpoint but {list(shape)} by "
-                               "the config's model section")
+                          "the config's model section")
 
     # write
     final = out_dir / f"step-{step:06d}"
