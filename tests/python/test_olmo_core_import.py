@@ -5,12 +5,15 @@ The reference runs at test time: OLMo-core's own Trainer (TrainerConfig / Transf
 on the CPU, one process, no process group) trains a scaled-down Olmo 3 model (TransformerConfig.llama_like
 with olmo3_7B's block, QK-norm, RoPE theta, norm eps and 3:1 sliding-window pattern; the torch attention
 backend, since flash-attn needs a GPU) with SkipStepAdamW (the Olmo 3 7B recipe's optimizer; no step can
-be skipped in a run this short: the window needs 64 losses), no weight decay on the embeddings,
+be skipped in a run this short: the window needs 64 losses) or torch's AdamW, no weight decay on the embeddings,
 CosWithWarmup, z-loss and clipping, on a token file read by NumpyFSLDataLoader.  It stops at a
 checkpoint (hard_stop) written by OLMo-core's Checkpointer; then a second Trainer loads that checkpoint
 and runs to the end.  The importer turns the same checkpoint into an olmoc checkpoint and olmoc
 continues: every continued step's CE loss, z-loss, gradient norm and learning rate, and all parameters
 at the end, must agree (fp32 tolerances below; the continuation crosses into the data's second epoch).
+The importer's refusals (a config that is not the run's, inputs that are not a checkpoint) are checked
+by message.  Zeroing the imported exp_avg, resetting Adam's step counter or moving the data position
+by one batch makes the comparison fail (checked by hand when the test was written).
 """
 import importlib.util
 import json
