@@ -1,0 +1,429 @@
+#!/usr/bin/env python3
+"""Import an OLMo-core training checkpoint into an olmoc checkpoint, so that
+`olmoc train --resume` continues where the OLMo-core run stopped.
+
+    .venv/bin/python scripts/import_olmo_core.py OLMO_CORE_STEP_DIR OUT_DIR --config CFG.yaml \\
+        [--set KEY=VALUE ...] [--ranks N] [--optim-init-step auto|yes|no] [--olmoc PATH]
+
+OLMO_CORE_STEP_DIR is a checkpoint directory of OLMo-core's Trainer (`.../stepN/`, holding
+`model_and_optim/`, the torch.distributed.checkpoint of TransformerTrainModule.state_dict_to_save(),
+and `train/rank0.pt`, the Trainer's state).  It is read with OLMo-core's own code
+(olmo_core.distributed.checkpoint.load_keys: one unsharded tensor at a time, whatever the sharding
+it was saved with) and written as OUT_DIR/step-NNNNNN/ (NNNNNN = the Trainer's global_step):
+
+  model.safetensors  the weights, fp32, under the Hugging Face Olmo3 names olmoc uses (OLMo-core's
+                     own olmo_core.nn.hf.convert.OLMO_CORE_TO_HF_WEIGHT_MAPPINGS)
+  optim.safetensors  AdamW / SkipStepAdamW exp_avg and exp_avg_sq (fp32) and Adam's step counter
+  config.yaml        the olmoc config (CFG.yaml with the --set overrides and data.out_dir = OUT_DIR,
+                     resolved by `olmoc info`)
+  state.json         the step, tokens, the data loader's epoch and position (OLMo-core's
+                     batches_processed x the global batch: with data.order olmo_core, olmoc's batch k is
+                     OLMo-core's batch k), the loader fingerprint (`olmoc info --data`), file hashes
+
+Continue with `olmoc train OUT_DIR/step-NNNNNN/config.yaml --resume [--set train.steps=...]` (the
+command is printed).  The config must describe the same model (the tensor shapes are checked),
+train.seq_len, train.seed, and global batch (micro_batch x grad_accum x ranks instances) as the
+OLMo-core run, and its AdamW betas, eps, weight decays and peak lr must equal the optimizer's param
+groups (checked: a mismatch is refused, naming the value).
+
+Adam's step counter: OLMo-core's Trainer saves a step-0 checkpoint of a fresh run, and taking that
+optimizer state dict first runs one zero-gradient, zero-LR step, so its state["step"] is global_step
++ 1 (no update ever differs: the bias corrections are shifted by one).  olmoc models this with
+train.optim_init_step: --optim-init-step auto (the default) sets it when state["step"] is
+global_step + 1, leaves it off when they are equal, and asks for yes/no otherwise (SkipStepAdamW's
+skipped steps do not advance state["step"]: steps skipped = global_step - (state["step"] - shift),
+written as skipped_steps).  SkipStepAdamW's rolling window of losses and gradient norms is not
+part of OLMo-core's checkpoint (it restarts empty when OLMo-core resumes, too).
+
+state.json's file hashes are olmoc's olmo_hash64 (src/train/checkpoint.c), computed here in
+Python, one loop step per 8 bytes (measured 4.7 MB/s on a heavily shared machine): a 7B import (84 GB
+of weights and moments) spends hours hashing.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+CKPT_FORMAT, CKPT_VERSION = "olmoc-checkpoint", 1  # src/train/checkpoint.c
+
+
+class Refused(Exception):
+    pass
+
+
+# ---------------------------------------------------------------- olmo_hash64 (src/train/checkpoint.c)
+
+M64 = (1 << 64) - 1
+
+
+def _rotl(x, k):
+    return ((x << k) | (x >> (64 - k))) & M64
+
+
+def _premix(words):
+    """rotl64(w * 0x87c37b91114253d5, 31) * 0x4cf5ad432745937f for a uint64 array (wrapping)."""
+    with np.errstate(over="ignore"):
+        x = words * np.uint64(0x87C37B91114253D5)
+        x = (x << np.uint64(31)) | (x >> np.uint64(33))
+        return x * np.uint64(0x4CF5AD432745937F)
+
+
+def _chain(h, xs, m=M64):
+    """h = rotl64(h ^ x, 27) * 5 + 0x52dce729 for each x: the serial part, in Python."""
+    for x in xs:
+        h ^= x
+        h = (((h << 27) | (h >> 37)) * 5 + 0x52DCE729) & m
+    return h
+
+
+def hash64_file(path, chunk=1 << 24):
+    """olmo_hash64 of a file's bytes, read in chunks."""
+    size = os.path.getsize(path)
+    h = 0x9E3779B97F4A7C15 ^ ((size * 0xFF51AFD7ED558CCD) & M64)
+    n8 = size // 8 * 8
+    tail = b""
+    with open(path, "rb") as f:
+        done = 0
+        while done < n8:
+            data = f.read(min(chunk, n8 - done))
+            if not data or len(data) % 8:
+                raise Refused(f"'{path}' changed while it was hashed")
+            done += len(data)
+            h = _chain(h, _premix(np.frombuffer(data, dtype="<u8")).tolist())
+        tail = f.read()
+    t = int.from_bytes(tail, "little")
+    h ^= (_rotl((t * 0x87C37B91114253D5) & M64, 31) * 0x4CF5AD432745937F) & M64
+    for mult in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53):
+        h ^= h >> 33
+        h = (h * mult) & M64
+    return h ^ (h >> 33), size
+
+
+# ------------------------------------------------------------------------- safetensors, streamed
+
+def write_safetensors(path, entries):
+    """entries: [(name, dtype 'F32'|'I64', shape, producer() -> numpy array)], written in order,
+    one tensor in memory at a time (the header is computed from the shapes first)."""
+    itemsize = {"F32": 4, "I64": 8}
+    header, offset = {}, 0
+    for name, dtype, shape, _ in entries:
+        n = int(np.prod(shape, dtype=np.int64)) * itemsize[dtype]
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for name, dtype, shape, produce in entries:
+            a = np.ascontiguousarray(produce(), dtype={"F32": "<f4", "I64": "<i8"}[dtype])
+            if tuple(a.shape) != tuple(shape):
+                raise Refused(f"tensor '{name}' has shape {tuple(a.shape)}, expected {tuple(shape)}")
+            f.write(a.tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# ----------------------------------------------------------------------------------- olmoc side
+
+def olmoc_info(olmoc, config, sets, ranks):
+    """The resolved config (YAML text) and the data line of `olmoc info --data`."""
+    cmd = [str(olmoc), "info", str(config)]
+    for s in sets:
+        cmd += ["--set", s]
+    cmd += ["--data", str(ranks)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise Refused(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
+    m = re.search(r"^# data: (\d+) instances per epoch, (\d+) in the files, global batch (\d+), fingerprint (\d+)$",
+                  r.stdout, re.M)
+    if not m:
+        raise Refused(f"`olmoc info --data` printed no data line; is {olmoc} an olmoc with --data?")
+    yaml_text = "".join(line + "\n" for line in r.stdout.splitlines() if not line.startswith("#"))
+    return yaml_text, {"n_instances": int(m[1]), "dataset_instances": int(m[2]), "batch": int(m[3]),
+                       "fingerprint": int(m[4])}
+
+
+# ------------------------------------------------------------------------------- OLMo-core side
+
+def hf_name_map(olmo_core_names):
+    """OLMo-core parameter name -> Hugging Face name, from OLMo-core's own conversion table."""
+    from olmo_core.nn.hf.convert import LAYER, OLMO_CORE_TO_HF_WEIGHT_MAPPINGS
+
+    rules = []
+    for src, dst in OLMO_CORE_TO_HF_WEIGHT_MAPPINGS.items():
+        if "[" in src.replace(str(LAYER), ""):
+            continue  # expert templates (MoE)
+        pattern = "^" + re.escape(src).replace(re.escape(str(LAYER)), r"(\d+)") + "$"
+        rules.append((re.compile(pattern), dst))
+    out = {}
+    for name in olmo_core_names:
+        for pat, dst in rules:
+            m = pat.match(name)
+            if m:
+                out[name] = dst.replace(str(LAYER), m[1]) if m.groups() else dst
+                break
+        else:
+            raise Refused(f"OLMo-core parameter '{name}' has no Olmo3 (Hugging Face) counterpart: not an "
+                          "Olmo 3 dense model olmoc can train")
+    return out
+
+
+def read_olmo_core(step_dir):
+    import torch
+    from olmo_core.distributed.checkpoint import get_checkpoint_metadata, load_keys
+
+    mo = step_dir / "model_and_optim"
+    train_pt = step_dir / "train" / "rank0.pt"
+    if not (mo / ".metadata").is_file() or not train_pt.is_file():
+        raise Refused(f"'{step_dir}' is not an OLMo-core checkpoint (no model_and_optim/.metadata or "
+                      "train/rank0.pt)")
+    meta = get_checkpoint_metadata(str(mo)).state_dict_metadata
+    train_state = torch.load(train_pt, map_location="cpu", weights_only=False)
+
+    def load(keys):
+        return list(load_keys(str(mo), keys))
+
+    return meta, train_state, load
+
+
+def check_close(what, ours, theirs, rel=1e-12):
+    if abs(float(ours) - float(theirs)) > rel * max(abs(float(ours)), abs(float(theirs))):
+        raise Refused(f"{what}: the olmoc config says {ours!r}, the OLMo-core optimizer {theirs!r}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(
+        prog="import_olmo_core.py", description=__doc__.split("\n\n")[0],
+        epilog=__doc__[__doc__.index("OLMO_CORE_STEP_DIR is"):], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("step_dir", type=Path, help="OLMo-core checkpoint directory (.../stepN)")
+    ap.add_argument("out_dir", type=Path, help="olmoc run directory to create step-NNNNNN/ in")
+    ap.add_argument("--config", type=Path, required=True, help="the olmoc config of the continued run")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="config overrides, as for olmoc train")
+    ap.add_argument("--ranks", type=int, default=1, help="data-parallel ranks the olmoc run will use (default 1)")
+    ap.add_argument("--optim-init-step", choices=["auto", "yes", "no"], default="auto",
+                    help="whether OLMo-core's Adam step counter is shifted by a step-0 checkpoint (see below)")
+    ap.add_argument("--olmoc", type=Path, default=Path(os.environ.get("OLMOC", ROOT / "build" / "olmoc")),
+                    help="the olmoc binary (default $OLMOC or build/olmoc)")
+    a = ap.parse_args(argv)
+    try:
+        path = run_import(a)
+    except Refused as e:
+        print(f"import_olmo_core: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {path}\ncontinue with: {a.olmoc} train {path}/config.yaml --resume")
+    return 0
+
+
+def run_import(a):
+    import yaml
+
+    if a.ranks < 1:
+        raise Refused("--ranks must be at least 1")
+    meta, ts, load = read_olmo_core(a.step_dir)
+    for k in ("global_step", "global_train_tokens_seen", "data_loader"):
+        if k not in ts:
+            raise Refused(f"'{a.step_dir}/train/rank0.pt' has no '{k}': not an OLMo-core Trainer state")
+    step = int(ts["global_step"])
+    dl = ts["data_loader"]
+    if dl.get("dataset_type", "fsl") != "fsl":
+        raise Refused(f"OLMo-core data loader type '{dl.get('dataset_type')}': olmoc continues only the "
+                      "fixed-sequence-length (fsl) NumpyFSLDataLoader")
+
+    # the olmoc config, with the model and the data as olmoc will open them
+    out_dir = a.out_dir.resolve()
+    sets = list(a.sets) + [f"data.out_dir={out_dir}"]
+    yaml_text, info = olmoc_info(a.olmoc, a.config, sets, a.ranks)
+    cfg = yaml.safe_load(yaml_text)
+    tcfg, mcfg, dcfg = cfg["train"], cfg["model"], cfg["data"]
+    if dcfg.get("order") != "olmo_core":
+        raise Refused(f"data.order is '{dcfg.get('order')}': only data.order olmo_core continues OLMo-core's "
+                      "batches")
+    seq = int(tcfg["seq_len"])
+    if int(dl["sequence_length"]) != seq:
+        raise Refused(f"train.seq_len is {seq}, the OLMo-core data loader's sequence_length "
+                      f"{dl['sequence_length']}")
+    if dl.get("max_target_sequence_length") not in (None, seq):
+        raise Refused("the OLMo-core dataset used max_target_sequence_length "
+                      f"{dl['max_target_sequence_length']} != sequence_length: not an order olmoc reproduces")
+    if int(dl["seed"]) != int(tcfg["seed"]):
+        raise Refused(f"train.seed is {tcfg['seed']}, the OLMo-core data loader's seed {dl['seed']}")
+    B = info["batch"]
+    batches, tokens_epoch = int(dl["batches_processed"]), int(dl["tokens_processed"])
+    if tokens_epoch != batches * B * seq:
+        raise Refused(f"the OLMo-core data loader processed {tokens_epoch} tokens in {batches} batches this "
+                      f"epoch, not {B} instances of {seq} tokens a batch: the olmoc global batch "
+                      f"(micro_batch x grad_accum x --ranks = {B}) differs")
+    epoch = int(dl["epoch"]) - 1  # OLMo-core counts epochs from 1
+    pos = batches * B
+    if epoch < 0 or pos > info["n_instances"]:
+        raise Refused(f"OLMo-core data loader epoch {dl['epoch']}, {batches} batches: beyond the "
+                      f"{info['n_instances']} instances per epoch of olmoc's data")
+    tokens = int(ts["global_train_tokens_seen"])
+    if tokens != (epoch * info["n_instances"] + pos) * seq:
+        raise Refused(f"OLMo-core saw {tokens} tokens, but epoch {epoch + 1} at batch {batches} of olmoc's "
+                      f"data ({info['n_instances']} instances an epoch) is "
+                      f"{(epoch * info['n_instances'] + pos) * seq}: not the same data")
+
+    # parameters, in olmoc's (Hugging Face) names
+    names = [k[len("model."):] for k in meta if k.startswith("model.")]
+    to_hf = hf_name_map(names)
+    optim_keys = [k for k in meta if k.startswith("optim.")]
+    if not optim_keys:
+        raise Refused(f"'{a.step_dir}' holds no optimizer state")
+    if any(not k.startswith(("optim.state.", "optim.param_groups.")) for k in optim_keys):
+        raise Refused("the optimizer state is not in OLMo-core's flattened layout (optim.state.<param>.*)")
+    for n in names:
+        for s in ("exp_avg", "exp_avg_sq", "step"):
+            if f"optim.state.{n}.{s}" not in meta:
+                raise Refused(f"the optimizer state has no '{n}.{s}': not AdamW / SkipStepAdamW state")
+    extra = {k for k in optim_keys if k.startswith("optim.state.")} - {
+        f"optim.state.{n}.{s}" for n in names for s in ("exp_avg", "exp_avg_sq", "step")}
+    if extra:
+        raise Refused(f"unexpected optimizer state {sorted(extra)[:3]}: not AdamW / SkipStepAdamW")
+
+    # the hyperparameters in the param groups must be olmoc's
+    group_keys = sorted({k.rsplit(".", 1)[1] for k in optim_keys if k.startswith("optim.param_groups.")})
+    for n in names:
+        vals = dict(zip(group_keys, load([f"optim.param_groups.{n}.{g}" for g in group_keys])))
+        wd = tcfg["embedding_weight_decay"] if to_hf[n] == "model.embed_tokens.weight" else tcfg["weight_decay"]
+        check_close(f"weight decay of {n}", wd, vals["weight_decay"])
+        check_close(f"beta1 of {n}", tcfg["beta1"], vals["betas"][0])
+        check_close(f"beta2 of {n}", tcfg["beta2"], vals["betas"][1])
+        check_close(f"eps of {n}", tcfg["eps"], vals["eps"])
+        if "initial_lr" in vals:
+            check_close(f"peak learning rate (initial_lr) of {n}", tcfg["lr"], vals["initial_lr"])
+        if vals.get("amsgrad") or vals.get("maximize"):
+            raise Refused(f"{n}: amsgrad / maximize AdamW is not olmoc's AdamW")
+    steps = {float(v) for v in load([f"optim.state.{n}.step" for n in names])}
+    if len(steps) != 1 or not float(next(iter(steps))).is_integer():
+        raise Refused(f"the parameters' Adam step counters differ or are not integers: {sorted(steps)}")
+    adam_step = int(next(iter(steps)))
+
+    # the shift of Adam's step counter (see the module docstring)
+    if a.optim_init_step == "auto":
+        if adam_step == step + 1:
+            shift = 1
+        elif adam_step == step:
+            shift = 0
+        else:
+            raise Refused(f"Adam's step counter is {adam_step} after {step} trainer steps: skipped steps or "
+                          "a shifted counter cannot be told apart; pass --optim-init-step yes or no")
+    else:
+        shift = 1 if a.optim_init_step == "yes" else 0
+    applied = adam_step - shift
+    skipped = step - applied
+    if applied < 0 or skipped < 0:
+        raise Refused(f"Adam's step counter {adam_step} with --optim-init-step {a.optim_init_step} does not "
+                      f"fit {step} trainer steps")
+    if shift != (1 if tcfg.get("optim_init_step") else 0):
+        sets.append(f"train.optim_init_step={'true' if shift else 'false'}")
+        try:
+            yaml_text, info2 = olmoc_info(a.olmoc, a.config, sets, a.ranks)
+        except Refused as e:
+            raise Refused(f"OLMo-core's Adam step counter is shifted by a step-0 checkpoint ({adam_step} after "
+                     f"{step} steps), which needs olmoc's train.optim_init_step: {e}") from None
+        assert info2 == info
+    # which optimizer: torch's AdamW has param-group flags (amsgrad, foreach, ...) SkipStepAdamW has not
+    kind = "adamw" if "amsgrad" in group_keys else "skip_step_adamw"
+    if "optimizer" in yaml.safe_load(yaml_text)["train"]:
+        if yaml.safe_load(yaml_text)["train"]["optimizer"] != kind:
+            sets.append(f"train.optimizer={kind}")
+            yaml_text = olmoc_info(a.olmoc, a.config, sets, a.ranks)[0]
+            print(f"note: the OLMo-core optimizer is {kind}: train.optimizer set to {kind}", file=sys.stderr)
+    elif kind == "skip_step_adamw":
+        print("note: the OLMo-core optimizer is SkipStepAdamW; this olmoc has no train.optimizer, so the run "
+              "continues with AdamW (the same updates until SkipStepAdamW would skip a step)", file=sys.stderr)
+    if skipped and kind != "skip_step_adamw":
+        raise Refused(f"Adam's step counter {adam_step} after {step} trainer steps would mean {skipped} skipped "
+                 "steps, but the optimizer is torch's AdamW, which never skips")
+    if skipped and yaml.safe_load(yaml_text)["train"].get("optimizer") != "skip_step_adamw":
+        raise Refused(f"{skipped} steps were skipped (SkipStepAdamW) but this olmoc has no train.optimizer "
+                 "skip_step_adamw to continue with")
+
+    # the model shape: olmoc's parameters and their sizes
+    hf_shapes = {to_hf[n]: tuple(meta[f"model.{n}"].size) for n in names}
+    expect = expected_shapes(mcfg)
+    if set(hf_shapes) != set(expect):
+        missing, unknown = sorted(set(expect) - set(hf_shapes)), sorted(set(hf_shapes) - set(expect))
+        raise Refused(f"the OLMo-core model does not have the config's layers: missing {missing[:3]}, "
+                      f"not in the config {unknown[:3]}")
+    for k, shape in expect.items():
+        if hf_shapes[k] != shape:
+            raise Refused(f"{k} is {list(hf_shapes[k])} in the OLMo-core checkpoint but {list(shape)} by "
+                          "the config's model section")
+
+    # write
+    final = out_dir / f"step-{step:06d}"
+    tmp = out_dir / f".tmp-step-{step:06d}"
+    if final.exists():
+        raise Refused(f"'{final}' already exists")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+
+    def tensor(key):
+        return lambda: load([key])[0].detach().to("cpu").float().numpy()
+
+    order = sorted(names, key=lambda n: to_hf[n])
+    write_safetensors(tmp / "model.safetensors",
+                      [(to_hf[n], "F32", hf_shapes[to_hf[n]], tensor(f"model.{n}")) for n in order])
+    entries = []
+    for n in order:
+        for s in ("exp_avg", "exp_avg_sq"):
+            entries.append((f"{to_hf[n]}.{s}", "F32", hf_shapes[to_hf[n]], tensor(f"optim.state.{n}.{s}")))
+    entries.append(("step", "I64", (1,), lambda: np.array([applied], dtype=np.int64)))
+    write_safetensors(tmp / "optim.safetensors", entries)
+    (tmp / "config.yaml").write_text(yaml_text)
+    files = {}
+    for name in ("model.safetensors", "optim.safetensors", "config.yaml"):
+        h, size = hash64_file(tmp / name)
+        files[name] = {"bytes": size, "hash64": f"{h:016x}"}
+    state = {"format": CKPT_FORMAT, "version": CKPT_VERSION, "step": step, "tokens": tokens, "elapsed_s": 0}
+    if skipped:
+        state["skipped_steps"] = skipped
+    state["loader"] = {"train_path": yaml.safe_load(yaml_text)["data"].get("train_path", ""),
+                       "seed": str(int(tcfg["seed"])), "epoch": epoch, "pos": pos,
+                       "n_instances": info["n_instances"], "fingerprint": str(info["fingerprint"])}
+    state["files"] = files
+    state["imported_from"] = {"olmo_core_checkpoint": str(a.step_dir.resolve()), "adam_step": adam_step}
+    (tmp / "state.json").write_text(json.dumps(state, indent="\t"))
+    for p in tmp.iterdir():
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())
+    os.rename(tmp, final)
+    fd = os.open(out_dir, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    return final
+
+
+def expected_shapes(m):
+    """olmoc's parameters (Hugging Face Olmo3 names) and shapes for a config's model section."""
+    d, h, kv = int(m["d_model"]), int(m["n_heads"]), int(m["n_kv_heads"])
+    hd = d // h
+    v, f = int(m["vocab_size"]), int(m["mlp_hidden"])
+    out = {"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,), "lm_head.weight": (v, d)}
+    for i in range(int(m["n_layers"])):
+        p = f"model.layers.{i}."
+        out.update({p + "self_attn.q_proj.weight": (h * hd, d), p + "self_attn.k_proj.weight": (kv * hd, d),
+                    p + "self_attn.v_proj.weight": (kv * hd, d), p + "self_attn.o_proj.weight": (d, h * hd),
+                    p + "self_attn.q_norm.weight": (h * hd,), p + "self_attn.k_norm.weight": (kv * hd,),
+                    p + "post_attention_layernorm.weight": (d,), p + "post_feedforward_layernorm.weight": (d,),
+                    p + "mlp.gate_proj.weight": (f, d), p + "mlp.up_proj.weight": (f, d),
+                    p + "mlp.down_proj.weight": (d, f)})
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
