@@ -311,8 +311,8 @@ static void debug_mem_end(const struct olmo_run *run, long hwm_before, long rss_
 static int save_checkpoint(struct olmo_run *run) {
     const double t0 = olmo_now_seconds();
     long hwm_before = 0;
-    const long rss_before = vm_kib("VmRSS:");
     const bool debug_mem = debug_mem_begin(&hwm_before);
+    const long rss_before = debug_mem ? vm_kib("VmRSS:") : 0;
     const struct olmo_ckpt_state cs = {
         .step = run->step,
         .tokens = run->tokens,
