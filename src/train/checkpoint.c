@@ -366,6 +366,8 @@ static int write_shard(const struct olmo_trainer *tr, const char *path, struct w
     snprintf(rank, sizeof rank, "%d", rank_of(tr->dist));
     rc = st_writer_set_metadata(&w, "format", "olmoc-shard") || st_writer_set_metadata(&w, "rank", rank);
     for (int q = 0; q < N_Q && !rc; q++) rc = st_writer_declare(&w, q_shard_tensor[q], ST_F32, 1, &shape);
+    int64_t one = 1;
+    if (!rc) rc = st_writer_declare(&w, "step", ST_I64, 1, &one); /* Adam's step count, under the hash */
     float *buf = malloc(CHUNK_FLOATS * sizeof(float));
     if (!buf) rc = olmo_error("out of memory writing '%s'", path);
     if (!rc) {
@@ -382,6 +384,8 @@ static int write_shard(const struct olmo_trainer *tr, const char *path, struct w
             rc = be->to_host(be, buf, src + c, k * sizeof(float)) || st_stream_write(&s, buf, k * sizeof(float));
         }
     }
+    const int64_t step = tr->opt.step;
+    if (!rc) rc = st_stream_write(&s, &step, sizeof step);
     if (!rc) rc = st_stream_finish(&s);
     else st_stream_abort(&s);
     if (!rc) out->hash = hash_end(&hs);
@@ -671,7 +675,9 @@ struct ckpt_file {
     char name[128];
     size_t bytes;
     char hash[32];
-    bool need; /* this rank reads from it: its hash is checked */
+    bool need;         /* this rank reads from it: its hash is checked */
+    size_t step_at;    /* file offset of its optimizer "step" scalar (0: none), read once hashed */
+    enum st_dtype step_dtype;
 };
 
 /* A run of flat parameters [global, global + len) of one quantity stored
@@ -967,6 +973,48 @@ static int segs_v1_model(struct manifest *mf, const struct olmo_model *m, const 
     return rc;
 }
 
+/* Where a file's scalar "step" (I32 or I64) is; read by read_steps once the file is hashed. */
+static int step_location(struct manifest *mf, const struct st_file *f, const char *path, int file) {
+    const struct st_tensor *t = st_find(f, "step");
+    if (!t || st_numel(t) != 1 || (t->dtype != ST_I64 && t->dtype != ST_I32))
+        return olmo_error("'%s' has no scalar tensor 'step'", path);
+    mf->files[file].step_at = (size_t)(f->data - f->map) + t->begin;
+    mf->files[file].step_dtype = t->dtype;
+    return 0;
+}
+
+/* The optimizer step of the hashed files: version 1's optim.safetensors is
+ * the authority; version 2's shards must agree with state.json. */
+static int read_steps(struct manifest *mf) {
+    for (int i = 0; i < mf->n_files; i++) {
+        struct ckpt_file *cf = &mf->files[i];
+        if (!cf->need || !cf->step_at) continue;
+        char path[4096];
+        uint8_t b[8] = {0};
+        const size_t n = cf->step_dtype == ST_I64 ? 8 : 4;
+        if (path_join(path, sizeof path, mf->dir, cf->name)) return -1;
+        const int fd = open(path, O_RDONLY | O_CLOEXEC);
+        const ssize_t got = fd >= 0 ? pread(fd, b, n, (off_t)cf->step_at) : -1;
+        if (fd >= 0) close(fd);
+        if (got != (ssize_t)n) return olmo_error("cannot read the optimizer step of '%s'", path);
+        int64_t v = 0;
+        if (n == 8) memcpy(&v, b, 8);
+        else {
+            int32_t v32;
+            memcpy(&v32, b, 4);
+            v = v32;
+        }
+        if (v < 0 || v > INT32_MAX) return olmo_error("'%s': optimizer step %lld out of range", path, (long long)v);
+        if (mf->version == 1) {
+            mf->opt_step = (long)v; /* the file is hashed; state.json's copy is not */
+            mf->has_opt_step = true;
+        } else if (v != mf->opt_step) {
+            return olmo_error("'%s' holds optimizer step %lld, state.json says %ld", path, (long long)v, mf->opt_step);
+        }
+    }
+    return 0;
+}
+
 static int segs_v1_optim(struct manifest *mf, const struct olmo_model *m, const char *path, int file) {
     struct st_file f;
     if (st_open(&f, path)) return -1;
@@ -989,23 +1037,16 @@ static int segs_v1_optim(struct manifest *mf, const struct olmo_model *m, const 
             }
         }
     }
-    const struct st_tensor *t = st_find(&f, "step");
-    int32_t step = 0;
-    if (!rc && (!t || st_numel(t) != 1)) rc = olmo_error("'%s' has no scalar tensor 'step'", path);
-    if (!rc) rc = st_read_i32(&f, t, &step);
+    if (!rc) rc = step_location(mf, &f, path, file);
     if (!rc && f.n_tensors != 2 * m->n_tensors + 1)
         rc = olmo_error("'%s' has %d tensors, expected %d", path, f.n_tensors, 2 * m->n_tensors + 1);
-    if (!rc && step < 0) rc = olmo_error("'%s': negative optimizer step", path);
-    if (!rc) {
-        mf->opt_step = step; /* the file is hashed; state.json's copy is not */
-        mf->has_opt_step = true;
-    }
     st_close(&f);
     return rc;
 }
 
 /* Version 2: each shard file holds "weights", "exp_avg", "exp_avg_sq" (F32,
- * n_local each); its pieces place local runs at global offsets. */
+ * n_local each) and "step" (I64 [1], as state.json's optimizer step); its
+ * pieces place local runs at global offsets. */
 static int segs_v2(struct manifest *mf, const struct olmo_model *m) {
     if (mf->n_floats != m->n_floats)
         return olmo_error("checkpoint '%s' holds %zu parameters but the model has %zu", mf->dir, mf->n_floats,
@@ -1016,7 +1057,9 @@ static int segs_v2(struct manifest *mf, const struct olmo_model *m) {
         if (path_join(path, sizeof path, mf->dir, fname)) return -1;
         struct st_file f;
         if (st_open(&f, path)) return -1;
-        int rc = f.n_tensors != N_Q ? olmo_error("'%s' has %d tensors, expected %d", path, f.n_tensors, N_Q) : 0;
+        int rc = f.n_tensors != N_Q + 1 ? olmo_error("'%s' has %d tensors, expected %d", path, f.n_tensors, N_Q + 1)
+                                        : 0;
+        if (!rc) rc = step_location(mf, &f, path, mf->shards[r].file);
         const size_t data0 = (size_t)(f.data - f.map);
         for (int q = 0; q < N_Q && !rc; q++) {
             const struct st_tensor *t = st_find(&f, q_shard_tensor[q]);
@@ -1224,6 +1267,7 @@ static int load_into_trainer(const char *dir, struct olmo_trainer *tr, struct ol
     if (!rc) {
         mark_needed(&mf, tr->opt.ranges, tr->opt.n_ranges, Q_MASTER, moments ? Q_V : Q_MASTER);
         rc = check_hashes(&mf, false);
+        if (!rc && moments && read_steps(&mf)) rc = olmo_error_context("checkpoint '%s'", dir);
     }
     float *dsts[N_Q] = {olmo_optimizer_master(&tr->opt, &tr->model), tr->opt.m, tr->opt.v};
     if (!rc && read_quantities(&mf, Q_MASTER, moments ? Q_V : Q_MASTER, tr->opt.ranges, tr->opt.n_ranges, dsts,

@@ -8,7 +8,8 @@
  *   optim.safetensors  AdamW state: "<param>.exp_avg", "<param>.exp_avg_sq" (fp32), "step" (I64 [1])
  * or, written by N > 1 ranks ("version": 2), one file per rank, written by that rank:
  *   shard-RRRRR-of-NNNNN.safetensors  "weights" (fp32 master), "exp_avg", "exp_avg_sq":
- *                      the rank's shard in its local indexing; state.json's
+ *                      the rank's shard in its local indexing, and "step"
+ *                      (I64 [1], Adam's step count); state.json's
  *                      "shards" lists per file its pieces [global, local, len]
  *                      of the flat parameters (optim.h's olmo_shard_range),
  *                      n_local, dtype, bytes and hash64.

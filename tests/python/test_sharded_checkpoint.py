@@ -80,7 +80,8 @@ def test_save_on_4_ranks_resumes_on_1_2_3_and_4(build_dir, tiny, tmp_path):  # n
     assert pieces[-1][0] + pieces[-1][2] == state["n_floats"]
     for s in state["shards"]:
         t = load_file(str(ck / s["file"]))
-        assert sorted(t) == ["exp_avg", "exp_avg_sq", "weights"] and all(v.numel() == s["n_local"] for v in t.values())
+        assert sorted(t) == ["exp_avg", "exp_avg_sq", "step", "weights"] and t["step"].tolist() == [3]
+        assert all(t[k].numel() == s["n_local"] for k in ("weights", "exp_avg", "exp_avg_sq"))
     ref_records = train_records(full)[3:]
     for ranks in (4, 1, 2, 3):
         out = tmp_path / f"resume{ranks}"
@@ -156,15 +157,28 @@ def test_missing_or_corrupt_shard_is_refused(build_dir, tiny, tmp_path):  # noqa
     b = bytearray(f.read_bytes())
     b[-5] ^= 0x40
     f.write_bytes(bytes(b))
+    def edited(name, fn):
+        d = tmp_path / name
+        shutil.copytree(ck, d)
+        state = json.loads((d / "state.json").read_text())
+        fn(state)
+        (d / "state.json").write_text(json.dumps(state))
+        return d
+
+    hole = edited("hole", lambda s: s["shards"][1]["pieces"][0].__setitem__(2, s["shards"][1]["pieces"][0][2] - 1))
+    step = edited("step", lambda s: s["optimizer"].__setitem__("step", 5))
     for bad, msg in ((missing, "is incomplete: shard-00002-of-00004.safetensors is missing"),
-                     (corrupt, "is corrupt: the content hash of shard-00001-of-00004.safetensors is")):
+                     (corrupt, "is corrupt: the content hash of shard-00001-of-00004.safetensors is"),
+                     (hole, "the shards' pieces leave a hole in the flat parameters at"),
+                     (step, "shard-00000-of-00004.safetensors' holds optimizer step 2, state.json says 5")):
         for ranks in (1, 2):
             r = run(build_dir, cfg, data, tmp_path / f"o{ranks}{bad.name}", ranks, "--set", "train.steps=3",
                     "--resume-from", bad, check=False)
             assert r.returncode != 0 and msg in r.stderr, r.stderr
-        r = subprocess.run([str(build_dir / "olmoc"), "eval", str(bad), "--val", str(data)], capture_output=True,
-                           text=True)
-        assert r.returncode == 1 and msg in r.stderr, r.stderr
+        if bad is not step:  # eval reads no optimizer state
+            r = subprocess.run([str(build_dir / "olmoc"), "eval", str(bad), "--val", str(data)], capture_output=True,
+                               text=True)
+            assert r.returncode == 1 and msg in r.stderr, r.stderr
 
 
 def reference_update(ck, batch, model_cfg, tcfg, lr, carried_step):
