@@ -146,6 +146,11 @@ static int path_join(char *buf, size_t n, const char *dir, const char *name) {
 }
 
 static int world_of(const struct olmo_dist *d) { return d ? d->world : 1; }
+/* A trainer without ranks (dist NULL) gathers as a one-rank job. */
+static const struct olmo_dist *or_one(const struct olmo_dist *d) {
+    static const struct olmo_dist one = {.rank = 0, .world = 1, .mpi_active = 0};
+    return d ? d : &one;
+}
 static int rank_of(const struct olmo_dist *d) { return d ? d->rank : 0; }
 
 /* Every rank learns whether any rank failed (rc != 0 here); a rank that did
@@ -188,7 +193,7 @@ static int gather_pieces(const struct olmo_trainer *tr, struct piece_table *t) {
     void *recv = NULL;
     size_t *counts = calloc((size_t)world, sizeof *counts);
     if (!counts) return olmo_error("out of memory");
-    int rc = olmo_dist_gather_bytes(d, tr->opt.ranges, sizeof *tr->opt.ranges * (size_t)tr->opt.n_ranges, 0, &recv,
+    int rc = olmo_dist_gather_bytes(or_one(d), tr->opt.ranges, sizeof *tr->opt.ranges * (size_t)tr->opt.n_ranges, 0, &recv,
                                     counts);
     if (!rc && rank_of(d) == 0) {
         t->p = recv;
@@ -215,7 +220,7 @@ static void free_pieces(struct piece_table *t) {
 }
 
 struct gather_buf {
-    float *send, *recv, *out;
+    float *send, *out;
 };
 
 /* The parts of flat [g0, g1) this rank holds, packed in piece order. */
@@ -272,7 +277,7 @@ static int stream_quantity(const struct olmo_trainer *tr, const struct piece_tab
             size_t n = 0;
             if (!rc) rc = pack_range(tr, src, g0, g1, gb->send, &n);
             void *recv = NULL;
-            if (olmo_dist_gather_bytes(d, gb->send, n * sizeof(float), 0, &recv, counts)) rc = -1;
+            if (olmo_dist_gather_bytes(or_one(d), gb->send, n * sizeof(float), 0, &recv, counts)) rc = -1;
             if (root && !rc) rc = unpack_range(t, world, recv, counts, g0, g1, gb->out);
             if (root && !rc) rc = st_stream_write(s, gb->out, (g1 - g0) * sizeof(float));
             free(recv);
@@ -312,10 +317,7 @@ static int write_gathered(const struct olmo_trainer *tr, const int *q_list, int 
     s.fd = -1;
     int rc = gather_pieces(tr, &t);
     gb.send = malloc(CHUNK_FLOATS * sizeof(float));
-    if (root) {
-        gb.recv = NULL;
-        gb.out = malloc(CHUNK_FLOATS * sizeof(float));
-    }
+    if (root) gb.out = malloc(CHUNK_FLOATS * sizeof(float));
     if (!gb.send || (root && !gb.out)) rc = olmo_error("out of memory writing '%s'", path);
     if (root && !rc) {
         for (int k = 0; k < n_q && !rc; k++) rc = declare_quantity(&w, &tr->model, q_list[k]);
@@ -544,7 +546,7 @@ int olmo_ckpt_save(const char *out_dir, const struct olmo_trainer *tr, const str
         size_t *counts = calloc((size_t)world, sizeof *counts);
         if (!counts) rc = olmo_error("out of memory");
         if ((rc = agree(d, rc, "writing the checkpoint shards")) == 0)
-            rc = olmo_dist_gather_bytes(d, rec, words * sizeof *rec, 0, &all, counts);
+            rc = olmo_dist_gather_bytes(or_one(d), rec, words * sizeof *rec, 0, &all, counts);
         free(rec);
         if (!rc && rank == 0) {
             for (int r = 0; r < world; r++) counts[r] /= sizeof(uint64_t);
