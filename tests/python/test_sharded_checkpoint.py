@@ -271,3 +271,18 @@ def test_stage_handoff_carries_adam_moments(build_dir, tiny, tmp_path):  # noqa:
         err2 = max_rel(upd2, ref_carried)
         print(f"hand-off on 2 ranks: {err2:.2e}")
         assert err2 < 1e-3, err2
+
+
+def test_init_from_flags_are_checked(build_dir, tiny, tmp_path):  # noqa: F811
+    cfg, data = tiny
+    base = [str(build_dir / "olmoc"), "train", str(cfg), "--set", f"data.train_path={data}",
+            "--set", f"data.out_dir={tmp_path / 'o'}"]
+    for extra, msg in ((["--with-optimizer-state"], "--with-optimizer-state needs --init-from CKPT"),
+                       (["--init-from", tmp_path, "--resume"], "--init-from starts a new run"),
+                       (["--init-from", tmp_path, "--init", tmp_path / "w.safetensors"], "either --init or --init-from"),
+                       (["--init-from"], "--init-from needs a value"),
+                       (["--init-from", tmp_path / "nope"], "is not a directory")):
+        r = subprocess.run([*base, *map(str, extra)], capture_output=True, text=True)
+        assert r.returncode in (1, 2) and msg in r.stderr, (extra, r.stderr)
+    r = subprocess.run([str(build_dir / "olmoc"), "train", "--help"], capture_output=True, text=True)
+    assert "--init-from CKPT" in r.stdout and "--with-optimizer-state" in r.stdout
