@@ -10,12 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "io/safetensors.h"
-#include "model/weights.h"
 #include "util/error.h"
 #include "util/fs.h"
 
