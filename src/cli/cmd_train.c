@@ -47,6 +47,12 @@ static void train_usage(FILE *out) {
             "  --resume-from DIR   continue from the checkpoint directory DIR\n"
             "  --init FILE         start from weights in FILE (safetensors, Hugging Face names)\n"
             "                      instead of the seeded OLMo-core initialisation\n"
+            "  --init-from CKPT    start a new stage from the weights of checkpoint directory CKPT\n"
+            "                      (written on any number of ranks): step counter, LR schedule and\n"
+            "                      data order start afresh, as a Stage 2 from Stage 1\n"
+            "  --with-optimizer-state  with --init-from: also carry CKPT's AdamW moments and Adam's\n"
+            "                      step count (bias correction), as OLMo-core's load_optim_state=True,\n"
+            "                      load_trainer_state=False\n"
             "  --save FILE         write the final weights to FILE (default: data.out_dir/model.safetensors)\n"
             "  --dump-batches FILE append every step's token batch to FILE (raw int32, steps x rows x\n"
             "                      seq_len), so another implementation can train on the same data order\n"
@@ -86,7 +92,8 @@ static int parse_args(int argc, char **argv, struct olmo_config *cfg, struct olm
             *status = 0;
             return -1;
         }
-        if (!strcmp(argv[i], "--set") || !strcmp(argv[i], "--init") || !strcmp(argv[i], "--save") ||
+        if (!strcmp(argv[i], "--set") || !strcmp(argv[i], "--init") || !strcmp(argv[i], "--init-from") ||
+            !strcmp(argv[i], "--save") ||
             !strcmp(argv[i], "--resume-from") || !strcmp(argv[i], "--dump-batches") || !strcmp(argv[i], "--backend")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "olmoc train: %s needs a value\n", argv[i]);
@@ -95,6 +102,8 @@ static int parse_args(int argc, char **argv, struct olmo_config *cfg, struct olm
             i++;
         } else if (!strcmp(argv[i], "--resume")) {
             o->resume = true;
+        } else if (!strcmp(argv[i], "--with-optimizer-state")) {
+            o->init_optimizer = true;
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "olmoc train: unknown option '%s'\n", argv[i]);
             train_usage(stderr);
@@ -116,6 +125,7 @@ static int parse_args(int argc, char **argv, struct olmo_config *cfg, struct olm
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--set") && olmo_config_set(cfg, argv[++i])) return -1;
         else if (!strcmp(argv[i], "--init")) o->init_path = argv[++i];
+        else if (!strcmp(argv[i], "--init-from")) o->init_from = argv[++i];
         else if (!strcmp(argv[i], "--save")) o->save_path = argv[++i];
         else if (!strcmp(argv[i], "--resume-from")) o->resume_from = argv[++i];
         else if (!strcmp(argv[i], "--dump-batches")) o->dump_path = argv[++i];
@@ -126,8 +136,17 @@ static int parse_args(int argc, char **argv, struct olmo_config *cfg, struct olm
         fprintf(stderr, "olmoc train: give either --resume or --resume-from, not both\n");
         return -1;
     }
-    if (o->init_path && (o->resume || o->resume_from)) {
-        fprintf(stderr, "olmoc train: --init starts a new run; it cannot be combined with --resume\n");
+    if ((o->init_path || o->init_from) && (o->resume || o->resume_from)) {
+        fprintf(stderr, "olmoc train: %s starts a new run; it cannot be combined with --resume\n",
+                o->init_path ? "--init" : "--init-from");
+        return -1;
+    }
+    if (o->init_path && o->init_from) {
+        fprintf(stderr, "olmoc train: give either --init or --init-from, not both\n");
+        return -1;
+    }
+    if (o->init_optimizer && !o->init_from) {
+        fprintf(stderr, "olmoc train: --with-optimizer-state needs --init-from CKPT\n");
         return -1;
     }
     return 0;

@@ -80,6 +80,52 @@ int olmo_dist_broadcast_bytes(const struct olmo_dist *d, void *buf, size_t bytes
     return 0;
 }
 
+int olmo_dist_gather_bytes(const struct olmo_dist *d, const void *send, size_t n, int root, void **recv,
+                           size_t *counts) {
+    *recv = NULL;
+    if (d->world == 1) {
+        counts[0] = n;
+        if (!(*recv = malloc(n ? n : 1))) return olmo_error("out of memory gathering %zu bytes", n);
+        if (n) memcpy(*recv, send, n);
+        return 0;
+    }
+    if (n > (size_t)1 << 30) return olmo_error("gather of %zu bytes: too large", n);
+    unsigned long long mine = n, *all = NULL;
+    int *cnt = NULL, *displ = NULL;
+    const int is_root = d->rank == root;
+    if (is_root) {
+        all = malloc(sizeof *all * (size_t)d->world);
+        cnt = malloc(sizeof *cnt * (size_t)d->world);
+        displ = malloc(sizeof *displ * (size_t)d->world);
+    }
+    int rc = is_root && (!all || !cnt || !displ) ? olmo_error("out of memory gathering") : 0;
+    /* every rank joins both collectives, even after a failure on root */
+    if (MPI_Gather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all, 1, MPI_UNSIGNED_LONG_LONG, root, MPI_COMM_WORLD) !=
+        MPI_SUCCESS)
+        rc = olmo_error("MPI_Gather failed");
+    size_t total = 0;
+    if (is_root && !rc) {
+        for (int r = 0; r < d->world; r++) {
+            counts[r] = (size_t)all[r];
+            displ[r] = (int)total;
+            cnt[r] = (int)all[r];
+            total += (size_t)all[r];
+        }
+        if (total > (size_t)1 << 30) rc = olmo_error("gather of %zu bytes: too large", total);
+        else if (!(*recv = malloc(total ? total : 1))) rc = olmo_error("out of memory gathering %zu bytes", total);
+    }
+    if (!rc && MPI_Gatherv(send, (int)n, MPI_BYTE, *recv, cnt, displ, MPI_BYTE, root, MPI_COMM_WORLD) != MPI_SUCCESS)
+        rc = olmo_error("MPI_Gatherv failed");
+    free(all);
+    free(cnt);
+    free(displ);
+    if (rc) {
+        free(*recv);
+        *recv = NULL;
+    }
+    return rc;
+}
+
 #else /* single process build */
 
 int olmo_dist_init(struct olmo_dist *d, int *argc, char ***argv) {
@@ -112,6 +158,14 @@ int olmo_dist_barrier(const struct olmo_dist *d) {
 }
 int olmo_dist_broadcast_bytes(const struct olmo_dist *d, void *buf, size_t bytes, int root) {
     (void)d, (void)buf, (void)bytes, (void)root;
+    return 0;
+}
+int olmo_dist_gather_bytes(const struct olmo_dist *d, const void *send, size_t n, int root, void **recv,
+                           size_t *counts) {
+    (void)d, (void)root;
+    counts[0] = n;
+    if (!(*recv = malloc(n ? n : 1))) return olmo_error("out of memory gathering %zu bytes", n);
+    if (n) memcpy(*recv, send, n);
     return 0;
 }
 #endif

@@ -32,6 +32,11 @@ void olmo_dist_shard(const struct olmo_dist *d, size_t n, size_t *lo, size_t *hi
 /* offsets[r] .. offsets[r+1] = rank r's shard of n items (world + 1 entries). */
 void olmo_dist_shard_offsets(const struct olmo_dist *d, size_t n, size_t *offsets);
 int olmo_dist_barrier(const struct olmo_dist *d);
+/* Root receives every rank's n bytes (n may differ by rank, each under
+ * 1 GiB): *recv (malloc'ed, root only; NULL elsewhere) holds them in rank
+ * order, counts[r] (root only, world entries) their sizes. */
+int olmo_dist_gather_bytes(const struct olmo_dist *d, const void *send, size_t n, int root, void **recv,
+                           size_t *counts);
 /* Copies root's bytes to every rank (e.g. an NCCL unique id). */
 int olmo_dist_broadcast_bytes(const struct olmo_dist *d, void *buf, size_t bytes, int root);
 

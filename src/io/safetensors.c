@@ -334,7 +334,9 @@ int st_writer_set_metadata(struct st_writer *w, const char *key, const char *val
     return 0;
 }
 
-int st_writer_save(struct st_writer *w, const char *path) {
+/* The header JSON of w's tensors, padded with spaces to a multiple of 8
+ * (keeps the data 8-byte aligned); *hlen_padded its length. */
+static char *writer_header(const struct st_writer *w, size_t *hlen, size_t *padded) {
     cJSON *root = cJSON_CreateObject();
     if (w->n_meta) {
         cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
@@ -342,7 +344,7 @@ int st_writer_save(struct st_writer *w, const char *path) {
     }
     size_t offset = 0;
     for (int i = 0; i < w->n; i++) {
-        struct st_wtensor *t = &w->items[i];
+        const struct st_wtensor *t = &w->items[i];
         cJSON *item = cJSON_AddObjectToObject(root, t->name);
         cJSON_AddStringToObject(item, "dtype", dtype_name(t->dtype));
         cJSON *shape = cJSON_AddArrayToObject(item, "shape");
@@ -354,8 +356,16 @@ int st_writer_save(struct st_writer *w, const char *path) {
     }
     char *json = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
+    if (!json) return NULL;
+    *hlen = strlen(json);
+    *padded = (*hlen + 7) & ~(size_t)7;
+    return json;
+}
+
+int st_writer_save(struct st_writer *w, const char *path) {
+    size_t hlen, padded;
+    char *json = writer_header(w, &hlen, &padded);
     if (!json) return olmo_error("out of memory writing '%s'", path);
-    size_t hlen = strlen(json), padded = (hlen + 7) & ~(size_t)7; /* keep data 8-byte aligned */
     char tmp[1100];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *fp = fopen(tmp, "wb");
@@ -380,3 +390,141 @@ int st_writer_save(struct st_writer *w, const char *path) {
     }
     return 0;
 }
+
+/* ---- streaming writer ---- */
+
+size_t st_writer_file_size(const struct st_writer *w) {
+    size_t hlen, padded, total = 0;
+    char *json = writer_header(w, &hlen, &padded);
+    if (!json) return 0;
+    free(json);
+    for (int i = 0; i < w->n; i++) total += w->items[i].bytes;
+    return 8 + padded + total;
+}
+
+int st_writer_declare(struct st_writer *w, const char *name, enum st_dtype dtype, int ndim, const int64_t *shape) {
+    if (strlen(name) >= sizeof w->items[0].name || ndim > 8) return olmo_error("bad tensor '%s'", name);
+    if (w->n == w->cap) {
+        int cap = w->cap ? 2 * w->cap : 64;
+        void *p = realloc(w->items, sizeof *w->items * (size_t)cap);
+        if (!p) return olmo_error("out of memory");
+        w->items = p;
+        w->cap = cap;
+    }
+    struct st_wtensor *t = &w->items[w->n++];
+    memset(t, 0, sizeof *t);
+    strcpy(t->name, name);
+    t->dtype = dtype;
+    t->ndim = ndim;
+    size_t numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+        numel *= (size_t)shape[i];
+    }
+    t->bytes = numel * dtype_size(dtype);
+    return 0;
+}
+
+static void stream_hash(struct st_stream *s, const uint8_t *p, size_t n) {
+    if (s->hash_update) s->hash_update(s->hash_ctx, p, n);
+}
+
+static int stream_put(struct st_stream *s, const void *data, size_t n) {
+    const uint8_t *p = data;
+    stream_hash(s, p, n);
+    while (n) {
+        ssize_t k = write(s->fd, p, n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return olmo_error("writing '%s' failed: %s", s->tmp, strerror(errno));
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+int st_stream_begin(struct st_stream *s, const struct st_writer *w, const char *path) {
+    void (*hash_update)(void *, const uint8_t *, size_t) = s->hash_update;
+    void *hash_ctx = s->hash_ctx;
+    memset(s, 0, sizeof *s);
+    s->hash_update = hash_update;
+    s->hash_ctx = hash_ctx;
+    s->fd = -1;
+    if (snprintf(s->path, sizeof s->path, "%s", path) >= (int)sizeof s->path ||
+        snprintf(s->tmp, sizeof s->tmp, "%s.tmp", path) >= (int)sizeof s->tmp)
+        return olmo_error("path too long: '%s'", path);
+    size_t hlen, padded;
+    char *json = writer_header(w, &hlen, &padded);
+    if (!json) return olmo_error("out of memory writing '%s'", path);
+    s->fd = open(s->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (s->fd < 0) {
+        free(json);
+        return olmo_error("cannot write '%s': %s", s->tmp, strerror(errno));
+    }
+    for (int i = 0; i < w->n; i++) s->expected += w->items[i].bytes;
+    uint8_t len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    int rc = stream_put(s, len8, 8) || stream_put(s, json, hlen);
+    for (size_t i = hlen; i < padded && !rc; i++) rc = stream_put(s, " ", 1);
+    free(json);
+    s->size = 8 + padded;
+    if (rc) st_stream_abort(s);
+    return rc ? -1 : 0;
+}
+
+int st_stream_write(struct st_stream *s, const void *data, size_t bytes) {
+    if (s->written + bytes > s->expected)
+        return olmo_error("internal: '%s': %zu data bytes written, more than the header's %zu", s->path,
+                          s->written + bytes, s->expected);
+    if (stream_put(s, data, bytes)) return -1;
+    s->written += bytes;
+    s->size += bytes;
+    return 0;
+}
+
+int st_stream_finish(struct st_stream *s) {
+    if (s->written != s->expected) {
+        st_stream_abort(s);
+        return olmo_error("internal: '%s': %zu data bytes written, the header announces %zu", s->path, s->written,
+                          s->expected);
+    }
+    const int fd = s->fd;
+    s->fd = -1;
+    if (fsync(fd) || close(fd)) {
+        unlink(s->tmp);
+        return olmo_error("writing '%s' failed: %s", s->path, strerror(errno));
+    }
+    if (rename(s->tmp, s->path)) {
+        const int err = errno;
+        unlink(s->tmp);
+        return olmo_error("cannot rename '%s' to '%s': %s", s->tmp, s->path, strerror(err));
+    }
+    return 0;
+}
+
+void st_stream_abort(struct st_stream *s) {
+    if (s->fd >= 0) {
+        close(s->fd);
+        unlink(s->tmp);
+    }
+    s->fd = -1;
+}
+
+int st_convert_f32(enum st_dtype dtype, const void *src_bytes, size_t n, float *dst) {
+    const uint8_t *src = src_bytes;
+    switch (dtype) {
+    case ST_F32: memcpy(dst, src, n * 4); return 0;
+    case ST_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint32_t bits = (uint32_t)(src[2 * i] | (src[2 * i + 1] << 8)) << 16;
+            memcpy(&dst[i], &bits, 4);
+        }
+        return 0;
+    case ST_F16:
+        for (size_t i = 0; i < n; i++) dst[i] = half_to_float((uint16_t)(src[2 * i] | (src[2 * i + 1] << 8)));
+        return 0;
+    default: return olmo_error("%s is not a float type olmoc reads (F32, BF16, F16)", dtype_name(dtype));
+    }
+}
+
+size_t st_dtype_size(enum st_dtype d) { return dtype_size(d); }
+const char *st_dtype_name(enum st_dtype d) { return dtype_name(d); }

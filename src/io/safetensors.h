@@ -66,4 +66,32 @@ int st_writer_set_metadata(struct st_writer *w, const char *key, const char *val
 int st_writer_save(struct st_writer *w, const char *path);
 void st_writer_free(struct st_writer *w);
 
+/* Streaming writer, for files larger than one wants in memory: declare every
+ * tensor (st_writer_declare: name, dtype, shape; no data), st_stream_begin
+ * writes the header to path.tmp, st_stream_write appends the data in file
+ * order (any pieces), st_stream_finish checks that exactly the declared bytes
+ * came, fsyncs and renames into place.  The file is byte-identical to what
+ * st_writer_save writes for the same tensors.  hash_update (optional, set
+ * before begin) sees every byte written, header included. */
+struct st_stream {
+    char path[1100], tmp[1110];
+    int fd;
+    size_t expected, written; /* data-section bytes */
+    size_t size;              /* file bytes so far */
+    void (*hash_update)(void *ctx, const uint8_t *p, size_t n);
+    void *hash_ctx;
+};
+int st_writer_declare(struct st_writer *w, const char *name, enum st_dtype dtype, int ndim, const int64_t *shape);
+/* The size of the file st_writer_save / the streaming writer writes for w's tensors. */
+size_t st_writer_file_size(const struct st_writer *w);
+int st_stream_begin(struct st_stream *s, const struct st_writer *w, const char *path);
+int st_stream_write(struct st_stream *s, const void *data, size_t bytes);
+int st_stream_finish(struct st_stream *s);
+void st_stream_abort(struct st_stream *s); /* removes path.tmp */
+
+/* n values of a float dtype (F32, BF16, F16; little-endian bytes) widened to float32. */
+int st_convert_f32(enum st_dtype dtype, const void *src, size_t n, float *dst);
+size_t st_dtype_size(enum st_dtype d);
+const char *st_dtype_name(enum st_dtype d);
+
 #endif

@@ -72,7 +72,7 @@ int olmo_source_resolve(const char *src, const char *config_path, struct olmo_mo
 int olmo_source_load_weights(const struct olmo_model_source *s, struct olmo_model *m) {
     switch (s->kind) {
     case SRC_HF_DIR: return olmo_hf_load_weights(m, s->dir);
-    case SRC_CHECKPOINT: /* verified by olmo_source_resolve */
+    case SRC_CHECKPOINT: return olmo_ckpt_load_weights(s->dir, m); /* whole tensors or shards */
     case SRC_RUN_DIR:
     case SRC_FILE: return olmo_weights_load(m, s->weights);
     }

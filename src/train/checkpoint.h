@@ -1,12 +1,28 @@
 /* Training checkpoints: a directory out_dir/step-NNNNNN/ holding
+ *   config.yaml        the resolved run config
+ *   state.json         step, tokens, elapsed time, data-loader position, the
+ *                      optimizer's step ("optimizer"), and the size + 64-bit
+ *                      content hash of each file below
+ * and, written by one rank (state.json "version": 1; also what Python tools write):
  *   model.safetensors  weights (Hugging Face Olmo3ForCausalLM names, fp32)
  *   optim.safetensors  AdamW state: "<param>.exp_avg", "<param>.exp_avg_sq" (fp32), "step" (I64 [1])
- *   config.yaml        the resolved run config
- *   state.json         step, tokens, elapsed time, data-loader position, and the
- *                      size + 64-bit content hash of each file above
- * written to out_dir/.tmp-step-NNNNNN/, every file fsync'ed, then renamed
- * into place (and the parent fsync'ed): a checkpoint directory either exists
- * complete or not at all, whenever the process dies.
+ * or, written by N > 1 ranks ("version": 2), one file per rank, written by that rank:
+ *   shard-RRRRR-of-NNNNN.safetensors  "weights" (fp32 master), "exp_avg", "exp_avg_sq":
+ *                      the rank's shard in its local indexing, and "step"
+ *                      (I64 [1], Adam's step count); state.json's
+ *                      "shards" lists per file its pieces [global, local, len]
+ *                      of the flat parameters (optim.h's olmo_shard_range),
+ *                      n_local, dtype, bytes and hash64.
+ * Written to out_dir/.tmp-step-NNNNNN/, every file fsync'ed (temp + rename),
+ * then renamed into place (and the parent fsync'ed): a checkpoint directory
+ * either exists complete or not at all, whenever the process dies.
+ *
+ * Memory: no rank holds more than its shard and a 16 MiB staging chunk;
+ * files are streamed (the hashes computed while writing), whole-tensor files
+ * are gathered a chunk of a tensor at a time to rank 0.  Loading re-shards:
+ * each rank reads, by pread, the overlaps of its pieces with every file's
+ * pieces, so a checkpoint of N ranks resumes on M, and checks the hash of
+ * every file it reads from.
  *
  * Randomness: the training step draws no random numbers (Olmo 3 has no
  * dropout); the data order is a seeded shuffle per epoch, so the loader's
@@ -14,6 +30,7 @@
 #ifndef OLMOC_CHECKPOINT_H
 #define OLMOC_CHECKPOINT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -42,11 +59,24 @@ int olmo_ckpt_find_latest(const char *out_dir, char *buf, size_t n);
 int olmo_ckpt_verify(const char *dir, struct olmo_ckpt_state *st);
 /* Reads the checkpoint's config.yaml (over the defaults). */
 int olmo_ckpt_read_config(const char *dir, struct olmo_config *cfg);
-/* Verifies the checkpoint, checks that its model shape (and train.seq_len /
- * train.seed) match tr's config, and loads weights, optimizer state and st. */
+/* Collective: verifies the checkpoint, checks that its model shape (and
+ * train.seq_len / train.seed) match tr's config, and loads this rank's shard
+ * of the weights and optimizer state, and st; then shares the weights
+ * (olmo_trainer_share_weights).  Fails on every rank when it fails on one. */
 int olmo_ckpt_load(const char *dir, struct olmo_trainer *tr, struct olmo_ckpt_state *st);
-/* Loads only the weights of a checkpoint (verified) into a model. */
+/* Collective: a new stage from a checkpoint (olmoc train --init-from): its
+ * weights and, with_optimizer_state, its AdamW moments and step count, as
+ * OLMo-core's load_optim_state=True, load_trainer_state=False: the step
+ * count (Adam's bias correction, each parameter's state["step"] there)
+ * continues, while the LR schedule, data order and skipped-step count start
+ * afresh (tr->adam_step_base = the carried count). */
+int olmo_ckpt_init_from(const char *dir, struct olmo_trainer *tr, bool with_optimizer_state);
+/* Loads only the weights of a checkpoint (verified) into a whole model (one process). */
 int olmo_ckpt_load_weights(const char *dir, struct olmo_model *m);
+/* Collective: the weights as one safetensors file with Hugging Face names
+ * (what olmo_weights_save writes), gathered a chunk at a time to rank 0,
+ * which writes path. */
+int olmo_ckpt_export_weights(const struct olmo_trainer *tr, const char *path);
 /* Removes all but the newest `keep` checkpoints (keep 0: remove none), and stale temporaries. */
 int olmo_ckpt_retain(const char *out_dir, int keep);
 /* Restores a loader's position; fails when the checkpoint was written

@@ -140,6 +140,7 @@ static int open_model_and_data(struct olmo_run *run) {
             return -1;
     }
     if (run->ckpt[0]) return resume_checkpoint(run);
+    if (o->init_from) return olmo_ckpt_init_from(o->init_from, &run->tr, o->init_optimizer);
     if (o->init_path) return olmo_weights_load(&run->tr.model, o->init_path);
     if (o->init_weights) /* the callback writes the master weights: refresh a bf16 compute copy */
         return o->init_weights(o->ctx, &run->tr.model) ? -1 : olmo_model_sync_weights(&run->tr.model);
@@ -276,8 +277,42 @@ static int run_evals(struct olmo_run *run) {
     return 0;
 }
 
+/* OLMOC_DEBUG_MEM=1: each rank's peak resident memory during a checkpoint
+ * save (VmHWM, reset before the save where /proc/self/clear_refs allows). */
+static long vm_kib(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, strlen(key))) v = strtol(line + strlen(key), NULL, 10);
+    if (f) fclose(f);
+    return v;
+}
+
+static bool debug_mem_begin(long *hwm_before) {
+    const char *e = getenv("OLMOC_DEBUG_MEM");
+    if (!e || strcmp(e, "1")) return false;
+    *hwm_before = vm_kib("VmHWM:");
+    FILE *f = fopen("/proc/self/clear_refs", "w"); /* "5": reset the peak RSS to the current RSS */
+    if (f) {
+        fputs("5", f);
+        fclose(f);
+    }
+    return true;
+}
+
+static void debug_mem_end(const struct olmo_run *run, long hwm_before, long rss_before) {
+    fprintf(stderr, "mem: rank %d checkpoint step %ld: VmRSS before %.1f MiB, peak during the save %.1f MiB "
+                    "(VmHWM; before the save %.1f MiB)\n",
+            run->o.dist ? run->o.dist->rank : 0, run->step, rss_before / 1024.0, vm_kib("VmHWM:") / 1024.0,
+            hwm_before / 1024.0);
+}
+
 static int save_checkpoint(struct olmo_run *run) {
     const double t0 = olmo_now_seconds();
+    long hwm_before = 0;
+    const bool debug_mem = debug_mem_begin(&hwm_before);
+    const long rss_before = debug_mem ? vm_kib("VmRSS:") : 0;
     const struct olmo_ckpt_state cs = {
         .step = run->step,
         .tokens = run->tokens,
@@ -293,6 +328,7 @@ static int save_checkpoint(struct olmo_run *run) {
     if (olmo_ckpt_save(run->cfg.data.out_dir, &run->tr, &cs, saved, sizeof saved) ||
         (run->leader && olmo_ckpt_retain(run->cfg.data.out_dir, run->cfg.train.keep_last)))
         return -1;
+    if (debug_mem) debug_mem_end(run, hwm_before, rss_before);
     run->saved_step = run->step;
     if (run->o.log) {
         fprintf(run->o.log, "checkpoint step %ld: %s (%.2fs)\n", run->step, saved, olmo_now_seconds() - t0);
@@ -427,7 +463,7 @@ int olmo_run_finish(struct olmo_run *run) {
         snprintf(weights_path, sizeof weights_path, "%s/model.safetensors", run->cfg.data.out_dir);
         save = weights_path;
     }
-    if (o->write_files && run->leader && olmo_weights_save(&run->tr.model, run->tr.model.weights, save)) return -1;
+    if (o->write_files && olmo_ckpt_export_weights(&run->tr, save)) return -1; /* collective: rank 0 writes */
     const long done = run->step - run->st.step;
     if (o->log)
         fprintf(o->log, "done: %ld steps in %.1fs (%.0f tok/s average); weights in %s\n", done, total,

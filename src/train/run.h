@@ -7,8 +7,8 @@
  *     which holds the owner's PID): a second run on the same directory is
  *     refused, naming the holder;
  *   - decides where it starts: a new run, --resume (the newest checkpoint),
- *     --resume-from DIR (checked against the data and newer checkpoints), or
- *     --init FILE;
+ *     --resume-from DIR (checked against the data and newer checkpoints),
+ *     --init FILE, or --init-from CKPT [--with-optimizer-state] (a new stage);
  *   - writes config.yaml, metrics.jsonl (train/metrics.h), step-NNNNNN/
  *     checkpoints every train.save_every steps (train/checkpoint.h) and the
  *     final weights; evaluates every train.eval_every steps.
@@ -44,6 +44,8 @@ struct olmo_run_options {
     bool resume;                  /* continue from the newest checkpoint in data.out_dir */
     const char *resume_from;      /* or from this checkpoint directory */
     const char *init_path;        /* weights to start from (Hugging Face safetensors) */
+    const char *init_from;        /* or a checkpoint directory to start a new stage from: its weights ... */
+    bool init_optimizer;          /* ... and its AdamW moments and step count (fresh schedule and data order) */
     const char *save_path;        /* final weights; NULL: data.out_dir/model.safetensors */
     const char *dump_path;        /* append each step's batch (raw int32) here */
     long stop_after;              /* stop after this many steps (0: train.steps, which also sets the LR schedule) */

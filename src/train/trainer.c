@@ -108,6 +108,10 @@ int olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res) {
     res->lr = olmo_trainer_next_lr(tr);
     res->skipped = false;
     if (olmo_optimizer_step(&tr->opt, &tr->model, t, res->lr)) return -1;
+    return olmo_trainer_share_weights(tr);
+}
+
+int olmo_trainer_share_weights(struct olmo_trainer *tr) {
     if (!tr->dist || tr->dist->world == 1) return olmo_model_sync_weights(&tr->model);
     /* every rank updated its own shard: share them */
     size_t *offsets = olmo_malloc(sizeof(size_t) * (size_t)(tr->dist->world + 1), "shard offsets");
@@ -123,7 +127,8 @@ double olmo_trainer_next_lr(const struct olmo_trainer *tr) {
     /* skipped steps advance the schedule (as OLMo-core's trainer.global_step); the schedule's
      * length in tokens counts the global batch of every rank */
     const struct olmo_train_config *t = &tr->cfg.train;
-    return olmo_lr_at_batch(t, (long)olmo_trainer_batch_rows(tr) * t->seq_len, tr->opt.step + tr->skipped + 1);
+    return olmo_lr_at_batch(t, (long)olmo_trainer_batch_rows(tr) * t->seq_len,
+                            tr->opt.step - tr->adam_step_base + tr->skipped + 1);
 }
 
 void olmo_trainer_skip(struct olmo_trainer *tr, struct olmo_step_result *res) {

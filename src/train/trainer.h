@@ -19,6 +19,9 @@ struct olmo_trainer {
     long skipped;                 /* steps skipped (no update): the LR schedule counts them, Adam's bias
                                    * correction (opt.step) does not, as in OLMo-core's SkipStepAdamW
                                    * (step_increment_bugfix: its step advances by the step factor, 0) */
+    long adam_step_base;          /* Adam steps carried from an earlier stage (olmoc train --init-from CKPT
+                                   * --with-optimizer-state, OLMo-core's load_optim_state without trainer
+                                   * state): opt.step started there, the LR schedule at 0 */
 };
 
 struct olmo_step_result {
@@ -68,6 +71,10 @@ int olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res);
 /* ... or no update at all (weights, optimizer state and opt.step unchanged);
  * fills res->lr with the LR the step would have had and sets res->skipped. */
 void olmo_trainer_skip(struct olmo_trainer *tr, struct olmo_step_result *res);
+/* After this rank's master weights (olmo_optimizer_master) were written,
+ * e.g. by a checkpoint load: brings the model's compute weights up to date
+ * on every rank (ZeRO-1: all-gathers the shards).  Collective. */
+int olmo_trainer_share_weights(struct olmo_trainer *tr);
 /* Loss only (no update): mean CE over instances (n_rows rows of seq_len). */
 int olmo_trainer_eval(struct olmo_trainer *tr, const int32_t *instances, int n_rows, double *ce_loss);
 
