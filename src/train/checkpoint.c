@@ -430,13 +430,25 @@ static int write_state(const char *dir, const struct olmo_ckpt_state *st, const 
     cJSON_AddNumberToObject(loader, "n_instances", (double)st->loader_instances);
     snprintf(buf, sizeof buf, "%" PRIu64, st->loader_fingerprint);
     cJSON_AddStringToObject(loader, "fingerprint", buf);
-    /* The optimizer's own state beyond the moments.  A SkipStepAdamW (loss /
-     * grad-norm spike skipping over a rolling window) adds its window here,
-     * e.g. "skip_step": {"losses": [...], "grad_norms": [...]}. */
+    /* The optimizer's own state beyond the moments: SkipStepAdamW's rolling
+     * window of losses and gradient norms ("skip_step", as
+     * olmo_optimizer_extra_get lays it out; cJSON prints doubles so that they
+     * read back exactly), the same on every rank. */
     cJSON *opt = cJSON_AddObjectToObject(root, "optimizer");
-    cJSON_AddStringToObject(opt, "name", "AdamW");
+    cJSON_AddStringToObject(opt, "name", tr->cfg.train.optimizer == OPTIM_SKIP_STEP_ADAMW ? "SkipStepAdamW" : "AdamW");
     cJSON_AddNumberToObject(opt, "step", (double)tr->opt.step);
     if (tr->adam_step_base) cJSON_AddNumberToObject(opt, "step_base", (double)tr->adam_step_base);
+    const size_t n_extra = olmo_optimizer_extra_count(&tr->opt);
+    if (n_extra) {
+        double *extra = olmo_malloc(sizeof(double) * n_extra, "skip-step window");
+        if (!extra) {
+            cJSON_Delete(root);
+            return -1;
+        }
+        olmo_optimizer_extra_get(&tr->opt, extra);
+        cJSON_AddItemToObject(opt, "skip_step", cJSON_CreateDoubleArray(extra, (int)n_extra));
+        free(extra);
+    }
     cJSON *fobj = cJSON_AddObjectToObject(root, "files");
     for (int i = 0; i < n_files; i++) add_file(fobj, names[i], &files[i]);
     if (shards) {
@@ -696,6 +708,9 @@ struct manifest {
     struct olmo_ckpt_state st;
     long opt_step, step_base;
     bool has_opt_step;
+    double *extra; /* optimizer.skip_step: SkipStepAdamW's window */
+    size_t n_extra;
+    bool has_extra;
     struct ckpt_file *files;
     int n_files;
     struct seg *segs[N_Q];
@@ -713,6 +728,7 @@ struct manifest {
 
 static void manifest_free(struct manifest *mf) {
     free(mf->files);
+    free(mf->extra);
     for (int q = 0; q < N_Q; q++) free(mf->segs[q]);
     for (int i = 0; mf->shards && i < mf->world; i++) free(mf->shards[i].pieces);
     free(mf->shards);
@@ -858,6 +874,25 @@ static int parse_state(const char *dir, struct manifest *mf) {
             goto done;
         }
         mf->has_opt_step = true;
+        const cJSON *win = cJSON_GetObjectItemCaseSensitive(opt, "skip_step");
+        if (win) {
+            const int n = cJSON_IsArray(win) ? cJSON_GetArraySize(win) : -1;
+            if (n < 0 || !(mf->extra = malloc(sizeof(double) * (size_t)(n ? n : 1)))) {
+                rc = n < 0 ? olmo_error("checkpoint '%s': state.json's 'optimizer.skip_step' is not an array", dir)
+                           : olmo_error("out of memory");
+                goto done;
+            }
+            int i = 0;
+            for (const cJSON *e = win->child; e; e = e->next, i++) {
+                if (!cJSON_IsNumber(e)) {
+                    rc = olmo_error("checkpoint '%s': state.json's 'optimizer.skip_step' holds a non-number", dir);
+                    goto done;
+                }
+                mf->extra[i] = e->valuedouble;
+            }
+            mf->n_extra = (size_t)n;
+            mf->has_extra = true;
+        }
         if (cJSON_GetObjectItemCaseSensitive(opt, "step_base") &&
             (rc = json_long(opt, "step_base", &mf->step_base, dir)))
             goto done;
@@ -1285,6 +1320,12 @@ static int load_into_trainer(const char *dir, struct olmo_trainer *tr, struct ol
                             dir, tr->opt.step - mf.step_base, mf.st.skipped, mf.st.step);
         tr->skipped = mf.st.skipped;
         tr->adam_step_base = mf.step_base;
+        /* SkipStepAdamW's window, so that the resumed run equals an uninterrupted one (OLMo-core does not
+         * save it: its resumed runs, and imported ones, start with an empty window, as a checkpoint
+         * without it does here) */
+        if (!rc && mf.has_extra && tr->cfg.train.optimizer == OPTIM_SKIP_STEP_ADAMW &&
+            olmo_optimizer_extra_set(&tr->opt, mf.extra, mf.n_extra))
+            rc = olmo_error_context("checkpoint '%s': optimizer.skip_step", dir);
         if (st) *st = mf.st;
     } else if (!rc) {
         /* A new stage: fresh schedule and data order; with the moments, Adam's

@@ -211,3 +211,37 @@ def test_plot_runs(build_dir, tiny, tmp_path):
     r = subprocess.run([sys.executable, ROOT / "scripts" / "plot_runs.py", tmp_path / "nothing"], capture_output=True,
                        text=True)
     assert r.returncode != 0 and "no metrics file" in r.stderr
+
+
+def test_skip_step_window_is_checkpointed(build_dir, tiny, tmp_path):
+    """SkipStepAdamW's rolling window (losses and grad norms) is saved in
+    state.json and restored on resume, so the resumed run's window at a later
+    step equals an uninterrupted run's (an empty window after resume would hold
+    only the steps since).  A checkpoint without it (OLMo-core's, imported)
+    starts with an empty window, as OLMo-core's own resume does."""
+    cfg, data = tiny
+    skip = ["--set", "train.optimizer=skip_step_adamw", "--set", "train.rolling_interval_length=6"]
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    common = ["--set", "train.save_every=4", "--set", "train.keep_last=0", "--set", "train.schedule_steps=8", *skip]
+    r = olmoc(build_dir, *train_args(cfg, data, ref, "--set", "train.steps=8", *common))
+    assert r.returncode == 0, r.stderr
+    r = olmoc(build_dir, *train_args(cfg, data, out, "--set", "train.steps=4", *common))
+    assert r.returncode == 0, r.stderr
+    st4 = json.loads((out / "step-000004" / "state.json").read_text())
+    win = st4["optimizer"]["skip_step"]
+    losses = [x["loss"] for x in metrics(out) if x["type"] == "train"]
+    # [n_loss, n_norm, losses..., norms...]: the four steps' CE losses, as logged
+    assert st4["optimizer"]["name"] == "SkipStepAdamW" and win[:2] == [4, 4]
+    assert win[2:6] == pytest.approx(losses, abs=1e-4)
+    r = olmoc(build_dir, *train_args(cfg, data, out, "--set", "train.steps=8", *common, "--resume"))
+    assert r.returncode == 0, r.stderr
+    a = json.loads((ref / "step-000008" / "state.json").read_text())["optimizer"]["skip_step"]
+    b = json.loads((out / "step-000008" / "state.json").read_text())["optimizer"]["skip_step"]
+    assert a[:2] == [7, 7] and a == b  # the window holds rolling_interval_length + 1 entries
+    assert deterministic(metrics(ref)) == deterministic(metrics(out))
+    # a window that does not fit this optimizer is refused with a message
+    st = json.loads((out / "step-000008" / "state.json").read_text())
+    st["optimizer"]["skip_step"] = [3, 3, 1.0]
+    (out / "step-000008" / "state.json").write_text(json.dumps(st))
+    r = olmoc(build_dir, *train_args(cfg, data, out, "--set", "train.steps=9", *common, "--resume"))
+    assert r.returncode != 0 and "skip_step" in r.stderr, r.stderr
