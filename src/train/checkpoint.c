@@ -158,6 +158,18 @@ static int write_state(const char *dir, const struct olmo_ckpt_state *st, const 
 int olmo_ckpt_save(const char *out_dir, const struct olmo_trainer *tr, const struct olmo_ckpt_state *st,
                    char *path_out, size_t n) {
     char tmp[4096], final[4096], old[4096], path[4096];
+    float *full = NULL; /* train.sharding: fsdp: the weights, gathered from every rank's shards */
+    if (tr->fully_sharded) {
+        if (!(full = olmo_malloc(tr->model.n_floats * sizeof(float), "checkpoint weights")) ||
+            olmo_trainer_get_weights(tr, full)) {
+            free(full);
+            return -1;
+        }
+        if (tr->dist && tr->dist->rank != 0) {
+            free(full);
+            full = NULL;
+        }
+    }
     if (tr->dist && tr->dist->world > 1 && tr->dist->rank != 0) {
         /* Other ranks only hand their optimizer shards to rank 0, which writes. */
         const struct olmo_model *m = &tr->model;
@@ -173,8 +185,10 @@ int olmo_ckpt_save(const char *out_dir, const struct olmo_trainer *tr, const str
     snprintf(old, sizeof old, "%s/" CKPT_OLD_PREFIX "%06ld", out_dir, st->step);
     if (olmo_remove_tree(tmp) || olmo_make_dirs(tmp)) goto fail;
     if (path_join(path, sizeof path, tmp, "model.safetensors") ||
-        olmo_weights_save(&tr->model, tr->model.weights, path))
+        (full ? olmo_weights_save_host(&tr->model, full, path) : olmo_weights_save(&tr->model, tr->model.weights, path)))
         goto fail;
+    free(full);
+    full = NULL;
     if (path_join(path, sizeof path, tmp, "optim.safetensors") || save_optimizer(tr, path)) goto fail;
     if (path_join(path, sizeof path, tmp, "config.yaml") || olmo_config_write(&tr->cfg, path) ||
         olmo_fsync_path(path))
@@ -199,6 +213,7 @@ int olmo_ckpt_save(const char *out_dir, const struct olmo_trainer *tr, const str
     if (path_out) snprintf(path_out, n, "%s", final);
     return tr->dist ? olmo_dist_barrier(tr->dist) : 0;
 fail:
+    free(full);
     return olmo_error_context("saving checkpoint '%s'", final);
 }
 
@@ -473,7 +488,13 @@ int olmo_ckpt_load(const char *dir, struct olmo_trainer *tr, struct olmo_ckpt_st
     char path[4096];
     if (olmo_ckpt_verify(dir, st) || olmo_ckpt_read_config(dir, &ck)) return -1;
     if (check_compatible(dir, &ck, &tr->cfg)) return -1;
-    if (path_join(path, sizeof path, dir, "model.safetensors") || olmo_weights_load(&tr->model, path))
+    if (path_join(path, sizeof path, dir, "model.safetensors")) return olmo_error_context("checkpoint '%s'", dir);
+    if (tr->fully_sharded) { /* every rank reads the weights and keeps its shards */
+        float *full = olmo_malloc(tr->model.n_floats * sizeof(float), "checkpoint weights");
+        const int rc = !full || olmo_weights_read(&tr->model, path, full) || olmo_trainer_set_weights(tr, full);
+        free(full);
+        if (rc) return olmo_error_context("checkpoint '%s'", dir);
+    } else if (olmo_weights_load(&tr->model, path))
         return olmo_error_context("checkpoint '%s'", dir);
     if (path_join(path, sizeof path, dir, "optim.safetensors") || load_optimizer(tr, path))
         return olmo_error_context("checkpoint '%s'", dir);

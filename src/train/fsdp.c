@@ -1,0 +1,252 @@
+#include "train/fsdp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+
+#define TRY(call)                   \
+    do {                            \
+        if ((call) != 0) return -1; \
+    } while (0)
+
+static size_t elem_size(const struct olmo_backend *be) { return olmo_float_type_size(be->compute_dtype); }
+
+static bool has_compute_copy(const struct olmo_backend *be) { return be->compute_dtype != OLMO_F32; }
+
+/* Gathers unit u's weights into w (padded length) and, on a bf16 backend, its compute copy into c. */
+static int gather(struct olmo_fsdp *fs, int u, float *w, void *c) {
+    const struct olmo_backend *be = fs->m->be;
+    const struct olmo_fsdp_unit *un = &fs->units[u];
+    float *mine = w + (size_t)fs->shard_group.rank * un->shard;
+    if (un->my_len) TRY(be->copy(be, mine, fs->master + un->local, un->my_len * sizeof(float)));
+    if (un->my_len < un->shard) TRY(be->zero(be, mine + un->my_len, (un->shard - un->my_len) * sizeof(float)));
+    TRY(olmo_dist_allgather_equal_f32(&fs->shard_group, w, un->shard));
+    if (c) TRY(be->convert(be, c, be->compute_dtype, w, OLMO_F32, un->len));
+    return 0;
+}
+
+/* Reduce-scatters unit u's gradients g (padded length, summed over the group) and adds this rank's part to
+ * its gradient shard. */
+static int reduce_scatter(struct olmo_fsdp *fs, int u, const float *g) {
+    const struct olmo_backend *be = fs->m->be;
+    const struct olmo_fsdp_unit *un = &fs->units[u];
+    TRY(olmo_dist_reduce_scatter_f32(&fs->shard_group, g, fs->rs_out, un->shard));
+    if (un->my_len) TRY(be->add(be, fs->grad + un->local, fs->grad + un->local, fs->rs_out, un->my_len));
+    return 0;
+}
+
+static void set_window(struct olmo_model *m, int i, const float *w, size_t n, const void *c) {
+    m->win[i] = (struct olmo_weight_window){.w = w, .n = n, .compute = c};
+    if (m->n_win <= i) m->n_win = i + 1;
+}
+
+static int acquire(void *ctx, struct olmo_model *m, int unit, bool backward) {
+    struct olmo_fsdp *fs = ctx;
+    const struct olmo_backend *be = m->be;
+    const int last = fs->n_units - 1;
+    if (unit == OLMO_UNIT_ROOT) {
+        if (!fs->root_valid) {
+            TRY(gather(fs, 0, fs->root_w[0], fs->root_c[0]));
+            TRY(gather(fs, last, fs->root_w[1], fs->root_c[1]));
+            fs->root_valid = true;
+        }
+        const size_t tail = fs->units[last].start;
+        const struct olmo_param *norm = &m->params[m->n_tensors - 2], *head = &m->params[m->n_tensors - 1];
+        m->embed = fs->root_w[0];
+        m->final_norm = fs->root_w[1] + (norm->offset - tail);
+        m->lm_head = fs->root_w[1] + (head->offset - tail);
+        m->d_embed = fs->root_g[0];
+        m->d_final_norm = fs->root_g[1] + (norm->offset - tail);
+        m->d_lm_head = fs->root_g[1] + (head->offset - tail);
+        set_window(m, 0, fs->root_w[0], fs->units[0].len, fs->root_c[0]);
+        set_window(m, 1, fs->root_w[1], fs->units[last].len, fs->root_c[1]);
+        if (backward) {
+            TRY(be->zero(be, fs->root_g[0], fs->units[0].shard * fs->shard_group.world * sizeof(float)));
+            TRY(be->zero(be, fs->root_g[1], fs->units[last].shard * fs->shard_group.world * sizeof(float)));
+        }
+        return 0;
+    }
+    const struct olmo_fsdp_unit *un = &fs->units[1 + unit];
+    TRY(gather(fs, 1 + unit, fs->blk_w, fs->blk_c));
+    olmo_model_bind_layer(m, unit, fs->blk_w, fs->blk_g);
+    set_window(m, 2, fs->blk_w, un->len, fs->blk_c);
+    if (backward) TRY(be->zero(be, fs->blk_g, un->shard * fs->shard_group.world * sizeof(float)));
+    return 0;
+}
+
+static int release(void *ctx, struct olmo_model *m, int unit, bool backward) {
+    struct olmo_fsdp *fs = ctx;
+    if (unit == OLMO_UNIT_ROOT) { /* stays gathered (until the next optimizer step) */
+        if (backward) {
+            TRY(reduce_scatter(fs, 0, fs->root_g[0]));
+            TRY(reduce_scatter(fs, fs->n_units - 1, fs->root_g[1]));
+        }
+        return 0;
+    }
+    if (backward) TRY(reduce_scatter(fs, 1 + unit, fs->blk_g));
+    /* the buffer belongs to the next block now: nothing may reach this one through stale pointers */
+    olmo_model_bind_layer(m, unit, NULL, NULL);
+    m->win[2] = (struct olmo_weight_window){0};
+    return 0;
+}
+
+static size_t div_up(size_t a, size_t b) { return (a + b - 1) / b; }
+
+int olmo_fsdp_create(struct olmo_fsdp *fs, struct olmo_model *m, struct olmo_optimizer *opt,
+                     const struct olmo_dist *dist, int shard_degree) {
+    memset(fs, 0, sizeof *fs);
+    fs->shard_group.world = fs->replica_group.world = 1;
+    fs->m = m;
+    const struct olmo_backend *be = m->be;
+    const int world = dist ? dist->world : 1, rank = dist ? dist->rank : 0;
+    if (!m->sharded) return olmo_error("fully sharded training needs a model created with olmo_model_create_sharded");
+    if (world > 1 && !be->host_memory)
+        return olmo_error("train.sharding: fsdp over several ranks runs on host-memory backends (MPI) in this build; "
+                          "backend '%s' keeps its buffers on the device (use train.sharding: zero1)",
+                          be->name);
+    const int G = shard_degree ? shard_degree : world;
+    if (G > world || world % G)
+        return olmo_error("train.shard_degree %d must divide the number of ranks (%d)", shard_degree, world);
+    if (dist) {
+        /* shard groups: consecutive ranks; replica groups: the same position in every shard group */
+        TRY(olmo_dist_split(dist, rank / G, rank, &fs->shard_group));
+        TRY(olmo_dist_split(dist, rank % G, rank, &fs->replica_group));
+    }
+    const int g = fs->shard_group.rank;
+    const int L = m->cfg.n_layers;
+    fs->n_units = L + 2;
+    fs->units = olmo_calloc((size_t)fs->n_units, sizeof *fs->units, "shard units");
+    if (!fs->units) return -1;
+    const struct olmo_param *norm = &m->params[m->n_tensors - 2];
+    fs->units[0] = (struct olmo_fsdp_unit){.start = 0, .len = m->params[0].numel};
+    for (int l = 0; l < L; l++) olmo_model_layer_span(m, l, &fs->units[1 + l].start, &fs->units[1 + l].len);
+    fs->units[L + 1] = (struct olmo_fsdp_unit){.start = norm->offset, .len = m->n_floats - norm->offset};
+    size_t max_shard = 0, max_block = 0;
+    opt->ranges = olmo_calloc((size_t)fs->n_units, sizeof *opt->ranges, "shard ranges");
+    if (!opt->ranges) return -1;
+    opt->n_ranges = 0;
+    for (int u = 0; u < fs->n_units; u++) {
+        struct olmo_fsdp_unit *un = &fs->units[u];
+        un->shard = div_up(un->len, (size_t)G);
+        un->my_lo = (size_t)g * un->shard;
+        un->my_len = un->my_lo >= un->len ? 0 : (un->len - un->my_lo < un->shard ? un->len - un->my_lo : un->shard);
+        un->local = fs->n_local;
+        fs->n_local += un->my_len;
+        if (un->my_len)
+            opt->ranges[opt->n_ranges++] =
+                (struct olmo_shard_range){.global = un->start + un->my_lo, .local = un->local, .len = un->my_len};
+        if (un->shard > max_shard) max_shard = un->shard;
+        if (u > 0 && u <= L && un->shard * G > max_block) max_block = un->shard * G;
+    }
+    opt->n_local = fs->n_local;
+    opt->lo = opt->hi = 0; /* no single slice: see opt->ranges */
+    opt->primary = fs->replica_group.rank == 0;
+    const size_t n_alloc = fs->n_local ? fs->n_local : 1;
+    fs->master = be->alloc(be, n_alloc * sizeof(float));
+    fs->grad = be->alloc(be, n_alloc * sizeof(float));
+    opt->m = be->alloc(be, n_alloc * sizeof(float));
+    opt->v = be->alloc(be, n_alloc * sizeof(float));
+    fs->rs_out = be->alloc(be, max_shard * sizeof(float));
+    fs->blk_w = be->alloc(be, (max_block ? max_block : 1) * sizeof(float));
+    fs->blk_g = be->alloc(be, (max_block ? max_block : 1) * sizeof(float));
+    if (!fs->master || !fs->grad || !opt->m || !opt->v || !fs->rs_out || !fs->blk_w || !fs->blk_g)
+        return olmo_error_context("fully sharded buffers");
+    if (be->zero(be, opt->m, n_alloc * sizeof(float)) || be->zero(be, opt->v, n_alloc * sizeof(float)) ||
+        be->zero(be, fs->master, n_alloc * sizeof(float)))
+        return -1;
+    for (int i = 0; i < 2; i++) {
+        const struct olmo_fsdp_unit *un = &fs->units[i ? L + 1 : 0];
+        fs->root_w[i] = be->alloc(be, un->shard * G * sizeof(float));
+        fs->root_g[i] = be->alloc(be, un->shard * G * sizeof(float));
+        if (!fs->root_w[i] || !fs->root_g[i]) return olmo_error_context("gathered root weights");
+        if (has_compute_copy(be) && !(fs->root_c[i] = be->alloc(be, un->len * elem_size(be))))
+            return olmo_error_context("gathered root weights (compute copy)");
+    }
+    if (has_compute_copy(be) && !(fs->blk_c = be->alloc(be, (max_block ? max_block : 1) * elem_size(be))))
+        return olmo_error_context("gathered block (compute copy)");
+    opt->master = fs->master;
+    fs->hooks = (struct olmo_unit_hooks){.ctx = fs, .acquire = acquire, .release = release};
+    m->hooks = &fs->hooks;
+    return 0;
+}
+
+void olmo_fsdp_destroy(struct olmo_fsdp *fs, struct olmo_optimizer *opt) {
+    if (!fs->m) return;
+    const struct olmo_backend *be = fs->m->be;
+    float *bufs[] = {fs->master, fs->grad, fs->rs_out, fs->blk_w, fs->blk_g,
+                     fs->root_w[0], fs->root_w[1], fs->root_g[0], fs->root_g[1]};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+    be->free(be, fs->root_c[0]);
+    be->free(be, fs->root_c[1]);
+    be->free(be, fs->blk_c);
+    if (opt) opt->master = NULL;
+    fs->m->hooks = NULL;
+    fs->m->n_win = 0;
+    free(fs->units);
+    olmo_dist_free_group(&fs->shard_group);
+    olmo_dist_free_group(&fs->replica_group);
+    memset(fs, 0, sizeof *fs);
+}
+
+int olmo_fsdp_zero_grads(struct olmo_fsdp *fs) {
+    return fs->n_local ? fs->m->be->zero(fs->m->be, fs->grad, fs->n_local * sizeof(float)) : 0;
+}
+
+int olmo_fsdp_sync_replicas(struct olmo_fsdp *fs) {
+    return olmo_dist_allreduce_f32(&fs->replica_group, fs->grad, fs->n_local);
+}
+
+int olmo_fsdp_grad_norm(struct olmo_fsdp *fs, double *norm) {
+    double ss = 0.0;
+    if (fs->n_local) TRY(fs->m->be->sum_squares(fs->m->be, fs->grad, fs->n_local, &ss));
+    /* replicas hold the same shards after olmo_fsdp_sync_replicas: sum within the shard group only */
+    TRY(olmo_dist_allreduce_f64(&fs->shard_group, &ss, 1));
+    *norm = sqrt(ss);
+    return 0;
+}
+
+int olmo_fsdp_clip(struct olmo_fsdp *fs, double norm, double max_norm) {
+    if (max_norm <= 0 || !fs->n_local) return 0;
+    const double coef = max_norm / (norm + 1e-6);
+    return coef < 1.0 ? fs->m->be->scale(fs->m->be, fs->grad, fs->n_local, (float)coef) : 0;
+}
+
+int olmo_fsdp_step(struct olmo_fsdp *fs, struct olmo_optimizer *opt, const struct olmo_train_config *t, double lr) {
+    const struct olmo_backend *be = fs->m->be;
+    opt->step++;
+    for (int u = 0; u < fs->n_units; u++) {
+        const struct olmo_fsdp_unit *un = &fs->units[u];
+        if (!un->my_len) continue;
+        /* unit 0 is exactly the embedding matrix, the one tensor with its own weight decay */
+        const double wd = u == 0 ? t->embedding_weight_decay : t->weight_decay;
+        TRY(be->adamw(be, fs->master + un->local, fs->grad + un->local, opt->m + un->local, opt->v + un->local,
+                      un->my_len, lr, (float)t->beta1, (float)t->beta2, (float)t->eps, wd, opt->step));
+    }
+    fs->root_valid = false;
+    return 0;
+}
+
+int olmo_fsdp_set_weights(struct olmo_fsdp *fs, const float *host) {
+    const struct olmo_backend *be = fs->m->be;
+    for (int u = 0; u < fs->n_units; u++) {
+        const struct olmo_fsdp_unit *un = &fs->units[u];
+        if (un->my_len)
+            TRY(be->to_device(be, fs->master + un->local, host + un->start + un->my_lo, un->my_len * sizeof(float)));
+    }
+    fs->root_valid = false;
+    return 0;
+}
+
+int olmo_fsdp_get_weights(const struct olmo_fsdp *fs, float *host) {
+    const struct olmo_backend *be = fs->m->be;
+    memset(host, 0, fs->m->n_floats * sizeof(float));
+    for (int u = 0; u < fs->n_units; u++) {
+        const struct olmo_fsdp_unit *un = &fs->units[u];
+        if (un->my_len)
+            TRY(be->to_host(be, host + un->start + un->my_lo, fs->master + un->local, un->my_len * sizeof(float)));
+    }
+    /* one owner per element in the group (the others add zeros): exact */
+    return olmo_dist_allreduce_f32(&fs->shard_group, host, fs->m->n_floats);
+}
