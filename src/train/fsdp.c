@@ -15,6 +15,25 @@ static size_t elem_size(const struct olmo_backend *be) { return olmo_float_type_
 
 static bool has_compute_copy(const struct olmo_backend *be) { return be->compute_dtype != OLMO_F32; }
 
+/* The three collectives on shard buffers, through MPI or the backend's communicators. */
+static int group_allgather(struct olmo_fsdp *fs, float *buf, size_t n) {
+    if (fs->shard_group.world == 1) return 0;
+    return fs->device ? fs->m->be->comm_group_allgather(fs->m->be, fs->shard_comm, buf, n)
+                      : olmo_dist_allgather_equal_f32(&fs->shard_group, buf, n);
+}
+
+static int group_reduce_scatter(struct olmo_fsdp *fs, const float *in, float *out, size_t n) {
+    if (fs->shard_group.world == 1) return fs->m->be->copy(fs->m->be, out, in, n * sizeof(float));
+    return fs->device ? fs->m->be->comm_group_reduce_scatter(fs->m->be, fs->shard_comm, in, out, n)
+                      : olmo_dist_reduce_scatter_f32(&fs->shard_group, in, out, n);
+}
+
+static int replica_allreduce(struct olmo_fsdp *fs, float *buf, size_t n) {
+    if (fs->replica_group.world == 1 || !n) return 0;
+    return fs->device ? fs->m->be->comm_group_allreduce_sum(fs->m->be, fs->replica_comm, buf, n)
+                      : olmo_dist_allreduce_f32(&fs->replica_group, buf, n);
+}
+
 /* Gathers unit u's weights into w (padded length) and, on a bf16 backend, its compute copy into c. */
 static int gather(struct olmo_fsdp *fs, int u, float *w, void *c) {
     const struct olmo_backend *be = fs->m->be;
@@ -22,7 +41,7 @@ static int gather(struct olmo_fsdp *fs, int u, float *w, void *c) {
     float *mine = w + (size_t)fs->shard_group.rank * un->shard;
     if (un->my_len) TRY(be->copy(be, mine, fs->master + un->local, un->my_len * sizeof(float)));
     if (un->my_len < un->shard) TRY(be->zero(be, mine + un->my_len, (un->shard - un->my_len) * sizeof(float)));
-    TRY(olmo_dist_allgather_equal_f32(&fs->shard_group, w, un->shard));
+    TRY(group_allgather(fs, w, un->shard));
     if (c) TRY(be->convert(be, c, be->compute_dtype, w, OLMO_F32, un->len));
     return 0;
 }
@@ -32,7 +51,7 @@ static int gather(struct olmo_fsdp *fs, int u, float *w, void *c) {
 static int reduce_scatter(struct olmo_fsdp *fs, int u, const float *g) {
     const struct olmo_backend *be = fs->m->be;
     const struct olmo_fsdp_unit *un = &fs->units[u];
-    TRY(olmo_dist_reduce_scatter_f32(&fs->shard_group, g, fs->rs_out, un->shard));
+    TRY(group_reduce_scatter(fs, g, fs->rs_out, un->shard));
     if (un->my_len) TRY(be->add(be, fs->grad + un->local, fs->grad + un->local, fs->rs_out, un->my_len));
     return 0;
 }
@@ -102,10 +121,11 @@ int olmo_fsdp_create(struct olmo_fsdp *fs, struct olmo_model *m, struct olmo_opt
     const struct olmo_backend *be = m->be;
     const int world = dist ? dist->world : 1, rank = dist ? dist->rank : 0;
     if (!m->sharded) return olmo_error("fully sharded training needs a model created with olmo_model_create_sharded");
-    if (world > 1 && !be->host_memory)
-        return olmo_error("train.sharding: fsdp over several ranks runs on host-memory backends (MPI) in this build; "
-                          "backend '%s' keeps its buffers on the device (use train.sharding: zero1)",
-                          be->name);
+    fs->device = !be->host_memory;
+    if (world > 1 && fs->device && !be->comm_group_create)
+        return olmo_error("backend '%s' keeps its buffers on the device and this build has no collective library "
+                          "for it (NCCL): it cannot train fully sharded over %d ranks",
+                          be->name, world);
     const int G = shard_degree ? shard_degree : world;
     if (G > world || world % G)
         return olmo_error("train.shard_degree %d must divide the number of ranks (%d)", shard_degree, world);
@@ -113,6 +133,14 @@ int olmo_fsdp_create(struct olmo_fsdp *fs, struct olmo_model *m, struct olmo_opt
         /* shard groups: consecutive ranks; replica groups: the same position in every shard group */
         TRY(olmo_dist_split(dist, rank / G, rank, &fs->shard_group));
         TRY(olmo_dist_split(dist, rank % G, rank, &fs->replica_group));
+        /* every rank creates its shard group's communicator, then its replica group's (group sizes are
+         * the same on every rank, so all skip or all create) */
+        if (fs->device && fs->shard_group.world > 1 &&
+            !(fs->shard_comm = be->comm_group_create(be, &fs->shard_group)))
+            return olmo_error_context("the shard group's communicator");
+        if (fs->device && fs->replica_group.world > 1 &&
+            !(fs->replica_comm = be->comm_group_create(be, &fs->replica_group)))
+            return olmo_error_context("the replica group's communicator");
     }
     const int g = fs->shard_group.rank;
     const int L = m->cfg.n_layers;
@@ -185,6 +213,8 @@ void olmo_fsdp_destroy(struct olmo_fsdp *fs, struct olmo_optimizer *opt) {
     fs->m->hooks = NULL;
     fs->m->n_win = 0;
     free(fs->units);
+    if (fs->shard_comm) be->comm_group_destroy(be, fs->shard_comm);
+    if (fs->replica_comm) be->comm_group_destroy(be, fs->replica_comm);
     olmo_dist_free_group(&fs->shard_group);
     olmo_dist_free_group(&fs->replica_group);
     memset(fs, 0, sizeof *fs);
@@ -194,9 +224,7 @@ int olmo_fsdp_zero_grads(struct olmo_fsdp *fs) {
     return fs->n_local ? fs->m->be->zero(fs->m->be, fs->grad, fs->n_local * sizeof(float)) : 0;
 }
 
-int olmo_fsdp_sync_replicas(struct olmo_fsdp *fs) {
-    return olmo_dist_allreduce_f32(&fs->replica_group, fs->grad, fs->n_local);
-}
+int olmo_fsdp_sync_replicas(struct olmo_fsdp *fs) { return replica_allreduce(fs, fs->grad, fs->n_local); }
 
 int olmo_fsdp_grad_norm(struct olmo_fsdp *fs, double *norm) {
     double ss = 0.0;

@@ -16,7 +16,8 @@
  * flat parameter vector and padded to a multiple of G; rank g of a group owns
  * [g * S, (g + 1) * S) of it (S = padded length / G), the real part of which
  * is one olmo_shard_range.  Collectives go through MPI on host-memory
- * backends. */
+ * backends and through the backend's group communicators (NCCL) on device
+ * backends; scalars (the grad norm's sum of squares) always through MPI. */
 #ifndef OLMOC_FSDP_H
 #define OLMOC_FSDP_H
 
@@ -37,6 +38,8 @@ struct olmo_fsdp_unit {
 struct olmo_fsdp {
     struct olmo_model *m;
     struct olmo_dist shard_group, replica_group;
+    bool device;                     /* collectives through the backend (comm_group_*), not MPI */
+    void *shard_comm, *replica_comm; /* the backend's communicators (device; groups of more than one rank) */
     int n_units;
     struct olmo_fsdp_unit *units;
     size_t n_local;

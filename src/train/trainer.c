@@ -25,11 +25,7 @@ int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cf
                           "hold (%d)",
                           cfg->train.micro_batch, cfg->train.seq_len, micro_tokens, INT_MAX);
     tr->fully_sharded = cfg->train.sharding == SHARDING_FSDP;
-    if (tr->fully_sharded && dist && dist->world > 1 && !be->host_memory)
-        return olmo_error("train.sharding: fsdp with %d ranks: this build shards over MPI on host-memory backends "
-                          "only, and backend '%s' keeps its buffers on the device (use train.sharding: zero1)",
-                          dist->world, be->name);
-    if (dist && dist->world > 1 && !be->host_memory) {
+    if (dist && dist->world > 1 && !be->host_memory && !tr->fully_sharded) { /* fsdp: its own communicators */
         if (!be->comm_init)
             return olmo_error("backend '%s' keeps gradients in device memory and this build has no collective "
                               "library for it (NCCL): it cannot train with %d ranks",
