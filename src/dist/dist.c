@@ -116,6 +116,14 @@ int olmo_dist_allgather_equal_f32(const struct olmo_dist *d, float *buf, size_t 
     return 0;
 }
 
+int olmo_dist_gather_f32(const struct olmo_dist *d, const float *mine, float *all, size_t n) {
+    if (d->world == 1) return n && all != mine ? (memcpy(all, mine, n * sizeof(float)), 0) : 0;
+    if (n > MPI_CHUNK) return olmo_error("gather of %zu floats per rank: too large", n);
+    if (MPI_Gather(mine, (int)n, MPI_FLOAT, all, (int)n, MPI_FLOAT, 0, comm_of(d)) != MPI_SUCCESS)
+        return olmo_error("MPI_Gather failed");
+    return 0;
+}
+
 int olmo_dist_reduce_scatter_f32(const struct olmo_dist *d, const float *in, float *out, size_t n) {
     if (d->world == 1) return n && out != in ? (memcpy(out, in, n * sizeof(float)), 0) : 0;
     if (n > MPI_CHUNK) return olmo_error("reduce-scatter of %zu floats per rank: too large", n);
@@ -162,6 +170,11 @@ void olmo_dist_free_group(struct olmo_dist *sub) {
 }
 int olmo_dist_allgather_equal_f32(const struct olmo_dist *d, float *buf, size_t n) {
     (void)d, (void)buf, (void)n;
+    return 0;
+}
+int olmo_dist_gather_f32(const struct olmo_dist *d, const float *mine, float *all, size_t n) {
+    (void)d;
+    if (n && all != mine) memcpy(all, mine, n * sizeof(float));
     return 0;
 }
 int olmo_dist_reduce_scatter_f32(const struct olmo_dist *d, const float *in, float *out, size_t n) {

@@ -39,6 +39,8 @@ int olmo_dist_split(const struct olmo_dist *d, int color, int key, struct olmo_d
 void olmo_dist_free_group(struct olmo_dist *sub);
 /* Every rank contributes buf[rank * n .. (rank + 1) * n); afterwards all hold all world * n. */
 int olmo_dist_allgather_equal_f32(const struct olmo_dist *d, float *buf, size_t n);
+/* Rank 0 receives every rank's n floats `mine` in all[r * n ..] (all: world * n floats, only on rank 0). */
+int olmo_dist_gather_f32(const struct olmo_dist *d, const float *mine, float *all, size_t n);
 /* Sums world * n floats of `in` over the ranks; this rank receives the sums of
  * its block [rank * n, (rank + 1) * n) in out[0 .. n). */
 int olmo_dist_reduce_scatter_f32(const struct olmo_dist *d, const float *in, float *out, size_t n);

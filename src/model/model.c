@@ -216,6 +216,20 @@ void olmo_model_destroy(struct olmo_model *m) {
     memset(m, 0, sizeof *m);
 }
 
+static void init_tensor(const struct olmo_model *m, struct olmo_rng *rng, const struct olmo_param *p, float *w) {
+    if (p->cols == 1) {
+        for (size_t j = 0; j < p->numel; j++) w[j] = 1.0f;
+    } else {
+        for (size_t j = 0; j < p->numel; j++) w[j] = (float)olmo_rng_trunc_normal(rng, m->cfg.init_std, 3.0);
+    }
+}
+
+static void init_host(const struct olmo_model *m, uint64_t seed, float *host) {
+    struct olmo_rng rng;
+    olmo_rng_seed(&rng, seed);
+    for (int i = 0; i < m->n_tensors; i++) init_tensor(m, &rng, &m->params[i], host + m->params[i].offset);
+}
+
 int olmo_model_init_weights(struct olmo_model *m, uint64_t seed) {
     size_t n = m->n_floats;
     if (m->sharded) return olmo_error("a sharded model is initialised through its shards (train/fsdp.h)");
@@ -224,24 +238,21 @@ int olmo_model_init_weights(struct olmo_model *m, uint64_t seed) {
         fprintf(stderr, "olmoc: out of memory initialising weights\n");
         exit(1);
     }
-    olmo_model_init_host(m, seed, host);
+    init_host(m, seed, host);
     const int rc = m->be->to_device(m->be, m->weights, host, n * sizeof(float));
     free(host);
     return rc ? rc : olmo_model_sync_weights(m);
 }
 
-void olmo_model_init_host(const struct olmo_model *m, uint64_t seed, float *host) {
+int olmo_model_init_each(const struct olmo_model *m, uint64_t seed, float *scratch,
+                         int (*put)(void *ctx, const struct olmo_param *p, const float *w), void *ctx) {
     struct olmo_rng rng;
     olmo_rng_seed(&rng, seed);
     for (int i = 0; i < m->n_tensors; i++) {
-        const struct olmo_param *p = &m->params[i];
-        float *w = host + p->offset;
-        if (p->cols == 1) {
-            for (size_t j = 0; j < p->numel; j++) w[j] = 1.0f;
-        } else {
-            for (size_t j = 0; j < p->numel; j++) w[j] = (float)olmo_rng_trunc_normal(&rng, m->cfg.init_std, 3.0);
-        }
+        init_tensor(m, &rng, &m->params[i], scratch);
+        if (put(ctx, &m->params[i], scratch)) return -1;
     }
+    return 0;
 }
 
 int olmo_model_sync_weights(struct olmo_model *m) {

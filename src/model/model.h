@@ -111,8 +111,10 @@ void olmo_model_bind_layer(struct olmo_model *m, int l, float *w, float *g);
 void olmo_model_destroy(struct olmo_model *m);
 /* OLMo-core init: every matrix ~ truncated normal(0, init_std, +-3 std), norm weights = 1. */
 int olmo_model_init_weights(struct olmo_model *m, uint64_t seed);
-/* The same initial weights into host memory (n_floats), without touching the model. */
-void olmo_model_init_host(const struct olmo_model *m, uint64_t seed, float *host);
+/* The same initial weights one tensor at a time (a sharded model keeps only its pieces): each is generated into scratch
+ * (room for the largest tensor) and handed to put (0, or -1 to stop with the error set). */
+int olmo_model_init_each(const struct olmo_model *m, uint64_t seed, float *scratch,
+                         int (*put)(void *ctx, const struct olmo_param *p, const float *w), void *ctx);
 /* Refreshes the compute copy from the master weights (no-op without one). */
 int olmo_model_sync_weights(struct olmo_model *m);
 /* Weight w (a pointer into m->weights) as a GEMM operand: its compute copy where there is one, and that type. */

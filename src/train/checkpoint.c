@@ -159,15 +159,12 @@ int olmo_ckpt_save(const char *out_dir, const struct olmo_trainer *tr, const str
                    char *path_out, size_t n) {
     char tmp[4096], final[4096], old[4096], path[4096];
     float *full = NULL; /* train.sharding: fsdp: the weights, gathered from every rank's shards */
-    if (tr->fully_sharded) {
-        if (!(full = olmo_malloc(tr->model.n_floats * sizeof(float), "checkpoint weights")) ||
+    if (tr->fully_sharded) { /* collective; rank 0 receives them */
+        const bool writer = !tr->dist || tr->dist->rank == 0;
+        if ((writer && !(full = olmo_malloc(tr->model.n_floats * sizeof(float), "checkpoint weights"))) ||
             olmo_trainer_get_weights(tr, full)) {
             free(full);
             return -1;
-        }
-        if (tr->dist && tr->dist->rank != 0) {
-            free(full);
-            full = NULL;
         }
     }
     if (tr->dist && tr->dist->world > 1 && tr->dist->rank != 0) {

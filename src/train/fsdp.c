@@ -269,12 +269,50 @@ int olmo_fsdp_set_weights(struct olmo_fsdp *fs, const float *host) {
 
 int olmo_fsdp_get_weights(const struct olmo_fsdp *fs, float *host) {
     const struct olmo_backend *be = fs->m->be;
-    memset(host, 0, fs->m->n_floats * sizeof(float));
+    if (fs->replica_group.rank != 0) return 0; /* the first shard group's copy is the one (HSDP) */
+    const bool root = fs->shard_group.rank == 0;
+    if (root && !host) return olmo_error("olmo_fsdp_get_weights: rank 0 needs a buffer");
+    size_t max_shard = 0;
+    for (int u = 0; u < fs->n_units; u++)
+        if (fs->units[u].shard > max_shard) max_shard = fs->units[u].shard;
+    /* one unit at a time: no rank but the first holds more than a unit */
+    float *stage = olmo_malloc(max_shard * sizeof(float), "weight gather");
+    float *all = root ? olmo_malloc(max_shard * (size_t)fs->shard_group.world * sizeof(float), "weight gather") : NULL;
+    int rc = !stage || (root && !all) ? -1 : 0;
+    for (int u = 0; u < fs->n_units && !rc; u++) {
+        const struct olmo_fsdp_unit *un = &fs->units[u];
+        memset(stage, 0, un->shard * sizeof(float));
+        if (un->my_len) rc = be->to_host(be, stage, fs->master + un->local, un->my_len * sizeof(float));
+        if (!rc) rc = olmo_dist_gather_f32(&fs->shard_group, stage, all, un->shard);
+        if (!rc && root) memcpy(host + un->start, all, un->len * sizeof(float));
+    }
+    free(stage);
+    free(all);
+    return rc;
+}
+
+/* This rank's pieces of one freshly initialised tensor. */
+static int put_tensor(void *ctx, const struct olmo_param *p, const float *w) {
+    struct olmo_fsdp *fs = ctx;
+    const struct olmo_backend *be = fs->m->be;
     for (int u = 0; u < fs->n_units; u++) {
         const struct olmo_fsdp_unit *un = &fs->units[u];
-        if (un->my_len)
-            TRY(be->to_host(be, host + un->start + un->my_lo, fs->master + un->local, un->my_len * sizeof(float)));
+        const size_t a = un->start + un->my_lo, b = a + un->my_len; /* my piece, flat */
+        const size_t lo = a > p->offset ? a : p->offset, hi = b < p->offset + p->numel ? b : p->offset + p->numel;
+        if (lo < hi)
+            TRY(be->to_device(be, fs->master + un->local + (lo - a), w + (lo - p->offset), (hi - lo) * sizeof(float)));
     }
-    /* one owner per element in the group (the others add zeros): exact */
-    return olmo_dist_allreduce_f32(&fs->shard_group, host, fs->m->n_floats);
+    return 0;
+}
+
+int olmo_fsdp_init_weights(struct olmo_fsdp *fs, uint64_t seed) {
+    size_t largest = 0;
+    for (int i = 0; i < fs->m->n_tensors; i++)
+        if (fs->m->params[i].numel > largest) largest = fs->m->params[i].numel;
+    float *scratch = olmo_malloc(largest * sizeof(float), "initial weights (one tensor)");
+    if (!scratch) return -1;
+    const int rc = olmo_model_init_each(fs->m, seed, scratch, put_tensor, fs);
+    free(scratch);
+    fs->root_valid = false;
+    return rc;
 }

@@ -443,8 +443,8 @@ int olmo_run_finish(struct olmo_run *run) {
         save = weights_path;
     }
     if (o->write_files && run->tr.fully_sharded) { /* collective: every rank hands its shards over */
-        float *host = olmo_malloc(run->tr.model.n_floats * sizeof(float), "final weights");
-        const int rc = !host || olmo_trainer_get_weights(&run->tr, host) ||
+        float *host = run->leader ? olmo_malloc(run->tr.model.n_floats * sizeof(float), "final weights") : NULL;
+        const int rc = (run->leader && !host) || olmo_trainer_get_weights(&run->tr, host) ||
                        (run->leader && olmo_weights_save_host(&run->tr.model, host, save));
         free(host);
         if (rc) return -1;

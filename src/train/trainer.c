@@ -148,13 +148,7 @@ int olmo_trainer_set_weights(struct olmo_trainer *tr, const float *host) {
 }
 
 int olmo_trainer_init_weights(struct olmo_trainer *tr, uint64_t seed) {
-    if (!tr->fully_sharded) return olmo_model_init_weights(&tr->model, seed);
-    float *host = olmo_malloc(tr->model.n_floats * sizeof(float), "initial weights");
-    if (!host) return -1;
-    olmo_model_init_host(&tr->model, seed, host);
-    const int rc = olmo_fsdp_set_weights(&tr->fsdp, host);
-    free(host);
-    return rc;
+    return tr->fully_sharded ? olmo_fsdp_init_weights(&tr->fsdp, seed) : olmo_model_init_weights(&tr->model, seed);
 }
 
 double olmo_trainer_next_lr(const struct olmo_trainer *tr) {

@@ -44,7 +44,8 @@ int olmo_trainer_init(struct olmo_trainer *tr, const struct olmo_config *cfg, co
  * train.shard_degree ranks (HSDP).  dist must outlive the trainer. */
 int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cfg, const struct olmo_backend *be,
                            const struct olmo_dist *dist);
-/* Every rank (collective under fsdp): full-size host weights (model.n_floats floats). */
+/* Full-size host weights (model.n_floats floats).  Under fsdp a collective that fills host on rank 0
+ * only (NULL allowed elsewhere); otherwise any rank, no communication. */
 int olmo_trainer_get_weights(const struct olmo_trainer *tr, float *host);
 /* Sets the weights (every rank passes the same full-size host weights). */
 int olmo_trainer_set_weights(struct olmo_trainer *tr, const float *host);
