@@ -210,7 +210,7 @@ static void p_comm_destroy(OLMO_BE) { PROF(be)->in->comm_destroy(PROF(be)->in); 
 static void *p_comm_group_create(OLMO_BE, const struct olmo_dist *group) {
     return PROF(be)->in->comm_group_create(PROF(be)->in, group);
 }
-static int p_comm_group_allgather(OLMO_BE, void *comm, float *buf, size_t n) {
+static int p_comm_group_allgather(OLMO_BE, void *comm, void *buf, size_t n) {
     return PROF(be)->in->comm_group_allgather(PROF(be)->in, comm, buf, n);
 }
 static int p_comm_group_reduce_scatter(OLMO_BE, void *comm, const float *in, float *out, size_t n) {

@@ -108,10 +108,10 @@ void olmo_dist_free_group(struct olmo_dist *sub) {
     sub->world = 1;
 }
 
-int olmo_dist_allgather_equal_f32(const struct olmo_dist *d, float *buf, size_t n) {
+int olmo_dist_allgather_equal_bytes(const struct olmo_dist *d, void *buf, size_t n) {
     if (d->world == 1) return 0;
-    if (n > MPI_CHUNK) return olmo_error("all-gather of %zu floats per rank: too large", n);
-    if (MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)n, MPI_FLOAT, comm_of(d)) != MPI_SUCCESS)
+    if (n > MPI_CHUNK) return olmo_error("all-gather of %zu bytes per rank: too large", n);
+    if (MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)n, MPI_BYTE, comm_of(d)) != MPI_SUCCESS)
         return olmo_error("MPI_Allgather failed");
     return 0;
 }
@@ -168,7 +168,7 @@ void olmo_dist_free_group(struct olmo_dist *sub) {
     memset(sub, 0, sizeof *sub);
     sub->world = 1;
 }
-int olmo_dist_allgather_equal_f32(const struct olmo_dist *d, float *buf, size_t n) {
+int olmo_dist_allgather_equal_bytes(const struct olmo_dist *d, void *buf, size_t n) {
     (void)d, (void)buf, (void)n;
     return 0;
 }

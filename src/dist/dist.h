@@ -37,8 +37,8 @@ void olmo_dist_shard_offsets(const struct olmo_dist *d, size_t n, size_t *offset
  * olmo_dist_free_group.  One rank (or no MPI): sub is a one-rank group. */
 int olmo_dist_split(const struct olmo_dist *d, int color, int key, struct olmo_dist *sub);
 void olmo_dist_free_group(struct olmo_dist *sub);
-/* Every rank contributes buf[rank * n .. (rank + 1) * n); afterwards all hold all world * n. */
-int olmo_dist_allgather_equal_f32(const struct olmo_dist *d, float *buf, size_t n);
+/* Every rank contributes bytes [rank * n, (rank + 1) * n) of buf; afterwards all hold all world * n. */
+int olmo_dist_allgather_equal_bytes(const struct olmo_dist *d, void *buf, size_t n);
 /* Rank 0 receives every rank's n floats `mine` in all[r * n ..] (all: world * n floats, only on rank 0). */
 int olmo_dist_gather_f32(const struct olmo_dist *d, const float *mine, float *all, size_t n);
 /* Sums world * n floats of `in` over the ranks; this rank receives the sums of

@@ -16,10 +16,10 @@ static size_t elem_size(const struct olmo_backend *be) { return olmo_float_type_
 static bool has_compute_copy(const struct olmo_backend *be) { return be->compute_dtype != OLMO_F32; }
 
 /* The three collectives on shard buffers, through MPI or the backend's communicators. */
-static int group_allgather(struct olmo_fsdp *fs, float *buf, size_t n) {
+static int group_allgather(struct olmo_fsdp *fs, void *buf, size_t bytes) {
     if (fs->shard_group.world == 1) return 0;
-    return fs->device ? fs->m->be->comm_group_allgather(fs->m->be, fs->shard_comm, buf, n)
-                      : olmo_dist_allgather_equal_f32(&fs->shard_group, buf, n);
+    return fs->device ? fs->m->be->comm_group_allgather(fs->m->be, fs->shard_comm, buf, bytes)
+                      : olmo_dist_allgather_equal_bytes(&fs->shard_group, buf, bytes);
 }
 
 static int group_reduce_scatter(struct olmo_fsdp *fs, const float *in, float *out, size_t n) {
@@ -34,26 +34,57 @@ static int replica_allreduce(struct olmo_fsdp *fs, float *buf, size_t n) {
                       : olmo_dist_allreduce_f32(&fs->replica_group, buf, n);
 }
 
-/* Gathers unit u's weights into w (padded length) and, on a bf16 backend, its compute copy into c. */
+/* Gathers unit u into its region's buffers w (fp32) and c (compute copy, bf16 backends), whose element 0
+ * is the region's first parameter.  A matrix unit on a bf16 backend travels in bf16 (each rank converts
+ * its piece first: the same values as converting after an fp32 gather); every other unit in fp32, then
+ * converted where there is a compute copy.  The padding of the last rank's piece spills into the next
+ * unit's place (or the region buffer's spare G elements): units are gathered in order, so the next one
+ * overwrites it. */
 static int gather(struct olmo_fsdp *fs, int u, float *w, void *c) {
     const struct olmo_backend *be = fs->m->be;
     const struct olmo_fsdp_unit *un = &fs->units[u];
-    float *mine = w + (size_t)fs->shard_group.rank * un->shard;
+    const size_t off = un->start - fs->regions[un->region].start, r = (size_t)fs->shard_group.rank;
+    if (un->low) {
+        const size_t es = olmo_float_type_size(be->compute_dtype);
+        char *base = (char *)c + off * es, *mine = base + r * un->shard * es;
+        if (un->my_len)
+            TRY(be->convert(be, mine, be->compute_dtype, fs->master + un->local, OLMO_F32, un->my_len));
+        if (un->my_len < un->shard) TRY(be->zero(be, mine + un->my_len * es, (un->shard - un->my_len) * es));
+        return group_allgather(fs, base, un->shard * es);
+    }
+    float *base = w + off, *mine = base + r * un->shard;
     if (un->my_len) TRY(be->copy(be, mine, fs->master + un->local, un->my_len * sizeof(float)));
     if (un->my_len < un->shard) TRY(be->zero(be, mine + un->my_len, (un->shard - un->my_len) * sizeof(float)));
-    TRY(group_allgather(fs, w, un->shard));
-    if (c) TRY(be->convert(be, c, be->compute_dtype, w, OLMO_F32, un->len));
+    TRY(group_allgather(fs, base, un->shard * sizeof(float)));
+    if (c)
+        TRY(be->convert(be, (char *)c + off * olmo_float_type_size(be->compute_dtype), be->compute_dtype, base,
+                        OLMO_F32, un->len));
     return 0;
 }
 
-/* Reduce-scatters unit u's gradients g (padded length, summed over the group) and adds this rank's part to
- * its gradient shard. */
-static int reduce_scatter(struct olmo_fsdp *fs, int u, const float *g) {
-    const struct olmo_backend *be = fs->m->be;
-    const struct olmo_fsdp_unit *un = &fs->units[u];
-    TRY(group_reduce_scatter(fs, g, fs->rs_out, un->shard));
-    if (un->my_len) TRY(be->add(be, fs->grad + un->local, fs->grad + un->local, fs->rs_out, un->my_len));
+static int gather_region(struct olmo_fsdp *fs, int region, float *w, void *c) {
+    const struct olmo_fsdp_region *rg = &fs->regions[region];
+    for (int u = rg->first; u < rg->first + rg->n_units; u++) TRY(gather(fs, u, w, c));
     return 0;
+}
+
+/* Reduce-scatters the gradients of a region's units (g: the region's gradient buffer, summed over the
+ * group; a unit's padding reads the next unit's gradients or the buffer's zeroed spare, which land past
+ * the last rank's piece and are dropped) and adds this rank's pieces to its gradient shard. */
+static int reduce_scatter_region(struct olmo_fsdp *fs, int region, const float *g) {
+    const struct olmo_backend *be = fs->m->be;
+    const struct olmo_fsdp_region *rg = &fs->regions[region];
+    for (int u = rg->first; u < rg->first + rg->n_units; u++) {
+        const struct olmo_fsdp_unit *un = &fs->units[u];
+        TRY(group_reduce_scatter(fs, g + (un->start - rg->start), fs->rs_out, un->shard));
+        if (un->my_len) TRY(be->add(be, fs->grad + un->local, fs->grad + un->local, fs->rs_out, un->my_len));
+    }
+    return 0;
+}
+
+/* A region's buffers hold its parameters and G spare elements (the last unit's padding). */
+static size_t region_alloc(const struct olmo_fsdp *fs, int region) {
+    return fs->regions[region].len + (size_t)fs->shard_group.world;
 }
 
 static void set_window(struct olmo_model *m, int i, const float *w, size_t n, const void *c) {
@@ -64,14 +95,14 @@ static void set_window(struct olmo_model *m, int i, const float *w, size_t n, co
 static int acquire(void *ctx, struct olmo_model *m, int unit, bool backward) {
     struct olmo_fsdp *fs = ctx;
     const struct olmo_backend *be = m->be;
-    const int last = fs->n_units - 1;
+    const int last = fs->n_regions - 1;
     if (unit == OLMO_UNIT_ROOT) {
         if (!fs->root_valid) {
-            TRY(gather(fs, 0, fs->root_w[0], fs->root_c[0]));
-            TRY(gather(fs, last, fs->root_w[1], fs->root_c[1]));
+            TRY(gather_region(fs, 0, fs->root_w[0], fs->root_c[0]));
+            TRY(gather_region(fs, last, fs->root_w[1], fs->root_c[1]));
             fs->root_valid = true;
         }
-        const size_t tail = fs->units[last].start;
+        const size_t tail = fs->regions[last].start;
         const struct olmo_param *norm = &m->params[m->n_tensors - 2], *head = &m->params[m->n_tensors - 1];
         m->embed = fs->root_w[0];
         m->final_norm = fs->root_w[1] + (norm->offset - tail);
@@ -79,19 +110,18 @@ static int acquire(void *ctx, struct olmo_model *m, int unit, bool backward) {
         m->d_embed = fs->root_g[0];
         m->d_final_norm = fs->root_g[1] + (norm->offset - tail);
         m->d_lm_head = fs->root_g[1] + (head->offset - tail);
-        set_window(m, 0, fs->root_w[0], fs->units[0].len, fs->root_c[0]);
-        set_window(m, 1, fs->root_w[1], fs->units[last].len, fs->root_c[1]);
+        set_window(m, 0, fs->root_w[0], fs->regions[0].len, fs->root_c[0]);
+        set_window(m, 1, fs->root_w[1], fs->regions[last].len, fs->root_c[1]);
         if (backward) {
-            TRY(be->zero(be, fs->root_g[0], fs->units[0].shard * fs->shard_group.world * sizeof(float)));
-            TRY(be->zero(be, fs->root_g[1], fs->units[last].shard * fs->shard_group.world * sizeof(float)));
+            TRY(be->zero(be, fs->root_g[0], region_alloc(fs, 0) * sizeof(float)));
+            TRY(be->zero(be, fs->root_g[1], region_alloc(fs, last) * sizeof(float)));
         }
         return 0;
     }
-    const struct olmo_fsdp_unit *un = &fs->units[1 + unit];
-    TRY(gather(fs, 1 + unit, fs->blk_w, fs->blk_c));
+    TRY(gather_region(fs, 1 + unit, fs->blk_w, fs->blk_c));
     olmo_model_bind_layer(m, unit, fs->blk_w, fs->blk_g);
-    set_window(m, 2, fs->blk_w, un->len, fs->blk_c);
-    if (backward) TRY(be->zero(be, fs->blk_g, un->shard * fs->shard_group.world * sizeof(float)));
+    set_window(m, 2, fs->blk_w, fs->regions[1 + unit].len, fs->blk_c);
+    if (backward) TRY(be->zero(be, fs->blk_g, region_alloc(fs, 1 + unit) * sizeof(float)));
     return 0;
 }
 
@@ -99,12 +129,12 @@ static int release(void *ctx, struct olmo_model *m, int unit, bool backward) {
     struct olmo_fsdp *fs = ctx;
     if (unit == OLMO_UNIT_ROOT) { /* stays gathered (until the next optimizer step) */
         if (backward) {
-            TRY(reduce_scatter(fs, 0, fs->root_g[0]));
-            TRY(reduce_scatter(fs, fs->n_units - 1, fs->root_g[1]));
+            TRY(reduce_scatter_region(fs, 0, fs->root_g[0]));
+            TRY(reduce_scatter_region(fs, fs->n_regions - 1, fs->root_g[1]));
         }
         return 0;
     }
-    if (backward) TRY(reduce_scatter(fs, 1 + unit, fs->blk_g));
+    if (backward) TRY(reduce_scatter_region(fs, 1 + unit, fs->blk_g));
     /* the buffer belongs to the next block now: nothing may reach this one through stale pointers */
     olmo_model_bind_layer(m, unit, NULL, NULL);
     m->win[2] = (struct olmo_weight_window){0};
@@ -112,6 +142,12 @@ static int release(void *ctx, struct olmo_model *m, int unit, bool backward) {
 }
 
 static size_t div_up(size_t a, size_t b) { return (a + b - 1) / b; }
+
+/* A matrix read by the GEMMs through its compute copy travels in the compute type; the embeddings (read
+ * by the lookup in fp32) and norm weights in fp32. */
+static bool gathered_low(const struct olmo_backend *be, const struct olmo_param *p) {
+    return be->compute_dtype != OLMO_F32 && p->cols > 1 && !p->is_embedding;
+}
 
 int olmo_fsdp_create(struct olmo_fsdp *fs, struct olmo_model *m, struct olmo_optimizer *opt,
                      const struct olmo_dist *dist, int shard_degree) {
@@ -144,16 +180,33 @@ int olmo_fsdp_create(struct olmo_fsdp *fs, struct olmo_model *m, struct olmo_opt
     }
     const int g = fs->shard_group.rank;
     const int L = m->cfg.n_layers;
-    fs->n_units = L + 2;
-    fs->units = olmo_calloc((size_t)fs->n_units, sizeof *fs->units, "shard units");
-    if (!fs->units) return -1;
+    /* regions: the embeddings, each block, the final norm + LM head; each cut into units of one kind */
+    fs->n_regions = L + 2;
+    fs->regions = olmo_calloc((size_t)fs->n_regions, sizeof *fs->regions, "shard regions");
+    fs->units = olmo_calloc((size_t)m->n_tensors, sizeof *fs->units, "shard units");
+    opt->ranges = olmo_calloc((size_t)m->n_tensors, sizeof *opt->ranges, "shard ranges");
+    if (!fs->regions || !fs->units || !opt->ranges) return -1;
     const struct olmo_param *norm = &m->params[m->n_tensors - 2];
-    fs->units[0] = (struct olmo_fsdp_unit){.start = 0, .len = m->params[0].numel};
-    for (int l = 0; l < L; l++) olmo_model_layer_span(m, l, &fs->units[1 + l].start, &fs->units[1 + l].len);
-    fs->units[L + 1] = (struct olmo_fsdp_unit){.start = norm->offset, .len = m->n_floats - norm->offset};
+    fs->regions[0] = (struct olmo_fsdp_region){.start = 0, .len = m->params[0].numel};
+    for (int l = 0; l < L; l++) olmo_model_layer_span(m, l, &fs->regions[1 + l].start, &fs->regions[1 + l].len);
+    fs->regions[L + 1] = (struct olmo_fsdp_region){.start = norm->offset, .len = m->n_floats - norm->offset};
+    int region = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const struct olmo_param *p = &m->params[i];
+        while (p->offset >= fs->regions[region].start + fs->regions[region].len) region++;
+        struct olmo_fsdp_region *rg = &fs->regions[region];
+        struct olmo_fsdp_unit *prev = fs->n_units ? &fs->units[fs->n_units - 1] : NULL;
+        const bool low = gathered_low(be, p);
+        if (prev && prev->region == region && prev->low == low) {
+            prev->len += p->numel;
+            continue;
+        }
+        if (!rg->n_units) rg->first = fs->n_units;
+        rg->n_units++;
+        fs->units[fs->n_units++] = (struct olmo_fsdp_unit){.start = p->offset, .len = p->numel, .region = region,
+                                                           .low = low};
+    }
     size_t max_shard = 0, max_block = 0;
-    opt->ranges = olmo_calloc((size_t)fs->n_units, sizeof *opt->ranges, "shard ranges");
-    if (!opt->ranges) return -1;
     opt->n_ranges = 0;
     for (int u = 0; u < fs->n_units; u++) {
         struct olmo_fsdp_unit *un = &fs->units[u];
@@ -166,8 +219,9 @@ int olmo_fsdp_create(struct olmo_fsdp *fs, struct olmo_model *m, struct olmo_opt
             opt->ranges[opt->n_ranges++] =
                 (struct olmo_shard_range){.global = un->start + un->my_lo, .local = un->local, .len = un->my_len};
         if (un->shard > max_shard) max_shard = un->shard;
-        if (u > 0 && u <= L && un->shard * G > max_block) max_block = un->shard * G;
     }
+    for (int l = 0; l < L; l++)
+        if (region_alloc(fs, 1 + l) > max_block) max_block = region_alloc(fs, 1 + l);
     opt->n_local = fs->n_local;
     opt->lo = opt->hi = 0; /* no single slice: see opt->ranges */
     opt->primary = fs->replica_group.rank == 0;
@@ -185,11 +239,11 @@ int olmo_fsdp_create(struct olmo_fsdp *fs, struct olmo_model *m, struct olmo_opt
         be->zero(be, fs->master, n_alloc * sizeof(float)))
         return -1;
     for (int i = 0; i < 2; i++) {
-        const struct olmo_fsdp_unit *un = &fs->units[i ? L + 1 : 0];
-        fs->root_w[i] = be->alloc(be, un->shard * G * sizeof(float));
-        fs->root_g[i] = be->alloc(be, un->shard * G * sizeof(float));
+        const size_t n = region_alloc(fs, i ? L + 1 : 0);
+        fs->root_w[i] = be->alloc(be, n * sizeof(float));
+        fs->root_g[i] = be->alloc(be, n * sizeof(float));
         if (!fs->root_w[i] || !fs->root_g[i]) return olmo_error_context("gathered root weights");
-        if (has_compute_copy(be) && !(fs->root_c[i] = be->alloc(be, un->len * elem_size(be))))
+        if (has_compute_copy(be) && !(fs->root_c[i] = be->alloc(be, n * elem_size(be))))
             return olmo_error_context("gathered root weights (compute copy)");
     }
     if (has_compute_copy(be) && !(fs->blk_c = be->alloc(be, (max_block ? max_block : 1) * elem_size(be))))
@@ -213,6 +267,7 @@ void olmo_fsdp_destroy(struct olmo_fsdp *fs, struct olmo_optimizer *opt) {
     fs->m->hooks = NULL;
     fs->m->n_win = 0;
     free(fs->units);
+    free(fs->regions);
     if (fs->shard_comm) be->comm_group_destroy(be, fs->shard_comm);
     if (fs->replica_comm) be->comm_group_destroy(be, fs->replica_comm);
     olmo_dist_free_group(&fs->shard_group);
@@ -247,8 +302,8 @@ int olmo_fsdp_step(struct olmo_fsdp *fs, struct olmo_optimizer *opt, const struc
     for (int u = 0; u < fs->n_units; u++) {
         const struct olmo_fsdp_unit *un = &fs->units[u];
         if (!un->my_len) continue;
-        /* unit 0 is exactly the embedding matrix, the one tensor with its own weight decay */
-        const double wd = u == 0 ? t->embedding_weight_decay : t->weight_decay;
+        /* region 0 is exactly the embedding matrix, the one tensor with its own weight decay */
+        const double wd = un->region == 0 ? t->embedding_weight_decay : t->weight_decay;
         TRY(be->adamw(be, fs->master + un->local, fs->grad + un->local, opt->m + un->local, opt->v + un->local,
                       un->my_len, lr, (float)t->beta1, (float)t->beta2, (float)t->eps, wd, opt->step));
     }

@@ -11,10 +11,13 @@
  * position in different shard groups) all-reduce their gradient shards once
  * per step.
  *
- * Units, in flat-parameter order: 0 = the embeddings, 1 .. n_layers = the
- * blocks, n_layers + 1 = final norm + LM head; each unit is contiguous in the
- * flat parameter vector and padded to a multiple of G; rank g of a group owns
- * [g * S, (g + 1) * S) of it (S = padded length / G), the real part of which
+ * Regions, in flat-parameter order: 0 = the embeddings, 1 .. n_layers = the
+ * blocks, n_layers + 1 = final norm + LM head, each contiguous in the flat
+ * parameter vector and cut into units of one kind: on a bf16 backend the GEMM
+ * matrices are gathered in bf16 (the compute copy the GEMMs read), the
+ * embeddings and norm weights in fp32; on an fp32 backend a region is one
+ * unit.  Rank g of a group owns [g * S, (g + 1) * S) of every unit
+ * (S = ceil(len / G)), the real part of which
  * is one olmo_shard_range.  Collectives go through MPI on host-memory
  * backends and through the backend's group communicators (NCCL) on device
  * backends; scalars (the grad norm's sum of squares) always through MPI. */
@@ -31,9 +34,17 @@
 
 struct olmo_fsdp_unit {
     size_t start, len; /* flat parameters [start, start + len) */
-    size_t shard;      /* padded length / G: every rank's part in the collectives */
+    size_t shard;      /* ceil(len / G): every rank's part in the collectives */
     size_t my_lo, my_len; /* this rank's real part: unit elements [my_lo, my_lo + my_len) */
     size_t local;      /* where it is in the rank's shard buffers */
+    int region;        /* the region it belongs to */
+    bool low;          /* gathered in the backend's compute type (a GEMM matrix on a bf16 backend) */
+};
+
+/* What is resident together: the embeddings (0), block l (1 + l), the final norm + LM head (last). */
+struct olmo_fsdp_region {
+    size_t start, len;
+    int first, n_units; /* its units */
 };
 
 struct olmo_fsdp {
@@ -41,13 +52,14 @@ struct olmo_fsdp {
     struct olmo_dist shard_group, replica_group;
     bool device;                     /* collectives through the backend (comm_group_*), not MPI */
     void *shard_comm, *replica_comm; /* the backend's communicators (device; groups of more than one rank) */
-    int n_units;
+    int n_regions, n_units;
+    struct olmo_fsdp_region *regions;
     struct olmo_fsdp_unit *units;
     size_t n_local;
     float *master, *grad; /* this rank's shards (n_local floats, backend buffers) */
-    float *root_w[2], *root_g[2]; /* units 0 and n_units - 1, gathered (padded) */
+    float *root_w[2], *root_g[2]; /* regions 0 and n_regions - 1, gathered (+ G spare elements) */
     void *root_c[2];              /* their compute copies (bf16 backends) */
-    float *blk_w, *blk_g;         /* one block, gathered (padded) */
+    float *blk_w, *blk_g;         /* one block, gathered (+ G spare elements) */
     void *blk_c;
     float *rs_out; /* a reduce-scatter's result (the largest shard) */
     bool root_valid; /* root_w holds the current master weights */

@@ -81,11 +81,12 @@ void *olmo_cuda_comm_group_create(OLMO_BE, const struct olmo_dist *group) {
     return comm;
 }
 
-int olmo_cuda_comm_group_allgather(OLMO_BE, void *comm, float *buf, size_t n) {
+/* n bytes per rank (fp32 or bf16 elements alike), in place */
+int olmo_cuda_comm_group_allgather(OLMO_BE, void *comm, void *buf, size_t n) {
     (void)be;
     int rank;
     NCCL_TRY(ncclCommUserRank((ncclComm_t)comm, &rank), "ncclCommUserRank");
-    NCCL_TRY(ncclAllGather(buf + (size_t)rank * n, buf, n, ncclFloat32, (ncclComm_t)comm, 0), "all-gather");
+    NCCL_TRY(ncclAllGather((char *)buf + (size_t)rank * n, buf, n, ncclInt8, (ncclComm_t)comm, 0), "all-gather");
     return 0;
 }
 

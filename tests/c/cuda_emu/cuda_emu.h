@@ -220,7 +220,7 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d,
 
 /* ---- NCCL ---- */
 typedef enum { ncclSuccess = 0, ncclInvalidArgument = 4, ncclInvalidUsage = 5, ncclSystemError = 2 } ncclResult_t;
-typedef enum { ncclFloat32 = 7 } ncclDataType_t;
+typedef enum { ncclInt8 = 0, ncclFloat32 = 7 } ncclDataType_t;
 typedef enum { ncclSum = 0 } ncclRedOp_t;
 typedef struct {
     char internal[128];

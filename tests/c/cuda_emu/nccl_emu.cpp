@@ -161,13 +161,14 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
                            ncclComm_t comm, cudaStream_t stream) {
     (void)stream;
     if (!known(comm)) return usage("ncclAllGather on an unknown communicator");
-    if (datatype != ncclFloat32) return ncclInvalidArgument;
-    float *mine = (float *)recvbuff + (size_t)comm->rank * sendcount;
-    if (sendbuff != mine && sendcount) memmove(mine, sendbuff, sendcount * sizeof(float));
+    if (datatype != ncclFloat32 && datatype != ncclInt8) return ncclInvalidArgument;
+    const size_t bytes = sendcount * (datatype == ncclFloat32 ? sizeof(float) : 1);
+    char *mine = (char *)recvbuff + (size_t)comm->rank * bytes;
+    if (sendbuff != mine && bytes) memmove(mine, sendbuff, bytes);
 #ifdef OLMOC_HAVE_MPI
     if (comm->nranks > 1) {
-        if (sendcount > ((size_t)1 << 30)) return usage("ncclAllGather: count too large for the emulation");
-        MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recvbuff, (int)sendcount, MPI_FLOAT, comm->mpi);
+        if (bytes > ((size_t)1 << 30)) return usage("ncclAllGather: count too large for the emulation");
+        MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recvbuff, (int)bytes, MPI_BYTE, comm->mpi);
     }
 #endif
     return ncclSuccess;
