@@ -311,6 +311,8 @@ int olmo_fsdp_step(struct olmo_fsdp *fs, struct olmo_optimizer *opt, const struc
     return 0;
 }
 
+void olmo_fsdp_master_updated(struct olmo_fsdp *fs) { fs->root_valid = false; }
+
 int olmo_fsdp_set_weights(struct olmo_fsdp *fs, const float *host) {
     const struct olmo_backend *be = fs->m->be;
     for (int u = 0; u < fs->n_units; u++) {

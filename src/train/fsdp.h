@@ -83,6 +83,8 @@ int olmo_fsdp_grad_norm(struct olmo_fsdp *fs, double *norm);
 int olmo_fsdp_clip(struct olmo_fsdp *fs, double norm, double max_norm);
 /* AdamW on this rank's shard (opt's moments); the gathered root is stale afterwards. */
 int olmo_fsdp_step(struct olmo_fsdp *fs, struct olmo_optimizer *opt, const struct olmo_train_config *t, double lr);
+/* The master shard was written from outside (a checkpoint): the gathered root is stale. */
+void olmo_fsdp_master_updated(struct olmo_fsdp *fs);
 /* This rank's pieces from full-size host weights (every rank passes the same). */
 int olmo_fsdp_set_weights(struct olmo_fsdp *fs, const float *host);
 /* OLMo-core's initialisation (olmo_model_init_weights), a tensor at a time: no full-size copy. */

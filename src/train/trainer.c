@@ -125,6 +125,14 @@ int olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res) {
     res->lr = olmo_trainer_next_lr(tr);
     res->skipped = false;
     if (olmo_optimizer_step(&tr->opt, &tr->model, t, res->lr)) return -1;
+    return olmo_trainer_master_updated(tr);
+}
+
+int olmo_trainer_master_updated(struct olmo_trainer *tr) {
+    if (tr->fully_sharded) {
+        olmo_fsdp_master_updated(&tr->fsdp);
+        return 0;
+    }
     if (!tr->dist || tr->dist->world == 1) return olmo_model_sync_weights(&tr->model);
     /* every rank updated its own shard: share them */
     size_t *offsets = olmo_malloc(sizeof(size_t) * (size_t)(tr->dist->world + 1), "shard offsets");

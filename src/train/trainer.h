@@ -49,6 +49,10 @@ int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cf
 int olmo_trainer_get_weights(const struct olmo_trainer *tr, float *host);
 /* Sets the weights (every rank passes the same full-size host weights). */
 int olmo_trainer_set_weights(struct olmo_trainer *tr, const float *host);
+/* Collective, after every rank wrote its shard of the master weights (olmo_optimizer_master, e.g. a
+ * sharded checkpoint load): ZeRO-1 all-gathers the shards into model.weights and refreshes the compute
+ * copy; fsdp drops what it had gathered. */
+int olmo_trainer_master_updated(struct olmo_trainer *tr);
 /* OLMo-core's initialisation (olmo_model_init_weights) on either layout. */
 int olmo_trainer_init_weights(struct olmo_trainer *tr, uint64_t seed);
 /* The learning rate of the next optimizer step (skipped steps count). */
