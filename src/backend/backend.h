@@ -174,6 +174,21 @@ struct olmo_backend {
     int (*comm_allreduce_sum)(OLMO_BE, float *buf, size_t n);
     int (*comm_allgather)(OLMO_BE, float *buf, const size_t *offsets);
     void (*comm_destroy)(OLMO_BE);
+
+    /* Fully sharded training (train/fsdp.c) on backend memory: a communicator
+     * over a group of ranks (a shard or replica group from olmo_dist_split;
+     * collective over the group's ranks, and every group of a split is
+     * created at the same time on all ranks), NULL with the error set; then
+     * collectives on equal blocks: allgather: rank r's bytes [r*n, (r+1)*n)
+     * of buf to every rank (any element type); reduce_scatter (n floats):
+     * out[0, n) = the sum
+     * over the group of each rank's in[r*n, (r+1)*n) (in: world*n floats);
+     * allreduce_sum: in place.  NULL where comm_init is. */
+    void *(*comm_group_create)(OLMO_BE, const struct olmo_dist *group);
+    int (*comm_group_allgather)(OLMO_BE, void *comm, void *buf, size_t n);
+    int (*comm_group_reduce_scatter)(OLMO_BE, void *comm, const float *in, float *out, size_t n);
+    int (*comm_group_allreduce_sum)(OLMO_BE, void *comm, float *buf, size_t n);
+    void (*comm_group_destroy)(OLMO_BE, void *comm);
 };
 
 /* The CPU backend.  Its variants differ in where the GEMMs come from:

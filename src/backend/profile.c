@@ -207,6 +207,19 @@ static int p_comm_allgather(OLMO_BE, float *buf, const size_t *offsets) {
     return PROF(be)->in->comm_allgather(PROF(be)->in, buf, offsets);
 }
 static void p_comm_destroy(OLMO_BE) { PROF(be)->in->comm_destroy(PROF(be)->in); }
+static void *p_comm_group_create(OLMO_BE, const struct olmo_dist *group) {
+    return PROF(be)->in->comm_group_create(PROF(be)->in, group);
+}
+static int p_comm_group_allgather(OLMO_BE, void *comm, void *buf, size_t n) {
+    return PROF(be)->in->comm_group_allgather(PROF(be)->in, comm, buf, n);
+}
+static int p_comm_group_reduce_scatter(OLMO_BE, void *comm, const float *in, float *out, size_t n) {
+    return PROF(be)->in->comm_group_reduce_scatter(PROF(be)->in, comm, in, out, n);
+}
+static int p_comm_group_allreduce_sum(OLMO_BE, void *comm, float *buf, size_t n) {
+    return PROF(be)->in->comm_group_allreduce_sum(PROF(be)->in, comm, buf, n);
+}
+static void p_comm_group_destroy(OLMO_BE, void *comm) { PROF(be)->in->comm_group_destroy(PROF(be)->in, comm); }
 
 static void p_destroy(struct olmo_backend *be) {
     free(be->state);
@@ -240,7 +253,12 @@ struct olmo_backend *olmo_backend_profiled(const struct olmo_backend *inner) {
         .comm_init = inner->comm_init ? p_comm_init : NULL,
         .comm_allreduce_sum = inner->comm_allreduce_sum ? p_comm_allreduce_sum : NULL,
         .comm_allgather = inner->comm_allgather ? p_comm_allgather : NULL,
-        .comm_destroy = inner->comm_destroy ? p_comm_destroy : NULL};
+        .comm_destroy = inner->comm_destroy ? p_comm_destroy : NULL,
+        .comm_group_create = inner->comm_group_create ? p_comm_group_create : NULL,
+        .comm_group_allgather = inner->comm_group_allgather ? p_comm_group_allgather : NULL,
+        .comm_group_reduce_scatter = inner->comm_group_reduce_scatter ? p_comm_group_reduce_scatter : NULL,
+        .comm_group_allreduce_sum = inner->comm_group_allreduce_sum ? p_comm_group_allreduce_sum : NULL,
+        .comm_group_destroy = inner->comm_group_destroy ? p_comm_group_destroy : NULL};
     return be;
 }
 

@@ -442,8 +442,8 @@ int olmo_config_validate(const struct olmo_config *cfg) {
     if (t->shard_degree < 0) return olmo_error("train.shard_degree must be >= 0 (0 = all ranks in one group)");
     if (t->activation_checkpointing != ACT_CKPT_NONE)
         return olmo_error("train.activation_checkpointing: only none is implemented in this build");
-    if (t->sharding != SHARDING_ZERO1 || t->shard_degree)
-        return olmo_error("train.sharding: only zero1 is implemented in this build (no shard_degree)");
+    if (t->sharding == SHARDING_ZERO1 && t->shard_degree)
+        return olmo_error("train.shard_degree applies to train.sharding: fsdp (HSDP groups), not zero1");
     if (strcmp(cfg->data.dtype, "auto") && strcmp(cfg->data.dtype, "uint16") && strcmp(cfg->data.dtype, "uint32"))
         return olmo_error("data.dtype must be auto, uint16 or uint32; got '%s'", cfg->data.dtype);
     if (strcmp(cfg->data.order, "olmo_core") && strcmp(cfg->data.order, "olmoc"))

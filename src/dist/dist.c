@@ -12,6 +12,9 @@
 /* MPI counts are int: move large buffers in chunks. */
 #define MPI_CHUNK ((size_t)1 << 30)
 
+/* d's communicator: a sub-group's, or every rank's */
+static MPI_Comm comm_of(const struct olmo_dist *d) { return d->comm ? *(MPI_Comm *)d->comm : MPI_COMM_WORLD; }
+
 static int launched_by_mpi(void) {
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK") || getenv("MPI_LOCALNRANKS");
 }
@@ -40,7 +43,7 @@ static int allreduce(const struct olmo_dist *d, void *buf, size_t n, MPI_Datatyp
     if (d->world == 1) return 0;
     for (size_t off = 0; off < n; off += MPI_CHUNK) {
         size_t count = n - off < MPI_CHUNK ? n - off : MPI_CHUNK;
-        if (MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * elem, (int)count, type, MPI_SUM, MPI_COMM_WORLD) !=
+        if (MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * elem, (int)count, type, MPI_SUM, comm_of(d)) !=
             MPI_SUCCESS)
             return olmo_error("MPI_Allreduce failed");
     }
@@ -61,21 +64,21 @@ int olmo_dist_allgather_f32(const struct olmo_dist *d, float *buf, const size_t 
     for (int r = 0; r < d->world; r++)
         for (size_t off = offsets[r]; off < offsets[r + 1]; off += MPI_CHUNK) {
             size_t count = offsets[r + 1] - off < MPI_CHUNK ? offsets[r + 1] - off : MPI_CHUNK;
-            if (MPI_Bcast(buf + off, (int)count, MPI_FLOAT, r, MPI_COMM_WORLD) != MPI_SUCCESS)
+            if (MPI_Bcast(buf + off, (int)count, MPI_FLOAT, r, comm_of(d)) != MPI_SUCCESS)
                 return olmo_error("MPI_Bcast failed");
         }
     return 0;
 }
 
 int olmo_dist_barrier(const struct olmo_dist *d) {
-    if (d->world > 1 && MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS) return olmo_error("MPI_Barrier failed");
+    if (d->world > 1 && MPI_Barrier(comm_of(d)) != MPI_SUCCESS) return olmo_error("MPI_Barrier failed");
     return 0;
 }
 
 int olmo_dist_broadcast_bytes(const struct olmo_dist *d, void *buf, size_t bytes, int root) {
     if (d->world == 1) return 0;
     if (bytes > (size_t)1 << 30) return olmo_error("broadcast of %zu bytes: too large", bytes);
-    if (MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD) != MPI_SUCCESS)
+    if (MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, comm_of(d)) != MPI_SUCCESS)
         return olmo_error("MPI_Bcast failed");
     return 0;
 }
@@ -126,6 +129,55 @@ int olmo_dist_gather_bytes(const struct olmo_dist *d, const void *send, size_t n
     return rc;
 }
 
+int olmo_dist_split(const struct olmo_dist *d, int color, int key, struct olmo_dist *sub) {
+    memset(sub, 0, sizeof *sub);
+    sub->world = 1;
+    if (d->world == 1) return 0;
+    MPI_Comm *c = olmo_malloc(sizeof *c, "communicator");
+    if (!c) return -1;
+    if (MPI_Comm_split(comm_of(d), color, key, c) != MPI_SUCCESS) {
+        free(c);
+        return olmo_error("MPI_Comm_split failed");
+    }
+    sub->comm = c;
+    MPI_Comm_rank(*c, &sub->rank);
+    MPI_Comm_size(*c, &sub->world);
+    return 0;
+}
+
+void olmo_dist_free_group(struct olmo_dist *sub) {
+    if (sub->comm) {
+        MPI_Comm_free((MPI_Comm *)sub->comm);
+        free(sub->comm);
+    }
+    memset(sub, 0, sizeof *sub);
+    sub->world = 1;
+}
+
+int olmo_dist_allgather_equal_bytes(const struct olmo_dist *d, void *buf, size_t n) {
+    if (d->world == 1) return 0;
+    if (n > MPI_CHUNK) return olmo_error("all-gather of %zu bytes per rank: too large", n);
+    if (MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)n, MPI_BYTE, comm_of(d)) != MPI_SUCCESS)
+        return olmo_error("MPI_Allgather failed");
+    return 0;
+}
+
+int olmo_dist_gather_f32(const struct olmo_dist *d, const float *mine, float *all, size_t n) {
+    if (d->world == 1) return n && all != mine ? (memcpy(all, mine, n * sizeof(float)), 0) : 0;
+    if (n > MPI_CHUNK) return olmo_error("gather of %zu floats per rank: too large", n);
+    if (MPI_Gather(mine, (int)n, MPI_FLOAT, all, (int)n, MPI_FLOAT, 0, comm_of(d)) != MPI_SUCCESS)
+        return olmo_error("MPI_Gather failed");
+    return 0;
+}
+
+int olmo_dist_reduce_scatter_f32(const struct olmo_dist *d, const float *in, float *out, size_t n) {
+    if (d->world == 1) return n && out != in ? (memcpy(out, in, n * sizeof(float)), 0) : 0;
+    if (n > MPI_CHUNK) return olmo_error("reduce-scatter of %zu floats per rank: too large", n);
+    if (MPI_Reduce_scatter_block(in, out, (int)n, MPI_FLOAT, MPI_SUM, comm_of(d)) != MPI_SUCCESS)
+        return olmo_error("MPI_Reduce_scatter_block failed");
+    return 0;
+}
+
 #else /* single process build */
 
 int olmo_dist_init(struct olmo_dist *d, int *argc, char ***argv) {
@@ -150,6 +202,30 @@ int olmo_dist_allreduce_f64(const struct olmo_dist *d, double *buf, size_t n) {
 }
 int olmo_dist_allgather_f32(const struct olmo_dist *d, float *buf, const size_t *offsets) {
     (void)d, (void)buf, (void)offsets;
+    return 0;
+}
+int olmo_dist_split(const struct olmo_dist *d, int color, int key, struct olmo_dist *sub) {
+    (void)d, (void)color, (void)key;
+    memset(sub, 0, sizeof *sub);
+    sub->world = 1;
+    return 0;
+}
+void olmo_dist_free_group(struct olmo_dist *sub) {
+    memset(sub, 0, sizeof *sub);
+    sub->world = 1;
+}
+int olmo_dist_allgather_equal_bytes(const struct olmo_dist *d, void *buf, size_t n) {
+    (void)d, (void)buf, (void)n;
+    return 0;
+}
+int olmo_dist_gather_f32(const struct olmo_dist *d, const float *mine, float *all, size_t n) {
+    (void)d;
+    if (n && all != mine) memcpy(all, mine, n * sizeof(float));
+    return 0;
+}
+int olmo_dist_reduce_scatter_f32(const struct olmo_dist *d, const float *in, float *out, size_t n) {
+    (void)d;
+    if (n && out != in) memcpy(out, in, n * sizeof(float));
     return 0;
 }
 int olmo_dist_barrier(const struct olmo_dist *d) {

@@ -12,6 +12,7 @@
 struct olmo_dist {
     int rank, world;
     int mpi_active; /* MPI_Init was called by us */
+    void *comm;     /* a sub-group's communicator (olmo_dist_split); NULL = every rank */
 };
 
 /* Initialises MPI when the process was launched by an MPI launcher. */
@@ -31,6 +32,18 @@ int olmo_dist_allgather_f32(const struct olmo_dist *d, float *buf, const size_t 
 void olmo_dist_shard(const struct olmo_dist *d, size_t n, size_t *lo, size_t *hi);
 /* offsets[r] .. offsets[r+1] = rank r's shard of n items (world + 1 entries). */
 void olmo_dist_shard_offsets(const struct olmo_dist *d, size_t n, size_t *offsets);
+/* Collective over d: splits its ranks into groups of equal color, ordered by
+ * key; sub gets this rank's group (rank and world within it).  Free with
+ * olmo_dist_free_group.  One rank (or no MPI): sub is a one-rank group. */
+int olmo_dist_split(const struct olmo_dist *d, int color, int key, struct olmo_dist *sub);
+void olmo_dist_free_group(struct olmo_dist *sub);
+/* Every rank contributes bytes [rank * n, (rank + 1) * n) of buf; afterwards all hold all world * n. */
+int olmo_dist_allgather_equal_bytes(const struct olmo_dist *d, void *buf, size_t n);
+/* Rank 0 receives every rank's n floats `mine` in all[r * n ..] (all: world * n floats, only on rank 0). */
+int olmo_dist_gather_f32(const struct olmo_dist *d, const float *mine, float *all, size_t n);
+/* Sums world * n floats of `in` over the ranks; this rank receives the sums of
+ * its block [rank * n, (rank + 1) * n) in out[0 .. n). */
+int olmo_dist_reduce_scatter_f32(const struct olmo_dist *d, const float *in, float *out, size_t n);
 int olmo_dist_barrier(const struct olmo_dist *d);
 /* Root receives every rank's n bytes (n may differ by rank, each under
  * 1 GiB): *recv (malloc'ed, root only; NULL elsewhere) holds them in rank

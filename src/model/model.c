@@ -104,7 +104,8 @@ static int check_attention(const struct olmo_model *m) {
     return 0;
 }
 
-static int create(struct olmo_model *m, const struct olmo_model_config *cfg, const struct olmo_backend *be) {
+static int create(struct olmo_model *m, const struct olmo_model_config *cfg, const struct olmo_backend *be,
+                  bool sharded) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->be = be;
@@ -121,6 +122,10 @@ static int create(struct olmo_model *m, const struct olmo_model_config *cfg, con
     m->lg = olmo_calloc((size_t)cfg->n_layers, sizeof *m->lg, "layer table");
     if (!m->params || !m->lw || !m->lg) return -1;
     declare_params(m);
+    if (sharded) {
+        m->sharded = true;
+        return 0;
+    }
     if (be->host_memory) { /* refuse what cannot fit before allocating (see util/sysmem.h) */
         const double need = (double)m->n_floats * (2 * sizeof(float) + olmo_float_type_size(be->compute_dtype) *
                                                                           (be->compute_dtype != OLMO_F32));
@@ -145,9 +150,36 @@ static int create(struct olmo_model *m, const struct olmo_model_config *cfg, con
 }
 
 int olmo_model_create(struct olmo_model *m, const struct olmo_model_config *cfg, const struct olmo_backend *be) {
-    if (create(m, cfg, be) == 0) return 0;
+    if (create(m, cfg, be, false) == 0) return 0;
     olmo_model_destroy(m); /* whatever a refused or failed creation had allocated */
     return -1;
+}
+
+int olmo_model_create_sharded(struct olmo_model *m, const struct olmo_model_config *cfg,
+                              const struct olmo_backend *be) {
+    if (create(m, cfg, be, true) == 0) return 0;
+    olmo_model_destroy(m);
+    return -1;
+}
+
+void olmo_model_layer_span(const struct olmo_model *m, int l, size_t *offset, size_t *numel) {
+    const struct olmo_param *q = m->params + 1 + (size_t)l * TENSORS_PER_LAYER;
+    *offset = q[0].offset;
+    *numel = q[TENSORS_PER_LAYER - 1].offset + q[TENSORS_PER_LAYER - 1].numel - q[0].offset;
+}
+
+void olmo_model_bind_layer(struct olmo_model *m, int l, float *w, float *g) {
+    const struct olmo_param *q = m->params + 1 + (size_t)l * TENSORS_PER_LAYER;
+    float **wt[TENSORS_PER_LAYER] = {&m->lw[l].wq,     &m->lw[l].wk,     &m->lw[l].wv,   &m->lw[l].wo,
+                                     &m->lw[l].q_norm, &m->lw[l].k_norm, &m->lw[l].gate, &m->lw[l].up,
+                                     &m->lw[l].down,   &m->lw[l].attn_norm, &m->lw[l].ff_norm};
+    float **gt[TENSORS_PER_LAYER] = {&m->lg[l].wq,     &m->lg[l].wk,     &m->lg[l].wv,   &m->lg[l].wo,
+                                     &m->lg[l].q_norm, &m->lg[l].k_norm, &m->lg[l].gate, &m->lg[l].up,
+                                     &m->lg[l].down,   &m->lg[l].attn_norm, &m->lg[l].ff_norm};
+    for (int i = 0; i < TENSORS_PER_LAYER; i++) {
+        *wt[i] = w ? w + (q[i].offset - q[0].offset) : NULL;
+        *gt[i] = g ? g + (q[i].offset - q[0].offset) : NULL;
+    }
 }
 
 static void free_acts(struct olmo_model *m) {
@@ -184,40 +216,63 @@ void olmo_model_destroy(struct olmo_model *m) {
     memset(m, 0, sizeof *m);
 }
 
+static void init_tensor(const struct olmo_model *m, struct olmo_rng *rng, const struct olmo_param *p, float *w) {
+    if (p->cols == 1) {
+        for (size_t j = 0; j < p->numel; j++) w[j] = 1.0f;
+    } else {
+        for (size_t j = 0; j < p->numel; j++) w[j] = (float)olmo_rng_trunc_normal(rng, m->cfg.init_std, 3.0);
+    }
+}
+
+static void init_host(const struct olmo_model *m, uint64_t seed, float *host) {
+    struct olmo_rng rng;
+    olmo_rng_seed(&rng, seed);
+    for (int i = 0; i < m->n_tensors; i++) init_tensor(m, &rng, &m->params[i], host + m->params[i].offset);
+}
+
 int olmo_model_init_weights(struct olmo_model *m, uint64_t seed) {
     size_t n = m->n_floats;
+    if (m->sharded) return olmo_error("a sharded model is initialised through its shards (train/fsdp.h)");
     float *host = malloc(n * sizeof(float));
     if (!host) {
         fprintf(stderr, "olmoc: out of memory initialising weights\n");
         exit(1);
     }
-    struct olmo_rng rng;
-    olmo_rng_seed(&rng, seed);
-    for (int i = 0; i < m->n_tensors; i++) {
-        const struct olmo_param *p = &m->params[i];
-        float *w = host + p->offset;
-        if (p->cols == 1) {
-            for (size_t j = 0; j < p->numel; j++) w[j] = 1.0f;
-        } else {
-            for (size_t j = 0; j < p->numel; j++) w[j] = (float)olmo_rng_trunc_normal(&rng, m->cfg.init_std, 3.0);
-        }
-    }
+    init_host(m, seed, host);
     const int rc = m->be->to_device(m->be, m->weights, host, n * sizeof(float));
     free(host);
     return rc ? rc : olmo_model_sync_weights(m);
 }
 
+int olmo_model_init_each(const struct olmo_model *m, uint64_t seed, float *scratch,
+                         int (*put)(void *ctx, const struct olmo_param *p, const float *w), void *ctx) {
+    struct olmo_rng rng;
+    olmo_rng_seed(&rng, seed);
+    for (int i = 0; i < m->n_tensors; i++) {
+        init_tensor(m, &rng, &m->params[i], scratch);
+        if (put(ctx, &m->params[i], scratch)) return -1;
+    }
+    return 0;
+}
+
 int olmo_model_sync_weights(struct olmo_model *m) {
-    if (!m->compute.numel) return 0;
+    if (!m->compute.numel) return 0; /* also a sharded model: its units are converted as they are gathered */
     return m->be->convert(m->be, m->compute.data, m->compute.dtype, m->weights, OLMO_F32, m->n_floats);
 }
 
 const void *olmo_model_weight(const struct olmo_model *m, const float *w) {
+    for (int i = 0; i < m->n_win; i++)
+        if (w >= m->win[i].w && w < m->win[i].w + m->win[i].n)
+            return m->win[i].compute ? (const void *)((const char *)m->win[i].compute +
+                                                      (size_t)(w - m->win[i].w) *
+                                                          olmo_float_type_size(m->be->compute_dtype))
+                                     : (const void *)w;
     if (!m->compute.numel) return w;
     return (const char *)m->compute.data + (size_t)(w - m->weights) * olmo_float_type_size(m->compute.dtype);
 }
 
 enum olmo_float_type olmo_model_weight_type(const struct olmo_model *m) {
+    if (m->sharded) return m->be->compute_dtype;
     return m->compute.numel ? m->compute.dtype : OLMO_F32;
 }
 
@@ -348,6 +403,10 @@ pass:
     return rc ? -1 : 0;
 }
 
+/* The residency hooks (sharded training); nothing without them. */
+#define HOOK(which, unit, backward) \
+    TRY(m->hooks ? m->hooks->which(m->hooks->ctx, m, (unit), (backward)) : 0)
+
 /* Where layer l writes its output: the next layer's input, or the final norm's. */
 static float *layer_output(struct olmo_model *m, int l) {
     return l == m->cfg.n_layers - 1 ? m->x_final : m->acts[l + 1].x;
@@ -424,13 +483,16 @@ int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_mas
         TRY(be->to_device(be, m->doc_ids, docs, sizeof(int32_t) * (size_t)N));
         free(docs);
     }
+    HOOK(acquire, OLMO_UNIT_ROOT, false);
     TRY(be->embedding_fwd(be, m->acts[0].x, m->embed, m->tokens, N, D));
     for (int l = 0; l < c->n_layers; l++) {
         struct olmo_attn_shape shape;
         attn_shape(m, l, &shape);
+        HOOK(acquire, l, false);
         /* m->dtmp is free during the forward pass */
         TRY(olmo_layer_forward(m, l, &m->acts[l], layer_output(m, l), m->dtmp, m->rope_cos, m->rope_sin, &shape,
                                doc_masking ? m->doc_ids : NULL, NULL));
+        HOOK(release, l, false);
     }
     TRY(be->rmsnorm_fwd(be, m->xn_final, m->rstd_final, m->x_final, m->final_norm, N, D, eps));
     TRY(be->gemm(be, false, true, N, V, D, 1.0f, m->xn_final, OLMO_F32, D, WEIGHT(m->lm_head), D, 0.0f, m->logits, V));
@@ -451,6 +513,7 @@ int olmo_model_backward(struct olmo_model *m) {
     const int N = m->batch * m->seq_len, D = c->d_model, Q = m->q_dim, K = m->kv_dim, F = c->mlp_hidden,
               V = c->vocab_size;
     const size_t ND = (size_t)N * D;
+    HOOK(acquire, OLMO_UNIT_ROOT, true);
     /* LM head and final norm; m->logits holds dL/dlogits. */
     TRY(be->gemm(be, false, false, N, D, V, 1.0f, m->logits, OLMO_F32, V, WEIGHT(m->lm_head), D, 0.0f, m->dtmp, D));
     TRY(be->gemm(be, true, false, V, D, N, 1.0f, m->logits, OLMO_F32, V, m->xn_final, OLMO_F32, D, 1.0f, m->d_lm_head, D));
@@ -462,6 +525,7 @@ int olmo_model_backward(struct olmo_model *m) {
         struct olmo_layer_tensors *g = &m->lg[l];
         struct olmo_attn_shape shape;
         attn_shape(m, l, &shape);
+        HOOK(acquire, l, true);
         /* MLP block */
         TRY(be->rmsnorm_bwd(be, m->dtmp, g->ff_norm, m->dx, a->m, w->ff_norm, a->rstd_m, N, D));
         TRY(be->gemm(be, false, false, N, F, D, 1.0f, m->dtmp, OLMO_F32, D, WEIGHT(w->down), F, 0.0f, m->ds, F));
@@ -489,8 +553,10 @@ int olmo_model_backward(struct olmo_model *m) {
         TRY(be->gemm(be, true, false, Q, D, N, 1.0f, m->dq, OLMO_F32, Q, a->x, OLMO_F32, D, 1.0f, g->wq, D));
         TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dk, OLMO_F32, K, a->x, OLMO_F32, D, 1.0f, g->wk, D));
         TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dv, OLMO_F32, K, a->x, OLMO_F32, D, 1.0f, g->wv, D));
+        HOOK(release, l, true);
     }
     TRY(be->embedding_bwd(be, m->d_embed, m->dx, m->tokens, N, D));
+    HOOK(release, OLMO_UNIT_ROOT, true);
     return 0;
 }
 

@@ -36,6 +36,34 @@ struct olmo_layer_acts {
     float *m, *rstd_m;      /* down_proj output and its norm statistics */
 };
 
+/* Residency hooks (fully sharded training, train/fsdp.c): the forward and
+ * backward passes call acquire before they use a unit's weights (or, in
+ * backward, its gradients) and release after; a unit is a block (0 ..
+ * n_layers-1) or OLMO_UNIT_ROOT (embeddings, final norm, LM head).  The
+ * forward pass acquires the root at its start and releases each block after
+ * it; the backward pass acquires the root (backward = true: its gradients
+ * start from zero) at its start, each block before its backward and releases
+ * it after (its gradients are complete), and releases the root at its end.
+ * acquire points m->lw / m->lg (or m->embed ... m->d_lm_head) at the unit's
+ * buffers and sets the weight windows (olmo_model_weight).  0, or -1 with the
+ * error set. */
+#define OLMO_UNIT_ROOT (-1)
+struct olmo_model;
+struct olmo_unit_hooks {
+    void *ctx;
+    int (*acquire)(void *ctx, struct olmo_model *m, int unit, bool backward);
+    int (*release)(void *ctx, struct olmo_model *m, int unit, bool backward);
+};
+
+/* Where a sharded model's resident weights are: fp32 [w, w + n) has its compute copy at `compute`
+ * (same element index; NULL where the backend computes in fp32). */
+struct olmo_weight_window {
+    const float *w;
+    size_t n;
+    const void *compute;
+};
+enum { OLMO_MAX_WEIGHT_WINDOWS = 4 };
+
 struct olmo_model {
     struct olmo_model_config cfg;
     const struct olmo_backend *be;
@@ -62,12 +90,31 @@ struct olmo_model {
     bool use_doc_ids;
     /* backward scratch */
     float *dx, *dh, *dtmp, *dq, *dk, *dv, *datt, *dg, *du, *ds;
+
+    /* Sharded (olmo_model_create_sharded): weights, grads and compute are not allocated; the hooks
+     * make each unit resident when it is used, and olmo_model_weight looks pointers up in win. */
+    bool sharded;
+    const struct olmo_unit_hooks *hooks;
+    struct olmo_weight_window win[OLMO_MAX_WEIGHT_WINDOWS];
+    int n_win;
 };
 
 int olmo_model_create(struct olmo_model *m, const struct olmo_model_config *cfg, const struct olmo_backend *be);
+/* The same model without its full-size weights, gradients and compute copy (m->weights, m->grads
+ * NULL): fully sharded training keeps them as shards and sets m->hooks (train/fsdp.h). */
+int olmo_model_create_sharded(struct olmo_model *m, const struct olmo_model_config *cfg, const struct olmo_backend *be);
+/* Flat parameters [*offset, *offset + *numel) of block l (contiguous: its tensors in declaration order). */
+void olmo_model_layer_span(const struct olmo_model *m, int l, size_t *offset, size_t *numel);
+/* Points m->lw[l] and m->lg[l] at buffers holding block l's weights and gradients in flat layout
+ * (element 0 = the block's first parameter). */
+void olmo_model_bind_layer(struct olmo_model *m, int l, float *w, float *g);
 void olmo_model_destroy(struct olmo_model *m);
 /* OLMo-core init: every matrix ~ truncated normal(0, init_std, +-3 std), norm weights = 1. */
 int olmo_model_init_weights(struct olmo_model *m, uint64_t seed);
+/* The same initial weights one tensor at a time (a sharded model keeps only its pieces): each is generated into scratch
+ * (room for the largest tensor) and handed to put (0, or -1 to stop with the error set). */
+int olmo_model_init_each(const struct olmo_model *m, uint64_t seed, float *scratch,
+                         int (*put)(void *ctx, const struct olmo_param *p, const float *w), void *ctx);
 /* Refreshes the compute copy from the master weights (no-op without one). */
 int olmo_model_sync_weights(struct olmo_model *m);
 /* Weight w (a pointer into m->weights) as a GEMM operand: its compute copy where there is one, and that type. */

@@ -20,13 +20,19 @@ int olmo_check_finite(const char *path, const char *tensor, const float *x, size
 }
 
 int olmo_weights_load(struct olmo_model *m, const char *path) {
+    if (m->sharded) return olmo_error("'%s': a sharded model loads weights through olmo_weights_read", path);
+    float *host = malloc(m->n_floats * sizeof(float));
+    if (!host) return olmo_error("out of memory loading '%s'", path);
+    int rc = olmo_weights_read(m, path, host);
+    if (!rc) rc = m->be->to_device(m->be, m->weights, host, m->n_floats * sizeof(float));
+    if (!rc) rc = olmo_model_sync_weights(m);
+    free(host);
+    return rc;
+}
+
+int olmo_weights_read(const struct olmo_model *m, const char *path, float *host) {
     struct st_file f;
     if (st_open(&f, path)) return -1;
-    float *host = malloc(m->n_floats * sizeof(float));
-    if (!host) {
-        st_close(&f);
-        return olmo_error("out of memory loading '%s'", path);
-    }
     int rc = 0;
     for (int i = 0; i < m->n_tensors && !rc; i++) {
         const struct olmo_param *p = &m->params[i];
@@ -53,18 +59,23 @@ int olmo_weights_load(struct olmo_model *m, const char *path) {
     for (int i = 0; i < f.n_tensors && !rc; i++)
         if (!olmo_model_find_param(m, f.tensors[i].name))
             rc = olmo_error("'%s' has unexpected tensor '%s' (config mismatch?)", path, f.tensors[i].name);
-    if (!rc) rc = m->be->to_device(m->be, m->weights, host, m->n_floats * sizeof(float));
-    if (!rc) rc = olmo_model_sync_weights(m);
-    free(host);
     st_close(&f);
     return rc;
 }
 
 int olmo_weights_save(const struct olmo_model *m, const float *which, const char *path) {
+    if (!which) return olmo_error("'%s': no full-size weights to save (a sharded model: olmo_weights_save_host)", path);
     float *host = malloc(m->n_floats * sizeof(float));
     if (!host) return olmo_error("out of memory saving '%s'", path);
-    struct st_writer w = {0};
     int rc = m->be->to_host(m->be, host, which, m->n_floats * sizeof(float));
+    if (!rc) rc = olmo_weights_save_host(m, host, path);
+    free(host);
+    return rc;
+}
+
+int olmo_weights_save_host(const struct olmo_model *m, const float *host, const char *path) {
+    struct st_writer w = {0};
+    int rc = 0;
     for (int i = 0; i < m->n_tensors && !rc; i++) {
         const struct olmo_param *p = &m->params[i];
         int64_t shape[2] = {p->rows, p->cols};
@@ -72,6 +83,5 @@ int olmo_weights_save(const struct olmo_model *m, const float *which, const char
     }
     if (!rc) rc = st_writer_save(&w, path);
     st_writer_free(&w);
-    free(host);
     return rc;
 }

@@ -8,8 +8,12 @@
  * unexpected tensor may be present, and every value must be finite (a NaN or
  * inf is refused, naming the tensor).  Float16/bfloat16 are widened to fp32. */
 int olmo_weights_load(struct olmo_model *m, const char *path);
+/* The same checks, into full-size host memory (m->n_floats) instead of the model (a sharded model). */
+int olmo_weights_read(const struct olmo_model *m, const char *path, float *host);
 /* which: m->weights or m->grads (any buffer with the parameter layout). */
 int olmo_weights_save(const struct olmo_model *m, const float *which, const char *path);
+/* From full-size host memory (e.g. olmo_trainer_get_weights of a sharded run). */
+int olmo_weights_save_host(const struct olmo_model *m, const float *host, const char *path);
 
 /* Refuses a tensor holding a NaN or inf (x: n floats read from path),
  * naming it and the first such element; 0 when every value is finite. */

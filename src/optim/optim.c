@@ -18,6 +18,8 @@ int olmo_optimizer_create(struct olmo_optimizer *opt, const struct olmo_model *m
     opt->ranges[0] = (struct olmo_shard_range){.global = opt->lo, .local = 0, .len = n};
     opt->n_ranges = 1;
     opt->n_local = n;
+    opt->master = NULL;
+    opt->primary = true;
     opt->m = m->be->alloc(m->be, n * sizeof(float));
     opt->v = m->be->alloc(m->be, n * sizeof(float));
     if (!opt->m || !opt->v) return olmo_error_context("optimizer state");
@@ -120,7 +122,7 @@ int olmo_optimizer_extra_set(struct olmo_optimizer *opt, const double *in, size_
 }
 
 float *olmo_optimizer_master(const struct olmo_optimizer *opt, const struct olmo_model *m) {
-    return m->weights + opt->lo;
+    return opt->master ? opt->master : m->weights + opt->lo;
 }
 
 int olmo_grad_norm_of(const struct olmo_model *m, double *norm) {
@@ -161,6 +163,20 @@ int olmo_optimizer_step(struct olmo_optimizer *opt, struct olmo_model *m, const 
 
 int olmo_optimizer_gather(const struct olmo_optimizer *opt, const struct olmo_model *m, const struct olmo_dist *dist,
                           float *m_host, float *v_host) {
+    if (opt->master) { /* any layout: every element has one primary owner, the others add zeros (exact) */
+        memset(m_host, 0, m->n_floats * sizeof(float));
+        memset(v_host, 0, m->n_floats * sizeof(float));
+        for (int i = 0; i < opt->n_ranges && opt->primary; i++) {
+            const struct olmo_shard_range *r = &opt->ranges[i];
+            if (m->be->to_host(m->be, m_host + r->global, opt->m + r->local, r->len * sizeof(float)) ||
+                m->be->to_host(m->be, v_host + r->global, opt->v + r->local, r->len * sizeof(float)))
+                return -1;
+        }
+        if (!dist) return 0;
+        return olmo_dist_allreduce_f32(dist, m_host, m->n_floats) || olmo_dist_allreduce_f32(dist, v_host, m->n_floats)
+                   ? -1
+                   : 0;
+    }
     size_t n = opt->hi - opt->lo;
     if (m->be->to_host(m->be, m_host + opt->lo, opt->m, n * sizeof(float)) ||
         m->be->to_host(m->be, v_host + opt->lo, opt->v, n * sizeof(float)))
@@ -176,9 +192,11 @@ int olmo_optimizer_gather(const struct olmo_optimizer *opt, const struct olmo_mo
 
 int olmo_optimizer_scatter(struct olmo_optimizer *opt, const struct olmo_model *m, const float *m_host,
                            const float *v_host) {
-    size_t n = opt->hi - opt->lo;
-    return m->be->to_device(m->be, opt->m, m_host + opt->lo, n * sizeof(float)) ||
-                   m->be->to_device(m->be, opt->v, v_host + opt->lo, n * sizeof(float))
-               ? -1
-               : 0;
+    for (int i = 0; i < opt->n_ranges; i++) {
+        const struct olmo_shard_range *r = &opt->ranges[i];
+        if (m->be->to_device(m->be, opt->m + r->local, m_host + r->global, r->len * sizeof(float)) ||
+            m->be->to_device(m->be, opt->v + r->local, v_host + r->global, r->len * sizeof(float)))
+            return -1;
+    }
+    return 0;
 }

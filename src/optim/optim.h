@@ -41,9 +41,12 @@ struct olmo_optimizer {
     int n_ranges;
     size_t n_local;
     struct olmo_skip_window win; /* skip_step_adamw only */
+    float *master; /* fully sharded (train/fsdp.h): this rank's fp32 master shard; NULL = ZeRO-1 */
+    bool primary;  /* this rank's shards are the ones a gather uses (HSDP: the first replica group's) */
 };
 
-/* This rank's fp32 master weights, shard-local indexing (ZeRO-1: the model's weights from lo). */
+/* This rank's fp32 master weights, shard-local indexing (ZeRO-1: the model's weights from lo;
+ * fully sharded: the master shard). */
 float *olmo_optimizer_master(const struct olmo_optimizer *opt, const struct olmo_model *m);
 
 
@@ -85,10 +88,11 @@ int olmo_clip_grads(struct olmo_model *m, double norm, double max_norm);
 /* Updates this rank's shard of the parameters (no communication). */
 int olmo_optimizer_step(struct olmo_optimizer *opt, struct olmo_model *m, const struct olmo_train_config *t,
                          double lr);
-/* Collective: full-size host copies of both moments, assembled from every rank's shard. */
+/* Collective (every rank of dist): full-size host copies of both moments, assembled from every rank's shard
+ * (any layout of opt->ranges). */
 int olmo_optimizer_gather(const struct olmo_optimizer *opt, const struct olmo_model *m, const struct olmo_dist *dist,
                           float *m_host, float *v_host);
-/* Takes this rank's shard out of full-size host copies of both moments. */
+/* Takes this rank's shard (opt->ranges) out of full-size host copies of both moments. */
 int olmo_optimizer_scatter(struct olmo_optimizer *opt, const struct olmo_model *m, const float *m_host,
                             const float *v_host);
 

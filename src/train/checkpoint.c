@@ -179,6 +179,12 @@ static float *q_buffer(const struct olmo_trainer *tr, int q) {
  * chunk beyond its shard.  all_pieces: every rank's pieces (root only),
  * by rank.  Collective; errors are carried to the end so every rank joins
  * every gather. */
+/* The pieces this rank saves and hands to a gather: its own, unless it is a
+ * replica (HSDP: a later replica group holds copies of the first group's
+ * pieces, which alone are saved, so the saved pieces tile the parameters). */
+static int saved_ranges(const struct olmo_trainer *tr) { return tr->opt.primary ? tr->opt.n_ranges : 0; }
+static size_t saved_local(const struct olmo_trainer *tr) { return tr->opt.primary ? tr->opt.n_local : 0; }
+
 struct piece_table {
     struct olmo_shard_range *p; /* all ranks' pieces, concatenated */
     int *first, *count;         /* per rank */
@@ -191,7 +197,7 @@ static int gather_pieces(const struct olmo_trainer *tr, struct piece_table *t) {
     void *recv = NULL;
     size_t *counts = calloc((size_t)world, sizeof *counts);
     if (!counts) return olmo_error("out of memory");
-    int rc = olmo_dist_gather_bytes(or_one(d), tr->opt.ranges, sizeof *tr->opt.ranges * (size_t)tr->opt.n_ranges, 0, &recv,
+    int rc = olmo_dist_gather_bytes(or_one(d), tr->opt.ranges, sizeof *tr->opt.ranges * (size_t)saved_ranges(tr), 0, &recv,
                                     counts);
     if (!rc && rank_of(d) == 0) {
         t->p = recv;
@@ -225,7 +231,7 @@ struct gather_buf {
 static int pack_range(const struct olmo_trainer *tr, const float *src, size_t g0, size_t g1, float *send, size_t *n) {
     const struct olmo_backend *be = tr->model.be;
     *n = 0;
-    for (int i = 0; i < tr->opt.n_ranges; i++) {
+    for (int i = 0; i < saved_ranges(tr); i++) {
         const struct olmo_shard_range *r = &tr->opt.ranges[i];
         const size_t a = r->global > g0 ? r->global : g0, b = r->global + r->len < g1 ? r->global + r->len : g1;
         if (a >= b) continue;
@@ -355,7 +361,7 @@ int olmo_ckpt_export_weights(const struct olmo_trainer *tr, const char *path) {
  * indexing, streamed from the backend a chunk at a time. */
 static int write_shard(const struct olmo_trainer *tr, const char *path, struct written *out) {
     const struct olmo_backend *be = tr->model.be;
-    const size_t n = tr->opt.n_local;
+    const size_t n = saved_local(tr);
     struct st_writer w = {0};
     struct st_stream s = {0};
     struct hash_stream hs;
@@ -538,15 +544,15 @@ int olmo_ckpt_save(const char *out_dir, const struct olmo_trainer *tr, const str
         char name[64];
         shard_name(name, sizeof name, rank, world);
         rc = path_join(path, sizeof path, tmp, name) || write_shard(tr, path, &mine);
-        const size_t words = 4 + 3 * (size_t)tr->opt.n_ranges;
+        const size_t words = 4 + 3 * (size_t)saved_ranges(tr);
         uint64_t *rec = malloc(words * sizeof *rec);
         if (!rec) rc = olmo_error("out of memory");
         else {
             rec[0] = mine.bytes;
             rec[1] = mine.hash;
-            rec[2] = tr->opt.n_local;
-            rec[3] = (uint64_t)tr->opt.n_ranges;
-            for (int i = 0; i < tr->opt.n_ranges; i++) {
+            rec[2] = saved_local(tr);
+            rec[3] = (uint64_t)saved_ranges(tr);
+            for (int i = 0; i < saved_ranges(tr); i++) {
                 rec[4 + 3 * i] = tr->opt.ranges[i].global;
                 rec[5 + 3 * i] = tr->opt.ranges[i].local;
                 rec[6 + 3 * i] = tr->opt.ranges[i].len;
@@ -1336,7 +1342,7 @@ static int load_into_trainer(const char *dir, struct olmo_trainer *tr, struct ol
     }
     manifest_free(&mf);
     rc = agree(tr->dist, rc, "loading the checkpoint");
-    return rc ? rc : olmo_trainer_share_weights(tr);
+    return rc ? rc : olmo_trainer_master_updated(tr);
 }
 
 int olmo_ckpt_load(const char *dir, struct olmo_trainer *tr, struct olmo_ckpt_state *st) {

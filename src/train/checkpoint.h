@@ -62,7 +62,7 @@ int olmo_ckpt_read_config(const char *dir, struct olmo_config *cfg);
 /* Collective: verifies the checkpoint, checks that its model shape (and
  * train.seq_len / train.seed) match tr's config, and loads this rank's shard
  * of the weights and optimizer state, and st; then shares the weights
- * (olmo_trainer_share_weights).  Fails on every rank when it fails on one. */
+ * (olmo_trainer_master_updated).  Fails on every rank when it fails on one. */
 int olmo_ckpt_load(const char *dir, struct olmo_trainer *tr, struct olmo_ckpt_state *st);
 /* Collective: a new stage from a checkpoint (olmoc train --init-from): its
  * weights and, with_optimizer_state, its AdamW moments and step count, as

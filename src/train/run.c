@@ -141,10 +141,19 @@ static int open_model_and_data(struct olmo_run *run) {
     }
     if (run->ckpt[0]) return resume_checkpoint(run);
     if (o->init_from) return olmo_ckpt_init_from(o->init_from, &run->tr, o->init_optimizer);
+    if (o->init_path && run->tr.fully_sharded) { /* every rank reads the file and keeps its shard */
+        float *host = olmo_malloc(run->tr.model.n_floats * sizeof(float), "initial weights");
+        const int rc = !host || olmo_weights_read(&run->tr.model, o->init_path, host) ||
+                       olmo_trainer_set_weights(&run->tr, host);
+        free(host);
+        return rc ? -1 : 0;
+    }
     if (o->init_path) return olmo_weights_load(&run->tr.model, o->init_path);
+    if (o->init_weights && run->tr.fully_sharded)
+        return olmo_error("an init_weights callback writes full-size weights: not with train.sharding: fsdp");
     if (o->init_weights) /* the callback writes the master weights: refresh a bf16 compute copy */
         return o->init_weights(o->ctx, &run->tr.model) ? -1 : olmo_model_sync_weights(&run->tr.model);
-    return olmo_model_init_weights(&run->tr.model, cfg->train.seed);
+    return olmo_trainer_init_weights(&run->tr, cfg->train.seed);
 }
 
 /* config.yaml, the metrics log and the batch dump (rank 0). */
@@ -173,7 +182,13 @@ static void print_header(const struct olmo_run *run) {
             run->o.config_path ? run->o.config_path : "-", olmo_model_count_params(&cfg->model, true),
             olmo_model_count_params(&cfg->model, false), cfg->model.n_layers, cfg->model.d_model, run->rows,
             cfg->train.seq_len, run->loader.n_instances, cfg->data.mix[0] ? cfg->data.mix : cfg->data.train_path);
-    if (world > 1)
+    if (world > 1 && run->tr.fully_sharded)
+        fprintf(log,
+                "data parallel: %d ranks x %d micro-batches of %d; fully sharded (FSDP) in groups of %d ranks, "
+                "%d replicas; through %s\n",
+                world, cfg->train.grad_accum, cfg->train.micro_batch, run->tr.fsdp.shard_group.world,
+                run->tr.fsdp.replica_group.world, run->tr.fsdp.device ? "NCCL" : "MPI");
+    else if (world > 1)
         fprintf(log,
                 "data parallel: %d ranks x %d micro-batches of %d; optimizer state sharded (ZeRO-1); gradients "
                 "through %s\n",

@@ -24,7 +24,8 @@ int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cf
         return olmo_error("train.micro_batch x train.seq_len = %d x %d = %lld tokens: more than a micro-batch can "
                           "hold (%d)",
                           cfg->train.micro_batch, cfg->train.seq_len, micro_tokens, INT_MAX);
-    if (dist && dist->world > 1 && !be->host_memory) {
+    tr->fully_sharded = cfg->train.sharding == SHARDING_FSDP;
+    if (dist && dist->world > 1 && !be->host_memory && !tr->fully_sharded) { /* fsdp: its own communicators */
         if (!be->comm_init)
             return olmo_error("backend '%s' keeps gradients in device memory and this build has no collective "
                               "library for it (NCCL): it cannot train with %d ranks",
@@ -32,10 +33,15 @@ int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cf
         if (be->comm_init(be, dist)) return -1;
         tr->device_comm = true;
     }
-    if (olmo_model_create(&tr->model, &cfg->model, be)) return -1;
-    if (olmo_model_reserve(&tr->model, cfg->train.micro_batch, cfg->train.seq_len)) return -1;
-    if (olmo_optimizer_create(&tr->opt, &tr->model, dist) || olmo_optimizer_configure(&tr->opt, &cfg->train))
+    if (tr->fully_sharded) {
+        if (olmo_model_create_sharded(&tr->model, &cfg->model, be) ||
+            olmo_fsdp_create(&tr->fsdp, &tr->model, &tr->opt, dist, cfg->train.shard_degree))
+            return -1;
+    } else if (olmo_model_create(&tr->model, &cfg->model, be))
         return -1;
+    if (olmo_model_reserve(&tr->model, cfg->train.micro_batch, cfg->train.seq_len)) return -1;
+    if (!tr->fully_sharded && olmo_optimizer_create(&tr->opt, &tr->model, dist)) return -1;
+    if (olmo_optimizer_configure(&tr->opt, &cfg->train)) return -1;
     size_t n = (size_t)cfg->train.micro_batch * cfg->train.seq_len;
     tr->inputs = olmo_malloc(n * sizeof(int32_t), "input batch");
     tr->targets = olmo_malloc(n * sizeof(int32_t), "target batch");
@@ -45,7 +51,8 @@ int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cf
 
 void olmo_trainer_destroy(struct olmo_trainer *tr) {
     if (tr->device_comm) tr->model.be->comm_destroy(tr->model.be);
-    olmo_optimizer_destroy(&tr->opt, &tr->model);
+    if (tr->fully_sharded) olmo_fsdp_destroy(&tr->fsdp, &tr->opt);
+    if (tr->model.be) olmo_optimizer_destroy(&tr->opt, &tr->model);
     olmo_model_destroy(&tr->model);
     free(tr->inputs);
     free(tr->targets);
@@ -80,7 +87,8 @@ int olmo_trainer_accumulate(struct olmo_trainer *tr, const int32_t *instances, s
     /* this rank's slice of the global batch */
     const int32_t *mine = instances + (size_t)(tr->dist ? tr->dist->rank : 0) * t->grad_accum * micro * T;
     double sums[2] = {0.0, 0.0}; /* cross-entropy, lse^2 */
-    if (m->be->zero(m->be, m->grads, m->n_floats * sizeof(float))) return -1;
+    if (tr->fully_sharded ? olmo_fsdp_zero_grads(&tr->fsdp) : m->be->zero(m->be, m->grads, m->n_floats * sizeof(float)))
+        return -1;
     for (int a = 0; a < t->grad_accum; a++) {
         stage_micro_batch(tr, mine + (size_t)a * micro * T, micro);
         if (olmo_model_forward(m, tr->inputs, t->intra_doc_masking)) return -1;
@@ -91,7 +99,9 @@ int olmo_trainer_accumulate(struct olmo_trainer *tr, const int32_t *instances, s
         sums[0] += ce_sum;
         sums[1] += z_sum;
     }
-    if (world_size(tr) > 1 &&
+    if (tr->fully_sharded) { /* the blocks' gradients were reduce-scattered as the backward pass went */
+        if (olmo_fsdp_sync_replicas(&tr->fsdp) || (tr->dist && olmo_dist_allreduce_f64(tr->dist, sums, 2))) return -1;
+    } else if (world_size(tr) > 1 &&
         ((tr->device_comm ? m->be->comm_allreduce_sum(m->be, m->grads, m->n_floats)
                           : olmo_dist_allreduce_f32(tr->dist, m->grads, m->n_floats)) ||
          olmo_dist_allreduce_f64(tr->dist, sums, 2)))
@@ -99,19 +109,31 @@ int olmo_trainer_accumulate(struct olmo_trainer *tr, const int32_t *instances, s
     res->ce_loss = sums[0] / (double)total_labels;
     res->z_loss = t->z_loss * sums[1] / (double)total_labels;
     res->loss_tokens = total_labels;
-    return olmo_grad_norm_of(m, &res->grad_norm);
+    return tr->fully_sharded ? olmo_fsdp_grad_norm(&tr->fsdp, &res->grad_norm) : olmo_grad_norm_of(m, &res->grad_norm);
 }
 
 int olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res) {
     const struct olmo_train_config *t = &tr->cfg.train;
+    if (tr->fully_sharded) { /* each rank updates its shard; the next forward pass gathers the blocks */
+        res->lr = olmo_trainer_next_lr(tr);
+        res->skipped = false;
+        return olmo_fsdp_clip(&tr->fsdp, res->grad_norm, t->clip_grad_norm) ||
+                       olmo_fsdp_step(&tr->fsdp, &tr->opt, t, res->lr)
+                   ? -1
+                   : 0;
+    }
     if (olmo_clip_grads(&tr->model, res->grad_norm, t->clip_grad_norm)) return -1;
     res->lr = olmo_trainer_next_lr(tr);
     res->skipped = false;
     if (olmo_optimizer_step(&tr->opt, &tr->model, t, res->lr)) return -1;
-    return olmo_trainer_share_weights(tr);
+    return olmo_trainer_master_updated(tr);
 }
 
-int olmo_trainer_share_weights(struct olmo_trainer *tr) {
+int olmo_trainer_master_updated(struct olmo_trainer *tr) {
+    if (tr->fully_sharded) {
+        olmo_fsdp_master_updated(&tr->fsdp);
+        return 0;
+    }
     if (!tr->dist || tr->dist->world == 1) return olmo_model_sync_weights(&tr->model);
     /* every rank updated its own shard: share them */
     size_t *offsets = olmo_malloc(sizeof(size_t) * (size_t)(tr->dist->world + 1), "shard offsets");
@@ -121,6 +143,21 @@ int olmo_trainer_share_weights(struct olmo_trainer *tr) {
                              : olmo_dist_allgather_f32(tr->dist, tr->model.weights, offsets);
     free(offsets);
     return rc ? rc : olmo_model_sync_weights(&tr->model);
+}
+
+int olmo_trainer_get_weights(const struct olmo_trainer *tr, float *host) {
+    if (tr->fully_sharded) return olmo_fsdp_get_weights(&tr->fsdp, host);
+    return tr->model.be->to_host(tr->model.be, host, tr->model.weights, tr->model.n_floats * sizeof(float));
+}
+
+int olmo_trainer_set_weights(struct olmo_trainer *tr, const float *host) {
+    if (tr->fully_sharded) return olmo_fsdp_set_weights(&tr->fsdp, host);
+    struct olmo_model *m = &tr->model;
+    return m->be->to_device(m->be, m->weights, host, m->n_floats * sizeof(float)) ? -1 : olmo_model_sync_weights(m);
+}
+
+int olmo_trainer_init_weights(struct olmo_trainer *tr, uint64_t seed) {
+    return tr->fully_sharded ? olmo_fsdp_init_weights(&tr->fsdp, seed) : olmo_model_init_weights(&tr->model, seed);
 }
 
 double olmo_trainer_next_lr(const struct olmo_trainer *tr) {

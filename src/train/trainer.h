@@ -8,12 +8,15 @@
 #include "dist/dist.h"
 #include "model/model.h"
 #include "optim/optim.h"
+#include "train/fsdp.h"
 
 struct olmo_trainer {
     struct olmo_config cfg;
     struct olmo_model model;
     struct olmo_optimizer opt;
     const struct olmo_dist *dist; /* data-parallel ranks; NULL = one process */
+    bool fully_sharded;           /* train.sharding: fsdp (model.weights / model.grads are NULL: see fsdp) */
+    struct olmo_fsdp fsdp;
     bool device_comm;             /* collectives through the backend (NCCL), not MPI on host memory */
     int32_t *inputs, *targets;    /* host staging for one micro-batch */
     long skipped;                 /* steps skipped (no update): the LR schedule counts them, Adam's bias
@@ -39,10 +42,23 @@ enum olmo_step_verdict { OLMO_STEP_APPLY, OLMO_STEP_SKIP, OLMO_STEP_STOP };
 int olmo_trainer_init(struct olmo_trainer *tr, const struct olmo_config *cfg, const struct olmo_backend *be);
 /* Data-parallel variant: train.grad_accum is per rank, so a step consumes
  * world * grad_accum * micro_batch instances; every rank is given the whole
- * batch and works on its own slice; gradients are all-reduced and the
- * optimizer state is sharded (ZeRO-1).  dist must outlive the trainer. */
+ * batch and works on its own slice.  train.sharding zero1: gradients are
+ * all-reduced and the optimizer state is sharded (ZeRO-1); fsdp: weights,
+ * gradients and optimizer state are sharded (train/fsdp.h), in groups of
+ * train.shard_degree ranks (HSDP).  dist must outlive the trainer. */
 int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cfg, const struct olmo_backend *be,
                            const struct olmo_dist *dist);
+/* Full-size host weights (model.n_floats floats).  Under fsdp a collective that fills host on rank 0
+ * only (NULL allowed elsewhere); otherwise any rank, no communication. */
+int olmo_trainer_get_weights(const struct olmo_trainer *tr, float *host);
+/* Sets the weights (every rank passes the same full-size host weights). */
+int olmo_trainer_set_weights(struct olmo_trainer *tr, const float *host);
+/* Collective, after every rank wrote its shard of the master weights (olmo_optimizer_master, e.g. a
+ * sharded checkpoint load): ZeRO-1 all-gathers the shards into model.weights and refreshes the compute
+ * copy; fsdp drops what it had gathered. */
+int olmo_trainer_master_updated(struct olmo_trainer *tr);
+/* OLMo-core's initialisation (olmo_model_init_weights) on either layout. */
+int olmo_trainer_init_weights(struct olmo_trainer *tr, uint64_t seed);
 /* The learning rate of the next optimizer step (skipped steps count). */
 double olmo_trainer_next_lr(const struct olmo_trainer *tr);
 /* Instances per optimizer step over all ranks. */
@@ -71,10 +87,6 @@ int olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res);
 /* ... or no update at all (weights, optimizer state and opt.step unchanged);
  * fills res->lr with the LR the step would have had and sets res->skipped. */
 void olmo_trainer_skip(struct olmo_trainer *tr, struct olmo_step_result *res);
-/* After this rank's master weights (olmo_optimizer_master) were written,
- * e.g. by a checkpoint load: brings the model's compute weights up to date
- * on every rank (ZeRO-1: all-gathers the shards).  Collective. */
-int olmo_trainer_share_weights(struct olmo_trainer *tr);
 /* Loss only (no update): mean CE over instances (n_rows rows of seq_len). */
 int olmo_trainer_eval(struct olmo_trainer *tr, const int32_t *instances, int n_rows, double *ce_loss);
 

@@ -767,6 +767,11 @@ extern "C" struct olmo_backend *olmo_backend_cuda_create(enum olmo_cuda_gemm_pre
     be->comm_allreduce_sum = olmo_cuda_comm_allreduce_sum;
     be->comm_allgather = olmo_cuda_comm_allgather;
     be->comm_destroy = olmo_cuda_comm_destroy;
+    be->comm_group_create = olmo_cuda_comm_group_create;
+    be->comm_group_allgather = olmo_cuda_comm_group_allgather;
+    be->comm_group_reduce_scatter = olmo_cuda_comm_group_reduce_scatter;
+    be->comm_group_allreduce_sum = olmo_cuda_comm_group_allreduce_sum;
+    be->comm_group_destroy = olmo_cuda_comm_group_destroy;
 #endif
     return be;
 }

@@ -61,3 +61,48 @@ void olmo_cuda_comm_destroy(OLMO_BE) {
     CUDA_STATE(be)->comm = NULL;
     CUDA_STATE(be)->comm_world = 0;
 }
+
+/* ---- group communicators (fully sharded training: shard and replica groups) ---- */
+
+void *olmo_cuda_comm_group_create(OLMO_BE, const struct olmo_dist *group) {
+    (void)be;
+    ncclUniqueId id;
+    ncclResult_t r;
+    if (group->rank == 0 && (r = ncclGetUniqueId(&id)) != ncclSuccess) {
+        olmo_error("NCCL ncclGetUniqueId failed: %s", ncclGetErrorString(r));
+        return NULL;
+    }
+    if (olmo_dist_broadcast_bytes(group, &id, sizeof id, 0)) return NULL;
+    ncclComm_t comm;
+    if ((r = ncclCommInitRank(&comm, group->world, id, group->rank)) != ncclSuccess) {
+        olmo_error("NCCL ncclCommInitRank (a group of %d ranks) failed: %s", group->world, ncclGetErrorString(r));
+        return NULL;
+    }
+    return comm;
+}
+
+/* n bytes per rank (fp32 or bf16 elements alike), in place */
+int olmo_cuda_comm_group_allgather(OLMO_BE, void *comm, void *buf, size_t n) {
+    (void)be;
+    int rank;
+    NCCL_TRY(ncclCommUserRank((ncclComm_t)comm, &rank), "ncclCommUserRank");
+    NCCL_TRY(ncclAllGather((char *)buf + (size_t)rank * n, buf, n, ncclInt8, (ncclComm_t)comm, 0), "all-gather");
+    return 0;
+}
+
+int olmo_cuda_comm_group_reduce_scatter(OLMO_BE, void *comm, const float *in, float *out, size_t n) {
+    (void)be;
+    NCCL_TRY(ncclReduceScatter(in, out, n, ncclFloat32, ncclSum, (ncclComm_t)comm, 0), "reduce-scatter");
+    return 0;
+}
+
+int olmo_cuda_comm_group_allreduce_sum(OLMO_BE, void *comm, float *buf, size_t n) {
+    (void)be;
+    NCCL_TRY(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, (ncclComm_t)comm, 0), "all-reduce");
+    return 0;
+}
+
+void olmo_cuda_comm_group_destroy(OLMO_BE, void *comm) {
+    (void)be;
+    if (comm) ncclCommDestroy((ncclComm_t)comm);
+}

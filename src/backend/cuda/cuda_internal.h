@@ -119,5 +119,10 @@ int olmo_cuda_comm_init(OLMO_BE, const struct olmo_dist *dist);
 int olmo_cuda_comm_allreduce_sum(OLMO_BE, float *buf, size_t n);
 int olmo_cuda_comm_allgather(OLMO_BE, float *buf, const size_t *offsets);
 void olmo_cuda_comm_destroy(OLMO_BE);
+void *olmo_cuda_comm_group_create(OLMO_BE, const struct olmo_dist *group);
+int olmo_cuda_comm_group_allgather(OLMO_BE, void *comm, void *buf, size_t n);
+int olmo_cuda_comm_group_reduce_scatter(OLMO_BE, void *comm, const float *in, float *out, size_t n);
+int olmo_cuda_comm_group_allreduce_sum(OLMO_BE, void *comm, float *buf, size_t n);
+void olmo_cuda_comm_group_destroy(OLMO_BE, void *comm);
 
 #endif

@@ -37,9 +37,12 @@
  *
  * NCCL (nccl_emu.cpp): the calls of the backend's data-parallel path, done
  * with MPI on the emulated device memory (host memory), with the checks NCCL
- * makes: one communicator per process, the same unique id on every rank
- * (ncclGetUniqueId returns random bytes, so a missing broadcast of rank 0's id
- * is caught), rank and size consistent with the launch, balanced groups.
+ * makes: the same unique id on every rank of a communicator (ncclGetUniqueId
+ * returns random bytes, so a missing broadcast of the root's id is caught),
+ * rank and size consistent with the ranks given that id, balanced groups.
+ * ncclCommInitRank is collective over every rank of the launch here (an
+ * MPI_Comm_split by id), so all communicators of a split (fully sharded
+ * training's shard and replica groups) must be created at the same time.
  *
  * Not emulated (unverifiable without a GPU): the memory model between warps,
  * performance, real shared-memory capacity with static shared memory added,
@@ -217,7 +220,7 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d,
 
 /* ---- NCCL ---- */
 typedef enum { ncclSuccess = 0, ncclInvalidArgument = 4, ncclInvalidUsage = 5, ncclSystemError = 2 } ncclResult_t;
-typedef enum { ncclFloat32 = 7 } ncclDataType_t;
+typedef enum { ncclInt8 = 0, ncclFloat32 = 7 } ncclDataType_t;
 typedef enum { ncclSum = 0 } ncclRedOp_t;
 typedef struct {
     char internal[128];
@@ -231,6 +234,11 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
+                           ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank);
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
 

@@ -16,12 +16,17 @@
 
 struct emu_nccl_comm {
     int rank, nranks;
+    bool live;
+#ifdef OLMOC_HAVE_MPI
+    MPI_Comm mpi; /* the ranks of this communicator */
+#endif
 };
 
 namespace {
 
-emu_nccl_comm the_comm;
-bool comm_live = false;
+/* Fully sharded training holds a shard-group and a replica-group communicator, ZeRO-1 one over all ranks. */
+enum { MAX_COMMS = 8 };
+emu_nccl_comm comms[MAX_COMMS];
 int group_depth = 0;
 
 ncclResult_t usage(const char *what) {
@@ -29,18 +34,7 @@ ncclResult_t usage(const char *what) {
     return ncclInvalidUsage;
 }
 
-void launch_shape(int *rank, int *size) {
-    *rank = 0;
-    *size = 1;
-#ifdef OLMOC_HAVE_MPI
-    int up = 0;
-    MPI_Initialized(&up);
-    if (up) {
-        MPI_Comm_rank(MPI_COMM_WORLD, rank);
-        MPI_Comm_size(MPI_COMM_WORLD, size);
-    }
-#endif
-}
+bool known(ncclComm_t comm) { return comm >= comms && comm < comms + MAX_COMMS && comm->live; }
 
 } // namespace
 
@@ -64,48 +58,84 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
     return ncclSuccess;
 }
 
+/* The emulation is collective over every rank of the launch (MPI_Comm_split on a hash of the id: the ranks
+ * given the same id form one communicator), which is how olmoc creates them: every group of a split at once. */
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
-    if (comm_live) return usage("a second communicator in one process");
-    int mpi_rank, mpi_size;
-    launch_shape(&mpi_rank, &mpi_size);
-    if (nranks != mpi_size || rank != mpi_rank) {
-        fprintf(stderr, "nccl_emu: ncclCommInitRank(nranks %d, rank %d) but the launch has %d ranks, this is %d\n",
-                nranks, rank, mpi_size, mpi_rank);
-        return ncclInvalidArgument;
-    }
+    emu_nccl_comm *c = NULL;
+    for (int i = 0; i < MAX_COMMS && !c; i++)
+        if (!comms[i].live) c = &comms[i];
+    if (!c) return usage("more communicators in one process than the emulation holds");
+    if (nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
 #ifdef OLMOC_HAVE_MPI
-    if (nranks > 1) { /* every rank must have been given rank 0's id */
+    int up = 0, world = 1;
+    MPI_Initialized(&up);
+    if (up) MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (world > 1) {
+        unsigned h = 2166136261u;
+        for (size_t i = 0; i < sizeof id.internal; i++) h = (h ^ (unsigned char)id.internal[i]) * 16777619u;
+        MPI_Comm_split(MPI_COMM_WORLD, (int)(h & 0x7fffffff), rank, &c->mpi);
+        int size, me;
+        MPI_Comm_size(c->mpi, &size);
+        MPI_Comm_rank(c->mpi, &me);
+        if (size != nranks || me != rank) {
+            fprintf(stderr, "nccl_emu: ncclCommInitRank(nranks %d, rank %d) but %d ranks were given this id, and "
+                    "this is their rank %d\n", nranks, rank, size, me);
+            MPI_Comm_free(&c->mpi);
+            return ncclInvalidArgument;
+        }
+        /* every rank must have been given its root's id (a hash collision aside, the split checks that too) */
         ncclUniqueId root = id;
-        MPI_Bcast(&root, (int)sizeof root, MPI_BYTE, 0, MPI_COMM_WORLD);
+        MPI_Bcast(&root, (int)sizeof root, MPI_BYTE, 0, c->mpi);
         int same = !memcmp(&root, &id, sizeof id), all_same = 0;
-        MPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
-        if (!all_same) return usage("ncclCommInitRank: the ranks were given different unique ids");
+        MPI_Allreduce(&same, &all_same, 1, MPI_INT, MPI_LAND, c->mpi);
+        if (!all_same) {
+            MPI_Comm_free(&c->mpi);
+            return usage("ncclCommInitRank: the ranks were given different unique ids");
+        }
+    } else {
+        c->mpi = MPI_COMM_SELF;
     }
 #endif
-    the_comm.rank = rank;
-    the_comm.nranks = nranks;
-    comm_live = true;
-    *comm = &the_comm;
+#ifndef OLMOC_HAVE_MPI
+    (void)id;
+    if (nranks > 1) {
+        fprintf(stderr, "nccl_emu: ncclCommInitRank(nranks %d) in a build without MPI\n", nranks);
+        return ncclInvalidArgument;
+    }
+#endif
+    c->rank = rank;
+    c->nranks = nranks;
+    c->live = true;
+    *comm = c;
     return ncclSuccess;
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
-    if (comm != &the_comm || !comm_live) return usage("ncclCommDestroy of an unknown communicator");
+    if (!known(comm)) return usage("ncclCommDestroy of an unknown communicator");
     if (group_depth) return usage("ncclCommDestroy inside a group");
-    comm_live = false;
+#ifdef OLMOC_HAVE_MPI
+    if (comm->mpi != MPI_COMM_SELF) MPI_Comm_free(&comm->mpi);
+#endif
+    comm->live = false;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) {
+    if (!known(comm)) return usage("ncclCommUserRank of an unknown communicator");
+    *rank = comm->rank;
     return ncclSuccess;
 }
 
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     (void)stream;
-    if (comm != &the_comm || !comm_live) return usage("ncclAllReduce on an unknown communicator");
+    if (!known(comm)) return usage("ncclAllReduce on an unknown communicator");
     if (datatype != ncclFloat32 || op != ncclSum) return ncclInvalidArgument;
     if (sendbuff != recvbuff && count) memcpy(recvbuff, sendbuff, count * sizeof(float));
 #ifdef OLMOC_HAVE_MPI
     for (size_t off = 0; comm->nranks > 1 && off < count; off += (size_t)1 << 30) {
         size_t n = count - off < ((size_t)1 << 30) ? count - off : (size_t)1 << 30;
-        MPI_Allreduce(MPI_IN_PLACE, (float *)recvbuff + off, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Allreduce(MPI_IN_PLACE, (float *)recvbuff + off, (int)n, MPI_FLOAT, MPI_SUM, comm->mpi);
     }
 #endif
     return ncclSuccess;
@@ -114,14 +144,48 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
     (void)stream;
-    if (comm != &the_comm || !comm_live) return usage("ncclBroadcast on an unknown communicator");
+    if (!known(comm)) return usage("ncclBroadcast on an unknown communicator");
     if (datatype != ncclFloat32 || root < 0 || root >= comm->nranks) return ncclInvalidArgument;
     if (comm->rank == root && sendbuff != recvbuff && count) memcpy(recvbuff, sendbuff, count * sizeof(float));
 #ifdef OLMOC_HAVE_MPI
     for (size_t off = 0; comm->nranks > 1 && off < count; off += (size_t)1 << 30) {
         size_t n = count - off < ((size_t)1 << 30) ? count - off : (size_t)1 << 30;
-        MPI_Bcast((float *)recvbuff + off, (int)n, MPI_FLOAT, root, MPI_COMM_WORLD);
+        MPI_Bcast((float *)recvbuff + off, (int)n, MPI_FLOAT, root, comm->mpi);
     }
+#endif
+    return ncclSuccess;
+}
+
+/* NCCL's in-place all-gather: sendbuff = recvbuff + rank * sendcount. */
+ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
+                           ncclComm_t comm, cudaStream_t stream) {
+    (void)stream;
+    if (!known(comm)) return usage("ncclAllGather on an unknown communicator");
+    if (datatype != ncclFloat32 && datatype != ncclInt8) return ncclInvalidArgument;
+    const size_t bytes = sendcount * (datatype == ncclFloat32 ? sizeof(float) : 1);
+    char *mine = (char *)recvbuff + (size_t)comm->rank * bytes;
+    if (sendbuff != mine && bytes) memmove(mine, sendbuff, bytes);
+#ifdef OLMOC_HAVE_MPI
+    if (comm->nranks > 1) {
+        if (bytes > ((size_t)1 << 30)) return usage("ncclAllGather: count too large for the emulation");
+        MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recvbuff, (int)bytes, MPI_BYTE, comm->mpi);
+    }
+#endif
+    return ncclSuccess;
+}
+
+ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+    (void)stream;
+    if (!known(comm)) return usage("ncclReduceScatter on an unknown communicator");
+    if (datatype != ncclFloat32 || op != ncclSum) return ncclInvalidArgument;
+    if (comm->nranks == 1) {
+        if (sendbuff != recvbuff && recvcount) memmove(recvbuff, sendbuff, recvcount * sizeof(float));
+        return ncclSuccess;
+    }
+#ifdef OLMOC_HAVE_MPI
+    if (recvcount > ((size_t)1 << 30)) return usage("ncclReduceScatter: count too large for the emulation");
+    MPI_Reduce_scatter_block(sendbuff, recvbuff, (int)recvcount, MPI_FLOAT, MPI_SUM, comm->mpi);
 #endif
     return ncclSuccess;
 }

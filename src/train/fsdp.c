@@ -1,0 +1,376 @@
+#include "train/fsdp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+
+#define TRY(call)                   \
+    do {                            \
+        if ((call) != 0) return -1; \
+    } while (0)
+
+static size_t elem_size(const struct olmo_backend *be) { return olmo_float_type_size(be->compute_dtype); }
+
+static bool has_compute_copy(const struct olmo_backend *be) { return be->compute_dtype != OLMO_F32; }
+
+/* The three collectives on shard buffers, through MPI or the backend's communicators. */
+static int group_allgather(struct olmo_fsdp *fs, void *buf, size_t bytes) {
+    if (fs->shard_group.world == 1) return 0;
+    return fs->device ? fs->m->be->comm_group_allgather(fs->m->be, fs->shard_comm, buf, bytes)
+                      : olmo_dist_allgather_equal_bytes(&fs->shard_group, buf, bytes);
+}
+
+static int group_reduce_scatter(struct olmo_fsdp *fs, const float *in, float *out, size_t n) {
+    if (fs->shard_group.world == 1) return fs->m->be->copy(fs->m->be, out, in, n * sizeof(float));
+    return fs->device ? fs->m->be->comm_group_reduce_scatter(fs->m->be, fs->shard_comm, in, out, n)
+                      : olmo_dist_reduce_scatter_f32(&fs->shard_group, in, out, n);
+}
+
+static int replica_allreduce(struct olmo_fsdp *fs, float *buf, size_t n) {
+    if (fs->replica_group.world == 1 || !n) return 0;
+    return fs->device ? fs->m->be->comm_group_allreduce_sum(fs->m->be, fs->replica_comm, buf, n)
+                      : olmo_dist_allreduce_f32(&fs->replica_group, buf, n);
+}
+
+/* Gathers unit u into its region's buffers w (fp32) and c (compute copy, bf16 backends), whose element 0
+ * is the region's first parameter.  A matrix unit on a bf16 backend travels in bf16 (each rank converts
+ * its piece first: the same values as converting after an fp32 gather); every other unit in fp32, then
+ * converted where there is a compute copy.  The padding of the last rank's piece spills into the next
+ * unit's place (or the region buffer's spare G elements): units are gathered in order, so the next one
+ * overwrites it. */
+static int gather(struct olmo_fsdp *fs, int u, float *w, void *c) {
+    const struct olmo_backend *be = fs->m->be;
+    const struct olmo_fsdp_unit *un = &fs->units[u];
+    const size_t off = un->start - fs->regions[un->region].start, r = (size_t)fs->shard_group.rank;
+    if (un->low) {
+        const size_t es = olmo_float_type_size(be->compute_dtype);
+        char *base = (char *)c + off * es, *mine = base + r * un->shard * es;
+        if (un->my_len)
+            TRY(be->convert(be, mine, be->compute_dtype, fs->master + un->local, OLMO_F32, un->my_len));
+        if (un->my_len < un->shard) TRY(be->zero(be, mine + un->my_len * es, (un->shard - un->my_len) * es));
+        return group_allgather(fs, base, un->shard * es);
+    }
+    float *base = w + off, *mine = base + r * un->shard;
+    if (un->my_len) TRY(be->copy(be, mine, fs->master + un->local, un->my_len * sizeof(float)));
+    if (un->my_len < un->shard) TRY(be->zero(be, mine + un->my_len, (un->shard - un->my_len) * sizeof(float)));
+    TRY(group_allgather(fs, base, un->shard * sizeof(float)));
+    if (c)
+        TRY(be->convert(be, (char *)c + off * olmo_float_type_size(be->compute_dtype), be->compute_dtype, base,
+                        OLMO_F32, un->len));
+    return 0;
+}
+
+static int gather_region(struct olmo_fsdp *fs, int region, float *w, void *c) {
+    const struct olmo_fsdp_region *rg = &fs->regions[region];
+    for (int u = rg->first; u < rg->first + rg->n_units; u++) TRY(gather(fs, u, w, c));
+    return 0;
+}
+
+/* Reduce-scatters the gradients of a region's units (g: the region's gradient buffer, summed over the
+ * group; a unit's padding reads the next unit's gradients or the buffer's zeroed spare, which land past
+ * the last rank's piece and are dropped) and adds this rank's pieces to its gradient shard. */
+static int reduce_scatter_region(struct olmo_fsdp *fs, int region, const float *g) {
+    const struct olmo_backend *be = fs->m->be;
+    const struct olmo_fsdp_region *rg = &fs->regions[region];
+    for (int u = rg->first; u < rg->first + rg->n_units; u++) {
+        const struct olmo_fsdp_unit *un = &fs->units[u];
+        TRY(group_reduce_scatter(fs, g + (un->start - rg->start), fs->rs_out, un->shard));
+        if (un->my_len) TRY(be->add(be, fs->grad + un->local, fs->grad + un->local, fs->rs_out, un->my_len));
+    }
+    return 0;
+}
+
+/* A region's buffers hold its parameters and G spare elements (the last unit's padding). */
+static size_t region_alloc(const struct olmo_fsdp *fs, int region) {
+    return fs->regions[region].len + (size_t)fs->shard_group.world;
+}
+
+static void set_window(struct olmo_model *m, int i, const float *w, size_t n, const void *c) {
+    m->win[i] = (struct olmo_weight_window){.w = w, .n = n, .compute = c};
+    if (m->n_win <= i) m->n_win = i + 1;
+}
+
+static int acquire(void *ctx, struct olmo_model *m, int unit, bool backward) {
+    struct olmo_fsdp *fs = ctx;
+    const struct olmo_backend *be = m->be;
+    const int last = fs->n_regions - 1;
+    if (unit == OLMO_UNIT_ROOT) {
+        if (!fs->root_valid) {
+            TRY(gather_region(fs, 0, fs->root_w[0], fs->root_c[0]));
+            TRY(gather_region(fs, last, fs->root_w[1], fs->root_c[1]));
+            fs->root_valid = true;
+        }
+        const size_t tail = fs->regions[last].start;
+        const struct olmo_param *norm = &m->params[m->n_tensors - 2], *head = &m->params[m->n_tensors - 1];
+        m->embed = fs->root_w[0];
+        m->final_norm = fs->root_w[1] + (norm->offset - tail);
+        m->lm_head = fs->root_w[1] + (head->offset - tail);
+        m->d_embed = fs->root_g[0];
+        m->d_final_norm = fs->root_g[1] + (norm->offset - tail);
+        m->d_lm_head = fs->root_g[1] + (head->offset - tail);
+        set_window(m, 0, fs->root_w[0], fs->regions[0].len, fs->root_c[0]);
+        set_window(m, 1, fs->root_w[1], fs->regions[last].len, fs->root_c[1]);
+        if (backward) {
+            TRY(be->zero(be, fs->root_g[0], region_alloc(fs, 0) * sizeof(float)));
+            TRY(be->zero(be, fs->root_g[1], region_alloc(fs, last) * sizeof(float)));
+        }
+        return 0;
+    }
+    TRY(gather_region(fs, 1 + unit, fs->blk_w, fs->blk_c));
+    olmo_model_bind_layer(m, unit, fs->blk_w, fs->blk_g);
+    set_window(m, 2, fs->blk_w, fs->regions[1 + unit].len, fs->blk_c);
+    if (backward) TRY(be->zero(be, fs->blk_g, region_alloc(fs, 1 + unit) * sizeof(float)));
+    return 0;
+}
+
+static int release(void *ctx, struct olmo_model *m, int unit, bool backward) {
+    struct olmo_fsdp *fs = ctx;
+    if (unit == OLMO_UNIT_ROOT) { /* stays gathered (until the next optimizer step) */
+        if (backward) {
+            TRY(reduce_scatter_region(fs, 0, fs->root_g[0]));
+            TRY(reduce_scatter_region(fs, fs->n_regions - 1, fs->root_g[1]));
+        }
+        return 0;
+    }
+    if (backward) TRY(reduce_scatter_region(fs, 1 + unit, fs->blk_g));
+    /* the buffer belongs to the next block now: nothing may reach this one through stale pointers */
+    olmo_model_bind_layer(m, unit, NULL, NULL);
+    m->win[2] = (struct olmo_weight_window){0};
+    return 0;
+}
+
+static size_t div_up(size_t a, size_t b) { return (a + b - 1) / b; }
+
+/* A matrix read by the GEMMs through its compute copy travels in the compute type; the embeddings (read
+ * by the lookup in fp32) and norm weights in fp32. */
+static bool gathered_low(const struct olmo_backend *be, const struct olmo_param *p) {
+    return be->compute_dtype != OLMO_F32 && p->cols > 1 && !p->is_embedding;
+}
+
+int olmo_fsdp_create(struct olmo_fsdp *fs, struct olmo_model *m, struct olmo_optimizer *opt,
+                     const struct olmo_dist *dist, int shard_degree) {
+    memset(fs, 0, sizeof *fs);
+    fs->shard_group.world = fs->replica_group.world = 1;
+    fs->m = m;
+    const struct olmo_backend *be = m->be;
+    const int world = dist ? dist->world : 1, rank = dist ? dist->rank : 0;
+    if (!m->sharded) return olmo_error("fully sharded training needs a model created with olmo_model_create_sharded");
+    fs->device = !be->host_memory;
+    if (world > 1 && fs->device && !be->comm_group_create)
+        return olmo_error("backend '%s' keeps its buffers on the device and this build has no collective library "
+                          "for it (NCCL): it cannot train fully sharded over %d ranks",
+                          be->name, world);
+    const int G = shard_degree ? shard_degree : world;
+    if (G > world || world % G)
+        return olmo_error("train.shard_degree %d must divide the number of ranks (%d)", shard_degree, world);
+    if (dist) {
+        /* shard groups: consecutive ranks; replica groups: the same position in every shard group */
+        TRY(olmo_dist_split(dist, rank / G, rank, &fs->shard_group));
+        TRY(olmo_dist_split(dist, rank % G, rank, &fs->replica_group));
+        /* every rank creates its shard group's communicator, then its replica group's (group sizes are
+         * the same on every rank, so all skip or all create) */
+        if (fs->device && fs->shard_group.world > 1 &&
+            !(fs->shard_comm = be->comm_group_create(be, &fs->shard_group)))
+            return olmo_error_context("the shard group's communicator");
+        if (fs->device && fs->replica_group.world > 1 &&
+            !(fs->replica_comm = be->comm_group_create(be, &fs->replica_group)))
+            return olmo_error_context("the replica group's communicator");
+    }
+    const int g = fs->shard_group.rank;
+    const int L = m->cfg.n_layers;
+    /* regions: the embeddings, each block, the final norm + LM head; each cut into units of one kind */
+    fs->n_regions = L + 2;
+    fs->regions = olmo_calloc((size_t)fs->n_regions, sizeof *fs->regions, "shard regions");
+    fs->units = olmo_calloc((size_t)m->n_tensors, sizeof *fs->units, "shard units");
+    opt->ranges = olmo_calloc((size_t)m->n_tensors, sizeof *opt->ranges, "shard ranges");
+    if (!fs->regions || !fs->units || !opt->ranges) return -1;
+    const struct olmo_param *norm = &m->params[m->n_tensors - 2];
+    fs->regions[0] = (struct olmo_fsdp_region){.start = 0, .len = m->params[0].numel};
+    for (int l = 0; l < L; l++) olmo_model_layer_span(m, l, &fs->regions[1 + l].start, &fs->regions[1 + l].len);
+    fs->regions[L + 1] = (struct olmo_fsdp_region){.start = norm->offset, .len = m->n_floats - norm->offset};
+    int region = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const struct olmo_param *p = &m->params[i];
+        while (p->offset >= fs->regions[region].start + fs->regions[region].len) region++;
+        struct olmo_fsdp_region *rg = &fs->regions[region];
+        struct olmo_fsdp_unit *prev = fs->n_units ? &fs->units[fs->n_units - 1] : NULL;
+        const bool low = gathered_low(be, p);
+        if (prev && prev->region == region && prev->low == low) {
+            prev->len += p->numel;
+            continue;
+        }
+        if (!rg->n_units) rg->first = fs->n_units;
+        rg->n_units++;
+        fs->units[fs->n_units++] = (struct olmo_fsdp_unit){.start = p->offset, .len = p->numel, .region = region,
+                                                           .low = low};
+    }
+    size_t max_shard = 0, max_block = 0;
+    opt->n_ranges = 0;
+    for (int u = 0; u < fs->n_units; u++) {
+        struct olmo_fsdp_unit *un = &fs->units[u];
+        un->shard = div_up(un->len, (size_t)G);
+        un->my_lo = (size_t)g * un->shard;
+        un->my_len = un->my_lo >= un->len ? 0 : (un->len - un->my_lo < un->shard ? un->len - un->my_lo : un->shard);
+        un->local = fs->n_local;
+        fs->n_local += un->my_len;
+        if (un->my_len)
+            opt->ranges[opt->n_ranges++] =
+                (struct olmo_shard_range){.global = un->start + un->my_lo, .local = un->local, .len = un->my_len};
+        if (un->shard > max_shard) max_shard = un->shard;
+    }
+    for (int l = 0; l < L; l++)
+        if (region_alloc(fs, 1 + l) > max_block) max_block = region_alloc(fs, 1 + l);
+    opt->n_local = fs->n_local;
+    opt->lo = opt->hi = 0; /* no single slice: see opt->ranges */
+    opt->primary = fs->replica_group.rank == 0;
+    const size_t n_alloc = fs->n_local ? fs->n_local : 1;
+    fs->master = be->alloc(be, n_alloc * sizeof(float));
+    fs->grad = be->alloc(be, n_alloc * sizeof(float));
+    opt->m = be->alloc(be, n_alloc * sizeof(float));
+    opt->v = be->alloc(be, n_alloc * sizeof(float));
+    fs->rs_out = be->alloc(be, max_shard * sizeof(float));
+    fs->blk_w = be->alloc(be, (max_block ? max_block : 1) * sizeof(float));
+    fs->blk_g = be->alloc(be, (max_block ? max_block : 1) * sizeof(float));
+    if (!fs->master || !fs->grad || !opt->m || !opt->v || !fs->rs_out || !fs->blk_w || !fs->blk_g)
+        return olmo_error_context("fully sharded buffers");
+    if (be->zero(be, opt->m, n_alloc * sizeof(float)) || be->zero(be, opt->v, n_alloc * sizeof(float)) ||
+        be->zero(be, fs->master, n_alloc * sizeof(float)))
+        return -1;
+    for (int i = 0; i < 2; i++) {
+        const size_t n = region_alloc(fs, i ? L + 1 : 0);
+        fs->root_w[i] = be->alloc(be, n * sizeof(float));
+        fs->root_g[i] = be->alloc(be, n * sizeof(float));
+        if (!fs->root_w[i] || !fs->root_g[i]) return olmo_error_context("gathered root weights");
+        if (has_compute_copy(be) && !(fs->root_c[i] = be->alloc(be, n * elem_size(be))))
+            return olmo_error_context("gathered root weights (compute copy)");
+    }
+    if (has_compute_copy(be) && !(fs->blk_c = be->alloc(be, (max_block ? max_block : 1) * elem_size(be))))
+        return olmo_error_context("gathered block (compute copy)");
+    opt->master = fs->master;
+    fs->hooks = (struct olmo_unit_hooks){.ctx = fs, .acquire = acquire, .release = release};
+    m->hooks = &fs->hooks;
+    return 0;
+}
+
+void olmo_fsdp_destroy(struct olmo_fsdp *fs, struct olmo_optimizer *opt) {
+    if (!fs->m) return;
+    const struct olmo_backend *be = fs->m->be;
+    float *bufs[] = {fs->master, fs->grad, fs->rs_out, fs->blk_w, fs->blk_g,
+                     fs->root_w[0], fs->root_w[1], fs->root_g[0], fs->root_g[1]};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+    be->free(be, fs->root_c[0]);
+    be->free(be, fs->root_c[1]);
+    be->free(be, fs->blk_c);
+    if (opt) opt->master = NULL;
+    fs->m->hooks = NULL;
+    fs->m->n_win = 0;
+    free(fs->units);
+    free(fs->regions);
+    if (fs->shard_comm) be->comm_group_destroy(be, fs->shard_comm);
+    if (fs->replica_comm) be->comm_group_destroy(be, fs->replica_comm);
+    olmo_dist_free_group(&fs->shard_group);
+    olmo_dist_free_group(&fs->replica_group);
+    memset(fs, 0, sizeof *fs);
+}
+
+int olmo_fsdp_zero_grads(struct olmo_fsdp *fs) {
+    return fs->n_local ? fs->m->be->zero(fs->m->be, fs->grad, fs->n_local * sizeof(float)) : 0;
+}
+
+int olmo_fsdp_sync_replicas(struct olmo_fsdp *fs) { return replica_allreduce(fs, fs->grad, fs->n_local); }
+
+int olmo_fsdp_grad_norm(struct olmo_fsdp *fs, double *norm) {
+    double ss = 0.0;
+    if (fs->n_local) TRY(fs->m->be->sum_squares(fs->m->be, fs->grad, fs->n_local, &ss));
+    /* replicas hold the same shards after olmo_fsdp_sync_replicas: sum within the shard group only */
+    TRY(olmo_dist_allreduce_f64(&fs->shard_group, &ss, 1));
+    *norm = sqrt(ss);
+    return 0;
+}
+
+int olmo_fsdp_clip(struct olmo_fsdp *fs, double norm, double max_norm) {
+    if (max_norm <= 0 || !fs->n_local) return 0;
+    const double coef = max_norm / (norm + 1e-6);
+    return coef < 1.0 ? fs->m->be->scale(fs->m->be, fs->grad, fs->n_local, (float)coef) : 0;
+}
+
+int olmo_fsdp_step(struct olmo_fsdp *fs, struct olmo_optimizer *opt, const struct olmo_train_config *t, double lr) {
+    const struct olmo_backend *be = fs->m->be;
+    opt->step++;
+    const long bias_step = olmo_optimizer_bias_step(opt, t); /* train.optim_init_step, step_increment_bugfix */
+    for (int u = 0; u < fs->n_units; u++) {
+        const struct olmo_fsdp_unit *un = &fs->units[u];
+        if (!un->my_len) continue;
+        /* region 0 is exactly the embedding matrix, the one tensor with its own weight decay */
+        const double wd = un->region == 0 ? t->embedding_weight_decay : t->weight_decay;
+        TRY(be->adamw(be, fs->master + un->local, fs->grad + un->local, opt->m + un->local, opt->v + un->local,
+                      un->my_len, lr, (float)t->beta1, (float)t->beta2, (float)t->eps, wd, bias_step));
+    }
+    fs->root_valid = false;
+    return 0;
+}
+
+void olmo_fsdp_master_updated(struct olmo_fsdp *fs) { fs->root_valid = false; }
+
+int olmo_fsdp_set_weights(struct olmo_fsdp *fs, const float *host) {
+    const struct olmo_backend *be = fs->m->be;
+    for (int u = 0; u < fs->n_units; u++) {
+        const struct olmo_fsdp_unit *un = &fs->units[u];
+        if (un->my_len)
+            TRY(be->to_device(be, fs->master + un->local, host + un->start + un->my_lo, un->my_len * sizeof(float)));
+    }
+    fs->root_valid = false;
+    return 0;
+}
+
+int olmo_fsdp_get_weights(const struct olmo_fsdp *fs, float *host) {
+    const struct olmo_backend *be = fs->m->be;
+    if (fs->replica_group.rank != 0) return 0; /* the first shard group's copy is the one (HSDP) */
+    const bool root = fs->shard_group.rank == 0;
+    if (root && !host) return olmo_error("olmo_fsdp_get_weights: rank 0 needs a buffer");
+    size_t max_shard = 0;
+    for (int u = 0; u < fs->n_units; u++)
+        if (fs->units[u].shard > max_shard) max_shard = fs->units[u].shard;
+    /* one unit at a time: no rank but the first holds more than a unit */
+    float *stage = olmo_malloc(max_shard * sizeof(float), "weight gather");
+    float *all = root ? olmo_malloc(max_shard * (size_t)fs->shard_group.world * sizeof(float), "weight gather") : NULL;
+    int rc = !stage || (root && !all) ? -1 : 0;
+    for (int u = 0; u < fs->n_units && !rc; u++) {
+        const struct olmo_fsdp_unit *un = &fs->units[u];
+        memset(stage, 0, un->shard * sizeof(float));
+        if (un->my_len) rc = be->to_host(be, stage, fs->master + un->local, un->my_len * sizeof(float));
+        if (!rc) rc = olmo_dist_gather_f32(&fs->shard_group, stage, all, un->shard);
+        if (!rc && root) memcpy(host + un->start, all, un->len * sizeof(float));
+    }
+    free(stage);
+    free(all);
+    return rc;
+}
+
+/* This rank's pieces of one freshly initialised tensor. */
+static int put_tensor(void *ctx, const struct olmo_param *p, const float *w) {
+    struct olmo_fsdp *fs = ctx;
+    const struct olmo_backend *be = fs->m->be;
+    for (int u = 0; u < fs->n_units; u++) {
+        const struct olmo_fsdp_unit *un = &fs->units[u];
+        const size_t a = un->start + un->my_lo, b = a + un->my_len; /* my piece, flat */
+        const size_t lo = a > p->offset ? a : p->offset, hi = b < p->offset + p->numel ? b : p->offset + p->numel;
+        if (lo < hi)
+            TRY(be->to_device(be, fs->master + un->local + (lo - a), w + (lo - p->offset), (hi - lo) * sizeof(float)));
+    }
+    return 0;
+}
+
+int olmo_fsdp_init_weights(struct olmo_fsdp *fs, uint64_t seed) {
+    size_t largest = 0;
+    for (int i = 0; i < fs->m->n_tensors; i++)
+        if (fs->m->params[i].numel > largest) largest = fs->m->params[i].numel;
+    float *scratch = olmo_malloc(largest * sizeof(float), "initial weights (one tensor)");
+    if (!scratch) return -1;
+    const int rc = olmo_model_init_each(fs->m, seed, scratch, put_tensor, fs);
+    free(scratch);
+    fs->root_valid = false;
+    return rc;
+}
