@@ -105,7 +105,7 @@ int cmd_info(int argc, char **argv) {
         rest.train.activation_checkpointing = ACT_CKPT_NONE;
         rest.train.sharding = SHARDING_ZERO1;
         rest.train.shard_degree = 0;
-        if (!plan || olmo_config_validate(&rest)) goto fail;
+        if (olmo_config_validate(&rest)) goto fail;
         fprintf(stderr, "olmoc info: note: %s (olmoc train refuses this config; planned from the design)\n", why);
     }
     if (olmo_config_write_fp(&cfg, stdout)) goto fail;
