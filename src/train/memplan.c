@@ -128,20 +128,36 @@ static double work(const struct backend_desc *d, const struct shapes *s) {
            2 * buf(d, 4 * N * s->K) + 3 * buf(d, 4 * N * s->F) + 3 * buf(d, 4 * N);
 }
 
-/* The backend's grow-only scratch after a training step (the ops' own size expressions). */
-static double scratch(const struct backend_desc *d, const struct shapes *s, int threads) {
+/* The GEMM operand slots of a bf16 backend that has seen operands of up to a_max and b_max elements. */
+static double gemm_slots(const struct backend_desc *d, double a_max, double b_max, double b_weights) {
+    if (!d->bf16_gemm_operands && !(d->bf16_compute && d->scratch == SCRATCH_CPU)) return 0;
+    if (d->scratch == SCRATCH_CUDA) return cuda_slot(2 * a_max) + cuda_slot(2 * b_max);
+    if (d->bf16_gemm_operands) return cpu_slot(2 * a_max) + cpu_slot(2 * b_max); /* packed as bf16 */
+    return cpu_slot(4 * a_max) + cpu_slot(4 * max2(b_max, b_weights)); /* every operand rounded, fp32 */
+}
+
+/* The peak FLOP/s probe's GEMM: 2048 x 2048 fp32 operands (run.c: olmo_measure_peak_flops). */
+#define PROBE_N 2048.0
+
+/* The backend's grow-only scratch after a training step (the ops' own size expressions); `probe`:
+ * the peak FLOP/s probe ran first (its fp32 operands grow a bf16 backend's GEMM slots). */
+static double scratch(const struct backend_desc *d, const struct shapes *s, int threads, bool probe) {
     const double N = s->N, B = s->B, T = s->T, H = s->H, HK = s->HK, hd = s->hd;
     /* GEMM operands: A is [tokens x max(V, F, D, Q)] at most (the logits in the LM head's backward),
      * an activation B operand [tokens x max(D, F, Q)]; the weights are the bf16 compute copy. */
-    const double a_max = N * max2(max2(s->V, s->F), max2(s->D, s->Q)), b_max = N * max2(s->F, max2(s->D, s->Q));
+    double a_max = N * max2(max2(s->V, s->F), max2(s->D, s->Q)), b_max = N * max2(s->F, max2(s->D, s->Q));
+    if (probe) {
+        a_max = max2(a_max, PROBE_N * PROBE_N);
+        b_max = max2(b_max, PROBE_N * PROBE_N);
+    }
+    const double b_weights = max2(s->V * s->D, s->D * max2(s->F, s->Q));
     if (d->scratch == SCRATCH_CUDA) {
         const double rows = ceil(N / ceil(N / 256)); /* rmsnorm backward's chunks */
         double total = cuda_slot(4 * B * T * H)                          /* attention backward's delta */
                        + cuda_slot(max2(16 * N, 1024 * 8)) + cuda_slot(16) /* loss rows / sum of squares, result */
                        + cuda_slot(8 * rows * max2(s->D, max2(s->Q, s->K)))  /* rmsnorm dw partials */
                        + cuda_slot(4 * (N + 2 * fmin(N, s->V) + 1));       /* embedding backward's index */
-        if (d->bf16_gemm_operands) total += cuda_slot(2 * a_max) + cuda_slot(2 * b_max);
-        return total;
+        return total + gemm_slots(d, a_max, b_max, b_weights);
     }
     const double ld = floor((T + 15) / 16) * 16 + 16; /* cpu_attention.c: transposed_ld */
     const bool bf16 = d->bf16_attention && (int)hd % 2 == 0;
@@ -154,14 +170,9 @@ static double scratch(const struct backend_desc *d, const struct shapes *s, int 
     if (bf16)
         total += 2 * cpu_slot(2 * N * s->Q)                                     /* Q and dO as bf16 rows */
                  + 2 * cpu_slot(4 * B * pairs * s->Q) + 2 * cpu_slot(4 * B * pairs * s->K); /* position pairs */
-    if (d->bf16_compute) {
-        if (d->bf16_gemm_operands) /* oneDNN's bf16 matmul: fp32 operands packed as bf16 */
-            total += cpu_slot(2 * a_max) + cpu_slot(2 * b_max);
-        else /* every operand rounded into fp32 scratch, the weights too */
-            total += cpu_slot(4 * a_max) +
-                     cpu_slot(4 * max2(b_max, max2(s->V * s->D, s->D * max2(s->F, s->Q))));
-    }
-    return total;
+    /* cpu-bf16: oneDNN's bf16 matmul packs fp32 operands as bf16; the fallback rounds every
+     * operand, the weights too, into fp32 scratch */
+    return total + gemm_slots(d, a_max, b_max, b_weights);
 }
 
 const char *olmo_mem_item_name(enum olmo_mem_item item) {
@@ -220,10 +231,17 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
     b[OLMO_MEM_ACTIVATIONS] = activations(&d, &s, t->activation_checkpointing, t->block_every);
     b[OLMO_MEM_LOGITS] = buf(&d, 4 * s.N * s.V);
     b[OLMO_MEM_WORK] = work(&d, &s);
-    b[OLMO_MEM_SCRATCH] = scratch(&d, &s, o->threads);
+    const bool probe = t->peak_flops <= 0;
+    b[OLMO_MEM_SCRATCH] = scratch(&d, &s, o->threads, probe);
     for (int i = 0; i < OLMO_MEM_ITEMS; i++) p->total += b[i];
-    if (t->peak_flops <= 0) p->probe = 3 * buf(&d, 4.0 * 2048 * 2048);
-    p->peak = max2(p->total, p->total - b[OLMO_MEM_SCRATCH] + p->probe);
+    if (probe) {
+        /* after the model, the optimizer and the activations, before the first step: three
+         * matrices and the GEMM slots the probe grows */
+        p->probe = 3 * buf(&d, 4.0 * PROBE_N * PROBE_N) + gemm_slots(&d, PROBE_N * PROBE_N, PROBE_N * PROBE_N, 0);
+        p->peak = max2(p->total, p->total - b[OLMO_MEM_SCRATCH] + p->probe);
+    } else {
+        p->peak = p->total;
+    }
     /* Not seen by the counters on a device: the CUDA context (~0.5 GiB on Hopper), cuBLAS's workspace,
      * NCCL's buffers, cudaMalloc's 2 MiB granularity: an allowance, not a measurement. */
     p->runtime = d.device ? 2.0 * 1024 * 1024 * 1024 : 0;
