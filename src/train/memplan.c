@@ -199,6 +199,7 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
     p->ranks = o->ranks;
     p->shard_degree = t->sharding == SHARDING_FSDP ? (degree ? degree : o->ranks) : 0;
     p->rank = 0;
+    p->threads = d.device ? 0 : o->threads > 1 ? o->threads : 1;
     const double hd = (double)(c->d_model / c->n_heads);
     const struct shapes s = {.N = (double)t->micro_batch * t->seq_len, .T = t->seq_len, .B = t->micro_batch,
                              .D = c->d_model, .Q = c->n_heads * hd, .K = c->n_kv_heads * hd, .F = c->mlp_hidden,
@@ -269,6 +270,7 @@ void olmo_mem_plan_print(const struct olmo_mem_plan *p, FILE *f, double have, co
             p->device ? "device" : "host");
     if (p->shard_degree) fprintf(f, ", fsdp shard degree %d", p->shard_degree);
     else fprintf(f, ", zero1");
+    if (p->threads) fprintf(f, ", %d OpenMP thread%s", p->threads, p->threads > 1 ? "s" : "");
     fprintf(f, ":\n");
     for (int i = 0; i < OLMO_MEM_ITEMS; i++) {
         amount(a, sizeof a, p->bytes[i]);
@@ -286,6 +288,10 @@ void olmo_mem_plan_print(const struct olmo_mem_plan *p, FILE *f, double have, co
     }
     amount(a, sizeof a, p->need);
     fprintf(f, "#   %-32s %s\n", "need", a);
+    if (!p->device && p->ranks > 1) {
+        amount(a, sizeof a, p->need * p->ranks);
+        fprintf(f, "#   %-32s %s  (if they share one machine's memory)\n", "all ranks", a);
+    }
     fprintf(f, "# plan bytes: total %.0f peak %.0f need %.0f\n", p->total, p->peak, p->need);
     if (p->estimate) fprintf(f, "# estimate: %s\n", p->estimate);
     if (have <= 0) {

@@ -39,6 +39,7 @@ struct olmo_mem_plan {
     char backend[32];
     bool device;      /* the backend's memory is a device's */
     int ranks, shard_degree, rank; /* the rank planned (the one holding the most) */
+    int threads;      /* CPU: the OpenMP threads planned for (attention's per-thread dq partials) */
     double bytes[OLMO_MEM_ITEMS];
     double total;     /* sum of bytes: the steady peak of the backend's counters during training */
     double probe;     /* the peak FLOP/s probe's three 2048^2 fp32 matrices at start-up (0: train.peak_flops set) */
