@@ -132,14 +132,14 @@ def test_plan_matches_measured_peak_with_probe(build_dir, tiny, tmp_path):
     check(build_dir, build_dir / "olmoc", "cpu-bf16", "tiny2", 1, "probe", tiny, tmp_path)
 
 
-@pytest.mark.parametrize("backend", ["cuda", "cuda-bf16"])
-def test_plan_matches_measured_peak_emulated_cuda(build_dir, tiny, tmp_path, backend):
+@pytest.mark.parametrize("backend,ranks", [("cuda", 1), ("cuda-bf16", 1), ("cuda-bf16", 2)])
+def test_plan_matches_measured_peak_emulated_cuda(build_dir, tiny, tmp_path, backend, ranks):
     """The CUDA backend's counters (device buffers at cudaMalloc's 256-byte rounding, its
-    1.25x-growing scratch) on the emulated CUDA runtime."""
+    1.25x-growing scratch) on the emulated CUDA runtime; 2 ranks: NCCL (emulated) in place."""
     exe = build_dir / "tests" / "olmoc_emu"
     if not exe.exists():
         pytest.skip("olmoc_emu is not built (the emulated CUDA runtime needs a C++ compiler)")
-    check(build_dir, exe, backend, "tiny2", 1, "zero1", tiny, tmp_path)
+    check(build_dir, exe, backend, "tiny2", ranks, "zero1", tiny, tmp_path)
 
 
 def test_info_plan_cli(build_dir):
