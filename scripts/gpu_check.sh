@@ -13,7 +13,10 @@
 #      cuda-bf16, cuda-bf16-cublas, cuda-tf32 and cuda (fp32): tokens/s, model TFLOP/s, MFU
 #      against the H200 bf16 dense peak (989.4 TFLOP/s) and against the precision's own peak;
 #      then one more step with every op timed (time per op, GFLOP/s of each GEMM shape and of
-#      attention: where the time goes).
+#      attention: where the time goes);
+#   5. the memory plan (olmoc info --ranks 1 --backend cuda-bf16) against the backend's counted
+#      peak (OLMOC_MEMSTATS=1) and nvidia-smi's memory.used, 3 steps of configs/olmo3-1b.yaml
+#      per activation-checkpointing mode (needs data/demo/validation.npy).
 #
 # usage: scripts/gpu_check.sh [--build-dir DIR] [--skip-build] [--bench-steps N] [--no-bench]
 #                             [--sanitize]
@@ -44,7 +47,7 @@ while [ $# -gt 0 ]; do
     --bench-steps) BENCH_STEPS="$2"; shift 2 ;;
     --no-bench) BENCH=0; shift ;;
     --sanitize) SANITIZE=1; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -158,6 +161,42 @@ if [ -f data/demo/validation.npy ]; then
   note "INFO  cli-generate: the first $same of 300 greedy tokens are the same on cpu and cuda"
 else
   note "SKIP  cli stages: data/demo/validation.npy is missing (scripts/setup.sh builds it; carry it)"
+fi
+
+# Memory plan vs measured: configs/olmo3-1b.yaml (seq_len 8192) on cuda-bf16 for 3 steps with each
+# activation-checkpointing mode: the backend's counted peak (OLMOC_MEMSTATS=1) against the plan
+# (`olmoc info --ranks 1 --backend cuda-bf16`), and nvidia-smi's highest memory.used during the run
+# (the counted bytes plus what the counters do not see: CUDA context, cuBLAS, cudaMalloc granularity)
+# against the plan's need (which adds its runtime allowance).  A mode this build refuses is skipped.
+if [ -f data/demo/validation.npy ]; then
+  RUNS="${TMPDIR:-/tmp}/olmoc-gpu-check"
+  for mode in none feed_forward block; do
+    name="memplan-$mode"
+    sets=(--set train.steps=3 --set train.eval_every=0 --set train.save_every=0 --set train.peak_flops=1e15
+          --set "train.activation_checkpointing=$mode" --set data.train_path=data/demo/validation.npy
+          --set "data.out_dir=$RUNS/memplan-$mode")
+    rm -rf "$RUNS/memplan-$mode"
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$LOGS/$name-smi.txt" 2>/dev/null &
+    smi=$!
+    stage "$name" 300 env OLMOC_MEMSTATS=1 "$BUILD/olmoc" train configs/olmo3-1b.yaml --backend cuda-bf16 "${sets[@]}"
+    rc=$?
+    kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+    if [ $rc -ne 0 ] && grep -q "in this build" "$LOGS/$name.log"; then
+      note "SKIP  $name: $(grep -m1 'in this build' "$LOGS/$name.log")"
+      continue
+    fi
+    "$BUILD/olmoc" info configs/olmo3-1b.yaml --ranks 1 --backend cuda-bf16 --device-memory 141GB "${sets[@]}" \
+      >"$LOGS/$name-plan.txt" 2>&1
+    measured=$(sed -n 's/.*olmoc memstats: .*| peak \([0-9]*\) bytes.*/\1/p' "$LOGS/$name.log" | head -n1)
+    read -r _ _ _ _ _ planned _ need < <(grep -m1 "# plan bytes:" "$LOGS/$name-plan.txt" | tr -d '#')
+    smi_mib=$(sort -n "$LOGS/$name-smi.txt" 2>/dev/null | tail -n1)
+    if [ -n "$measured" ] && [ -n "$planned" ]; then
+      note "INFO  $name: counted peak $measured B, plan $planned B ($(awk -v m="$measured" -v p="$planned" \
+        'BEGIN { printf "%+.2f%%", 100 * (p - m) / m }')); nvidia-smi max ${smi_mib:-?} MiB used, plan need $need B"
+    else
+      note "FAIL  $name: no memstats line or no plan (logs: $LOGS/$name.log, $LOGS/$name-plan.txt)"; status=1
+    fi
+  done
 fi
 
 if [ $BENCH -eq 1 ]; then

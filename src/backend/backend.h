@@ -48,6 +48,14 @@ struct olmo_buf {
     enum olmo_buf_role role;
 };
 
+/* What an instance's memory counters say (olmo_backend_mem_stats). */
+struct olmo_mem_stats {
+    size_t live;    /* bytes held now: buffers from alloc not yet freed, plus the instance's scratch */
+    size_t peak;    /* the most `live` has been since the instance was made */
+    size_t scratch; /* of live: the instance's own scratch (grow-only buffers its ops keep between calls) */
+    size_t n_live;  /* buffers from alloc not yet freed */
+};
+
 struct olmo_dist;
 struct olmo_backend;
 /* Every op takes the backend instance first (its state: scratch memory,
@@ -76,6 +84,11 @@ struct olmo_backend {
 
     void *(*alloc)(OLMO_BE, size_t bytes); /* zero-filled; NULL on failure (error set) */
     void (*free)(OLMO_BE, void *p);
+    /* The instance's memory counters: every allocation it makes counts, at the size it really
+     * holds (alloc's rounding, scratch growth), from creation on.  Not counted: memory the
+     * libraries it calls allocate for themselves (oneDNN, OpenBLAS, cuBLAS workspaces, NCCL),
+     * the CUDA context, and an op's short-lived per-call host buffers.  NULL: no counters. */
+    void (*mem_stats)(OLMO_BE, struct olmo_mem_stats *out);
     int (*to_device)(OLMO_BE, void *dst, const void *src, size_t bytes);
     int (*to_host)(OLMO_BE, void *dst, const void *src, size_t bytes);
     int (*zero)(OLMO_BE, void *p, size_t bytes);
@@ -246,6 +259,9 @@ struct olmo_backend *olmo_backend_cuda_create(enum olmo_cuda_gemm_precision prec
  * seq_len >= 0), then the backend's check_attention.  0, or -1 with the error
  * set naming the backend and the reason. */
 int olmo_backend_check_attention(const struct olmo_backend *be, const struct olmo_attn_shape *shape);
+
+/* be's memory counters (the mem_stats entry): 0, or -1 with the error set when it has none. */
+int olmo_backend_mem_stats(const struct olmo_backend *be, struct olmo_mem_stats *out);
 
 /* numel elements of dtype in be's memory (zero-filled), labelled with role;
  * 0, or -1 with the error set.  olmo_buf_free frees it (and zeroes *buf). */

@@ -185,6 +185,7 @@ static int p_adamw(OLMO_BE, float *param, const float *grad, float *m, float *v,
 static const char *p_describe(OLMO_BE) { return PROF(be)->in->describe ? PROF(be)->in->describe(PROF(be)->in) : NULL; }
 static void *p_alloc(OLMO_BE, size_t bytes) { return PROF(be)->in->alloc(PROF(be)->in, bytes); }
 static void p_free(OLMO_BE, void *ptr) { PROF(be)->in->free(PROF(be)->in, ptr); }
+static void p_mem_stats(OLMO_BE, struct olmo_mem_stats *out) { PROF(be)->in->mem_stats(PROF(be)->in, out); }
 static int p_to_device(OLMO_BE, void *dst, const void *src, size_t bytes) {
     return PROF(be)->in->to_device(PROF(be)->in, dst, src, bytes);
 }
@@ -241,6 +242,7 @@ struct olmo_backend *olmo_backend_profiled(const struct olmo_backend *inner) {
         .host_memory = inner->host_memory, .state = p, .compute_dtype = inner->compute_dtype, .destroy = p_destroy,
         .convert = p_convert,
         .describe = inner->describe ? p_describe : NULL, .alloc = p_alloc, .free = p_free,
+        .mem_stats = inner->mem_stats ? p_mem_stats : NULL,
         .to_device = p_to_device, .to_host = p_to_host, .zero = p_zero, .copy = p_copy,
         .check_attention = inner->check_attention ? p_check_attention : NULL,
         .synchronize = inner->synchronize ? p_synchronize : NULL, .gemm = p_gemm,

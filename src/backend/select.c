@@ -60,3 +60,10 @@ void olmo_buf_free(const struct olmo_backend *be, struct olmo_buf *buf) {
     if (buf->data) be->free(be, buf->data);
     *buf = (struct olmo_buf){0};
 }
+
+int olmo_backend_mem_stats(const struct olmo_backend *be, struct olmo_mem_stats *out) {
+    *out = (struct olmo_mem_stats){0};
+    if (!be->mem_stats) return olmo_error("backend '%s' does not count its memory", be->name);
+    be->mem_stats(be, out);
+    return 0;
+}

@@ -78,7 +78,9 @@ static void train_usage(FILE *out) {
             "MFU uses train.peak_flops, or a peak measured with an SGEMM at startup when it is 0.\n\n"
             "environment:\n"
             "  OLMOC_PROFILE=1     print wall time per op, GEMM and attention GFLOP/s (steps after the\n"
-            "                      first; on a CUDA backend each op waits for the device, so the run is slower)\n");
+            "                      first; on a CUDA backend each op waits for the device, so the run is slower)\n"
+            "  OLMOC_MEMSTATS=1    at the end, one line per rank on stderr: the backend's peak allocated\n"
+            "                      bytes (compare olmoc info CONFIG --ranks N --backend NAME)\n");
 }
 
 /* Reads the command line into cfg (the config file, then --set) and o.
@@ -192,6 +194,12 @@ int cmd_train(int argc, char **argv) {
     opts.be = opts.profile ? profiled : backend;
     opts.dist = &dist;
     const int rc = olmo_run_train(&opts);
+    const char *mem_env = getenv("OLMOC_MEMSTATS");
+    struct olmo_mem_stats mem;
+    if (rc == 0 && mem_env && *mem_env && strcmp(mem_env, "0") != 0 && !olmo_backend_mem_stats(backend, &mem))
+        fprintf(stderr, "olmoc memstats: rank %d of %d | backend %s | peak %zu bytes | scratch %zu bytes | live at "
+                        "exit %zu bytes in %zu buffers\n",
+                dist.rank, dist.world > 0 ? dist.world : 1, backend->name, mem.peak, mem.scratch, mem.live, mem.n_live);
     olmo_backend_destroy(profiled);
     olmo_backend_destroy(backend);
     profiled = backend = NULL;

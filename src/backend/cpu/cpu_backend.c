@@ -22,39 +22,53 @@
 #include "util/error.h"
 
 static void *cpu_alloc(OLMO_BE, size_t bytes) {
-    (void)be;
     /* 64-byte alignment keeps SIMD loads aligned; round size up as required. */
     size_t rounded = (bytes + 63) & ~(size_t)63;
-    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (!rounded) rounded = 64;
+    void *p = aligned_alloc(64, rounded);
     if (!p) {
         olmo_error("out of memory allocating %zu bytes", bytes);
+        return NULL;
+    }
+    if (olmo_memcount_add(&CPU_STATE(be)->mem, p, rounded)) {
+        free(p);
         return NULL;
     }
     memset(p, 0, rounded);
     return p;
 }
 
+/* What cpu_scratch(bytes) allocates. */
+static size_t scratch_size(size_t bytes) { return ((bytes + 63) & ~(size_t)63) + 64; }
+
 void *cpu_scratch(size_t bytes) {
-    void *p = aligned_alloc(64, ((bytes + 63) & ~(size_t)63) + 64);
+    void *p = aligned_alloc(64, scratch_size(bytes));
     if (!p) olmo_error("out of memory for %zu bytes of CPU scratch space", bytes);
     return p;
 }
 
 /* Large per-call buffers are kept between calls: fresh multi-megabyte
  * allocations come from mmap and pay a page fault per 4 KiB on every call
- * (10% of attention at seq_len 512).  Grow-only. */
+ * (10% of attention at seq_len 512).  Grow-only; counted as the instance's scratch. */
 void *cpu_cached_scratch(struct cpu_state *st, int slot, size_t bytes) {
     if (st->slots[slot].bytes < bytes) {
+        const size_t old = st->slots[slot].p ? scratch_size(st->slots[slot].bytes) : 0;
         free(st->slots[slot].p);
         st->slots[slot].p = cpu_scratch(bytes);
         st->slots[slot].bytes = st->slots[slot].p ? bytes : 0;
+        olmo_memcount_scratch(&st->mem, old, st->slots[slot].p ? scratch_size(bytes) : 0);
     }
     return st->slots[slot].p;
 }
 
 static void cpu_free(OLMO_BE, void *p) {
-    (void)be;
+    olmo_memcount_remove(&CPU_STATE(be)->mem, p);
     free(p);
+}
+
+static void cpu_mem_stats(OLMO_BE, struct olmo_mem_stats *out) {
+    const struct olmo_memcount *c = &CPU_STATE(be)->mem;
+    *out = (struct olmo_mem_stats){.live = c->live, .peak = c->peak, .scratch = c->scratch, .n_live = c->n_live};
 }
 static int cpu_copy(OLMO_BE, void *dst, const void *src, size_t bytes) {
     (void)be;
@@ -71,6 +85,7 @@ static void cpu_destroy(struct olmo_backend *be) {
     struct cpu_state *st = be->state;
     if (!st) return;
     for (int i = 0; i < N_SLOTS; i++) free(st->slots[i].p);
+    olmo_memcount_free(&st->mem);
 #ifdef OLMOC_CPU_BF16
     cpu_bf16_cache_free(st->bf16);
 #endif
@@ -93,7 +108,7 @@ static struct olmo_backend *cpu_new(const char *name, cpu_gemm_fn gemm, const ch
     *be = (struct olmo_backend){
         .name = name, .host_memory = true, .state = st, .compute_dtype = bf16 ? OLMO_BF16 : OLMO_F32,
         .destroy = cpu_destroy, .describe = describe, .convert = cpu_convert,
-        .alloc = cpu_alloc, .free = cpu_free, .to_device = cpu_copy, .to_host = cpu_copy, .zero = cpu_zero,
+        .alloc = cpu_alloc, .free = cpu_free, .mem_stats = cpu_mem_stats, .to_device = cpu_copy, .to_host = cpu_copy, .zero = cpu_zero,
         .copy = cpu_copy, .gemm = gemm, .embedding_fwd = cpu_embedding_fwd, .embedding_bwd = cpu_embedding_bwd,
         .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_bwd = cpu_rmsnorm_bwd, .rope_fwd = cpu_rope_fwd,
         .rope_bwd = cpu_rope_bwd, .attention_fwd = bf16 ? cpu_attention_fwd_bf16 : cpu_attention_fwd,

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "backend/memcount.h"
 
 #ifdef OLMOC_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl_version.h>
@@ -46,6 +47,7 @@ struct cpu_state {
         void *p;
         size_t bytes;
     } slots[N_SLOTS];          /* grow-only; fresh multi-megabyte buffers would page-fault on every call */
+    struct olmo_memcount mem;    /* alloc'd buffers and the slots above (mem_stats) */
     struct cpu_bf16_cache *bf16; /* cpu-bf16 on oneDNN's matmul; NULL otherwise */
     const char *why;           /* why this variant was chosen (cpu-bf16's fallback says) */
     char text[512];            /* describe()'s line */

@@ -59,6 +59,7 @@ void *olmo_cuda_scratch(OLMO_BE, enum olmo_cuda_scratch_slot slot, size_t bytes)
         st->scratch[slot] = NULL;
         size_t want = bytes + bytes / 4;
         OLMO_CUDA_CHECK(cudaMalloc(&st->scratch[slot], want));
+        olmo_memcount_scratch(&st->mem, st->scratch_bytes[slot], want);
         st->scratch_bytes[slot] = want;
     }
     return st->scratch[slot];
@@ -122,22 +123,34 @@ static __global__ void sum_doubles_kernel(double *out, const double *in, size_t 
 /* ----------------------------------------------------------------- memory */
 
 static void *cu_alloc(OLMO_BE, size_t bytes) {
-    (void)be;
     void *p = NULL;
     size_t rounded = (bytes + 255) & ~(size_t)255;
-    cudaError_t err = cudaMalloc(&p, rounded ? rounded : 256);
+    if (!rounded) rounded = 256;
+    cudaError_t err = cudaMalloc(&p, rounded);
     if (err != cudaSuccess) {
         cudaGetLastError(); /* allocation failures are not sticky; clear them */
         olmo_error("CUDA: cannot allocate %zu bytes of device memory (%s)", bytes, cudaGetErrorString(err));
         return NULL;
     }
-    OLMO_CUDA_CHECK(cudaMemset(p, 0, rounded ? rounded : 256));
+    if (olmo_memcount_add(&CUDA_STATE(be)->mem, p, rounded)) {
+        cudaFree(p);
+        return NULL;
+    }
+    OLMO_CUDA_CHECK(cudaMemset(p, 0, rounded));
     return p;
 }
 
 static void cu_free(OLMO_BE, void *p) {
-    (void)be;
+    olmo_memcount_remove(&CUDA_STATE(be)->mem, p);
     if (p) OLMO_CUDA_CHECK(cudaFree(p));
+}
+
+static void cu_mem_stats(OLMO_BE, struct olmo_mem_stats *out) {
+    const struct olmo_memcount *c = &CUDA_STATE(be)->mem;
+    out->live = c->live;
+    out->peak = c->peak;
+    out->scratch = c->scratch;
+    out->n_live = c->n_live;
 }
 
 static int cu_to_device(OLMO_BE, void *dst, const void *src, size_t bytes) {
@@ -700,6 +713,7 @@ static void cu_destroy(struct olmo_backend *be) {
 #endif
     for (int i = 0; i < SCRATCH_SLOTS; i++)
         if (st->scratch[i]) cudaFree(st->scratch[i]);
+    olmo_memcount_free(&st->mem);
     if (st->blas) cublasDestroy(st->blas);
     free(st);
     be->state = NULL;
@@ -735,6 +749,7 @@ extern "C" struct olmo_backend *olmo_backend_cuda_create(enum olmo_cuda_gemm_pre
     be->name = variant_names[precision];
     be->alloc = cu_alloc;
     be->free = cu_free;
+    be->mem_stats = cu_mem_stats;
     be->to_device = cu_to_device;
     be->to_host = cu_to_host;
     be->zero = cu_zero;

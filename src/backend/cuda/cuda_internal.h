@@ -33,6 +33,7 @@
 
 extern "C" {
 #include "backend/backend.h"
+#include "backend/memcount.h"
 #include "util/error.h"
 }
 
@@ -65,6 +66,7 @@ struct olmo_cuda_state {
     cublasHandle_t blas;
     void *scratch[SCRATCH_SLOTS];
     size_t scratch_bytes[SCRATCH_SLOTS];
+    struct olmo_memcount mem; /* alloc'd buffers and the scratch above (mem_stats) */
     void *comm; /* ncclComm_t (cuda_comm.cu), NULL until comm_init */
     int comm_world;
 };

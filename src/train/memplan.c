@@ -1,0 +1,326 @@
+/* The memory plan (train/memplan.h).  Every figure is a sum of the buffers
+ * the code allocates, each at the size the backend really holds (the CPU
+ * rounds to 64 bytes, CUDA to 256), so the plan and the backend's counters
+ * (olmo_backend_mem_stats) can be compared buffer for buffer:
+ *   - olmo_model_create: fp32 weights and gradients, a compute-dtype copy on
+ *     bf16 backends;
+ *   - olmo_model_reserve: per layer 18 saved activations, the final norm's
+ *     input and output, logits, 10 backward work buffers, RoPE tables, token,
+ *     target and document ids;
+ *   - olmo_optimizer_create: two moments over the rank's ZeRO-1 shard
+ *     (olmo_dist_shard: rank 0 holds the most);
+ *   - the backends' grow-only scratch (cpu_cached_scratch slots, CUDA's
+ *     olmo_cuda_scratch), from the ops' own size expressions;
+ *   - olmo_measure_peak_flops: three 2048 x 2048 fp32 matrices at start-up.
+ * fsdp and activation checkpointing (feed_forward, block) are the designs'
+ * formulas (DESIGN below) until their implementations land. */
+#include "train/memplan.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "model/model.h"
+#include "util/error.h"
+
+/* What the plan needs to know of a backend without making one (CUDA need not be present). */
+enum scratch_kind { SCRATCH_CPU, SCRATCH_CUDA };
+struct backend_desc {
+    const char *name;
+    bool device, bf16_compute; /* bf16_compute: the model keeps a bf16 compute copy */
+    bool bf16_attention;       /* CPU attention's products in bf16 */
+    bool bf16_gemm_operands;   /* GEMMs round fp32 activation operands into bf16 scratch */
+    enum scratch_kind scratch;
+    size_t align;
+};
+
+/* cpu-bf16's GEMMs: oneDNN's bf16 matmul (packs non-bf16 operands as bf16) or
+ * the fallback (rounds every operand into fp32 scratch), as cpu_backend.c chooses. */
+static bool cpu_bf16_uses_matmul(void) {
+    const char *path = getenv("OLMOC_CPU_BF16");
+    if (path && !strcmp(path, "convert")) return false;
+    struct olmo_backend *be = olmo_backend_cpu_create(OLMO_CPU_GEMM_ONEDNN_BF16);
+    olmo_backend_destroy(be);
+    return be != NULL;
+}
+
+static int describe_backend(const char *name, struct backend_desc *d) {
+    static const char *const cpu_fp32[] = {"cpu", "cpu-openblas", "cpu-onednn"};
+    static const char *const cuda_fp32[] = {"cuda", "cuda-fp32", "cuda-tf32", "cuda-bf16-cublas"};
+    *d = (struct backend_desc){.name = name, .scratch = SCRATCH_CPU, .align = 64};
+    for (size_t i = 0; i < sizeof cpu_fp32 / sizeof *cpu_fp32; i++)
+        if (!strcmp(name, cpu_fp32[i])) return 0;
+    if (!strcmp(name, "cpu-bf16")) {
+        d->bf16_compute = true;
+#if defined(__AVX512F__) && defined(__AVX512BF16__) /* cpu_simd.h's OLMOC_ATTN_BF16 */
+        d->bf16_attention = true;
+#endif
+        d->bf16_gemm_operands = cpu_bf16_uses_matmul();
+        return 0;
+    }
+    d->scratch = SCRATCH_CUDA;
+    d->align = 256;
+    d->device = true;
+    for (size_t i = 0; i < sizeof cuda_fp32 / sizeof *cuda_fp32; i++)
+        if (!strcmp(name, cuda_fp32[i])) return 0;
+    if (!strcmp(name, "cuda-bf16")) {
+        d->bf16_compute = d->bf16_gemm_operands = true;
+        return 0;
+    }
+    return olmo_error("unknown backend '%s' for the memory plan (cpu, cpu-openblas, cpu-onednn, cpu-bf16, cuda, "
+                      "cuda-tf32, cuda-bf16, cuda-bf16-cublas)",
+                      name);
+}
+
+static double max2(double a, double b) { return a > b ? a : b; }
+
+/* A buffer from alloc: the bytes the backend holds for it. */
+static double buf(const struct backend_desc *d, double bytes) {
+    const double a = (double)d->align;
+    return bytes <= 0 ? a : ceil(bytes / a) * a;
+}
+
+/* A CPU scratch slot of `bytes` (cpu_scratch's size: 64-byte rounding plus 64). */
+static double cpu_slot(double bytes) { return bytes <= 0 ? 0 : ceil(bytes / 64) * 64 + 64; }
+/* A CUDA scratch slot grown to serve `bytes`: olmo_cuda_scratch allocates 1.25 x the request that
+ * outgrew it, so the slot ends between bytes and 1.25 x bytes; the plan takes the upper end. */
+static double cuda_slot(double bytes) { return bytes <= 0 ? 0 : floor(bytes * 1.25); }
+
+struct shapes {
+    double N, T, B, D, Q, K, F, V, H, HK, hd, L;
+};
+
+/* Saved activations of one layer (model.c, olmo_model_reserve), in two parts: the attention
+ * block's (x .. h) and the MLP block's (g, u, s, m, rstd_m). */
+static double layer_attn(const struct backend_desc *d, const struct shapes *s) {
+    const double N = s->N;
+    /* x, o, h; q_raw, q, att; k_raw, k, v; rstd_q, rstd_k, rstd_o; lse */
+    return 3 * buf(d, 4 * N * s->D) + 3 * buf(d, 4 * N * s->Q) + 3 * buf(d, 4 * N * s->K) + 3 * buf(d, 4 * N) +
+           buf(d, 4 * N * s->H);
+}
+static double layer_mlp(const struct backend_desc *d, const struct shapes *s) {
+    const double N = s->N;
+    return 3 * buf(d, 4 * N * s->F) + buf(d, 4 * N * s->D) + buf(d, 4 * N);
+}
+
+static double activations(const struct backend_desc *d, const struct shapes *s, enum olmo_act_ckpt mode, int every) {
+    const double attn = layer_attn(d, s), mlp = layer_mlp(d, s), x = buf(d, 4 * s->N * s->D);
+    const double L = s->L, C = ceil(L / (every > 0 ? every : 1)); /* checkpointed: blocks l with l % every == 0 */
+    const double final = 2 * buf(d, 4 * s->N * s->D) + buf(d, 4 * s->N); /* x_final, xn_final, rstd_final */
+    switch (mode) {
+    case ACT_CKPT_NONE: return L * (attn + mlp) + final;
+    /* DESIGN (h14-actckpt): a checkpointed block keeps its attention part and recomputes the MLP's
+     * g, u, s, m into one shared set of MLP buffers during the backward pass. */
+    case ACT_CKPT_FEED_FORWARD: return L * attn + (L - C) * mlp + (C > 0 ? mlp : 0) + final;
+    /* DESIGN: a checkpointed block keeps only its input x and recomputes the rest into one shared
+     * set of a block's buffers. */
+    case ACT_CKPT_BLOCK: return C * x + (L - C) * (attn + mlp) + (C > 0 ? attn + mlp - x : 0) + final;
+    }
+    return 0;
+}
+
+/* The backward pass's work buffers, RoPE tables and id buffers (olmo_model_reserve). */
+static double work(const struct backend_desc *d, const struct shapes *s) {
+    const double N = s->N;
+    return 2 * buf(d, 4 * s->T * (s->hd / 2)) + 3 * buf(d, 4 * N * s->D) + 2 * buf(d, 4 * N * s->Q) +
+           2 * buf(d, 4 * N * s->K) + 3 * buf(d, 4 * N * s->F) + 3 * buf(d, 4 * N);
+}
+
+/* The GEMM operand slots of a bf16 backend that has seen operands of up to a_max and b_max elements. */
+static double gemm_slots(const struct backend_desc *d, double a_max, double b_max, double b_weights) {
+    if (!d->bf16_gemm_operands && !(d->bf16_compute && d->scratch == SCRATCH_CPU)) return 0;
+    if (d->scratch == SCRATCH_CUDA) return cuda_slot(2 * a_max) + cuda_slot(2 * b_max);
+    if (d->bf16_gemm_operands) return cpu_slot(2 * a_max) + cpu_slot(2 * b_max); /* packed as bf16 */
+    return cpu_slot(4 * a_max) + cpu_slot(4 * max2(b_max, b_weights)); /* every operand rounded, fp32 */
+}
+
+/* The peak FLOP/s probe's GEMM: 2048 x 2048 fp32 operands (run.c: olmo_measure_peak_flops). */
+#define PROBE_N 2048.0
+
+/* The backend's grow-only scratch after a training step (the ops' own size expressions); `probe`:
+ * the peak FLOP/s probe ran first (its fp32 operands grow a bf16 backend's GEMM slots). */
+static double scratch(const struct backend_desc *d, const struct shapes *s, int threads, bool probe) {
+    const double N = s->N, B = s->B, T = s->T, H = s->H, HK = s->HK, hd = s->hd;
+    /* GEMM operands: A is [tokens x max(V, F, D, Q)] at most (the logits in the LM head's backward),
+     * an activation B operand [tokens x max(D, F, Q)]; the weights are the bf16 compute copy. */
+    double a_max = N * max2(max2(s->V, s->F), max2(s->D, s->Q)), b_max = N * max2(s->F, max2(s->D, s->Q));
+    if (probe) {
+        a_max = max2(a_max, PROBE_N * PROBE_N);
+        b_max = max2(b_max, PROBE_N * PROBE_N);
+    }
+    const double b_weights = max2(s->V * s->D, s->D * max2(s->F, s->Q));
+    if (d->scratch == SCRATCH_CUDA) {
+        const double rows = ceil(N / ceil(N / 256)); /* rmsnorm backward's chunks */
+        double total = cuda_slot(4 * B * T * H)                          /* attention backward's delta */
+                       + cuda_slot(max2(16 * N, 1024 * 8)) + cuda_slot(16) /* loss rows / sum of squares, result */
+                       + cuda_slot(8 * rows * max2(s->D, max2(s->Q, s->K)))  /* rmsnorm dw partials */
+                       + cuda_slot(4 * (N + 2 * fmin(N, s->V) + 1));       /* embedding backward's index */
+        return total + gemm_slots(d, a_max, b_max, b_weights);
+    }
+    const double ld = floor((T + 15) / 16) * 16 + 16; /* cpu_attention.c: transposed_ld */
+    const bool bf16 = d->bf16_attention && (int)hd % 2 == 0;
+    const double pairs = floor((T + 1) / 2), kblocks = ceil(T / 64), tasks = B * HK * kblocks;
+    double nth = threads > 1 ? threads : 1;
+    if (nth > tasks) nth = tasks;
+    double total = 2 * cpu_slot(4 * B * ld * HK * (bf16 ? hd / 2 : hd)) /* K and V, transposed per head */
+                   + cpu_slot(4 * B * H * T)                                  /* delta */
+                   + (nth > 1 ? cpu_slot(4 * N * s->Q * (nth - 1)) : 0);      /* dq partials of the other threads */
+    if (bf16)
+        total += 2 * cpu_slot(2 * N * s->Q)                                     /* Q and dO as bf16 rows */
+                 + 2 * cpu_slot(4 * B * pairs * s->Q) + 2 * cpu_slot(4 * B * pairs * s->K); /* position pairs */
+    /* cpu-bf16: oneDNN's bf16 matmul packs fp32 operands as bf16; the fallback rounds every
+     * operand, the weights too, into fp32 scratch */
+    return total + gemm_slots(d, a_max, b_max, b_weights);
+}
+
+const char *olmo_mem_item_name(enum olmo_mem_item item) {
+    static const char *const names[OLMO_MEM_ITEMS] = {
+        "weights (fp32 master)",    "gradients (fp32)",          "optimizer state (AdamW m, v)",
+        "compute copy of weights",  "gathered compute weights",  "saved activations",
+        "logits",                   "backward work, ids, RoPE",  "backend scratch",
+        "communication buffers"};
+    return (unsigned)item < OLMO_MEM_ITEMS ? names[item] : "?";
+}
+
+int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_options *o, struct olmo_mem_plan *p) {
+    memset(p, 0, sizeof *p);
+    struct backend_desc d;
+    if (describe_backend(o->backend, &d)) return -1;
+    if (o->ranks < 1) return olmo_error("--ranks must be >= 1 (got %d)", o->ranks);
+    const struct olmo_train_config *t = &cfg->train;
+    const int degree = o->shard_degree >= 0 ? o->shard_degree : t->shard_degree;
+    if (degree < 0 || degree > o->ranks || (degree && o->ranks % degree))
+        return olmo_error("shard degree %d: must divide the %d ranks (0 = all ranks)", degree, o->ranks);
+    const struct olmo_model_config *c = &cfg->model;
+    snprintf(p->backend, sizeof p->backend, "%s", o->backend);
+    p->device = d.device;
+    p->ranks = o->ranks;
+    p->shard_degree = t->sharding == SHARDING_FSDP ? (degree ? degree : o->ranks) : 0;
+    p->rank = 0;
+    p->threads = d.device ? 0 : o->threads > 1 ? o->threads : 1;
+    const double hd = (double)(c->d_model / c->n_heads);
+    const struct shapes s = {.N = (double)t->micro_batch * t->seq_len, .T = t->seq_len, .B = t->micro_batch,
+                             .D = c->d_model, .Q = c->n_heads * hd, .K = c->n_kv_heads * hd, .F = c->mlp_hidden,
+                             .V = c->vocab_size, .H = c->n_heads, .HK = c->n_kv_heads, .hd = hd, .L = c->n_layers};
+    const double n = (double)olmo_model_count_params(c, true); /* the flat parameter buffer's floats */
+    const double cbytes = d.bf16_compute ? 2 : 4;
+    double *b = p->bytes;
+    if (t->sharding == SHARDING_ZERO1) {
+        const double shard = ceil(n / o->ranks); /* olmo_dist_shard: rank 0 has the remainder's extra float */
+        b[OLMO_MEM_WEIGHTS] = buf(&d, 4 * n);
+        b[OLMO_MEM_GRADS] = buf(&d, 4 * n);
+        b[OLMO_MEM_OPTIM] = 2 * buf(&d, 4 * shard);
+        b[OLMO_MEM_COMPUTE] = d.bf16_compute ? buf(&d, 2 * n) : 0;
+    } else {
+        /* DESIGN (h14-fsdp): units = the embedding, each block, the final norm with the LM head; each
+         * sharded 1/S within a group of S ranks; a rank keeps its shard's fp32 weights, gradients and
+         * moments (and its compute copy), gathers a unit's compute weights into one of two buffers
+         * (the unit in use and the next), and computes a unit's full gradient into one fp32 buffer
+         * before the reduce-scatter. */
+        const double S = p->shard_degree, per_layer = (n - 2 * s.V * s.D - s.D) / s.L;
+        const double units_max = max2(s.V * s.D + s.D, per_layer);
+        const double shard = ceil(s.V * s.D / S) + s.L * ceil(per_layer / S) + ceil((s.V * s.D + s.D) / S);
+        b[OLMO_MEM_WEIGHTS] = buf(&d, 4 * shard);
+        b[OLMO_MEM_GRADS] = buf(&d, 4 * shard);
+        b[OLMO_MEM_OPTIM] = 2 * buf(&d, 4 * shard);
+        b[OLMO_MEM_COMPUTE] = d.bf16_compute ? buf(&d, 2 * shard) : 0;
+        b[OLMO_MEM_GATHERED] = 2 * buf(&d, cbytes * units_max);
+        b[OLMO_MEM_COMM] = buf(&d, 4 * units_max);
+    }
+    b[OLMO_MEM_ACTIVATIONS] = activations(&d, &s, t->activation_checkpointing, t->block_every);
+    b[OLMO_MEM_LOGITS] = buf(&d, 4 * s.N * s.V);
+    b[OLMO_MEM_WORK] = work(&d, &s);
+    const bool probe = t->peak_flops <= 0;
+    b[OLMO_MEM_SCRATCH] = scratch(&d, &s, o->threads, probe);
+    for (int i = 0; i < OLMO_MEM_ITEMS; i++) p->total += b[i];
+    if (probe) {
+        /* after the model, the optimizer and the activations, before the first step: three
+         * matrices and the GEMM slots the probe grows */
+        p->probe = 3 * buf(&d, 4.0 * PROBE_N * PROBE_N) + gemm_slots(&d, PROBE_N * PROBE_N, PROBE_N * PROBE_N, 0);
+        p->peak = max2(p->total, p->total - b[OLMO_MEM_SCRATCH] + p->probe);
+    } else {
+        p->peak = p->total;
+    }
+    /* Not seen by the counters on a device: the CUDA context (~0.5 GiB on Hopper), cuBLAS's workspace,
+     * NCCL's buffers, cudaMalloc's 2 MiB granularity: an allowance, not a measurement. */
+    p->runtime = d.device ? 2.0 * 1024 * 1024 * 1024 : 0;
+    p->need = p->peak + p->runtime;
+    if (t->sharding == SHARDING_FSDP && t->activation_checkpointing != ACT_CKPT_NONE)
+        p->estimate = "train.sharding fsdp and train.activation_checkpointing follow their designs, not measured";
+    else if (t->sharding == SHARDING_FSDP)
+        p->estimate = "train.sharding fsdp follows its design, not measured";
+    else if (t->activation_checkpointing != ACT_CKPT_NONE)
+        p->estimate = "train.activation_checkpointing follows its design, not measured";
+    return 0;
+}
+
+/* GiB and GB for a plan of a GiB or more, MiB otherwise. */
+static bool g_small;
+static void amount(char *out, size_t n, double bytes) {
+    if (g_small) snprintf(out, n, "%10.2f MiB %9.2f MB", bytes / (1024.0 * 1024), bytes / 1e6);
+    else snprintf(out, n, "%10.2f GiB %9.2f GB", bytes / (1024.0 * 1024 * 1024), bytes / 1e9);
+}
+
+void olmo_mem_plan_print(const struct olmo_mem_plan *p, FILE *f, double have, const char *have_what) {
+    char a[64];
+    g_small = p->need < 1024.0 * 1024 * 1024;
+    fprintf(f, "# memory plan for rank %d of %d, backend %s (%s memory)", p->rank, p->ranks, p->backend,
+            p->device ? "device" : "host");
+    if (p->shard_degree) fprintf(f, ", fsdp shard degree %d", p->shard_degree);
+    else fprintf(f, ", zero1");
+    if (p->threads) fprintf(f, ", %d OpenMP thread%s", p->threads, p->threads > 1 ? "s" : "");
+    fprintf(f, ":\n");
+    for (int i = 0; i < OLMO_MEM_ITEMS; i++) {
+        amount(a, sizeof a, p->bytes[i]);
+        fprintf(f, "#   %-32s %s\n", olmo_mem_item_name((enum olmo_mem_item)i), a);
+    }
+    amount(a, sizeof a, p->total);
+    fprintf(f, "#   %-32s %s  (the backend's counters during training)\n", "total", a);
+    if (p->probe > 0) {
+        amount(a, sizeof a, p->probe);
+        fprintf(f, "#   %-32s %s  (start-up only; train.peak_flops skips it)\n", "peak FLOP/s probe", a);
+    }
+    if (p->runtime > 0) {
+        amount(a, sizeof a, p->runtime);
+        fprintf(f, "#   %-32s %s  (CUDA context, cuBLAS, NCCL: an allowance, not counted)\n", "runtime allowance", a);
+    }
+    amount(a, sizeof a, p->need);
+    fprintf(f, "#   %-32s %s\n", "need", a);
+    if (!p->device && p->ranks > 1) {
+        amount(a, sizeof a, p->need * p->ranks);
+        fprintf(f, "#   %-32s %s  (if they share one machine's memory)\n", "all ranks", a);
+    }
+    fprintf(f, "# plan bytes: total %.0f peak %.0f need %.0f\n", p->total, p->peak, p->need);
+    if (p->estimate) fprintf(f, "# estimate: %s\n", p->estimate);
+    if (have <= 0) {
+        fprintf(f, "# fits: not judged (give --device-memory)\n");
+        return;
+    }
+    char need[32], hv[32];
+    snprintf(need, sizeof need, "%.2f GiB", p->need / (1024.0 * 1024 * 1024));
+    snprintf(hv, sizeof hv, "%.2f GiB", have / (1024.0 * 1024 * 1024));
+    if (p->need <= have)
+        fprintf(f, "# fits: need %s of %s (%s), %.0f%%\n", need, hv, have_what, 100.0 * p->need / have);
+    else
+        fprintf(f, "# does not fit: need %s, have %s (%s)\n", need, hv, have_what);
+}
+
+int olmo_parse_bytes(const char *s, double *out) {
+    char *end;
+    const double v = strtod(s, &end);
+    if (end == s || !isfinite(v) || v <= 0) return olmo_error("'%s' is not a memory size (e.g. 141GB, 131.6GiB)", s);
+    static const struct {
+        const char *unit;
+        double scale;
+    } units[] = {{"", 1},        {"B", 1},          {"KB", 1e3},        {"MB", 1e6},
+                 {"GB", 1e9},    {"TB", 1e12},      {"KiB", 1024.0},    {"MiB", 1048576.0},
+                 {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+    for (size_t i = 0; i < sizeof units / sizeof *units; i++)
+        if (!strcmp(end, units[i].unit)) {
+            *out = v * units[i].scale;
+            return 0;
+        }
+    return olmo_error("'%s': unknown unit '%s' (B, KB, MB, GB, TB = powers of 10; KiB, MiB, GiB, TiB = of 2)", s, end);
+}
