@@ -1,6 +1,7 @@
 /* OLMo-eval tasks: names, loading and tokenization, scoring, metrics (see olmo_tasks.h). */
 #include "eval/olmo_tasks.h"
 
+#include <cjson/cJSON.h>
 #include <glob.h>
 #include <math.h>
 #include <stdlib.h>
@@ -11,9 +12,86 @@
 
 #define MAX_REQUEST_FILE ((size_t)4 << 30)
 
+/* A .jsonl file (optionally with a :metric suffix) whose first line has a text "context". */
+static bool is_text_jsonl(const char *spec) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s", spec);
+    size_t n = strlen(path);
+    if (!(n > 6 && !strcmp(path + n - 6, ".jsonl"))) {
+        char *colon = strrchr(path, ':');
+        if (!colon) return false;
+        *colon = 0;
+        n = strlen(path);
+        if (!(n > 6 && !strcmp(path + n - 6, ".jsonl"))) return false;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    char line[65536];
+    bool text = false;
+    if (fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        text = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(o, "context"));
+        cJSON_Delete(o);
+    }
+    fclose(f);
+    return text;
+}
+
 bool olmo_eval_is_olmo_spec(const char *spec) {
     size_t n = strlen(spec);
-    return !(n > 6 && !strcmp(spec + n - 6, ".jsonl"));
+    return !(n > 6 && !strcmp(spec + n - 6, ".jsonl")) || is_text_jsonl(spec);
+}
+
+/* A text multiple-choice file: {"context": "...", "choices": ["...", ...], "label": k} per line,
+ * as requests (document = line, continuation id = choice index). */
+static int parse_text_jsonl(const char *buf, size_t len, const char *path, struct olmo_eval_requests *rq) {
+    memset(rq, 0, sizeof *rq);
+    int line = 0, rc = 0;
+    for (const char *p = buf, *end = buf + len; p < end && !rc;) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *e = nl ? nl : end;
+        line++;
+        const char *q = p;
+        while (q < e && (*q == ' ' || *q == '\t' || *q == '\r')) q++;
+        cJSON *o = q < e ? cJSON_ParseWithLength(p, (size_t)(e - p)) : NULL;
+        p = nl ? nl + 1 : end;
+        if (q == e) continue; /* a blank line */
+        const cJSON *ctx = cJSON_GetObjectItemCaseSensitive(o, "context");
+        const cJSON *ch = cJSON_GetObjectItemCaseSensitive(o, "choices");
+        const cJSON *lab = cJSON_GetObjectItemCaseSensitive(o, "label");
+        const int k = cJSON_IsArray(ch) ? cJSON_GetArraySize(ch) : 0;
+        if (!o) rc = olmo_error("%s:%d: not a JSON object", path, line);
+        else if (!cJSON_IsString(ctx)) rc = olmo_error("%s:%d: 'context' must be a string", path, line);
+        else if (k < 1) rc = olmo_error("%s:%d: 'choices' must be a non-empty list of strings", path, line);
+        else if (!cJSON_IsNumber(lab) || lab->valuedouble != (double)(int)lab->valuedouble || lab->valueint < 0 ||
+                 lab->valueint >= k)
+            rc = olmo_error("%s:%d: 'label' must be a choice index in [0, %d)", path, line, k);
+        for (int c = 0; c < k && !rc; c++) {
+            const cJSON *x = cJSON_GetArrayItem(ch, c);
+            if (!cJSON_IsString(x)) {
+                rc = olmo_error("%s:%d: choice %d is not a string", path, line, c);
+                break;
+            }
+            if (rq->n == rq->cap) {
+                int cap = rq->cap ? 2 * rq->cap : 64;
+                struct olmo_eval_request *q = realloc(rq->r, sizeof *q * (size_t)cap);
+                if (!q) {
+                    rc = olmo_error("out of memory");
+                    break;
+                }
+                rq->r = q, rq->cap = cap;
+            }
+            struct olmo_eval_request *r = &rq->r[rq->n];
+            *r = (struct olmo_eval_request){.doc_id = line - 1, .cont_id = c, .label = lab->valueint,
+                                            .context = strdup(ctx->valuestring), .continuation = strdup(x->valuestring)};
+            rq->n++;
+            if (!r->context || !r->continuation) rc = olmo_error("out of memory");
+        }
+        cJSON_Delete(o);
+    }
+    if (!rc && !rq->n) rc = olmo_error("%s: no examples", path);
+    if (rc) olmo_eval_requests_free(rq);
+    return rc;
 }
 
 const char *olmo_eval_default_tasks_dir(char *buf, size_t n) {
@@ -217,6 +295,26 @@ static int load_one(const char *spec, const struct olmo_eval_options *o, struct 
         else return olmo_error("task '%s': unknown metric '%s' (acc, len_norm, bpb, ce_loss)", spec, m);
         *colon = 0;
         have_metric = 1;
+    }
+    if (is_text_jsonl(spec)) { /* text multiple choice: acc unless a metric is named */
+        const char *slash = strrchr(name, '/');
+        snprintf(t->name, sizeof t->name, "%s", slash && slash[1] ? slash + 1 : name);
+        t->metric = have_metric ? metric : OLMO_METRIC_ACC;
+        char *text = NULL;
+        size_t len;
+        if (olmo_read_file(name, MAX_REQUEST_FILE, &text, &len)) return olmo_error_context("task '%s'", name);
+        struct olmo_eval_requests rq;
+        int rc = parse_text_jsonl(text, len, name, &rq);
+        free(text);
+        if (rc) return -1;
+        rc = o->limit_docs > 0 ? limit_docs(&rq, o->limit_docs) : 0;
+        if (!rc) rc = build_instances(t, &rq, o);
+        olmo_eval_requests_free(&rq);
+        if (rc) {
+            free_task(t);
+            return olmo_error_context("task '%s'", name);
+        }
+        return 0;
     }
     const struct olmo_eval_task_entry *e = find_task(name);
     const char *kind = e ? NULL : other_kind(name);

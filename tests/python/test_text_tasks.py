@@ -1,0 +1,61 @@
+"""olmoc eval --task FILE.jsonl with text multiple choice:
+{"context": "...", "choices": ["...", ...], "label": k} per line, tokenized with
+the run's tokenizer and scored with OLMo's metrics.  The reference: the same
+examples written as an oe-eval request directory, the path whose metrics
+tests/python/test_olmo_eval.py checks against olmo_eval itself; both must
+report identical values."""
+import gzip
+import json
+
+from test_cli import olmoc
+from test_mmlu_tasks import model  # noqa: F401  (the fixture: a random model exported to HF)
+from test_olmo_eval import SEQ_LEN, TOKENIZER
+
+EXAMPLES = [
+    {"context": "Question: What is the capital of France?\nAnswer:", "choices": [" Paris", " Rome", " Berlin"], "label": 0},
+    {"context": "The café served crème brûlée and", "choices": [" coffee", " naïve tea", " 日本茶"], "label": 2},
+    {"context": "2 + 2 =", "choices": [" 4", " 5"], "label": 0},
+    {"context": "def f(x):\n    return", "choices": [" x * 2", " None", " f(x)", " 0"], "label": 1},
+]
+
+
+def run(build_dir, tmp, spec):
+    r = olmoc(build_dir, "eval", tmp / "hf", "--tokenizer", TOKENIZER, "--task", spec, "--set",
+              f"train.seq_len={SEQ_LEN}", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_text_jsonl_equals_request_dir(model, build_dir, tmp_path):  # noqa: F811
+    tmp, _ = model
+    f = tmp_path / "mc.jsonl"
+    f.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in EXAMPLES) + "\n", encoding="utf-8")
+    d = tmp_path / "mc_dir"
+    d.mkdir()
+    with gzip.open(d / "requests.jsonl.gz", "wt", encoding="utf-8") as g:
+        for i, e in enumerate(EXAMPLES):
+            for c, ch in enumerate(e["choices"]):
+                g.write(json.dumps({"request_type": "loglikelihood", "doc_id": i, "idx": c, "label": e["label"],
+                                    "request": {"context": e["context"], "continuation": ch}}) + "\n")
+    for metric, primary in [("acc", "acc_raw"), ("len_norm", "acc_per_char")]:
+        (d / "config.json").write_text(json.dumps({"task_config": {"primary_metric": primary}}))
+        a = run(build_dir, tmp, f"{f}:{metric}" if metric != "acc" else str(f))
+        b = run(build_dir, tmp, str(d))
+        assert a["metric"] == metric and a["n"] == len(EXAMPLES)
+        assert {k: v for k, v in a.items() if k != "task"} == {k: v for k, v in b.items() if k != "task"}
+    print(f"\ntext .jsonl: {a}")
+
+
+def test_text_jsonl_errors(model, build_dir, tmp_path):  # noqa: F811
+    tmp, _ = model
+    for lines, msg in [(['{"context": "a", "choices": [" b"], "label": 3}'], "'label' must be a choice index"),
+                       (['{"context": "a", "choices": [], "label": 0}'], "'choices' must be a non-empty list"),
+                       (['{"context": "a", "choices": [" b"], "label": 0}', '{"context": 5}'], "'context' must be"),
+                       (['{"context": "a", "choices": [" b", 7], "label": 0}'], "choice 1 is not a string"),
+                       (['{"context": "a", "choices": [" b"], "label": 0}', "not json"], "not a JSON object")]:
+        f = tmp_path / "bad.jsonl"
+        f.write_text("\n".join(lines) + "\n")
+        r = olmoc(build_dir, "eval", tmp / "hf", "--tokenizer", TOKENIZER, "--task", f)
+        assert r.returncode == 1 and msg in r.stderr, (lines, r.stderr)
+    r = olmoc(build_dir, "eval", tmp / "hf", "--task", f)  # text needs a tokenizer
+    assert r.returncode == 1 and "tokenizer" in r.stderr
