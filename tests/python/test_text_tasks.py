@@ -59,3 +59,26 @@ def test_text_jsonl_errors(model, build_dir, tmp_path):  # noqa: F811
         assert r.returncode == 1 and msg in r.stderr, (lines, r.stderr)
     r = olmoc(build_dir, "eval", tmp / "hf", "--task", f)  # text needs a tokenizer
     assert r.returncode == 1 and "tokenizer" in r.stderr
+
+
+def test_cached_scoring_equals_batched(model, build_dir, tmp_path, monkeypatch):  # noqa: F811
+    """The KV-cache scoring (one prefill per distinct context) gives what the padded batched forward gives:
+    a 5-shot task whose contexts are cut at seq_len (so prefixes differ per choice) and a fast mc one."""
+    tmp, _ = model
+    specs = "arc_easy_test_rc_5shot,arc_challenge_test_mc_5shot_fast,gsm8k_gold_bpb_5shot"
+    args = ["eval", tmp / "hf", "--tokenizer", TOKENIZER, "--task", specs, "--limit", "6", "--set",
+            "train.seq_len=192", "--set", "train.micro_batch=4", "--json"]
+    r = olmoc(build_dir, *args)
+    assert r.returncode == 0, r.stderr
+    monkeypatch.setenv("OLMOC_EVAL_SCORING", "batched")
+    b = olmoc(build_dir, *args)
+    assert b.returncode == 0, b.stderr
+    worst = 0.0
+    for x, y in zip(map(json.loads, r.stdout.splitlines()), map(json.loads, b.stdout.splitlines())):
+        assert x.keys() == y.keys() and x["n"] == y["n"]
+        for k, v in x.items():
+            if isinstance(v, float):
+                err = abs(v - y[k]) / max(abs(y[k]), 1e-30)
+                worst = max(worst, err)
+                assert err < 1e-5, (x["task"], k, v, y[k])
+    print(f"\nKV-cache vs batched scoring: worst relative difference {worst:.1e}")
