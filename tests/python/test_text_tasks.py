@@ -7,9 +7,24 @@ report identical values."""
 import gzip
 import json
 
+import pytest
+from safetensors.torch import save_file
+
 from test_cli import olmoc
-from test_mmlu_tasks import model  # noqa: F401  (the fixture: a random model exported to HF)
+from test_fidelity import BASE_MODEL, random_params, write_config
 from test_olmo_eval import SEQ_LEN, TOKENIZER
+
+
+@pytest.fixture(scope="module")
+def model(build_dir, tmp_path_factory):
+    """A random model over the demo tokenizer's vocabulary, as a Hugging Face directory."""
+    tmp = tmp_path_factory.mktemp("text_tasks")
+    m = {**BASE_MODEL, "vocab_size": 8192, "eos_token_id": 0, "pad_token_id": 1}
+    write_config(tmp / "model.yaml", m, {"seq_len": SEQ_LEN, "micro_batch": 8})
+    save_file(random_params(m, seed=9), str(tmp / "model.safetensors"))
+    r = olmoc(build_dir, "convert", "--to-hf", tmp / "model.safetensors", tmp / "hf", "--config", tmp / "model.yaml")
+    assert r.returncode == 0, r.stderr
+    return tmp, None
 
 EXAMPLES = [
     {"context": "Question: What is the capital of France?\nAnswer:", "choices": [" Paris", " Rome", " Berlin"], "label": 0},
@@ -26,7 +41,7 @@ def run(build_dir, tmp, spec):
     return json.loads(r.stdout)
 
 
-def test_text_jsonl_equals_request_dir(model, build_dir, tmp_path):  # noqa: F811
+def test_text_jsonl_equals_request_dir(model, build_dir, tmp_path):
     tmp, _ = model
     f = tmp_path / "mc.jsonl"
     f.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in EXAMPLES) + "\n", encoding="utf-8")
@@ -46,7 +61,7 @@ def test_text_jsonl_equals_request_dir(model, build_dir, tmp_path):  # noqa: F81
     print(f"\ntext .jsonl: {a}")
 
 
-def test_text_jsonl_errors(model, build_dir, tmp_path):  # noqa: F811
+def test_text_jsonl_errors(model, build_dir, tmp_path):
     tmp, _ = model
     for lines, msg in [(['{"context": "a", "choices": [" b"], "label": 3}'], "'label' must be a choice index"),
                        (['{"context": "a", "choices": [], "label": 0}'], "'choices' must be a non-empty list"),
@@ -61,12 +76,12 @@ def test_text_jsonl_errors(model, build_dir, tmp_path):  # noqa: F811
     assert r.returncode == 1 and "tokenizer" in r.stderr
 
 
-def test_cached_scoring_equals_batched(model, build_dir, tmp_path, monkeypatch):  # noqa: F811
+def test_cached_scoring_equals_batched(model, build_dir, tmp_path, monkeypatch):
     """The KV-cache scoring (one prefill per distinct context) gives what the padded batched forward gives:
     a 5-shot task whose contexts are cut at seq_len (so prefixes differ per choice) and a fast mc one."""
     tmp, _ = model
     specs = "arc_easy_test_rc_5shot,arc_challenge_test_mc_5shot_fast,gsm8k_gold_bpb_5shot"
-    args = ["eval", tmp / "hf", "--tokenizer", TOKENIZER, "--task", specs, "--limit", "6", "--set",
+    args = ["eval", tmp / "hf", "--tokenizer", TOKENIZER, "--task", specs, "--limit", "4", "--set",
             "train.seq_len=192", "--set", "train.micro_batch=4", "--json"]
     r = olmoc(build_dir, *args)
     assert r.returncode == 0, r.stderr
