@@ -73,11 +73,12 @@ static int cmp_prefix(const void *a, const void *b) {
 /* One forward per distinct prefix: the prefix fills a KV cache once and each
  * continuation of it is fed after it (the cache rewound to the prefix), which
  * is what the batched forward computes for each query, without recomputing
- * the shared context for every choice or the padding up to T. */
+ * the shared context for every choice or the padding up to T.  Returns 1
+ * (nothing done) when the cache cannot be allocated. */
 static int score_cached(struct olmo_model *m, const struct olmo_eval_task *t, double *logprob) {
     const int T = m->seq_len, V = m->cfg.vocab_size;
     struct olmo_gen gen;
-    if (olmo_gen_create(&gen, m, T, T)) return -1;
+    if (olmo_gen_create(&gen, m, T, T)) return 1; /* no room for the cache: the caller uses the batched forward */
     const int all_max = gen.chunk < OLMO_GEN_FEED_ALL_MAX ? gen.chunk : OLMO_GEN_FEED_ALL_MAX;
     int *order = olmo_malloc(sizeof(int) * (size_t)(t->n + 1), "score order");
     int32_t *buf = olmo_malloc(sizeof(int32_t) * (size_t)T, "prefix");
@@ -137,7 +138,8 @@ int olmo_eval_score(struct olmo_model *m, const struct olmo_eval_task *t, int pa
             if (t->inst[i].n_cont > T)
                 return olmo_error("task '%s' doc %ld: the continuation has %d tokens, more than seq_len %d", t->name,
                                   t->inst[i].doc_id, t->inst[i].n_cont, T);
-        return t->n ? score_cached(m, t, logprob) : 0;
+        const int rc = t->n ? score_cached(m, t, logprob) : 0;
+        if (rc <= 0) return rc;
     }
     for (int i = 0; i < t->n; i++)
         if (t->inst[i].n_cont > T)
