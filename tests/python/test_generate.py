@@ -201,7 +201,7 @@ def test_text_streaming(text_pair, build_dir):
     assert len(multibyte) >= 3 and "\ufffd" in expected, expected  # the case this test is about happens
     assert olmoc_text(build_dir, *args, "--max-new-tokens", "400") == expected
     # streaming: read the pipe while olmoc runs
-    p = subprocess.Popen([str(build_dir / "olmoc"), *map(str, args), "--max-new-tokens", "3000"],
+    p = subprocess.Popen([str(build_dir / "olmoc"), *map(str, args), "--max-new-tokens", "8000"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     chunks, running_at_first = [], None
     while True:
