@@ -23,8 +23,8 @@ static void generate_usage(FILE *out) {
             "  --prompt TEXT         the prompt as text (UTF-8), tokenized with the tokenizer\n"
             "  --prompt-file FILE    the prompt as the text of a file\n"
             "  --ids LIST            the prompt as comma-separated token ids\n"
-            "  --output FORMAT       text (default when a tokenizer is known) or ids: the generated token\n"
-            "                        ids, comma-separated (the default for --ids without a tokenizer)\n"
+            "  --output FORMAT       text (the default for a text prompt) or ids: the generated token ids,\n"
+            "                        comma-separated (the default for --ids)\n"
             "  --tokenizer FILE      tokenizer.json (default: the config's data.tokenizer, else\n"
             "                        SRC/tokenizer.json of a Hugging Face directory)\n"
             "  --max-new-tokens N    tokens to generate (default 32)\n"
@@ -232,7 +232,7 @@ int cmd_generate(int argc, char **argv) {
     if (olmo_config_validate(&cfg)) goto fail;
     tokenizer_path(&a, &source, &cfg, tokpath, sizeof tokpath);
     const bool text_prompt = !a.ids_text;
-    const bool want_text = a.output ? !strcmp(a.output, "text") : (text_prompt || tokpath[0]);
+    const bool want_text = a.output ? !strcmp(a.output, "text") : text_prompt; /* --ids: ids, as before */
     if ((text_prompt || want_text) && !tokpath[0]) {
         olmo_error("%s needs a tokenizer: give --tokenizer FILE or set data.tokenizer",
                    text_prompt ? "a text prompt" : "--output text");

@@ -236,3 +236,15 @@ def test_text_errors(text_pair, build_dir, tmp_path):
             assert r.returncode != 0 and message in r.stderr, (args, r.stderr)
     r = olmoc(build_dir, "generate", "--help")
     assert r.returncode == 0 and "--prompt-file" in r.stdout and "--output" in r.stdout
+
+
+def test_ids_prompt_output(text_pair, build_dir):
+    """--ids prints ids unless --output text (even when the config names a tokenizer); --output text decodes."""
+    hf, tok, tmp = text_pair
+    prompt = tok.encode(PROMPTS[0], add_special_tokens=False).ids
+    expected_ids = hf_generate(hf, prompt, 20, eos=None)
+    args = ["generate", tmp / "olmoc", "--ids", ",".join(map(str, prompt)), "--max-new-tokens", "20", "--ignore-eos",
+            "--set", f"data.tokenizer={tmp / 'tokenizer.json'}"]
+    r = olmoc(build_dir, *args)
+    assert r.returncode == 0 and r.stdout.strip() == ",".join(map(str, expected_ids)), r.stderr
+    assert olmoc_text(build_dir, *args, "--output", "text") == tok.decode(expected_ids)
