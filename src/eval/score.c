@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "eval/olmo_tasks.h"
+#include "model/generate.h"
 #include "util/error.h"
 
 #define LOG_2_OF_E 1.44269504089 /* OLMo's constant (olmo_eval/metrics.py) */
@@ -45,8 +46,101 @@ static int add_token_logprob(struct olmo_model *m, size_t pos, int32_t target, f
     return 0;
 }
 
+/* log-softmax(row)[target] in double. */
+static double row_logprob(const float *row, int V, int32_t target) {
+    double mx = -INFINITY, s = 0.0;
+    for (int v = 0; v < V; v++)
+        if (row[v] > mx) mx = row[v];
+    for (int v = 0; v < V; v++) s += exp((double)row[v] - mx);
+    return (double)row[target] - (mx + log(s));
+}
+
+/* The prefix an instance's continuation is scored after: its query without
+ * the continuation tokens it holds (the context, or what is left of it when
+ * the query is cut to T tokens). */
+static int prefix_len(const struct olmo_eval_instance *in, int T) { return query_len(in, T) - (in->n_cont - 1); }
+static int cmp_prefix(const void *a, const void *b) {
+    const struct olmo_eval_instance *x = &sort_task->inst[*(const int *)a], *y = &sort_task->inst[*(const int *)b];
+    int lx = prefix_len(x, sort_T), ly = prefix_len(y, sort_T);
+    if (lx != ly) return lx < ly ? -1 : 1;
+    for (int p = 0; p < lx; p++) {
+        int32_t u = query_token(x, sort_T, p), v = query_token(y, sort_T, p);
+        if (u != v) return u < v ? -1 : 1;
+    }
+    return *(const int *)a - *(const int *)b;
+}
+
+/* One forward per distinct prefix: the prefix fills a KV cache once and each
+ * continuation of it is fed after it (the cache rewound to the prefix), which
+ * is what the batched forward computes for each query, without recomputing
+ * the shared context for every choice or the padding up to T.  Returns 1
+ * (nothing done) when the cache cannot be allocated. */
+static int score_cached(struct olmo_model *m, const struct olmo_eval_task *t, double *logprob) {
+    const int T = m->seq_len, V = m->cfg.vocab_size;
+    struct olmo_gen gen;
+    if (olmo_gen_create(&gen, m, T, T)) return 1; /* no room for the cache: the caller uses the batched forward */
+    const int all_max = gen.chunk < OLMO_GEN_FEED_ALL_MAX ? gen.chunk : OLMO_GEN_FEED_ALL_MAX;
+    int *order = olmo_malloc(sizeof(int) * (size_t)(t->n + 1), "score order");
+    int32_t *buf = olmo_malloc(sizeof(int32_t) * (size_t)T, "prefix");
+    float *last = olmo_malloc(sizeof(float) * (size_t)V, "logit row");
+    float *rows = olmo_malloc(sizeof(float) * (size_t)all_max * V, "logit rows");
+    int rc = (!order || !buf || !last || !rows) ? -1 : 0;
+    if (!rc) {
+        for (int i = 0; i < t->n; i++) order[i] = i;
+        sort_task = t;
+        sort_T = T;
+        qsort(order, (size_t)t->n, sizeof *order, cmp_prefix);
+    }
+    for (int k0 = 0, k1; k0 < t->n && !rc; k0 = k1) {
+        const struct olmo_eval_instance *first = &t->inst[order[k0]];
+        const int P = prefix_len(first, T);
+        for (k1 = k0 + 1; k1 < t->n; k1++) { /* the instances sharing this prefix */
+            const struct olmo_eval_instance *y = &t->inst[order[k1]];
+            bool same = prefix_len(y, T) == P;
+            for (int p = 0; same && p < P; p++) same = query_token(first, T, p) == query_token(y, T, p);
+            if (!same) break;
+        }
+        for (int p = 0; p < P; p++) buf[p] = query_token(first, T, p);
+        olmo_gen_reset(&gen);
+        if ((rc = olmo_gen_feed(&gen, buf, P, last))) break;
+        for (int k = k0; k < k1 && !rc; k++) {
+            const struct olmo_eval_instance *in = &t->inst[order[k]];
+            double sum = row_logprob(last, V, in->cont[0]);
+            if ((rc = olmo_gen_rewind(&gen, P))) break;
+            for (int j0 = 0; j0 < in->n_cont - 1 && !rc; j0 += all_max) { /* cont[j0..] predicts cont[j0 + 1..] */
+                const int n = in->n_cont - 1 - j0 < all_max ? in->n_cont - 1 - j0 : all_max;
+                if ((rc = olmo_gen_feed_all(&gen, in->cont + j0, n, rows))) break;
+                for (int j = 0; j < n; j++) sum += row_logprob(rows + (size_t)j * V, V, in->cont[j0 + j + 1]);
+            }
+            logprob[order[k]] = sum;
+        }
+    }
+    olmo_gen_destroy(&gen);
+    free(order);
+    free(buf);
+    free(last);
+    free(rows);
+    return rc ? olmo_error_context("task '%s'", t->name) : 0;
+}
+
+/* Whether to score with the KV cache (one forward per distinct prefix): yes
+ * when the backend has cached attention, unless OLMOC_EVAL_SCORING=batched
+ * (the batched forward of every padded query, kept for comparison). */
+static bool use_cached(const struct olmo_model *m) {
+    const char *e = getenv("OLMOC_EVAL_SCORING");
+    return m->be->attention_cached && !(e && !strcmp(e, "batched"));
+}
+
 int olmo_eval_score(struct olmo_model *m, const struct olmo_eval_task *t, int pad_id, double *logprob) {
     const int B = m->batch, T = m->seq_len;
+    if (use_cached(m)) {
+        for (int i = 0; i < t->n; i++)
+            if (t->inst[i].n_cont > T)
+                return olmo_error("task '%s' doc %ld: the continuation has %d tokens, more than seq_len %d", t->name,
+                                  t->inst[i].doc_id, t->inst[i].n_cont, T);
+        const int rc = t->n ? score_cached(m, t, logprob) : 0;
+        if (rc <= 0) return rc;
+    }
     for (int i = 0; i < t->n; i++)
         if (t->inst[i].n_cont > T)
             return olmo_error("task '%s' doc %ld: the continuation has %d tokens, more than seq_len %d", t->name,

@@ -86,6 +86,8 @@ void olmo_gen_destroy(struct olmo_gen *g) {
     float *bufs[] = {g->rope_cos, g->rope_sin, g->x, g->q, g->k, g->v, g->rstd, g->att, g->o,
                      g->tmp,      g->h,        g->g, g->u, g->s, g->mo, g->xn, g->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+    be->free(be, g->xn_all);
+    be->free(be, g->logits_all);
     be->free(be, g->tokens);
     free(g->cap);
     free(g->k_cache);
@@ -95,13 +97,13 @@ void olmo_gen_destroy(struct olmo_gen *g) {
 
 void olmo_gen_reset(struct olmo_gen *g) { g->len = 0; }
 
-int olmo_gen_feed(struct olmo_gen *g, const int32_t *tokens, int n, float *logits_out) {
+/* Runs the layers over n tokens at positions len..len+n-1, leaving the hidden states in g->x. */
+static int gen_layers(struct olmo_gen *g, const int32_t *tokens, int n) {
     struct olmo_model *m = g->m;
     const struct olmo_backend *be = m->be;
     const struct olmo_model_config *c = &m->cfg;
     const int D = c->d_model, V = c->vocab_size;
     const int half = m->head_dim / 2, p0 = g->len;
-    const float eps = (float)c->rms_norm_eps;
     if (n <= 0 || n > g->chunk) return olmo_error("feed of %d tokens (1..%d allowed)", n, g->chunk);
     if (p0 + n > g->max_len)
         return olmo_error("the sequence would reach %d tokens, more than the %d the cache holds", p0 + n, g->max_len);
@@ -123,6 +125,16 @@ int olmo_gen_feed(struct olmo_gen *g, const int32_t *tokens, int n, float *logit
         if (olmo_layer_forward(m, l, &bufs, g->x, g->tmp, cos_t, sin_t, &shape, NULL, &cache)) return -1;
     }
     g->len += n;
+    return 0;
+}
+
+int olmo_gen_feed(struct olmo_gen *g, const int32_t *tokens, int n, float *logits_out) {
+    if (gen_layers(g, tokens, n)) return -1;
+    struct olmo_model *m = g->m;
+    const struct olmo_backend *be = m->be;
+    const struct olmo_model_config *c = &m->cfg;
+    const int D = c->d_model, V = c->vocab_size;
+    const float eps = (float)c->rms_norm_eps;
     /* Only the last position's logits are needed. */
     const float *last = g->x + (size_t)(n - 1) * D;
     if (be->rmsnorm_fwd(be, g->xn, g->rstd, last, m->final_norm, 1, D, eps) ||
@@ -177,4 +189,30 @@ int olmo_sample_token(const float *logits, int vocab, double temperature, double
     }
     free(p);
     return chosen;
+}
+
+int olmo_gen_feed_all(struct olmo_gen *g, const int32_t *tokens, int n, float *logits_out) {
+    struct olmo_model *m = g->m;
+    const struct olmo_backend *be = m->be;
+    const struct olmo_model_config *c = &m->cfg;
+    const int D = c->d_model, V = c->vocab_size;
+    const int cap = g->chunk < OLMO_GEN_FEED_ALL_MAX ? g->chunk : OLMO_GEN_FEED_ALL_MAX;
+    if (n <= 0 || n > cap) return olmo_error("feed of %d tokens with all logits (1..%d allowed)", n, cap);
+    if (!g->xn_all && !(g->xn_all = be->alloc(be, (size_t)cap * D * sizeof(float))))
+        return olmo_error_context("logits of %d positions", cap);
+    if (!g->logits_all && !(g->logits_all = be->alloc(be, (size_t)cap * V * sizeof(float))))
+        return olmo_error_context("logits of %d positions", cap);
+    if (gen_layers(g, tokens, n)) return -1;
+    if (be->rmsnorm_fwd(be, g->xn_all, g->rstd, g->x, m->final_norm, n, D, (float)c->rms_norm_eps) ||
+        be->gemm(be, false, true, n, V, D, 1.0f, g->xn_all, OLMO_F32, D, olmo_model_weight(m, m->lm_head),
+                 olmo_model_weight_type(m), D, 0.0f, g->logits_all, V) ||
+        be->to_host(be, logits_out, g->logits_all, sizeof(float) * (size_t)n * V))
+        return -1;
+    return 0;
+}
+
+int olmo_gen_rewind(struct olmo_gen *g, int len) {
+    if (len < 0 || len > g->len) return olmo_error("cannot rewind %d positions to %d", g->len, len);
+    g->len = len;
+    return 0;
 }

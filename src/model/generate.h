@@ -21,6 +21,7 @@ struct olmo_gen {
     int32_t *tokens;
     /* chunk activations */
     float *x, *q, *k, *v, *rstd, *att, *o, *tmp, *h, *g, *u, *s, *mo, *xn, *logits;
+    float *xn_all, *logits_all; /* [chunk, d_model], [chunk, vocab]: olmo_gen_feed_all's, allocated on first use */
 };
 
 /* Caches up to max_len positions; feeds of at most `chunk` tokens. */
@@ -30,6 +31,15 @@ void olmo_gen_reset(struct olmo_gen *g);
 /* Runs n (<= chunk) tokens at positions len..len+n-1 and copies the logits of
  * the last one to logits_out (host, vocab floats). */
 int olmo_gen_feed(struct olmo_gen *g, const int32_t *tokens, int n, float *logits_out);
+/* The same, copying the logits of all n (<= min(chunk, OLMO_GEN_FEED_ALL_MAX))
+ * positions to logits_out (host, n x vocab floats). */
+#define OLMO_GEN_FEED_ALL_MAX 64
+int olmo_gen_feed_all(struct olmo_gen *g, const int32_t *tokens, int n, float *logits_out);
+/* Forgets the positions from len on (len <= the positions filled), so that the
+ * next feed continues the first len positions: several continuations of one
+ * prefix are scored from one prefill.  With a sliding-window ring cache
+ * (chunk < max_len) a rewound feed must stay within chunk positions past len. */
+int olmo_gen_rewind(struct olmo_gen *g, int len);
 
 /* Next token from logits: argmax when temperature <= 0; otherwise softmax(logits /
  * temperature) restricted to the smallest set of most likely tokens whose

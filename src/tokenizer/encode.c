@@ -287,3 +287,10 @@ int olmo_decode(const struct olmo_tokenizer *t, const uint32_t *ids, size_t n, b
     if (out_len) *out_len = m;
     return 0;
 }
+
+const uint8_t *olmo_tokenizer_token_bytes(const struct olmo_tokenizer *t, uint32_t id, size_t *len) {
+    *len = 0;
+    if (!t->has_decoder || id >= t->vocab_size || !t->id_token[id]) return NULL;
+    *len = t->dec_len[id];
+    return t->dec_arena + t->dec_off[id];
+}

@@ -96,6 +96,10 @@ int olmo_encode(struct olmo_encoder *e, const char *text, size_t len, int flags,
  * `tokenizers` does).  *out is malloc'ed and NUL-terminated. */
 int olmo_decode(const struct olmo_tokenizer *t, const uint32_t *ids, size_t n, bool skip_special, char **out,
                 size_t *out_len);
+/* The raw bytes a token decodes to (before UTF-8 repair: a token may hold
+ * part of a character), for streaming decoders; NULL when id is unknown or
+ * the tokenizer has no ByteLevel decoder. */
+const uint8_t *olmo_tokenizer_token_bytes(const struct olmo_tokenizer *t, uint32_t id, size_t *len);
 
 
 #endif

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "eval/olmo_tasks.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/fs.h"
 
@@ -54,6 +55,10 @@ static void free_list(char **items, int n) {
 }
 
 int olmo_val_sets_open(const char *paths, int seq_len, struct olmo_val_set **sets, int *n) {
+    return olmo_val_sets_open_ex(paths, seq_len, OLMO_DTYPE_AUTO, sets, n);
+}
+
+int olmo_val_sets_open_ex(const char *paths, int seq_len, enum olmo_dtype dtype, struct olmo_val_set **sets, int *n) {
     char **items;
     int count;
     *sets = NULL;
@@ -67,15 +72,25 @@ int olmo_val_sets_open(const char *paths, int seq_len, struct olmo_val_set **set
     int rc = s ? 0 : -1;
     int opened = 0;
     for (int i = 0; i < count && !rc; i++) {
-        short_name(items[i], ".npy", s[i].name, sizeof s[i].name);
-        if (olmo_token_file_open(&s[i].file, items[i])) {
+        const char *path = items[i], *eq = strchr(items[i], '=');
+        if (eq && eq > items[i] && !memchr(items[i], '/', (size_t)(eq - items[i]))) { /* LABEL=PATH */
+            snprintf(s[i].name, sizeof s[i].name, "%.*s", (int)(eq - items[i]), items[i]);
+            path = eq + 1;
+            if (!*path) {
+                rc = olmo_error("validation set '%s' has no path after '='", items[i]);
+                break;
+            }
+        } else {
+            short_name(items[i], ".npy", s[i].name, sizeof s[i].name);
+        }
+        if (olmo_token_file_open_ex(&s[i].file, path, dtype)) {
             rc = olmo_error_context("validation set");
             break;
         }
         opened++;
         s[i].n_instances = s[i].file.n_tokens / (size_t)seq_len;
         if (!s[i].n_instances)
-            rc = olmo_error("validation set '%s' has %zu tokens, fewer than one instance of seq_len %d", items[i],
+            rc = olmo_error("validation set '%s' has %zu tokens, fewer than one instance of seq_len %d", path,
                             s[i].file.n_tokens, seq_len);
     }
     free_list(items, count);
@@ -89,8 +104,112 @@ int olmo_val_sets_open(const char *paths, int seq_len, struct olmo_val_set **set
 }
 
 void olmo_val_sets_close(struct olmo_val_set *sets, int n) {
-    for (int i = 0; i < n; i++) olmo_token_file_close(&sets[i].file);
+    for (int i = 0; i < n; i++) {
+        olmo_token_file_close(&sets[i].file);
+        free(sets[i].doc_start);
+        free(sets[i].doc_len);
+    }
     free(sets);
+}
+
+int olmo_val_set_documents(struct olmo_val_set *s, int eos_id, int seq_len, int vocab_size) {
+    if (seq_len < 2) return olmo_error("seq_len must be at least 2 to evaluate a loss");
+    const size_t chunk = (size_t)1 << 20, N = s->file.n_tokens;
+    int32_t *buf = olmo_malloc(sizeof(int32_t) * chunk, "document scan");
+    size_t cap = 0, nd = 0, start = 0;
+    size_t *ds = NULL;
+    int *dl = NULL;
+    int rc = buf ? 0 : -1;
+    for (size_t off = 0; off < N && !rc; off += chunk) {
+        const size_t n = N - off < chunk ? N - off : chunk;
+        if ((rc = olmo_token_file_read(&s->file, off, n, vocab_size, buf))) break;
+        for (size_t i = 0; i < n; i++) {
+            if (buf[i] != eos_id) continue;
+            const size_t end = off + i + 1; /* the EOS closes its document */
+            if (nd == cap) {
+                cap = cap ? 2 * cap : 1024;
+                size_t *a = realloc(ds, sizeof *a * cap);
+                if (a) ds = a;
+                int *b = a ? realloc(dl, sizeof *b * cap) : NULL;
+                if (b) dl = b;
+                if (!a || !b) {
+                    rc = olmo_error("out of memory for the documents of '%s'", s->file.path);
+                    break;
+                }
+            }
+            ds[nd] = start;
+            dl[nd++] = end - start < (size_t)seq_len ? (int)(end - start) : seq_len;
+            start = end;
+        }
+    }
+    free(buf);
+    if (!rc && !nd) rc = olmo_error("validation set '%s' has no document (no EOS id %d)", s->file.path, eos_id);
+    if (rc) {
+        free(ds);
+        free(dl);
+        return olmo_error_context("validation set '%s'", s->name);
+    }
+    free(s->doc_start);
+    free(s->doc_len);
+    s->doc_start = ds;
+    s->doc_len = dl;
+    s->n_docs = nd;
+    return 0;
+}
+
+int olmo_eval_val_documents(struct olmo_model *m, const struct olmo_val_set *s, int max_batches, int pad_id,
+                            const struct olmo_tokenizer *tok, struct olmo_val_result *r) {
+    const int B = m->batch, T = m->seq_len;
+    memset(r, 0, sizeof *r);
+    if (!s->doc_start) return olmo_error("validation set '%s' is not in documents mode", s->name);
+    size_t n_docs = s->n_docs;
+    if (max_batches > 0 && n_docs > (size_t)max_batches * (size_t)B) n_docs = (size_t)max_batches * (size_t)B;
+    int32_t *inputs = olmo_malloc(sizeof(int32_t) * (size_t)B * T, "eval inputs");
+    int32_t *targets = olmo_malloc(sizeof(int32_t) * (size_t)B * T, "eval targets");
+    int rc = (!inputs || !targets) ? -1 : 0;
+    double ce = 0.0;
+    long labels = 0;
+    long long bytes = 0;
+    for (size_t d0 = 0; d0 < n_docs && !rc; d0 += (size_t)B) {
+        for (size_t j = 0; j < (size_t)B * T; j++) inputs[j] = pad_id, targets[j] = -100;
+        for (int b = 0; b < B && d0 + (size_t)b < n_docs && !rc; b++) {
+            const size_t d = d0 + (size_t)b;
+            const int L = s->doc_len[d];
+            int32_t *row = inputs + (size_t)b * T;
+            if ((rc = olmo_token_file_read(&s->file, s->doc_start[d], (size_t)L, m->cfg.vocab_size, row))) break;
+            for (int t = 0; t + 1 < L; t++) {
+                targets[(size_t)b * T + t] = row[t + 1];
+                if (tok && !olmo_tokenizer_is_special(tok, (uint32_t)row[t + 1])) {
+                    size_t nb = 0;
+                    olmo_tokenizer_token_bytes(tok, (uint32_t)row[t + 1], &nb);
+                    bytes += (long long)nb;
+                }
+            }
+            labels += L - 1;
+        }
+        if (rc || (rc = olmo_model_forward(m, inputs, false))) break;
+        double ce_sum, z_sum;
+        if ((rc = olmo_model_loss(m, targets, 0.0f, 0.0f, &ce_sum, &z_sum))) break;
+        ce += ce_sum;
+    }
+    free(inputs);
+    free(targets);
+    if (rc) return olmo_error_context("evaluating '%s'", s->file.path);
+    if (!labels) return olmo_error("validation set '%s': its documents have no label tokens", s->name);
+    /* OLMo-core averages the un-reduced loss over each instance's label_mask, its
+     * tokens: the last one, which has no label, adds a loss of 0 and a weight of 1 */
+    r->tokens = labels + (long)n_docs;
+    r->loss = ce / (double)r->tokens;
+    r->ppl = exp(r->loss);
+    r->labels = labels;
+    r->docs = (long)n_docs;
+    r->bytes = tok ? bytes : -1;
+    r->bpb = tok && bytes > 0 ? ce / log(2.0) / (double)bytes : -1.0;
+    return 0;
+}
+
+void olmo_val_metric_name(char *out, size_t n, const char *set, const char *metric) {
+    snprintf(out, n, "eval/lm/%s/%s", set, metric);
 }
 
 int olmo_eval_val_set(struct olmo_model *m, const struct olmo_val_set *s, int max_batches, bool doc_masking,

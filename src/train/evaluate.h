@@ -21,18 +21,53 @@
 #include "model/model.h"
 
 struct olmo_val_set {
-    char name[256];
+    char name[256]; /* LABEL of a LABEL=PATH entry, else the file name without .npy */
     struct olmo_token_file file;
     size_t n_instances; /* consecutive seq_len windows, in file order (no shuffle) */
+    /* documents mode (olmo_val_set_documents): one instance per document */
+    size_t n_docs;
+    size_t *doc_start;
+    int *doc_len; /* tokens kept: min(document length, seq_len) */
 };
 
-/* Opens every file of a comma-separated list (empty list: *n = 0). */
+/* Opens every entry of a comma-separated list (empty list: *n = 0); an entry
+ * is PATH or LABEL=PATH (LABEL names the set, e.g. OLMo-core's
+ * c4_en-validation; it holds no '/'). */
 int olmo_val_sets_open(const char *paths, int seq_len, struct olmo_val_set **sets, int *n);
+/* The same with raw (headerless) files read as dtype (data.dtype; OLMo-core's
+ * validation files are raw). */
+int olmo_val_sets_open_ex(const char *paths, int seq_len, enum olmo_dtype dtype, struct olmo_val_set **sets, int *n);
 void olmo_val_sets_close(struct olmo_val_set *sets, int n);
 /* Mean next-token cross-entropy over the first max_batches micro-batches of
  * the set (m is reserved as micro_batch x seq_len); labels as in training. */
 int olmo_eval_val_set(struct olmo_model *m, const struct olmo_val_set *s, int max_batches, bool doc_masking,
                       double *loss, long *n_tokens);
+
+/* OLMo-core's LM evaluator (olmo_core.eval.LMEvaluator over a
+ * NumpyPaddedFSLDataset): documents end at each eos_id (tokens after the last
+ * EOS belong to none), each one is an instance of its first seq_len tokens
+ * padded to seq_len, every token but an instance's first is a label, and the
+ * metric ("CE loss") is OLMo-core's mean of the un-reduced loss over every
+ * instance token (label_mask): the sum of the labels' cross-entropies divided
+ * by the instances' tokens, the last token of each, which has no label,
+ * counting with a loss of 0; "PPL" = exp(CE loss).  Scans the file for the
+ * document boundaries. */
+int olmo_val_set_documents(struct olmo_val_set *s, int eos_id, int seq_len, int vocab_size);
+
+struct olmo_val_result {
+    double loss, ppl;          /* OLMo-core's CE loss (nats; see above), exp(loss) */
+    double bpb;                /* bits per byte: CE sum / ln 2 / UTF-8 bytes of the label tokens; < 0 when unknown */
+    long tokens, labels, docs; /* instance tokens (the CE loss's weight), label tokens, documents */
+    long long bytes;     /* UTF-8 bytes of the label tokens (special tokens count 0); -1 when unknown */
+};
+struct olmo_tokenizer;
+/* Evaluates a documents-mode set: the first max_batches micro-batches of
+ * documents (<= 0: all), in file order; tok (may be NULL) gives each label
+ * token's bytes for bits per byte. */
+int olmo_eval_val_documents(struct olmo_model *m, const struct olmo_val_set *s, int max_batches, int pad_id,
+                            const struct olmo_tokenizer *tok, struct olmo_val_result *r);
+/* OLMo-core's metric name for a set: "eval/lm/<set>/<metric>" (metric "CE loss", "PPL"). */
+void olmo_val_metric_name(char *out, size_t n, const char *set, const char *metric);
 
 struct olmo_mc_example {
     int32_t *context;
