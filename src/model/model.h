@@ -53,9 +53,22 @@ struct olmo_model {
     float *embed, *final_norm, *lm_head;
     float *d_embed, *d_final_norm, *d_lm_head;
 
-    /* Activations for one micro-batch shape (allocated by olmo_model_reserve). */
+    /* Activation checkpointing (olmo_model_set_checkpointing; train.activation_checkpointing): layer l
+     * is checkpointed when ckpt_mode != ACT_CKPT_NONE and l % ckpt_every == 0 (OLMo-core's block_interval).
+     *   feed_forward: a checkpointed layer keeps no g, u, s (the MLP's inner activations); its backward
+     *                 recomputes them from h.
+     *   block:        a checkpointed layer keeps only its input x; its backward reruns the whole layer
+     *                 forward from x, then its backward.
+     * What a checkpointed layer does not keep lives in `recompute`, one set shared by all layers. */
+    enum olmo_act_ckpt ckpt_mode;
+    int ckpt_every;
+
+    /* Activations for one micro-batch shape (allocated by olmo_model_reserve). acts[l] holds only what
+     * layer l keeps (NULL elsewhere); olmo_model_layer_acts resolves the rest to `recompute`. */
     int batch, seq_len;
     struct olmo_layer_acts *acts;
+    struct olmo_layer_acts recompute;
+    size_t act_bytes; /* bytes of the saved activations (acts and recompute), set by olmo_model_reserve */
     float *x_final, *xn_final, *rstd_final, *logits;
     float *rope_cos, *rope_sin;
     int32_t *tokens, *targets, *doc_ids;
@@ -73,8 +86,22 @@ int olmo_model_sync_weights(struct olmo_model *m);
 /* Weight w (a pointer into m->weights) as a GEMM operand: its compute copy where there is one, and that type. */
 const void *olmo_model_weight(const struct olmo_model *m, const float *w);
 enum olmo_float_type olmo_model_weight_type(const struct olmo_model *m);
-/* Allocates activations for micro-batches of batch x seq_len (idempotent for the same shape). */
+/* Allocates activations for micro-batches of batch x seq_len (idempotent for the same shape), only
+ * those the checkpointing mode keeps. */
 int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len);
+/* Sets the checkpointing mode (default none) and interval (>= 1); call before olmo_model_reserve
+ * (a change frees reserved activations, so the next reserve sizes them for the new mode). */
+int olmo_model_set_checkpointing(struct olmo_model *m, enum olmo_act_ckpt mode, int every);
+/* Whether layer l's activations are recomputed in the backward pass. */
+bool olmo_model_layer_checkpointed(const struct olmo_model *m, int l);
+/* Layer l's activation buffers: its own, and the shared recompute buffers for what it does not keep. */
+struct olmo_layer_acts olmo_model_layer_acts(const struct olmo_model *m, int l);
+/* One layer's forward (training) and backward pass, the per-block steps of olmo_model_forward and
+ * olmo_model_backward (backward: m->dx holds the gradient w.r.t. the layer's output on entry and
+ * w.r.t. its input on return; a checkpointed layer first recomputes what it did not keep, with the
+ * same weights, so its result is bit-identical to a run without checkpointing). */
+int olmo_model_block_forward(struct olmo_model *m, int l);
+int olmo_model_block_backward(struct olmo_model *m, int l);
 const struct olmo_param *olmo_model_find_param(const struct olmo_model *m, const char *name);
 
 /* Forward pass over tokens [batch*seq_len] (host memory); logits end up in m->logits.
