@@ -34,6 +34,11 @@ struct olmo_layer_acts {
     float *h;               /* x + norm(o) */
     float *g, *u, *s;       /* gate, up, silu(gate)*up [N, F] */
     float *m, *rstd_m;      /* down_proj output and its norm statistics */
+    /* Training on a backend that multiplies in bf16 (olmo_model_set_saved_type): x, h and s, whose only
+     * use in the backward pass is as GEMM operands (which that backend rounds to bf16 anyway), are
+     * saved as bf16 copies here instead, and x, h, s then point at shared fp32 working buffers that
+     * hold them only during the layer's forward (olmo_model_layer_acts).  NULL otherwise. */
+    void *x16, *h16, *s16;
 };
 
 struct olmo_model {
@@ -62,13 +67,21 @@ struct olmo_model {
      * What a checkpointed layer does not keep lives in `recompute`, one set shared by all layers. */
     enum olmo_act_ckpt ckpt_mode;
     int ckpt_every;
+    /* Type of the saved activations that are only GEMM operands in the backward pass (x, h, s of the
+     * layers that keep them, and the final norm's output): bf16 by default where the backend's
+     * compute_dtype is bf16, so the results do not change; fp32 otherwise. */
+    enum olmo_float_type saved_type;
 
     /* Activations for one micro-batch shape (allocated by olmo_model_reserve). acts[l] holds only what
      * layer l keeps (NULL elsewhere); olmo_model_layer_acts resolves the rest to `recompute`. */
     int batch, seq_len;
     struct olmo_layer_acts *acts;
     struct olmo_layer_acts recompute;
-    size_t act_bytes; /* bytes of the saved activations (acts and recompute), set by olmo_model_reserve */
+    /* Bytes of the saved activations, set by olmo_model_reserve: every layer's acts, the recompute set,
+     * resid, x_final, xn_final/xn16 and rstd_final (not the logits, the token ids or backward scratch). */
+    size_t act_bytes;
+    float *resid; /* the fp32 input of the layers that save x as bf16 (NULL when none does) */
+    void *xn16;   /* the final norm's output as bf16 when saved_type is bf16 (xn_final NULL then) */
     float *x_final, *xn_final, *rstd_final, *logits;
     float *rope_cos, *rope_sin;
     int32_t *tokens, *targets, *doc_ids;
@@ -92,6 +105,9 @@ int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len);
 /* Sets the checkpointing mode (default none) and interval (>= 1); call before olmo_model_reserve
  * (a change frees reserved activations, so the next reserve sizes them for the new mode). */
 int olmo_model_set_checkpointing(struct olmo_model *m, enum olmo_act_ckpt mode, int every);
+/* The type of the GEMM-operand activations it saves (see saved_type): OLMO_BF16 only on a backend whose
+ * compute_dtype is bf16.  Call before olmo_model_reserve (a change frees reserved activations). */
+int olmo_model_set_saved_type(struct olmo_model *m, enum olmo_float_type type);
 /* Whether layer l's activations are recomputed in the backward pass. */
 bool olmo_model_layer_checkpointed(const struct olmo_model *m, int l);
 /* Layer l's activation buffers: its own, and the shared recompute buffers for what it does not keep. */

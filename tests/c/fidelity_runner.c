@@ -4,7 +4,8 @@
  * step-1 losses and every parameter gradient (before clipping), the losses
  * of each step, the parameters after the last AdamW step, and the bytes of
  * saved activations the model reserved (act_bytes).  An optional sixth
- * argument names the backend (default cpu). */
+ * argument names the backend (default cpu); a seventh, the type of the
+ * GEMM-operand activations it saves (f32 or bf16; default: the backend's). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +16,7 @@
 #include "util/error.h"
 
 static int run(const char *config_path, const char *weights_path, const char *batch_path, int steps,
-               const char *out_path, const char *backend) {
+               const char *out_path, const char *backend, const char *saved_type) {
     struct olmo_config cfg;
     olmo_config_defaults(&cfg);
     if (olmo_config_load(&cfg, config_path) || olmo_config_validate(&cfg)) return -1;
@@ -24,6 +25,9 @@ static int run(const char *config_path, const char *weights_path, const char *ba
     if (!be || olmo_trainer_init(&tr, &cfg, be) || olmo_weights_load(&tr.model, weights_path)) return -1;
     struct olmo_model *m = &tr.model;
     const struct olmo_train_config *t = &cfg.train;
+    if (saved_type && (olmo_model_set_saved_type(m, strcmp(saved_type, "bf16") ? OLMO_F32 : OLMO_BF16) ||
+                       olmo_model_reserve(m, t->micro_batch, t->seq_len)))
+        return -1;
     const size_t rows = (size_t)t->grad_accum * t->micro_batch, per_step = rows * t->seq_len;
 
     struct st_file bf;
@@ -90,12 +94,12 @@ static int run(const char *config_path, const char *weights_path, const char *ba
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6 && argc != 7) {
+    if (argc < 6 || argc > 8 || (argc == 8 && strcmp(argv[7], "f32") && strcmp(argv[7], "bf16"))) {
         fprintf(stderr, "usage: fidelity_runner CONFIG.yaml WEIGHTS.safetensors BATCH.safetensors STEPS OUT.safetensors "
-                        "[BACKEND]\n");
+                        "[BACKEND [f32|bf16]]\n");
         return 2;
     }
-    if (run(argv[1], argv[2], argv[3], atoi(argv[4]), argv[5], argc == 7 ? argv[6] : "cpu")) {
+    if (run(argv[1], argv[2], argv[3], atoi(argv[4]), argv[5], argc >= 7 ? argv[6] : "cpu", argc == 8 ? argv[7] : NULL)) {
         fprintf(stderr, "fidelity_runner: %s\n", olmo_last_error());
         return 1;
     }

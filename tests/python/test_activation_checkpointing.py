@@ -10,6 +10,11 @@ in fp32 and in cpu-bf16, while the saved activations shrink.
     saved-activation bytes the model reserved against the formula below.
   * test_olmoc_train_bit_identical: `olmoc train` a few steps per mode; the
     metrics log (minus timings) and the final weights file byte for byte.
+  * test_bf16_saved_activations: on cpu-bf16 the activations whose only use
+    in the backward pass is as GEMM operands (x, h, s, the final norm's
+    output) are saved as bf16; the backend rounds GEMM operands to bf16
+    anyway, so every result is bit-identical to saving them in fp32, with
+    fewer bytes.
 """
 import json
 import subprocess
@@ -28,27 +33,37 @@ MODEL = {**fid.BASE_MODEL, "n_kv_heads": 2, "n_layers": 5}
 TRAIN = {**fid.BASE_TRAIN, "intra_doc_masking": True, "z_loss": 1e-2, "grad_accum": 2, "steps": 3}
 
 
-def act_bytes(model, train, mode, every, backend):
+def act_bytes(model, train, mode, every, saved):
     """Bytes of saved activations olmo_model_reserve should allocate (the design, stated independently of
-    the C code): per token, a layer that keeps everything holds x [D]; q_raw, q, att [Q]; k_raw, k, v [K];
-    o, h, m [D]; lse [H]; rstd_q, rstd_k, rstd_o, rstd_m [1]; g, u, s [F].  A checkpointed layer keeps
-    everything but g, u, s (feed_forward) or only x (block); one shared recompute set holds what they do not
-    keep.  All fp32."""
+    the C code).  Per token, a layer that keeps everything holds x [D]; q_raw, q, att [Q]; k_raw, k, v [K];
+    o, h, m [D]; lse [H]; rstd_q, rstd_k, rstd_o, rstd_m [1]; g, u, s [F].  A checkpointed layer (every
+    `every`-th from layer 0) keeps everything but g, u, s (feed_forward) or only x (block); one shared
+    recompute set (fp32) holds what they do not keep.  The final norm adds x_final, its output xn [D] and
+    rstd [1].  fp32, except with saved == "bf16": x (not of a block-checkpointed layer: it reruns from it),
+    h, s and xn are 2 bytes, and one fp32 [D] buffer (resid) carries the input of the layers that save x in
+    bf16."""
     D, F, H = model["d_model"], model["mlp_hidden"], model["n_heads"]
     hd = D // H
     Q, K = H * hd, model["n_kv_heads"] * hd
-    x, attn, mlp = D, 3 * Q + 3 * K + 3 * D + H + 4, 3 * F
-    per_token, any_ck = 0, False
+    half = 2 if saved == "bf16" else 4
+    attn_f32 = 4 * (3 * Q + 3 * K + 3 * D + H + 4)  # bytes, all fp32
+    attn, mlp = attn_f32 - (4 - half) * D, 8 * F + half * F  # h and s in the saved type
+    per_token, any_ck, any_x16 = 0, False, False
     for layer in range(model["n_layers"]):
         ck = mode != "none" and layer % every == 0
         any_ck |= ck
-        per_token += x + (attn if not (ck and mode == "block") else 0) + (mlp if not ck else 0)
+        if ck and mode == "block":
+            per_token += 4 * D
+            continue
+        any_x16 |= saved == "bf16"
+        per_token += half * D + attn + (mlp if not ck else 0)
     if any_ck:
-        per_token += mlp + (attn if mode == "block" else 0)
-    return 4 * per_token * train["micro_batch"] * train["seq_len"]
+        per_token += 12 * F + (attn_f32 if mode == "block" else 0)
+    per_token += (4 * D if any_x16 else 0) + 4 * D + half * D + 4
+    return per_token * train["micro_batch"] * train["seq_len"]
 
 
-def run_fidelity_runner(build_dir, tmp_path, train, params, tokens, backend):
+def run_fidelity_runner(build_dir, tmp_path, train, params, tokens, backend, saved=None):
     out = tmp_path / "out.safetensors"
     cfg, wts, batch = tmp_path / "cfg.yaml", tmp_path / "w.safetensors", tmp_path / "b.safetensors"
     fid.write_config(cfg, MODEL, train)
@@ -56,7 +71,7 @@ def run_fidelity_runner(build_dir, tmp_path, train, params, tokens, backend):
     save_file({n: t.float().contiguous() for n, t in params.items()}, str(wts))
     save_file({"tokens": tokens.reshape(train["steps"], -1).to(torch.int32).contiguous()}, str(batch))
     subprocess.run([str(build_dir / "tests" / "fidelity_runner"), str(cfg), str(wts), str(batch),
-                    str(train["steps"]), str(out), backend], check=True)
+                    str(train["steps"]), str(out), backend, *([saved] if saved else [])], check=True)
     return load_file(str(out))
 
 
@@ -71,7 +86,8 @@ def test_gradients_bit_identical(backend, build_dir, tmp_path):
     base_dir = tmp_path / "none"
     base_dir.mkdir()
     base = run_fidelity_runner(build_dir, base_dir, TRAIN, params, tokens, backend)
-    assert base["act_bytes"].item() == act_bytes(MODEL, TRAIN, "none", 1, backend)
+    saved = "bf16" if backend == "cpu-bf16" else "f32"  # the default: bf16 where the GEMMs are bf16
+    assert base["act_bytes"].item() == act_bytes(MODEL, TRAIN, "none", 1, saved)
     grads = [n for n in base if n.startswith("grad.")]
     assert len(grads) == 3 + 11 * MODEL["n_layers"]
     sizes = {}
@@ -83,7 +99,7 @@ def test_gradients_bit_identical(backend, build_dir, tmp_path):
         differing = [n for n in base if n != "act_bytes" and not same_bytes(out[n], base[n])]
         assert not differing, f"{backend} {mode} block_every={every}: not bit-identical: {differing[:8]}"
         sizes[f"{mode}/{every}"] = out["act_bytes"].item()
-        assert sizes[f"{mode}/{every}"] == act_bytes(MODEL, train, mode, every, backend), (mode, every)
+        assert sizes[f"{mode}/{every}"] == act_bytes(MODEL, train, mode, every, saved), (mode, every)
     none = base["act_bytes"].item()
     print(f"\n{backend}: saved-activation bytes, none {none:.0f}; " +
           ", ".join(f"{k} {v:.0f} ({v / none:.2f}x)" for k, v in sizes.items()))
@@ -91,6 +107,31 @@ def test_gradients_bit_identical(backend, build_dir, tmp_path):
     assert sizes["feed_forward/1"] < sizes["feed_forward/2"] < none
     assert sizes["block/1"] < sizes["block/2"] < none
     assert sizes["block/1"] < sizes["feed_forward/1"]
+
+
+@pytest.mark.parametrize("mode,every", [("none", 1), ("feed_forward", 2), ("block", 2)])
+def test_bf16_saved_activations(mode, every, build_dir, tmp_path):
+    params = fid.random_params(MODEL, seed=4)
+    tokens = fid.random_tokens(MODEL, TRAIN, seed=6)
+    train = {**TRAIN, "activation_checkpointing": mode, "block_every": every}
+    outs = {}
+    for saved in ("f32", "bf16"):
+        d = tmp_path / saved
+        d.mkdir()
+        outs[saved] = run_fidelity_runner(build_dir, d, train, params, tokens, "cpu-bf16", saved)
+        assert outs[saved]["act_bytes"].item() == act_bytes(MODEL, train, mode, every, saved)
+    differing = [n for n in outs["f32"] if n != "act_bytes" and not same_bytes(outs["f32"][n], outs["bf16"][n])]
+    assert not differing, f"bf16 saved activations change {differing[:8]}"
+    f32, bf16 = outs["f32"]["act_bytes"].item(), outs["bf16"]["act_bytes"].item()
+    print(f"\ncpu-bf16 {mode}/{every}: saved activations f32 {f32:.0f} B, bf16 {bf16:.0f} B ({bf16 / f32:.2f}x)")
+    assert bf16 < f32
+
+
+def test_bf16_saved_activations_refused_on_fp32_backend(build_dir, tmp_path):
+    params = fid.random_params(MODEL, seed=4)
+    tokens = fid.random_tokens(MODEL, TRAIN, seed=6)
+    with pytest.raises(subprocess.CalledProcessError):
+        run_fidelity_runner(build_dir, tmp_path, TRAIN, params, tokens, "cpu", "bf16")
 
 
 RESULT_KEYS = ("type", "step", "loss", "z_loss", "grad_norm", "lr", "tokens")  # the rest are timings
