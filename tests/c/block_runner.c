@@ -57,7 +57,10 @@ static int run(const char *config_path, const char *weights_path, const char *to
         st_writer_add(&w, "d_block_in", ST_F32, 2, shape, host))
         return -1;
     printf("forward %.1f s, loss + backward %.1f s, loss %.6f\n", t1 - t0, t3 - t2, ce / T);
-    char *list = strdup(grads);
+    const size_t len = strlen(grads);
+    char *list = malloc(len + 1);
+    if (!list) return olmo_error("out of memory");
+    memcpy(list, grads, len + 1);
     for (char *name = strtok(list, ","); name; name = strtok(NULL, ",")) {
         const struct olmo_param *p = olmo_model_find_param(&m, name);
         if (!p) return olmo_error("no parameter '%s'", name);
