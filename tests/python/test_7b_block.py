@@ -12,8 +12,8 @@ pieces, with attention taken a query chunk at a time over the keys the window
 lets it see (a [32, 8192, 8192] score tensor would not fit); that chunked
 attention is first checked against olmo3_ref.forward on a small shape.
 
-Slow (minutes on 2 cores, about 12 GiB of memory): skipped unless
-OLMOC_SLOW_TESTS=1:
+Slow (30 minutes on 2 busy cores: the C side 6 minutes, the float64
+reference the rest; 11.7 GiB peak RSS): skipped unless OLMOC_SLOW_TESTS=1:
     OLMOC_SLOW_TESTS=1 .venv/bin/python -m pytest -s tests/python/test_7b_block.py
 Error measure: max |c - ref| / max |ref| over a tensor (normwise relative), C fp32
 against the float64 reference.
@@ -33,10 +33,15 @@ from test_fidelity import write_config
 
 SLOW = os.environ.get("OLMOC_SLOW_TESTS") == "1"
 
-# Stated tolerances, fp32 C vs float64 reference (normwise max relative error).
-TOL_OUT = 1e-5       # block output (x + two normed branches)
+# Stated tolerances, fp32 C vs float64 reference (normwise max relative error).  test_fidelity.py's
+# (1e-5 forward, 1e-4 gradients) are for d_model 32 and 16 tokens; fp32 rounding grows about as the
+# square root of the reduction length, here 128x (d_model 4096), 344x (MLP 11008) and 512x (weight
+# gradients over 8192 tokens) longer, hence 10x and 2x looser.  An indexing error would be O(1).
+# Measured (2026-12-03, 2 shared cores; C 107 s forward, 274 s loss + backward; reference 1274 s):
+# block_out 2.0e-5, d_block_in 1.6e-5, weight gradients 4.4e-6 (o_proj) .. 6.0e-5 (q_norm).
+TOL_OUT = 1e-4       # block output (x + two normed branches)
 TOL_GRAD_IN = 1e-4   # gradient w.r.t. the block input
-TOL_GRAD_W = 1e-4    # weight gradients: fp32 sums over 8192 tokens
+TOL_GRAD_W = 2e-4    # weight gradients: fp32 sums over 8192 tokens
 
 SHAPE_7B = dict(vocab_size=512, d_model=4096, n_layers=1, n_heads=32, n_kv_heads=32, mlp_hidden=11008,
                 rope_theta=500000.0, sliding_window=4096, full_attention_every=4, full_attention_last=False,
@@ -137,7 +142,7 @@ def test_chunked_reference_matches_olmo3_ref():
     assert rel_err(ours, dense) < 1e-12
 
 
-@pytest.mark.skipif(not SLOW, reason="the 7B block shape takes minutes and ~12 GiB: set OLMOC_SLOW_TESTS=1")
+@pytest.mark.skipif(not SLOW, reason="the 7B block shape takes ~30 minutes and ~12 GiB: set OLMOC_SLOW_TESTS=1")
 def test_7b_block_forward_backward(build_dir, tmp_path):
     cfg = SHAPE_7B
     T = 8192
