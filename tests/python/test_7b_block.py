@@ -12,8 +12,9 @@ pieces, with attention taken a query chunk at a time over the keys the window
 lets it see (a [32, 8192, 8192] score tensor would not fit); that chunked
 attention is first checked against olmo3_ref.forward on a small shape.
 
-Slow (30 minutes on 2 busy cores: the C side 6 minutes, the float64
-reference the rest; 11.7 GiB peak RSS): skipped unless OLMOC_SLOW_TESTS=1:
+Slow (13 minutes on 2 cores at load 4-12, 29 at load 12-15: the C side 4-7
+minutes, the float64 reference the rest; 11.7 GiB peak RSS): skipped unless
+OLMOC_SLOW_TESTS=1:
     OLMOC_SLOW_TESTS=1 .venv/bin/python -m pytest -s tests/python/test_7b_block.py
 Error measure: max |c - ref| / max |ref| over a tensor (normwise relative), C fp32
 against the float64 reference.
@@ -37,7 +38,8 @@ SLOW = os.environ.get("OLMOC_SLOW_TESTS") == "1"
 # (1e-5 forward, 1e-4 gradients) are for d_model 32 and 16 tokens; fp32 rounding grows about as the
 # square root of the reduction length, here 128x (d_model 4096), 344x (MLP 11008) and 512x (weight
 # gradients over 8192 tokens) longer, hence 10x and 2x looser.  An indexing error would be O(1).
-# Measured (2026-12-03, 2 shared cores; C 107 s forward, 274 s loss + backward; reference 1274 s):
+# Measured (2026-12-03, 2 shared cores, OMP_NUM_THREADS=2; C 94 s forward, 157 s loss + backward; reference
+# 460 s; the whole test 760 s):
 # block_out 2.0e-5, d_block_in 1.6e-5, weight gradients 4.4e-6 (o_proj) .. 6.0e-5 (q_norm).
 TOL_OUT = 1e-4       # block output (x + two normed branches)
 TOL_GRAD_IN = 1e-4   # gradient w.r.t. the block input
@@ -142,7 +144,7 @@ def test_chunked_reference_matches_olmo3_ref():
     assert rel_err(ours, dense) < 1e-12
 
 
-@pytest.mark.skipif(not SLOW, reason="the 7B block shape takes ~30 minutes and ~12 GiB: set OLMOC_SLOW_TESTS=1")
+@pytest.mark.skipif(not SLOW, reason="the 7B block shape takes 13-30 minutes and ~12 GiB: set OLMOC_SLOW_TESTS=1")
 def test_7b_block_forward_backward(build_dir, tmp_path):
     cfg = SHAPE_7B
     T = 8192
