@@ -440,8 +440,6 @@ int olmo_config_validate(const struct olmo_config *cfg) {
     if (t->peak_flops < 0) return olmo_error("train.peak_flops must be >= 0 (0 = measure at startup)");
     if (t->block_every < 1) return olmo_error("train.block_every must be >= 1 (1 = every block)");
     if (t->shard_degree < 0) return olmo_error("train.shard_degree must be >= 0 (0 = all ranks in one group)");
-    if (t->activation_checkpointing != ACT_CKPT_NONE)
-        return olmo_error("train.activation_checkpointing: only none is implemented in this build");
     if (t->sharding == SHARDING_ZERO1 && t->shard_degree)
         return olmo_error("train.shard_degree applies to train.sharding: fsdp (HSDP groups), not zero1");
     if (strcmp(cfg->data.dtype, "auto") && strcmp(cfg->data.dtype, "uint16") && strcmp(cfg->data.dtype, "uint32"))

@@ -109,6 +109,8 @@ static int create(struct olmo_model *m, const struct olmo_model_config *cfg, con
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->be = be;
+    m->ckpt_every = 1;
+    m->saved_type = be->compute_dtype == OLMO_BF16 ? OLMO_BF16 : OLMO_F32;
     m->head_dim = cfg->d_model / cfg->n_heads;
     m->q_dim = cfg->n_heads * m->head_dim;
     m->kv_dim = cfg->n_kv_heads * m->head_dim;
@@ -182,26 +184,83 @@ void olmo_model_bind_layer(struct olmo_model *m, int l, float *w, float *g) {
     }
 }
 
+static void free_layer_acts(const struct olmo_backend *be, struct olmo_layer_acts *a) {
+    void *bufs[] = {a->x,   a->q_raw, a->k_raw,  a->q, a->k, a->v, a->rstd_q, a->rstd_k, a->att, a->lse, a->o,
+                    a->rstd_o, a->h, a->g, a->u, a->s,      a->m,      a->rstd_m, a->x16,   a->h16, a->s16};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+    memset(a, 0, sizeof *a);
+}
+
 static void free_acts(struct olmo_model *m) {
     const struct olmo_backend *be = m->be;
     if (m->acts) {
-        for (int l = 0; l < m->cfg.n_layers; l++) {
-            struct olmo_layer_acts *a = &m->acts[l];
-            float *bufs[] = {a->x,   a->q_raw, a->k_raw, a->q, a->k, a->v, a->rstd_q, a->rstd_k, a->att,
-                             a->lse, a->o,     a->rstd_o, a->h, a->g, a->u, a->s,      a->m,      a->rstd_m};
-            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
-        }
+        for (int l = 0; l < m->cfg.n_layers; l++) free_layer_acts(be, &m->acts[l]);
         free(m->acts);
         m->acts = NULL;
     }
+    free_layer_acts(be, &m->recompute);
     float *bufs[] = {m->x_final, m->xn_final, m->rstd_final, m->logits, m->rope_cos, m->rope_sin, m->dx,
                      m->dh,      m->dtmp,     m->dq,         m->dk,     m->dv,       m->datt,     m->dg,
                      m->du,      m->ds};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+    m->x_final = m->xn_final = m->rstd_final = m->logits = m->rope_cos = m->rope_sin = NULL;
+    m->dx = m->dh = m->dtmp = m->dq = m->dk = m->dv = m->datt = m->dg = m->du = m->ds = NULL;
+    be->free(be, m->resid);
+    be->free(be, m->xn16);
+    m->resid = NULL;
+    m->xn16 = NULL;
     be->free(be, m->tokens);
     be->free(be, m->targets);
     be->free(be, m->doc_ids);
+    m->tokens = m->targets = m->doc_ids = NULL;
     m->batch = m->seq_len = 0;
+    m->act_bytes = 0;
+}
+
+int olmo_model_set_checkpointing(struct olmo_model *m, enum olmo_act_ckpt mode, int every) {
+    if (mode != ACT_CKPT_NONE && mode != ACT_CKPT_FEED_FORWARD && mode != ACT_CKPT_BLOCK)
+        return olmo_error("activation checkpointing mode %d is not none, feed_forward or block", (int)mode);
+    if (every < 1) return olmo_error("activation checkpointing: block_every must be >= 1, got %d", every);
+    if (mode == m->ckpt_mode && every == m->ckpt_every) return 0;
+    free_acts(m); /* sized for the old mode: the next olmo_model_reserve allocates for the new one */
+    m->ckpt_mode = mode;
+    m->ckpt_every = every;
+    return 0;
+}
+
+int olmo_model_set_saved_type(struct olmo_model *m, enum olmo_float_type type) {
+    if (type != OLMO_F32 && type != OLMO_BF16) return olmo_error("saved activations: unknown type %d", (int)type);
+    if (type == OLMO_BF16 && m->be->compute_dtype != OLMO_BF16)
+        return olmo_error("saved activations in bf16 need a backend that multiplies in bf16 (cpu-bf16, cuda-bf16); "
+                          "backend '%s' computes in fp32", m->be->name);
+    if (type == m->saved_type) return 0;
+    free_acts(m); /* the next olmo_model_reserve allocates them in the new type */
+    m->saved_type = type;
+    return 0;
+}
+
+bool olmo_model_layer_checkpointed(const struct olmo_model *m, int l) {
+    return m->ckpt_mode != ACT_CKPT_NONE && m->ckpt_every > 0 && l % m->ckpt_every == 0;
+}
+
+struct olmo_layer_acts olmo_model_layer_acts(const struct olmo_model *m, int l) {
+    struct olmo_layer_acts a = m->acts[l];
+    const struct olmo_layer_acts *r = &m->recompute;
+    if (olmo_model_layer_checkpointed(m, l) && m->ckpt_mode == ACT_CKPT_BLOCK) {
+        float *x = a.x;
+        a = *r;
+        a.x = x;
+    } else if (olmo_model_layer_checkpointed(m, l)) {
+        a.g = r->g;
+        a.u = r->u;
+        a.s = r->s;
+    }
+    /* what is saved as bf16 is computed in fp32 working buffers: the input in resid, h and s in the
+     * backward's dh and ds (free during the forward pass; the backward reads only the bf16 copies) */
+    if (a.x16) a.x = m->resid;
+    if (a.h16) a.h = m->dh;
+    if (a.s16) a.s = m->ds;
+    return a;
 }
 
 void olmo_model_destroy(struct olmo_model *m) {
@@ -317,40 +376,67 @@ int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len) {
     /* Two passes over one list: the first (host memory) adds up the bytes and refuses what cannot
      * fit, the second allocates. */
     double need = 3.0 * N * sizeof(int32_t); /* tokens, targets, doc_ids */
-    bool counting = be->host_memory;
+    const double before_acts = need;
+    double act_bytes = 0;
+    bool counting = true; /* the first pass also measures the saved activations (m->act_bytes) */
     struct olmo_layer_acts counted;
-#define ALLOC(ptr, count)                                                                 \
+#define ALLOC_TYPED(ptr, count, size)                                                     \
     do {                                                                                  \
-        if (counting) need += (double)(count) * sizeof(float);                            \
-        else if (!((ptr) = be->alloc(be, (count) * sizeof(float)))) failed = 1;           \
+        if (counting) need += (double)(count) * (size);                                   \
+        else if (!((ptr) = be->alloc(be, (count) * (size)))) failed = 1;                  \
     } while (0)
+#define ALLOC(ptr, count) ALLOC_TYPED(ptr, count, sizeof(float))
+#define ALLOC16(ptr, count) ALLOC_TYPED(ptr, count, sizeof(uint16_t))
 pass:
     if (!counting && !(m->acts = olmo_calloc((size_t)c->n_layers, sizeof *m->acts, "activation table"))) return -1;
-    for (int l = 0; l < c->n_layers; l++) {
-        struct olmo_layer_acts *a = counting ? &counted : &m->acts[l];
-        ALLOC(a->x, N * D);
-        ALLOC(a->q_raw, N * Q);
-        ALLOC(a->k_raw, N * K);
-        ALLOC(a->q, N * Q);
-        ALLOC(a->k, N * K);
-        ALLOC(a->v, N * K);
-        ALLOC(a->rstd_q, N);
-        ALLOC(a->rstd_k, N);
-        ALLOC(a->att, N * Q);
-        ALLOC(a->lse, N * (size_t)c->n_heads);
-        ALLOC(a->o, N * D);
-        ALLOC(a->rstd_o, N);
-        ALLOC(a->h, N * D);
-        ALLOC(a->g, N * F);
-        ALLOC(a->u, N * F);
-        ALLOC(a->s, N * F);
-        ALLOC(a->m, N * D);
-        ALLOC(a->rstd_m, N);
+    /* Layer l keeps x always; the attention part (q_raw .. h, m, rstd_m) unless block-checkpointed; the
+     * MLP's inner g, u, s unless checkpointed.  The recompute set holds the rest, once. */
+    bool any_checkpointed = false, any_x16 = false;
+    const bool bf16 = m->saved_type == OLMO_BF16;
+    for (int l = 0; l <= c->n_layers; l++) {
+        const bool shared = l == c->n_layers; /* the last pass: the recompute set */
+        if (shared && !any_checkpointed) break;
+        const bool ck = !shared && olmo_model_layer_checkpointed(m, l);
+        any_checkpointed |= ck;
+        struct olmo_layer_acts *a = counting ? &counted : shared ? &m->recompute : &m->acts[l];
+        const bool keep_x = !shared, keep_attn = shared ? m->ckpt_mode == ACT_CKPT_BLOCK : !(ck && m->ckpt_mode == ACT_CKPT_BLOCK),
+                   keep_mlp = shared || !ck;
+        /* a block-checkpointed layer reruns its forward from x: fp32 there */
+        const bool x16 = keep_x && bf16 && !(ck && m->ckpt_mode == ACT_CKPT_BLOCK);
+        any_x16 |= x16;
+        if (x16) ALLOC16(a->x16, N * D);
+        else if (keep_x) ALLOC(a->x, N * D);
+        if (keep_attn) {
+            ALLOC(a->q_raw, N * Q);
+            ALLOC(a->k_raw, N * K);
+            ALLOC(a->q, N * Q);
+            ALLOC(a->k, N * K);
+            ALLOC(a->v, N * K);
+            ALLOC(a->rstd_q, N);
+            ALLOC(a->rstd_k, N);
+            ALLOC(a->att, N * Q);
+            ALLOC(a->lse, N * (size_t)c->n_heads);
+            ALLOC(a->o, N * D);
+            ALLOC(a->rstd_o, N);
+            if (bf16 && !shared) ALLOC16(a->h16, N * D);
+            else ALLOC(a->h, N * D);
+            ALLOC(a->m, N * D);
+            ALLOC(a->rstd_m, N);
+        }
+        if (keep_mlp) {
+            ALLOC(a->g, N * F);
+            ALLOC(a->u, N * F);
+            if (bf16 && !shared) ALLOC16(a->s16, N * F);
+            else ALLOC(a->s, N * F);
+        }
         if (failed) break;
     }
+    if (any_x16) ALLOC(m->resid, N * D);
     ALLOC(m->x_final, N * D);
-    ALLOC(m->xn_final, N * D);
+    if (bf16) ALLOC16(m->xn16, N * D);
+    else ALLOC(m->xn_final, N * D);
     ALLOC(m->rstd_final, N);
+    if (counting) act_bytes = need - before_acts;
     ALLOC(m->logits, N * V);
     ALLOC(m->rope_cos, (size_t)seq_len * m->head_dim / 2);
     ALLOC(m->rope_sin, (size_t)seq_len * m->head_dim / 2);
@@ -365,10 +451,12 @@ pass:
     ALLOC(m->du, N * F);
     ALLOC(m->ds, N * F);
 #undef ALLOC
+#undef ALLOC16
+#undef ALLOC_TYPED
     if (counting) {
         const size_t limit = olmo_memory_limit();
         char a[32], b[32];
-        if (need > (double)limit) {
+        if (be->host_memory && need > (double)limit) {
             m->batch = m->seq_len = 0;
             return olmo_error("activations for train.micro_batch %d x train.seq_len %d need %s, more than this "
                               "process may use (%s: physical memory or ulimit); reduce train.micro_batch or "
@@ -383,6 +471,7 @@ pass:
     if (!failed && !(m->doc_ids = be->alloc(be, N * sizeof(int32_t)))) failed = 1;
     m->batch = batch;
     m->seq_len = seq_len;
+    m->act_bytes = (size_t)act_bytes;
     if (failed) {
         free_acts(m);
         return olmo_error_context("activations for batch %d x seq_len %d", batch, seq_len);
@@ -407,10 +496,18 @@ pass:
 #define HOOK(which, unit, backward) \
     TRY(m->hooks ? m->hooks->which(m->hooks->ctx, m, (unit), (backward)) : 0)
 
+/* Layer l's fp32 input: its saved x, or resid where it saves x as bf16. */
+static float *layer_input(struct olmo_model *m, int l) {
+    return m->acts[l].x16 ? m->resid : m->acts[l].x;
+}
+
 /* Where layer l writes its output: the next layer's input, or the final norm's. */
 static float *layer_output(struct olmo_model *m, int l) {
-    return l == m->cfg.n_layers - 1 ? m->x_final : m->acts[l + 1].x;
+    return l == m->cfg.n_layers - 1 ? m->x_final : layer_input(m, l + 1);
 }
+
+/* A saved activation as a GEMM operand (two arguments, pointer and type): its bf16 copy where it has one. */
+#define SAVED(a, f) ((a)->f##16 ? (const void *)(a)->f##16 : (const void *)(a)->f), ((a)->f##16 ? OLMO_BF16 : OLMO_F32)
 
 /* Copies n rows of a [n, width] buffer into a ring of cap rows starting at position p0. */
 static int cache_store(const struct olmo_backend *be, float *cache, const float *rows, int n, int p0, int cap,
@@ -420,6 +517,18 @@ static int cache_store(const struct olmo_backend *be, float *cache, const float 
         TRY(be->copy(be, cache + (size_t)slot * width, rows + (size_t)i * width, sizeof(float) * (size_t)run * width));
         i += run;
     }
+    return 0;
+}
+
+/* The MLP's inner activations from its input h: g = gate(h), u = up(h), s = silu(g) * u (the forward
+ * pass and the feed_forward recompute run this same code, so the recomputed values are bit-identical). */
+static int ffn_inner_forward(const struct olmo_model *m, const struct olmo_layer_tensors *w,
+                             const struct olmo_layer_acts *a, const void *h, enum olmo_float_type h_type, int N) {
+    const struct olmo_backend *be = m->be;
+    const int D = m->cfg.d_model, F = m->cfg.mlp_hidden;
+    TRY(be->gemm(be, false, true, N, F, D, 1.0f, h, h_type, D, WEIGHT(w->gate), D, 0.0f, a->g, F));
+    TRY(be->gemm(be, false, true, N, F, D, 1.0f, h, h_type, D, WEIGHT(w->up), D, 0.0f, a->u, F));
+    TRY(be->swiglu_fwd(be, a->s, a->g, a->u, (size_t)N * F));
     return 0;
 }
 
@@ -450,12 +559,26 @@ int olmo_layer_forward(const struct olmo_model *m, int layer, const struct olmo_
     TRY(be->rmsnorm_fwd(be, tmp, a->rstd_o, a->o, w->attn_norm, N, D, eps));
     TRY(be->add(be, a->h, a->x, tmp, (size_t)N * D));
     /* MLP block: out = h + norm(down(silu(gate(h)) * up(h))) */
-    TRY(be->gemm(be, false, true, N, F, D, 1.0f, a->h, OLMO_F32, D, WEIGHT(w->gate), D, 0.0f, a->g, F));
-    TRY(be->gemm(be, false, true, N, F, D, 1.0f, a->h, OLMO_F32, D, WEIGHT(w->up), D, 0.0f, a->u, F));
-    TRY(be->swiglu_fwd(be, a->s, a->g, a->u, (size_t)N * F));
+    TRY(ffn_inner_forward(m, w, a, a->h, OLMO_F32, N));
     TRY(be->gemm(be, false, true, N, D, F, 1.0f, a->s, OLMO_F32, F, WEIGHT(w->down), F, 0.0f, a->m, D));
     TRY(be->rmsnorm_fwd(be, tmp, a->rstd_m, a->m, w->ff_norm, N, D, eps));
     TRY(be->add(be, out, a->h, tmp, (size_t)N * D));
+    return 0;
+}
+
+int olmo_model_block_forward(struct olmo_model *m, int l) {
+    struct olmo_attn_shape shape;
+    attn_shape(m, l, &shape);
+    const struct olmo_backend *be = m->be;
+    const size_t ND = (size_t)m->batch * m->seq_len * m->cfg.d_model, NF = (size_t)m->batch * m->seq_len * m->cfg.mlp_hidden;
+    const struct olmo_layer_acts a = olmo_model_layer_acts(m, l);
+    /* the bf16 copy of x first: the layer's output may overwrite its input (both in resid) */
+    if (a.x16) TRY(be->convert(be, a.x16, OLMO_BF16, a.x, OLMO_F32, ND));
+    /* m->dtmp is free during the forward pass */
+    TRY(olmo_layer_forward(m, l, &a, layer_output(m, l), m->dtmp, m->rope_cos, m->rope_sin, &shape,
+                           m->use_doc_ids ? m->doc_ids : NULL, NULL));
+    if (a.h16) TRY(be->convert(be, a.h16, OLMO_BF16, a.h, OLMO_F32, ND));
+    if (a.s16) TRY(be->convert(be, a.s16, OLMO_BF16, a.s, OLMO_F32, NF));
     return 0;
 }
 
@@ -484,18 +607,16 @@ int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_mas
         free(docs);
     }
     HOOK(acquire, OLMO_UNIT_ROOT, false);
-    TRY(be->embedding_fwd(be, m->acts[0].x, m->embed, m->tokens, N, D));
+    TRY(be->embedding_fwd(be, layer_input(m, 0), m->embed, m->tokens, N, D));
     for (int l = 0; l < c->n_layers; l++) {
-        struct olmo_attn_shape shape;
-        attn_shape(m, l, &shape);
         HOOK(acquire, l, false);
-        /* m->dtmp is free during the forward pass */
-        TRY(olmo_layer_forward(m, l, &m->acts[l], layer_output(m, l), m->dtmp, m->rope_cos, m->rope_sin, &shape,
-                               doc_masking ? m->doc_ids : NULL, NULL));
+        TRY(olmo_model_block_forward(m, l));
         HOOK(release, l, false);
     }
-    TRY(be->rmsnorm_fwd(be, m->xn_final, m->rstd_final, m->x_final, m->final_norm, N, D, eps));
-    TRY(be->gemm(be, false, true, N, V, D, 1.0f, m->xn_final, OLMO_F32, D, WEIGHT(m->lm_head), D, 0.0f, m->logits, V));
+    float *xn = m->xn16 ? m->dtmp : m->xn_final; /* saved as bf16: computed in fp32 scratch first */
+    TRY(be->rmsnorm_fwd(be, xn, m->rstd_final, m->x_final, m->final_norm, N, D, eps));
+    TRY(be->gemm(be, false, true, N, V, D, 1.0f, xn, OLMO_F32, D, WEIGHT(m->lm_head), D, 0.0f, m->logits, V));
+    if (m->xn16) TRY(be->convert(be, m->xn16, OLMO_BF16, xn, OLMO_F32, (size_t)N * D));
     return 0;
 }
 
@@ -507,52 +628,74 @@ int olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_sca
     return 0;
 }
 
+/* What a checkpointed layer did not keep, recomputed from what it kept with the same ops and weights. */
+static int block_recompute(struct olmo_model *m, int l, const struct olmo_layer_acts *a) {
+    if (!olmo_model_layer_checkpointed(m, l)) return 0;
+    if (m->ckpt_mode == ACT_CKPT_FEED_FORWARD) /* from h (its bf16 copy: the GEMM rounds h to bf16 anyway) */
+        return ffn_inner_forward(m, &m->lw[l], a, SAVED(a, h), m->batch * m->seq_len);
+    /* block: the whole layer from its input; its output (already the next layer's input) goes to m->dh,
+     * which the backward overwrites before reading, and m->dtmp is the forward's scratch */
+    struct olmo_attn_shape shape;
+    attn_shape(m, l, &shape);
+    return olmo_layer_forward(m, l, a, m->dh, m->dtmp, m->rope_cos, m->rope_sin, &shape,
+                              m->use_doc_ids ? m->doc_ids : NULL, NULL);
+}
+
+int olmo_model_block_backward(struct olmo_model *m, int l) {
+    const struct olmo_backend *be = m->be;
+    const struct olmo_model_config *c = &m->cfg;
+    const int N = m->batch * m->seq_len, D = c->d_model, Q = m->q_dim, K = m->kv_dim, F = c->mlp_hidden;
+    const size_t ND = (size_t)N * D;
+    const struct olmo_layer_acts acts = olmo_model_layer_acts(m, l), *a = &acts;
+    const struct olmo_layer_tensors *w = &m->lw[l];
+    struct olmo_layer_tensors *g = &m->lg[l];
+    struct olmo_attn_shape shape;
+    attn_shape(m, l, &shape);
+    TRY(block_recompute(m, l, a));
+    /* MLP block */
+    TRY(be->rmsnorm_bwd(be, m->dtmp, g->ff_norm, m->dx, a->m, w->ff_norm, a->rstd_m, N, D));
+    TRY(be->gemm(be, false, false, N, F, D, 1.0f, m->dtmp, OLMO_F32, D, WEIGHT(w->down), F, 0.0f, m->ds, F));
+    TRY(be->gemm(be, true, false, D, F, N, 1.0f, m->dtmp, OLMO_F32, D, SAVED(a, s), F, 1.0f, g->down, F));
+    TRY(be->swiglu_bwd(be, m->dg, m->du, m->ds, a->g, a->u, (size_t)N * F));
+    TRY(be->copy(be, m->dh, m->dx, ND * sizeof(float)));
+    TRY(be->gemm(be, false, false, N, D, F, 1.0f, m->dg, OLMO_F32, F, WEIGHT(w->gate), D, 1.0f, m->dh, D));
+    TRY(be->gemm(be, false, false, N, D, F, 1.0f, m->du, OLMO_F32, F, WEIGHT(w->up), D, 1.0f, m->dh, D));
+    TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->dg, OLMO_F32, F, SAVED(a, h), D, 1.0f, g->gate, D));
+    TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->du, OLMO_F32, F, SAVED(a, h), D, 1.0f, g->up, D));
+    /* attention block */
+    TRY(be->rmsnorm_bwd(be, m->dtmp, g->attn_norm, m->dh, a->o, w->attn_norm, a->rstd_o, N, D));
+    TRY(be->gemm(be, false, false, N, Q, D, 1.0f, m->dtmp, OLMO_F32, D, WEIGHT(w->wo), Q, 0.0f, m->datt, Q));
+    TRY(be->gemm(be, true, false, D, Q, N, 1.0f, m->dtmp, OLMO_F32, D, a->att, OLMO_F32, Q, 1.0f, g->wo, Q));
+    TRY(be->attention_bwd(be, m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v,
+                      m->use_doc_ids ? m->doc_ids : NULL, &shape));
+    TRY(be->rope_bwd(be, m->dq, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_heads, m->head_dim));
+    TRY(be->rope_bwd(be, m->dk, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_kv_heads, m->head_dim));
+    TRY(be->rmsnorm_bwd(be, m->dq, g->q_norm, m->dq, a->q_raw, w->q_norm, a->rstd_q, N, Q));
+    TRY(be->rmsnorm_bwd(be, m->dk, g->k_norm, m->dk, a->k_raw, w->k_norm, a->rstd_k, N, K));
+    TRY(be->copy(be, m->dx, m->dh, ND * sizeof(float)));
+    TRY(be->gemm(be, false, false, N, D, Q, 1.0f, m->dq, OLMO_F32, Q, WEIGHT(w->wq), D, 1.0f, m->dx, D));
+    TRY(be->gemm(be, false, false, N, D, K, 1.0f, m->dk, OLMO_F32, K, WEIGHT(w->wk), D, 1.0f, m->dx, D));
+    TRY(be->gemm(be, false, false, N, D, K, 1.0f, m->dv, OLMO_F32, K, WEIGHT(w->wv), D, 1.0f, m->dx, D));
+    TRY(be->gemm(be, true, false, Q, D, N, 1.0f, m->dq, OLMO_F32, Q, SAVED(a, x), D, 1.0f, g->wq, D));
+    TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dk, OLMO_F32, K, SAVED(a, x), D, 1.0f, g->wk, D));
+    TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dv, OLMO_F32, K, SAVED(a, x), D, 1.0f, g->wv, D));
+    return 0;
+}
+
 int olmo_model_backward(struct olmo_model *m) {
     const struct olmo_backend *be = m->be;
     const struct olmo_model_config *c = &m->cfg;
-    const int N = m->batch * m->seq_len, D = c->d_model, Q = m->q_dim, K = m->kv_dim, F = c->mlp_hidden,
-              V = c->vocab_size;
-    const size_t ND = (size_t)N * D;
+    const int N = m->batch * m->seq_len, D = c->d_model, V = c->vocab_size;
     HOOK(acquire, OLMO_UNIT_ROOT, true);
     /* LM head and final norm; m->logits holds dL/dlogits. */
     TRY(be->gemm(be, false, false, N, D, V, 1.0f, m->logits, OLMO_F32, V, WEIGHT(m->lm_head), D, 0.0f, m->dtmp, D));
-    TRY(be->gemm(be, true, false, V, D, N, 1.0f, m->logits, OLMO_F32, V, m->xn_final, OLMO_F32, D, 1.0f, m->d_lm_head, D));
+    TRY(be->gemm(be, true, false, V, D, N, 1.0f, m->logits, OLMO_F32, V, m->xn16 ? (const void *)m->xn16 : m->xn_final,
+                 m->xn16 ? OLMO_BF16 : OLMO_F32, D, 1.0f, m->d_lm_head, D));
     TRY(be->rmsnorm_bwd(be, m->dx, m->d_final_norm, m->dtmp, m->x_final, m->final_norm, m->rstd_final, N, D));
     /* m->dx: gradient w.r.t. the current layer's output. */
     for (int l = c->n_layers - 1; l >= 0; l--) {
-        struct olmo_layer_acts *a = &m->acts[l];
-        const struct olmo_layer_tensors *w = &m->lw[l];
-        struct olmo_layer_tensors *g = &m->lg[l];
-        struct olmo_attn_shape shape;
-        attn_shape(m, l, &shape);
-        HOOK(acquire, l, true);
-        /* MLP block */
-        TRY(be->rmsnorm_bwd(be, m->dtmp, g->ff_norm, m->dx, a->m, w->ff_norm, a->rstd_m, N, D));
-        TRY(be->gemm(be, false, false, N, F, D, 1.0f, m->dtmp, OLMO_F32, D, WEIGHT(w->down), F, 0.0f, m->ds, F));
-        TRY(be->gemm(be, true, false, D, F, N, 1.0f, m->dtmp, OLMO_F32, D, a->s, OLMO_F32, F, 1.0f, g->down, F));
-        TRY(be->swiglu_bwd(be, m->dg, m->du, m->ds, a->g, a->u, (size_t)N * F));
-        TRY(be->copy(be, m->dh, m->dx, ND * sizeof(float)));
-        TRY(be->gemm(be, false, false, N, D, F, 1.0f, m->dg, OLMO_F32, F, WEIGHT(w->gate), D, 1.0f, m->dh, D));
-        TRY(be->gemm(be, false, false, N, D, F, 1.0f, m->du, OLMO_F32, F, WEIGHT(w->up), D, 1.0f, m->dh, D));
-        TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->dg, OLMO_F32, F, a->h, OLMO_F32, D, 1.0f, g->gate, D));
-        TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->du, OLMO_F32, F, a->h, OLMO_F32, D, 1.0f, g->up, D));
-        /* attention block */
-        TRY(be->rmsnorm_bwd(be, m->dtmp, g->attn_norm, m->dh, a->o, w->attn_norm, a->rstd_o, N, D));
-        TRY(be->gemm(be, false, false, N, Q, D, 1.0f, m->dtmp, OLMO_F32, D, WEIGHT(w->wo), Q, 0.0f, m->datt, Q));
-        TRY(be->gemm(be, true, false, D, Q, N, 1.0f, m->dtmp, OLMO_F32, D, a->att, OLMO_F32, Q, 1.0f, g->wo, Q));
-        TRY(be->attention_bwd(be, m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v,
-                          m->use_doc_ids ? m->doc_ids : NULL, &shape));
-        TRY(be->rope_bwd(be, m->dq, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_heads, m->head_dim));
-        TRY(be->rope_bwd(be, m->dk, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_kv_heads, m->head_dim));
-        TRY(be->rmsnorm_bwd(be, m->dq, g->q_norm, m->dq, a->q_raw, w->q_norm, a->rstd_q, N, Q));
-        TRY(be->rmsnorm_bwd(be, m->dk, g->k_norm, m->dk, a->k_raw, w->k_norm, a->rstd_k, N, K));
-        TRY(be->copy(be, m->dx, m->dh, ND * sizeof(float)));
-        TRY(be->gemm(be, false, false, N, D, Q, 1.0f, m->dq, OLMO_F32, Q, WEIGHT(w->wq), D, 1.0f, m->dx, D));
-        TRY(be->gemm(be, false, false, N, D, K, 1.0f, m->dk, OLMO_F32, K, WEIGHT(w->wk), D, 1.0f, m->dx, D));
-        TRY(be->gemm(be, false, false, N, D, K, 1.0f, m->dv, OLMO_F32, K, WEIGHT(w->wv), D, 1.0f, m->dx, D));
-        TRY(be->gemm(be, true, false, Q, D, N, 1.0f, m->dq, OLMO_F32, Q, a->x, OLMO_F32, D, 1.0f, g->wq, D));
-        TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dk, OLMO_F32, K, a->x, OLMO_F32, D, 1.0f, g->wk, D));
-        TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dv, OLMO_F32, K, a->x, OLMO_F32, D, 1.0f, g->wv, D));
+        HOOK(acquire, l, true); /* a checkpointed block recomputes with these weights */
+        TRY(olmo_model_block_backward(m, l));
         HOOK(release, l, true);
     }
     TRY(be->embedding_bwd(be, m->d_embed, m->dx, m->tokens, N, D));

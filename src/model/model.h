@@ -34,6 +34,11 @@ struct olmo_layer_acts {
     float *h;               /* x + norm(o) */
     float *g, *u, *s;       /* gate, up, silu(gate)*up [N, F] */
     float *m, *rstd_m;      /* down_proj output and its norm statistics */
+    /* Training on a backend that multiplies in bf16 (olmo_model_set_saved_type): x, h and s, whose only
+     * use in the backward pass is as GEMM operands (which that backend rounds to bf16 anyway), are
+     * saved as bf16 copies here instead, and x, h, s then point at shared fp32 working buffers that
+     * hold them only during the layer's forward (olmo_model_layer_acts).  NULL otherwise. */
+    void *x16, *h16, *s16;
 };
 
 /* Residency hooks (fully sharded training, train/fsdp.c): the forward and
@@ -81,9 +86,30 @@ struct olmo_model {
     float *embed, *final_norm, *lm_head;
     float *d_embed, *d_final_norm, *d_lm_head;
 
-    /* Activations for one micro-batch shape (allocated by olmo_model_reserve). */
+    /* Activation checkpointing (olmo_model_set_checkpointing; train.activation_checkpointing): layer l
+     * is checkpointed when ckpt_mode != ACT_CKPT_NONE and l % ckpt_every == 0 (OLMo-core's block_interval).
+     *   feed_forward: a checkpointed layer keeps no g, u, s (the MLP's inner activations); its backward
+     *                 recomputes them from h.
+     *   block:        a checkpointed layer keeps only its input x; its backward reruns the whole layer
+     *                 forward from x, then its backward.
+     * What a checkpointed layer does not keep lives in `recompute`, one set shared by all layers. */
+    enum olmo_act_ckpt ckpt_mode;
+    int ckpt_every;
+    /* Type of the saved activations that are only GEMM operands in the backward pass (x, h, s of the
+     * layers that keep them, and the final norm's output): bf16 by default where the backend's
+     * compute_dtype is bf16, so the results do not change; fp32 otherwise. */
+    enum olmo_float_type saved_type;
+
+    /* Activations for one micro-batch shape (allocated by olmo_model_reserve). acts[l] holds only what
+     * layer l keeps (NULL elsewhere); olmo_model_layer_acts resolves the rest to `recompute`. */
     int batch, seq_len;
     struct olmo_layer_acts *acts;
+    struct olmo_layer_acts recompute;
+    /* Bytes of the saved activations, set by olmo_model_reserve: every layer's acts, the recompute set,
+     * resid, x_final, xn_final/xn16 and rstd_final (not the logits, the token ids or backward scratch). */
+    size_t act_bytes;
+    float *resid; /* the fp32 input of the layers that save x as bf16 (NULL when none does) */
+    void *xn16;   /* the final norm's output as bf16 when saved_type is bf16 (xn_final NULL then) */
     float *x_final, *xn_final, *rstd_final, *logits;
     float *rope_cos, *rope_sin;
     int32_t *tokens, *targets, *doc_ids;
@@ -120,8 +146,25 @@ int olmo_model_sync_weights(struct olmo_model *m);
 /* Weight w (a pointer into m->weights) as a GEMM operand: its compute copy where there is one, and that type. */
 const void *olmo_model_weight(const struct olmo_model *m, const float *w);
 enum olmo_float_type olmo_model_weight_type(const struct olmo_model *m);
-/* Allocates activations for micro-batches of batch x seq_len (idempotent for the same shape). */
+/* Allocates activations for micro-batches of batch x seq_len (idempotent for the same shape), only
+ * those the checkpointing mode keeps. */
 int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len);
+/* Sets the checkpointing mode (default none) and interval (>= 1); call before olmo_model_reserve
+ * (a change frees reserved activations, so the next reserve sizes them for the new mode). */
+int olmo_model_set_checkpointing(struct olmo_model *m, enum olmo_act_ckpt mode, int every);
+/* The type of the GEMM-operand activations it saves (see saved_type): OLMO_BF16 only on a backend whose
+ * compute_dtype is bf16.  Call before olmo_model_reserve (a change frees reserved activations). */
+int olmo_model_set_saved_type(struct olmo_model *m, enum olmo_float_type type);
+/* Whether layer l's activations are recomputed in the backward pass. */
+bool olmo_model_layer_checkpointed(const struct olmo_model *m, int l);
+/* Layer l's activation buffers: its own, and the shared recompute buffers for what it does not keep. */
+struct olmo_layer_acts olmo_model_layer_acts(const struct olmo_model *m, int l);
+/* One layer's forward (training) and backward pass, the per-block steps of olmo_model_forward and
+ * olmo_model_backward (backward: m->dx holds the gradient w.r.t. the layer's output on entry and
+ * w.r.t. its input on return; a checkpointed layer first recomputes what it did not keep, with the
+ * same weights, so its result is bit-identical to a run without checkpointing). */
+int olmo_model_block_forward(struct olmo_model *m, int l);
+int olmo_model_block_backward(struct olmo_model *m, int l);
 const struct olmo_param *olmo_model_find_param(const struct olmo_model *m, const char *name);
 
 /* Forward pass over tokens [batch*seq_len] (host memory); logits end up in m->logits.

@@ -2,7 +2,10 @@
  * loads a config, weights and a token batch, then writes to one safetensors
  * file everything the Python side compares: logits of the first micro-batch,
  * step-1 losses and every parameter gradient (before clipping), the losses
- * of each step, and the parameters after the last AdamW step. */
+ * of each step, the parameters after the last AdamW step, and the bytes of
+ * saved activations the model reserved (act_bytes).  An optional sixth
+ * argument names the backend (default cpu); a seventh, the type of the
+ * GEMM-operand activations it saves (f32 or bf16; default: the backend's). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,15 +16,18 @@
 #include "util/error.h"
 
 static int run(const char *config_path, const char *weights_path, const char *batch_path, int steps,
-               const char *out_path) {
+               const char *out_path, const char *backend, const char *saved_type) {
     struct olmo_config cfg;
     olmo_config_defaults(&cfg);
     if (olmo_config_load(&cfg, config_path) || olmo_config_validate(&cfg)) return -1;
     struct olmo_trainer tr;
-    struct olmo_backend *be = olmo_backend_create("cpu"); /* the process's: freed at exit */
+    struct olmo_backend *be = olmo_backend_create(backend); /* the process's: freed at exit */
     if (!be || olmo_trainer_init(&tr, &cfg, be) || olmo_weights_load(&tr.model, weights_path)) return -1;
     struct olmo_model *m = &tr.model;
     const struct olmo_train_config *t = &cfg.train;
+    if (saved_type && (olmo_model_set_saved_type(m, strcmp(saved_type, "bf16") ? OLMO_F32 : OLMO_BF16) ||
+                       olmo_model_reserve(m, t->micro_batch, t->seq_len)))
+        return -1;
     const size_t rows = (size_t)t->grad_accum * t->micro_batch, per_step = rows * t->seq_len;
 
     struct st_file bf;
@@ -63,6 +69,9 @@ static int run(const char *config_path, const char *weights_path, const char *ba
         losses[3 * s + 2] = res.grad_norm;
         if (olmo_trainer_update(&tr, &res)) return -1;
     }
+    const double act_bytes = (double)m->act_bytes;
+    int64_t ashape[1] = {1};
+    if (st_writer_add(&w, "act_bytes", ST_F64, 1, ashape, &act_bytes)) return -1;
     int64_t sshape[2] = {steps, 3};
     if (st_writer_add(&w, "losses", ST_F64, 2, sshape, losses)) return -1;
     m->be->to_host(m->be, host, m->weights, m->n_floats * sizeof(float));
@@ -85,11 +94,12 @@ static int run(const char *config_path, const char *weights_path, const char *ba
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6) {
-        fprintf(stderr, "usage: fidelity_runner CONFIG.yaml WEIGHTS.safetensors BATCH.safetensors STEPS OUT.safetensors\n");
+    if (argc < 6 || argc > 8 || (argc == 8 && strcmp(argv[7], "f32") && strcmp(argv[7], "bf16"))) {
+        fprintf(stderr, "usage: fidelity_runner CONFIG.yaml WEIGHTS.safetensors BATCH.safetensors STEPS OUT.safetensors "
+                        "[BACKEND [f32|bf16]]\n");
         return 2;
     }
-    if (run(argv[1], argv[2], argv[3], atoi(argv[4]), argv[5])) {
+    if (run(argv[1], argv[2], argv[3], atoi(argv[4]), argv[5], argc >= 7 ? argv[6] : "cpu", argc == 8 ? argv[7] : NULL)) {
         fprintf(stderr, "fidelity_runner: %s\n", olmo_last_error());
         return 1;
     }
