@@ -101,6 +101,11 @@ static struct olmo_backend *cpu_new(const char *name, cpu_gemm_fn gemm, const ch
         .swiglu_bwd = cpu_swiglu_bwd, .add = cpu_add, .cross_entropy = cpu_cross_entropy,
         .sum_squares = cpu_sum_squares, .scale = cpu_scale, .adamw = cpu_adamw,
         .attention_cached = cpu_attention_cached};
+    if (cpu_attention_select(st, bf16) != 0) { /* OLMOC_CPU_ISA it cannot honour */
+        free(st);
+        free(be);
+        return NULL;
+    }
     return be;
 }
 
