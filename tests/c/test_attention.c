@@ -290,9 +290,9 @@ static void test_long(int T, int window, int doc_len) {
     problem_free(&p);
 }
 
-static double now(void) {
+static double now(clockid_t clock) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(clock, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -302,35 +302,45 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* --bench: GFLOP/s of forward and backward (median and best of `reps`), model FLOPs as
- * src/backend/profile.c counts them: 4 (forward) or 8 (backward) x visible pairs x heads x head_dim. */
+ * src/backend/profile.c counts them: 4 (forward) or 8 (backward) x visible pairs x heads x head_dim.
+ * Over the process's CPU time divided by the thread count, so that other processes on a shared
+ * machine (which take the processor away, not CPU time) hardly change the figures; wall-clock
+ * figures beside them. */
 static int bench(double peak) {
     enum { REPS = 7 };
     const int T = 2048, shapes[][3] = {{64, 6, 0}, {64, 6, 256}, {128, 3, 0}, {128, 3, 256}}; /* D, H, window */
-    printf("bench: %d thread(s), T=%d, batch 1, model FLOPs; median (best) of %d runs%s\n", omp_get_max_threads(), T,
-           REPS, peak > 0 ? "; % of the given peak" : "");
+    const int threads = omp_get_max_threads();
+    printf("bench: %d thread(s), T=%d, batch 1, model FLOPs over CPU seconds / threads, median (best) of %d runs%s; "
+           "[wall-clock median]\n",
+           threads, T, REPS, peak > 0 ? ", % of the given peak" : "");
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const int D = shapes[i][0], H = shapes[i][1], w = shapes[i][2], wv = w > 0 && w < T ? w : T;
         const double pairs = (double)wv * (wv + 1) / 2.0 + (double)(T - wv) * wv;
         struct problem p;
         problem_init(&p, 1, T, H, H, D, w, 0);
         run(&p); /* warm-up: scratch buffers and the thread team exist */
-        double tf[REPS], tb[REPS];
+        double tf[REPS], tb[REPS], wf[REPS], wb[REPS];
         for (int r = 0; r < REPS; r++) {
-            double t0 = now();
+            const double c0 = now(CLOCK_PROCESS_CPUTIME_ID), w0 = now(CLOCK_MONOTONIC);
             be->attention_fwd(be, p.out, p.lse, p.q, p.k, p.v, NULL, &p.s);
-            double t1 = now();
+            const double c1 = now(CLOCK_PROCESS_CPUTIME_ID), w1 = now(CLOCK_MONOTONIC);
             be->attention_bwd(be, p.dq, p.dk, p.dv, p.dout, p.out, p.lse, p.q, p.k, p.v, NULL, &p.s);
-            tf[r] = t1 - t0, tb[r] = now() - t1;
+            tf[r] = (c1 - c0) / threads, tb[r] = (now(CLOCK_PROCESS_CPUTIME_ID) - c1) / threads;
+            wf[r] = w1 - w0, wb[r] = now(CLOCK_MONOTONIC) - w1;
         }
         qsort(tf, REPS, sizeof tf[0], cmp_double);
         qsort(tb, REPS, sizeof tb[0], cmp_double);
+        qsort(wf, REPS, sizeof wf[0], cmp_double);
+        qsort(wb, REPS, sizeof wb[0], cmp_double);
         const double ff = 4.0 * pairs * H * D * 1e-9, fb = 2.0 * ff;
         printf("bench D=%3d H=%d window %4d:", D, H, w);
         const char *pass[2] = {"fwd", "bwd"};
-        const double flops[2] = {ff, fb}, med[2] = {tf[REPS / 2], tb[REPS / 2]}, best[2] = {tf[0], tb[0]};
+        const double flops[2] = {ff, fb}, med[2] = {tf[REPS / 2], tb[REPS / 2]}, best[2] = {tf[0], tb[0]},
+                     wall[2] = {wf[REPS / 2], wb[REPS / 2]};
         for (int k = 0; k < 2; k++) {
             printf("  %s %6.1f (%6.1f) GFLOP/s", pass[k], flops[k] / med[k], flops[k] / best[k]);
             if (peak > 0) printf(" = %3.0f%% (%3.0f%%)", 100 * flops[k] / med[k] / peak, 100 * flops[k] / best[k] / peak);
+            printf(" [%5.1f]", flops[k] / wall[k]);
         }
         printf("\n");
         problem_free(&p);
@@ -344,15 +354,6 @@ static bool forced_avx2(void) {
     return isa && !strcmp(isa, "avx2");
 }
 
-static bool cpu_has_avx2_fma(void) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-    return false;
-#endif
-}
-
 int main(int argc, char **argv) {
     const char *name = argc > 1 && strcmp(argv[1], "--bench") ? argv[1] : "cpu";
     const int flag = argc > 1 && strcmp(argv[1], "--bench") ? 2 : 1; /* where --bench may be */
@@ -361,7 +362,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: test_attention [BACKEND] [--bench [PEAK_GFLOPS]]\n");
         return 2;
     }
-    if (forced_avx2() && !cpu_has_avx2_fma()) {
+    if (forced_avx2() && !olmo_cpu_has_avx2_fma()) {
         printf("SKIP: OLMOC_CPU_ISA=avx2 asks for AVX2+FMA kernels, and this processor has no AVX2 and FMA\n");
         return 77;
     }

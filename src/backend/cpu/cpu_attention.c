@@ -7,7 +7,7 @@
 #include "util/error.h"
 
 /* ---- the instruction set -------------------------------------------------- */
-static bool cpu_has_avx2_fma(void) {
+bool olmo_cpu_has_avx2_fma(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -29,7 +29,7 @@ int cpu_attention_select(struct cpu_state *st, bool bf16_backend) {
         return olmo_error("OLMOC_CPU_ISA=avx2: this build has no AVX2 attention kernels (only x86-64 builds with "
                           "gcc or clang have them)");
 #else
-        if (!cpu_has_avx2_fma()) return olmo_error("OLMOC_CPU_ISA=avx2: this processor has no AVX2 and FMA");
+        if (!olmo_cpu_has_avx2_fma()) return olmo_error("OLMOC_CPU_ISA=avx2: this processor has no AVX2 and FMA");
         st->attn_avx2 = true;
         kernels = "AVX2+FMA", why = ", forced by OLMOC_CPU_ISA=avx2";
 #endif
@@ -41,7 +41,7 @@ int cpu_attention_select(struct cpu_state *st, bool bf16_backend) {
         kernels = "AVX2+FMA";
 #else
 #ifdef OLMOC_ATTN_AVX2
-        if (cpu_has_avx2_fma()) st->attn_avx2 = true, kernels = "AVX2+FMA", why = ", chosen for this processor";
+        if (olmo_cpu_has_avx2_fma()) st->attn_avx2 = true, kernels = "AVX2+FMA", why = ", chosen for this processor";
 #endif
         if (!kernels) kernels = "OpenBLAS tile", why = " (no AVX2+FMA in this build's -march or this processor)";
 #endif

@@ -72,6 +72,16 @@ static int *attn_bounds(const struct olmo_attn_shape *s, const int32_t *doc_ids)
  * OpenBLAS, whose small-matrix path and packing cost a third of the
  * time.  Otherwise OpenBLAS.  With AVX512-BF16 the same kernel multiplies
  * bf16 pairs with vdpbf16ps (tile_product, bf16: k counts pairs). */
+/* The part of a tile product that matters, or NULL for all of it: row r of C needs only its
+ * columns first[r] .. last[r] (over_k false: the rest is never read), or only the terms
+ * k = first[r] .. last[r] of its sums (over_k true: the others are exact zeros of A, masked
+ * scores); both non-decreasing in r.  Kernels may compute more (the AVX2 one skips whole
+ * 16-column blocks and k ranges of 6-row groups; the others ignore it). */
+struct tile_span {
+    const int *first, *last;
+    bool over_k;
+};
+
 #if defined(__AVX512F__)
 /* acc + a b on 16 lanes of fp32 values or of bf16 pairs (bf16 is a constant in each caller) */
 static inline __attribute__((always_inline)) __m512 tile_mac(bool bf16, __m512 acc, __m512i a, __m512i b) {
@@ -152,8 +162,9 @@ static inline __attribute__((always_inline)) void tile_kernel(bool bf16, bool ta
     }
 }
 
-static void tile_gemm(bool ta, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
-                      float beta, float *c, int ldc) {
+static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k, float alpha, const float *a,
+                      int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    (void)span;
     tile_kernel(false, ta, m, n, k, alpha, (const tile_word *)a, lda, (const tile_word *)b, ldb, beta, c, ldc);
 }
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -164,14 +175,14 @@ static void tile_gemm(bool ta, int m, int n, int k, float alpha, const float *a,
  * AVX-512 kernel, fma(a_k, b_k, acc) over k in order, times alpha, plus C. */
 #define TILE_ROWS 6
 static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool ta, bool full, __m256i mask0,
-                                                                 __m256i mask1, int k, float alpha, const float *a,
+                                                                 __m256i mask1, int k0, int k, float alpha, const float *a,
                                                                  int lda, const float *b, int ldb, float beta, float *c,
                                                                  int ldc) {
     __m256 x[TILE_ROWS][2];
 #pragma GCC unroll 6
     for (int r = 0; r < rows; r++) x[r][0] = x[r][1] = _mm256_setzero_ps();
     const size_t step = ta ? 1 : (size_t)lda;
-    for (int kk = 0; kk < k; kk++) {
+    for (int kk = k0; kk < k; kk++) {
         const float *br = b + (size_t)kk * ldb;
         const __m256 b0 = full ? _mm256_loadu_ps(br) : _mm256_maskload_ps(br, mask0);
         const __m256 b1 = full ? _mm256_loadu_ps(br + 8) : _mm256_maskload_ps(br + 8, mask1);
@@ -202,40 +213,54 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool 
     }
 }
 
+/* rows r0 .. r0+rows-1 of one 16-column block (columns c0 .. c0+15 of C), within the span */
+static inline __attribute__((always_inline)) void tile_group_avx2(int rows, int r0, int c0, const struct tile_span *span,
+                                                                  bool full, __m256i mask0, __m256i mask1, bool ta,
+                                                                  int k, float alpha, const float *a, int lda,
+                                                                  const float *b, int ldb, float beta, float *c,
+                                                                  int ldc) {
+    int k0 = 0, k1 = k;
+    if (span) {
+        const int first = span->first[r0], last = span->last[r0 + rows - 1];
+        if (!span->over_k && (c0 + 16 <= first || c0 > last)) return; /* columns nobody reads */
+        if (span->over_k) k0 = first > 0 ? first : 0, k1 = last + 1 < k ? last + 1 : k;
+    }
+    tile_rows_avx2(rows, ta, full, mask0, mask1, k0, k1, alpha, ta ? a + r0 : a + (size_t)r0 * lda, lda, b, ldb, beta,
+                   c + (size_t)r0 * ldc, ldc);
+}
+
 /* the rows of one 16-column block: whole groups of 6, then the rest */
-static inline __attribute__((always_inline)) void tile_cols_avx2(bool full, __m256i mask0, __m256i mask1, bool ta,
-                                                                 int m, int k, float alpha, const float *a, int lda,
-                                                                 const float *b, int ldb, float beta, float *c,
-                                                                 int ldc) {
+static inline __attribute__((always_inline)) void tile_cols_avx2(int c0, const struct tile_span *span, bool full,
+                                                                 __m256i mask0, __m256i mask1, bool ta, int m, int k,
+                                                                 float alpha, const float *a, int lda, const float *b,
+                                                                 int ldb, float beta, float *c, int ldc) {
     int r0 = 0;
     for (; r0 + TILE_ROWS <= m; r0 += TILE_ROWS)
-        tile_rows_avx2(TILE_ROWS, ta, full, mask0, mask1, k, alpha, ta ? a + r0 : a + (size_t)r0 * lda, lda, b, ldb,
-                       beta, c + (size_t)r0 * ldc, ldc);
-    const float *ar = ta ? a + r0 : a + (size_t)r0 * lda;
-    float *cr = c + (size_t)r0 * ldc;
+        tile_group_avx2(TILE_ROWS, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc);
     switch (m - r0) {
-    case 5: tile_rows_avx2(5, ta, full, mask0, mask1, k, alpha, ar, lda, b, ldb, beta, cr, ldc); break;
-    case 4: tile_rows_avx2(4, ta, full, mask0, mask1, k, alpha, ar, lda, b, ldb, beta, cr, ldc); break;
-    case 3: tile_rows_avx2(3, ta, full, mask0, mask1, k, alpha, ar, lda, b, ldb, beta, cr, ldc); break;
-    case 2: tile_rows_avx2(2, ta, full, mask0, mask1, k, alpha, ar, lda, b, ldb, beta, cr, ldc); break;
-    case 1: tile_rows_avx2(1, ta, full, mask0, mask1, k, alpha, ar, lda, b, ldb, beta, cr, ldc); break;
+    case 5: tile_group_avx2(5, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+    case 4: tile_group_avx2(4, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+    case 3: tile_group_avx2(3, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+    case 2: tile_group_avx2(2, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+    case 1: tile_group_avx2(1, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
     default: break;
     }
 }
 
-static void tile_gemm(bool ta, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
-                      float beta, float *c, int ldc) {
+static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k, float alpha, const float *a,
+                      int lda, const float *b, int ldb, float beta, float *c, int ldc) {
     const __m256i none = _mm256_setzero_si256();
     int c0 = 0;
     for (; c0 + 16 <= n; c0 += 16)
-        tile_cols_avx2(true, none, none, ta, m, k, alpha, a, lda, b + c0, ldb, beta, c + c0, ldc);
+        tile_cols_avx2(c0, span, true, none, none, ta, m, k, alpha, a, lda, b + c0, ldb, beta, c + c0, ldc);
     if (c0 < n)
-        tile_cols_avx2(false, lane_mask8(n - c0), lane_mask8(n - c0 - 8), ta, m, k, alpha, a, lda, b + c0, ldb, beta,
-                       c + c0, ldc);
+        tile_cols_avx2(c0, span, false, lane_mask8(n - c0), lane_mask8(n - c0 - 8), ta, m, k, alpha, a, lda, b + c0,
+                       ldb, beta, c + c0, ldc);
 }
 #else
-static void tile_gemm(bool ta, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
-                      float beta, float *c, int ldc) {
+static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k, float alpha, const float *a,
+                      int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    (void)span;
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
                 ldc);
 }
@@ -253,8 +278,8 @@ static bool attn_bf16(bool requested, const struct olmo_attn_shape *s) {
 
 /* C = alpha * op(A) B + beta * C with fp32 operands, or with bf16 pairs (k is
  * then the number of k elements; the pairs are (k + 1) / 2, zero-padded). */
-static void tile_product(bool bf16, bool ta, int m, int n, int k, float alpha, const void *a, int lda, const void *b,
-                         int ldb, float beta, float *c, int ldc) {
+static void tile_product(const struct tile_span *span, bool bf16, bool ta, int m, int n, int k, float alpha,
+                         const void *a, int lda, const void *b, int ldb, float beta, float *c, int ldc) {
 #ifdef OLMOC_ATTN_BF16
     if (bf16) {
         tile_kernel(true, ta, m, n, (k + 1) / 2, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -262,7 +287,7 @@ static void tile_product(bool bf16, bool ta, int m, int n, int k, float alpha, c
     }
 #endif
     (void)bf16;
-    tile_gemm(ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    tile_gemm(span, ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 /* dst[r][c] = bf16(src[r][c]) for c < cols, and a zero at c = cols when cols is odd. */
@@ -459,6 +484,7 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
         uint16_t *pb = bf16 ? (uint16_t *)(acc + (size_t)ATT_QB * D) : NULL; /* P as bf16 */
         float mrow[ATT_QB];
         double lrow[ATT_QB];
+        int vis_a[ATT_QB], vis_e[ATT_QB]; /* each row's visible columns of the chunk */
 #pragma omp for schedule(dynamic)
         for (int task = 0; task < tasks; task++) {
             const int qb = qblocks - 1 - task % qblocks; /* longest (latest) blocks first */
@@ -475,12 +501,13 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
             /* keys from lob[i0] (rounded down to even, for the bf16 pairs) to i1-1, in chunks */
             for (int j0 = lob[i0] & ~1, nk; j0 < i1; j0 += nk) {
                 nk = i1 - j0 < ATT_KC ? i1 - j0 : ATT_KC;
-                tile_product(bf16, false, nq, nk, D, s->scale, word_at(qa, qoff / wq), q_stride / wq,
+                for (int r = 0; r < nq; r++) row_visible(lob, i0 + r, j0, nk, &vis_a[r], &vis_e[r]);
+                const struct tile_span cols = {vis_a, vis_e, false}, terms = {vis_a, vis_e, true};
+                tile_product(&cols, bf16, false, nq, nk, D, s->scale, word_at(qa, qoff / wq), q_stride / wq,
                              word_at(kt, kth + j0), ldt, 0.0f, sc, ATT_KC);
                 for (int r = 0; r < nq; r++) {
                     float *row = sc + (size_t)r * ATT_KC;
-                    int a, e;
-                    row_visible(lob, i0 + r, j0, nk, &a, &e);
+                    const int a = vis_a[r], e = vis_e[r];
                     if (e < a) {
                         memset(row, 0, sizeof(float) * (size_t)nk);
                         continue;
@@ -500,11 +527,11 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
                 }
                 if (bf16) { /* O += P V: P's rows and V's position pairs (j0 is even) */
                     pack_bf16_rows(pb, ATT_KC, sc, ATT_KC, nq, nk);
-                    tile_product(true, false, nq, D, nk, 1.0f, pb, ATT_KC / 2,
+                    tile_product(&terms, true, false, nq, D, nk, 1.0f, pb, ATT_KC / 2,
                                  vp + ((size_t)b * pairs + j0 / 2) * kv_stride + (size_t)kh * D, kv_stride, 1.0f,
                                  acc, D);
                 } else {
-                    tile_gemm(false, nq, D, nk, 1.0f, sc, ATT_KC, v + ((size_t)b * T + j0) * kv_stride + (size_t)kh * D,
+                    tile_gemm(&terms, false, nq, D, nk, 1.0f, sc, ATT_KC, v + ((size_t)b * T + j0) * kv_stride + (size_t)kh * D,
                               kv_stride, 1.0f, acc, D);
                 }
             }
@@ -631,44 +658,50 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
     const float *qblk = c->q + qoff, *doblk = c->dout + qoff;
     const float *kblk = c->k + ((size_t)b * T + j0) * kv_stride + (size_t)kh * D;
     float *p = w->p, *ds = w->ds;
-    tile_product(bf16, false, nq, nk, D, c->s->scale, word_at(c->qa, qoff / wq), q_stride / wq, word_at(c->kt, kth),
-                 c->ldt, 0.0f, p, ATT_KB);
-    for (int r = 0; r < nq; r++) {
-        float *row = p + (size_t)r * ATT_KB;
-        int a, e;
-        row_visible(lob, i0 + r, j0, nk, &a, &e);
-        const float l = lse_bh[i0 + r];
-        exp_visible(row, nk, a, e, l);
+    /* the visible keys of each query row, and the visible queries of each key row (both non-decreasing) */
+    int vis_a[ATT_QC], vis_e[ATT_QC], seen_a[ATT_KB], seen_e[ATT_KB];
+    for (int r = 0; r < nq; r++) row_visible(lob, i0 + r, j0, nk, &vis_a[r], &vis_e[r]);
+    for (int col = 0, t = i0; col < nk; col++) {
+        while (t < i0 + nq && lob[t] <= j0 + col) t++;
+        seen_a[col] = j0 + col - i0 > 0 ? j0 + col - i0 : 0;
+        seen_e[col] = t - 1 - i0;
     }
+    const struct tile_span cols = {vis_a, vis_e, false}, terms = {vis_a, vis_e, true}, queries = {seen_a, seen_e, true};
+    tile_product(&cols, bf16, false, nq, nk, D, c->s->scale, word_at(c->qa, qoff / wq), q_stride / wq,
+                 word_at(c->kt, kth), c->ldt, 0.0f, p, ATT_KB);
+    for (int r = 0; r < nq; r++) exp_visible(p + (size_t)r * ATT_KB, nk, vis_a[r], vis_e[r], lse_bh[i0 + r]);
     /* dV += P^T dO (i0 is even: dO's pairs start at i0 / 2) */
     const size_t qpairs = ((size_t)b * c->pairs + i0 / 2) * q_stride + (size_t)h * D;
     if (bf16) {
         pack_bf16_pairs(w->pt, ATT_KB, p, ATT_KB, nq, nk);
-        tile_product(true, true, nk, D, nq, 1.0f, w->pt, ATT_KB, c->dop + qpairs, q_stride, 1.0f, dvblk, kv_stride);
+        tile_product(&queries, true, true, nk, D, nq, 1.0f, w->pt, ATT_KB, c->dop + qpairs, q_stride, 1.0f, dvblk,
+                     kv_stride);
     } else {
-        tile_gemm(true, nk, D, nq, 1.0f, p, ATT_KB, doblk, q_stride, 1.0f, dvblk, kv_stride);
+        tile_gemm(&queries, true, nk, D, nq, 1.0f, p, ATT_KB, doblk, q_stride, 1.0f, dvblk, kv_stride);
     }
     /* dP = dO V^T, then dS = P * (dP - delta) * scale */
-    tile_product(bf16, false, nq, nk, D, 1.0f, word_at(c->doa, qoff / wq), q_stride / wq, word_at(c->vt, kth), c->ldt,
-                 0.0f, ds, ATT_KB);
-    for (int r = 0; r < nq; r++) {
+    tile_product(&cols, bf16, false, nq, nk, D, 1.0f, word_at(c->doa, qoff / wq), q_stride / wq, word_at(c->vt, kth),
+                 c->ldt, 0.0f, ds, ATT_KB);
+    for (int r = 0; r < nq; r++) { /* dP is not computed (nor read) outside the visible columns: dS is 0 there */
         const float *pr = p + (size_t)r * ATT_KB;
         float *dr = ds + (size_t)r * ATT_KB;
         const float dl = delta_bh[i0 + r];
+        const int a = vis_a[r], e = vis_e[r];
 #pragma omp simd
-        for (int col = 0; col < nk; col++) dr[col] = pr[col] * (dr[col] - dl) * c->s->scale;
+        for (int col = 0; col < nk; col++) dr[col] = col >= a && col <= e ? pr[col] * (dr[col] - dl) * c->s->scale : 0.0f;
     }
     /* dK += dS^T Q;  dQ += dS K (j0 is even: K's pairs start at j0 / 2) */
     if (bf16) {
         pack_bf16_pairs(w->dst, ATT_KB, ds, ATT_KB, nq, nk);
-        tile_product(true, true, nk, D, nq, 1.0f, w->dst, ATT_KB, c->qp + qpairs, q_stride, 1.0f, dkblk, kv_stride);
+        tile_product(&queries, true, true, nk, D, nq, 1.0f, w->dst, ATT_KB, c->qp + qpairs, q_stride, 1.0f, dkblk,
+                     kv_stride);
         pack_bf16_rows(w->dsr, ATT_KB, ds, ATT_KB, nq, nk);
-        tile_product(true, false, nq, D, nk, 1.0f, w->dsr, ATT_KB / 2,
+        tile_product(&terms, true, false, nq, D, nk, 1.0f, w->dsr, ATT_KB / 2,
                      c->kp + ((size_t)b * c->pairs + j0 / 2) * kv_stride + (size_t)kh * D, kv_stride, 1.0f, dqt + qoff,
                      q_stride);
     } else {
-        tile_gemm(true, nk, D, nq, 1.0f, ds, ATT_KB, qblk, q_stride, 1.0f, dkblk, kv_stride);
-        tile_gemm(false, nq, D, nk, 1.0f, ds, ATT_KB, kblk, kv_stride, 1.0f, dqt + qoff, q_stride);
+        tile_gemm(&queries, true, nk, D, nq, 1.0f, ds, ATT_KB, qblk, q_stride, 1.0f, dkblk, kv_stride);
+        tile_gemm(&terms, false, nq, D, nk, 1.0f, ds, ATT_KB, kblk, kv_stride, 1.0f, dqt + qoff, q_stride);
     }
 }
 
