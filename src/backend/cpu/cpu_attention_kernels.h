@@ -75,8 +75,10 @@ static int *attn_bounds(const struct olmo_attn_shape *s, const int32_t *doc_ids)
 /* The part of a tile product that matters, or NULL for all of it: row r of C needs only its
  * columns first[r] .. last[r] (over_k false: the rest is never read), or only the terms
  * k = first[r] .. last[r] of its sums (over_k true: the others are exact zeros of A, masked
- * scores); both non-decreasing in r.  Kernels may compute more (the AVX2 one skips whole
- * 16-column blocks and k ranges of 6-row groups; the others ignore it). */
+ * scores); both non-decreasing in r.  Kernels may compute more: the AVX2 one skips whole
+ * 16-column blocks and k ranges of 6-row groups, the AVX-512 one (fp32 products) 64-column
+ * blocks and k ranges of 4-row groups, OpenBLAS tiles nothing.  Skipped terms are exact
+ * zeros, so the sums are those of the whole product (but for the sign of a zero sum). */
 struct tile_span {
     const int *first, *last;
     bool over_k;
@@ -97,9 +99,20 @@ static inline __attribute__((always_inline)) __m512 tile_mac(bool bf16, __m512 a
 /* 32-bit elements of the operands: floats, or bf16 pairs (read through this type, so may_alias) */
 typedef int32_t __attribute__((may_alias)) tile_word;
 
-static inline __attribute__((always_inline)) void tile_kernel(bool bf16, bool ta, int m, int n, int k, float alpha,
-                                                              const tile_word *a, int lda, const tile_word *b, int ldb,
-                                                              float beta, float *c, int ldc) {
+/* the k range of rows r0 .. r1-1 within the span; false: columns c0 .. c0+63 are not needed there */
+static inline bool span_rows(const struct tile_span *span, int r0, int r1, int c0, int k, int *k0, int *k1) {
+    *k0 = 0, *k1 = k;
+    if (!span) return true;
+    const int first = span->first[r0], last = span->last[r1 - 1];
+    if (!span->over_k) return !(c0 + 64 <= first || c0 > last);
+    *k0 = first > 0 ? first : 0, *k1 = last + 1 < k ? last + 1 : k;
+    return true;
+}
+
+static inline __attribute__((always_inline)) void tile_kernel(const struct tile_span *span, bool bf16, bool ta, int m,
+                                                              int n, int k, float alpha, const tile_word *a, int lda,
+                                                              const tile_word *b, int ldb, float beta, float *c,
+                                                              int ldc) {
     const __m512 valpha = _mm512_set1_ps(alpha);
     for (int c0 = 0; c0 < n; c0 += 64) {
         const __mmask16 m0 = col_mask(n - c0), m1 = col_mask(n - c0 - 16), m2 = col_mask(n - c0 - 32),
@@ -107,9 +120,11 @@ static inline __attribute__((always_inline)) void tile_kernel(bool bf16, bool ta
         const tile_word *bc = b + c0;
         int r0 = 0;
         for (; r0 + TILE_ROWS <= m; r0 += TILE_ROWS) {
+            int k0, k1;
+            if (!span_rows(span, r0, r0 + TILE_ROWS, c0, k, &k0, &k1)) continue;
             __m512 x00 = _mm512_setzero_ps(), x01 = x00, x02 = x00, x03 = x00, x10 = x00, x11 = x00, x12 = x00,
                    x13 = x00, x20 = x00, x21 = x00, x22 = x00, x23 = x00, x30 = x00, x31 = x00, x32 = x00, x33 = x00;
-            for (int kk = 0; kk < k; kk++) {
+            for (int kk = k0; kk < k1; kk++) {
                 const tile_word *br = bc + (size_t)kk * ldb;
                 const __m512i b0 = _mm512_maskz_loadu_epi32(m0, br), b1 = _mm512_maskz_loadu_epi32(m1, br + 16),
                               b2 = _mm512_maskz_loadu_epi32(m2, br + 32), b3 = _mm512_maskz_loadu_epi32(m3, br + 48);
@@ -141,8 +156,10 @@ static inline __attribute__((always_inline)) void tile_kernel(bool bf16, bool ta
             }
         }
         for (; r0 < m; r0++) { /* leftover rows, one at a time */
+            int k0, k1;
+            if (!span_rows(span, r0, r0 + 1, c0, k, &k0, &k1)) continue;
             __m512 x0 = _mm512_setzero_ps(), x1 = x0, x2 = x0, x3 = x0;
-            for (int kk = 0; kk < k; kk++) {
+            for (int kk = k0; kk < k1; kk++) {
                 const tile_word *br = bc + (size_t)kk * ldb;
                 const __m512i av = _mm512_set1_epi32(ta ? a[(size_t)kk * lda + r0] : a[(size_t)r0 * lda + kk]);
                 x0 = tile_mac(bf16, x0, av, _mm512_maskz_loadu_epi32(m0, br));
@@ -164,8 +181,7 @@ static inline __attribute__((always_inline)) void tile_kernel(bool bf16, bool ta
 
 static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k, float alpha, const float *a,
                       int lda, const float *b, int ldb, float beta, float *c, int ldc) {
-    (void)span;
-    tile_kernel(false, ta, m, n, k, alpha, (const tile_word *)a, lda, (const tile_word *)b, ldb, beta, c, ldc);
+    tile_kernel(span, false, ta, m, n, k, alpha, (const tile_word *)a, lda, (const tile_word *)b, ldb, beta, c, ldc);
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 /* AVX2+FMA: 6 rows x 16 columns of C in 12 of the 16 ymm registers, two B
@@ -282,7 +298,7 @@ static void tile_product(const struct tile_span *span, bool bf16, bool ta, int m
                          const void *a, int lda, const void *b, int ldb, float beta, float *c, int ldc) {
 #ifdef OLMOC_ATTN_BF16
     if (bf16) {
-        tile_kernel(true, ta, m, n, (k + 1) / 2, alpha, a, lda, b, ldb, beta, c, ldc);
+        tile_kernel(NULL, true, ta, m, n, (k + 1) / 2, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }
 #endif
