@@ -66,7 +66,9 @@ static void train_usage(FILE *out) {
             "MFU uses train.peak_flops, or a peak measured with an SGEMM at startup when it is 0.\n\n"
             "environment:\n"
             "  OLMOC_PROFILE=1     print wall time per op, GEMM and attention GFLOP/s (steps after the\n"
-            "                      first; on a CUDA backend each op waits for the device, so the run is slower)\n");
+            "                      first; on a CUDA backend each op waits for the device, so the run is slower)\n"
+            "  OLMOC_CPU_ISA=avx2  CPU backends: attention's AVX2+FMA kernels even on an AVX-512 processor\n"
+            "                      (the backend line names the kernels that run)\n");
 }
 
 /* Reads the command line into cfg (the config file, then --set) and o.

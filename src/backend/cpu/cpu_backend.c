@@ -1,6 +1,6 @@
 /* CPU backend (src/backend/cpu/, see cpu_internal.h for its files): GEMMs
  * from oneDNN or OpenBLAS (attention's tiles: its own
- * AVX-512 kernel, else OpenBLAS), OpenMP loops for everything else.
+ * AVX-512 or AVX2+FMA kernels, else OpenBLAS), OpenMP loops for everything else.
  *
  * Numerics: reductions are done in double where an fp32 sum over a long axis
  * would lose the 1e-5 agreement with the PyTorch reference; exponentials use
