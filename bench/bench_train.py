@@ -18,6 +18,19 @@ Peak FLOP/s (bench/peak_gemm, built by CMake next to olmoc):
 MFU = training FLOPs per token (olmoc info: 6 x matmul params + causal attention)
       x tokens/s / measured peak.
 
+Where it ran: the processor's instruction sets (AVX2, AVX-512, AVX512-BF16)
+and the kernels olmoc used (its backend line: GEMM library and ISA,
+attention's kernels) head the output.  --force-avx2 runs an AVX-512
+processor as an AVX2 one as far as software can: OLMOC_CPU_ISA=avx2
+(olmoc's attention kernels), ONEDNN_MAX_CPU_ISA=AVX2 (oneDNN's GEMMs),
+OPENBLAS_CORETYPE=Haswell, and for PyTorch ATEN_CPU_CAPABILITY=avx2 and
+MKL_ENABLE_INSTRUCTIONS=AVX2; the peak is then the 256-bit FMA loop's
+(peak_gemm's fma_avx2).  Clock, caches and the other vectorised loops
+(compiled for the build's -march) stay the AVX-512 machine's.
+Per case: each op's share of olmoc's op time (OLMOC_PROFILE) and each
+kernel's GFLOP/s as a share of the peak (GEMM; attention forward and
+backward over their model FLOPs), and every process's peak RSS.
+
 Not part of the test suite.  Example (a few minutes on 2 cores):
   python bench/bench_train.py --configs configs/olmo3-20m.yaml,configs/olmo3-100m.yaml --seq-lens 512,2048
 """
@@ -80,7 +93,7 @@ def lscpu():
     return {k.strip(): v.strip() for k, v in (l.split(":", 1) for l in out.splitlines() if ":" in l)}
 
 
-def theoretical_peak(threads):
+def theoretical_peak(threads, avx2_only=False):
     """cores x GHz x FMA pipes x fp32 lanes per pipe x 2 (an FMA is 2 FLOPs).
 
     lscpu gives cores and flags; the clock is lscpu's "CPU max MHz" when
@@ -109,6 +122,8 @@ def theoretical_peak(threads):
         pipes, bits = 2, 256
     else:
         pipes, bits = 1, 128
+    if avx2_only and bits > 256:  # --force-avx2: 256-bit registers
+        bits = 256
     used = min(cores, threads)
     gflops = used * (mhz or 0) / 1000 * pipes * (bits // 32) * 2
     return {"gflops": gflops, "cores": used, "mhz": mhz, "mhz_source": mhz_src, "fma_pipes": pipes,
@@ -258,8 +273,15 @@ def run_olmoc(args, cfg_path, T, B, accum, window, token_file, out_dir, env):
     passes = [(float(m.group(1)), float(m.group(2)))
               for m in re.finditer(r"profile: attention [bf]wd ([0-9.]+) GFLOP/s over (\S+) model FLOP", out)]
     attn = sum(f for _, f in passes) / sum(f / r for r, f in passes) if passes and all(r > 0 for r, _ in passes) else 0
+    per_pass = {m.group(1): float(m.group(2))
+                for m in re.finditer(r"profile: attention ([bf]wd) ([0-9.]+) GFLOP/s over", out)}
+    header = re.search(r"^backend .*$", out, re.M)
+    if args.force_avx2 and "attention: AVX2+FMA kernels" not in (header.group(0) if header else ""):
+        raise SystemExit(f"--force-avx2, but olmoc did not run AVX2 attention kernels: {header and header.group(0)}")
     return {"tok_s": statistics.median(tok_s[args.warmup:]), "steps_tok_s": tok_s, "rss_mib": rss,
-            "gemm_gflops": gemm, "attention_gflops": attn, "time_share": profile}
+            "gemm_gflops": gemm, "attention_gflops": attn, "attention_fwd_gflops": per_pass.get("fwd", 0.0),
+            "attention_bwd_gflops": per_pass.get("bwd", 0.0), "time_share": profile,
+            "backend_line": header.group(0) if header else ""}
 
 
 def run_torch(args, model, T, B, accum, window, env):
@@ -298,6 +320,8 @@ def measure_peak(args, env, shape_sets):
         raise SystemExit(f"peak_gemm failed: {err}")
     rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
     fma = next(r for r in rows if r["kind"] == "fma")
+    if args.force_avx2:  # the 256-bit FMA loop on an AVX-512 processor (the same loop elsewhere)
+        fma = next((r for r in rows if r["kind"] == "fma_avx2"), fma)
     fma["blas"] = next(r for r in rows if r["kind"] == "blas")
     fma["bf16_dot"] = next((r for r in rows if r["kind"] == "bf16_dot"), None)
     square = next(r for r in rows if r["kind"] == "sgemm_square")
@@ -324,6 +348,9 @@ def main():
     ap.add_argument("--olmoc-backend", default="cpu", choices=["cpu", "cpu-openblas", "cpu-onednn", "cpu-bf16"],
                     help="olmoc's CPU backend: GEMMs from oneDNN (cpu, when built with it) or OpenBLAS; "
                          "cpu-bf16: bf16 GEMM operands (MFU then against the measured bf16 dot-product peak)")
+    ap.add_argument("--force-avx2", action="store_true",
+                    help="run an AVX-512 processor's kernels as AVX2 ones (OLMOC_CPU_ISA=avx2, "
+                         "ONEDNN_MAX_CPU_ISA=AVX2, ...; see above); the peak is then the 256-bit FMA loop's")
     ap.add_argument("--gemm-seconds", type=float, default=0.5)
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--json", type=pathlib.Path, help="also write all results here")
@@ -338,6 +365,9 @@ def main():
             raise SystemExit(f"{args.build / exe} missing: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "
                              "&& cmake --build build")
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    if args.force_avx2:
+        env.update(OLMOC_CPU_ISA="avx2", ONEDNN_MAX_CPU_ISA="AVX2", DNNL_MAX_CPU_ISA="AVX2",
+                   OPENBLAS_CORETYPE="Haswell", ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2")
     configs = [ROOT / c if not os.path.isabs(c) else pathlib.Path(c) for c in args.configs.split(",")]
     seq_lens = [int(x) for x in args.seq_lens.split(",")]
 
@@ -353,12 +383,20 @@ def main():
                               params=n_params, shapes=gemm_shapes(model, B * T)))
 
     print(f"# load average before: {load_avg()}  ({os.cpu_count()} CPUs; threads {args.threads})", flush=True)
-    theo = theoretical_peak(args.threads)
+    theo = theoretical_peak(args.threads, args.force_avx2)
     fma, square, per_shape = measure_peak(args, env, [c["shapes"] for c in cases])
     # Other processes can hold cores during the all-thread rounds; one thread
     # finds an uncontended core more easily, and every core runs the same clock.
     peak = max(fma["gflops"], fma["gflops_one_thread"] * min(fma["threads"], theo["cores"]))
     print(f"# CPU: {theo['model']}")
+    flags = set(lscpu().get("Flags", "").split())
+    has = [name for name, need in (("AVX2", {"avx2"}), ("FMA", {"fma"}),
+                                   ("AVX-512", {"avx512f", "avx512bw", "avx512dq", "avx512vl"}),
+                                   ("AVX512-BF16", {"avx512_bf16"})) if need <= flags]
+    forced = ("AVX2 FORCED on this processor (OLMOC_CPU_ISA=avx2, ONEDNN_MAX_CPU_ISA=AVX2, OPENBLAS_CORETYPE=Haswell;"
+              " PyTorch: ATEN_CPU_CAPABILITY=avx2, MKL_ENABLE_INSTRUCTIONS=AVX2)" if args.force_avx2 else
+              "not forced: each library's best for this processor")
+    print(f"# instruction sets: the processor has {', '.join(has) or 'none of AVX2/FMA/AVX-512'}; {forced}")
     print(f"# peak, measured FMA loop ({fma['simd_lanes']} lanes, best round): {fma['gflops']:.1f} GFLOP/s on "
           f"{fma['threads']} threads, {fma['gflops_one_thread']:.1f} on one -> peak {peak:.1f} GFLOP/s "
           f"(implies {peak / (theo['cores'] * theo['fma_pipes'] * theo['datapath_bits'] / 32 * 2):.2f} GHz)")
@@ -374,7 +412,7 @@ def main():
               f"{dot['threads']} threads, {dot['gflops_one_thread']:.1f} on one -> MFU and GEMM shares below "
               f"against {peak:.1f} GFLOP/s")
     blas = fma["blas"]
-    print(f"# olmoc backend {blas['backend']}: {blas['gemm']}" + (f" (OPENBLAS_CORETYPE={blas['openblas_coretype']} "
+    print(f"# olmoc backend {blas['backend']} (GEMM library, its ISA; attention's kernels): {blas['gemm']}" + (f" (OPENBLAS_CORETYPE={blas['openblas_coretype']} "
           "in the environment)" if blas["openblas_coretype"] else ""))
     print(f"# {blas['backend']} SGEMM 2048^3: median {square['gflops']:.1f}, best {square['gflops_best']:.1f} GFLOP/s "
           f"= {100 * square['gflops'] / peak:.0f}% / {100 * square['gflops_best'] / peak:.0f}% of measured peak")
@@ -408,6 +446,8 @@ def main():
             ob = max(max(r["steps_tok_s"][args.warmup:]) for r in c["olmoc"])
             g = statistics.median(r["gemm_gflops"] for r in c["olmoc"])
             a = statistics.median(r["attention_gflops"] for r in c["olmoc"])
+            af = statistics.median(r["attention_fwd_gflops"] for r in c["olmoc"])
+            ab = statistics.median(r["attention_bwd_gflops"] for r in c["olmoc"])
             share = c["olmoc"][0]["time_share"]
             line = (f"{c['cfg'].stem:12s} T={c['T']:5d} B={c['B']:2d} | olmoc {o:7.1f} ({ob:7.1f}) tok/s "
                     f"MFU {100 * c['fpt'] * o / (peak * 1e9):4.1f}% RSS {max(r['rss_mib'] for r in c['olmoc']):6.0f} MiB "
@@ -422,6 +462,11 @@ def main():
                          f" | ratio {o / t:5.2f}x ({ob / tb:5.2f}x)")
             line += f" | load {c['load_before']} -> {c['load_after']}"
             print(line, flush=True)
+            # where the time went (first repeat's OLMOC_PROFILE) and each kernel's share of the peak
+            ops = ", ".join(f"{k} {v:.0f}%" for k, v in sorted(share.items(), key=lambda kv: -kv[1]) if v >= 0.5)
+            print(f"{'':12s}   kernels: GEMM {g:.1f} GFLOP/s = {100 * g / peak:.0f}% of peak, attention fwd "
+                  f"{af:.1f} = {100 * af / peak:.0f}%, bwd {ab:.1f} = {100 * ab / peak:.0f}% | op time: {ops}",
+                  flush=True)
 
     print(f"# load average after: {load_avg()}")
     print("# tok/s: median over the timed steps (first --warmup steps dropped) and over --repeats, in brackets the "

@@ -1,7 +1,9 @@
 /* Peak FLOP/s of this CPU, measured two ways, for the benchmark's MFU:
  *   fma   - a register-only loop of independent fused multiply-adds on every
  *           thread (the machine's real peak at its real clock, no memory);
- *           with AVX512-BF16 also the same for bf16 dot products (bf16_dot);
+ *           with AVX-512 also the same on 256-bit registers (fma_avx2: the
+ *           peak of AVX2 kernels there), with AVX512-BF16 the same for bf16
+ *           dot products (bf16_dot);
  *   sgemm - the GEMM of an olmoc CPU backend (--backend: cpu, the default,
  *           cpu-openblas or cpu-onednn; the same function olmoc trains
  *           with) on a large square problem and, with --shape, on the
@@ -61,6 +63,24 @@ static double fma_loop(long iters, int *lanes) {
     return (double)acc[0];
 #endif
 }
+
+#if defined(__AVX512F__) && defined(__FMA__)
+/* The AVX2+FMA peak of a processor that also has AVX-512: the same loop on
+ * 8 lanes (256-bit registers), against which AVX2 kernels forced there
+ * (OLMOC_CPU_ISA=avx2) are measured. */
+static double fma256_loop(long iters, int *lanes) {
+    __m256 acc[CHAINS], a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+    for (int c = 0; c < CHAINS; c++) acc[c] = _mm256_set1_ps((float)c);
+    for (long i = 0; i < iters; i++)
+        for (int c = 0; c < CHAINS; c++) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+    float out[8];
+    __m256 s = acc[0];
+    for (int c = 1; c < CHAINS; c++) s = _mm256_add_ps(s, acc[c]);
+    _mm256_storeu_ps(out, s);
+    *lanes = 8;
+    return (double)(out[0] + out[7]);
+}
+#endif
 
 #if defined(__AVX512BF16__)
 /* The bf16 peak (cpu-bf16's GEMMs): vdpbf16ps adds two bf16 products to each
@@ -192,6 +212,9 @@ int main(int argc, char **argv) {
     printf("{\"kind\": \"blas\", \"backend\": \"%s\", \"gemm\": \"%s\", \"openblas_coretype\": \"%s\"}\n", be->name,
            be->describe(be), coretype ? coretype : "");
     measure_loop("fma", fma_loop, 2.0, seconds);
+#if defined(__AVX512F__) && defined(__FMA__)
+    measure_loop("fma_avx2", fma256_loop, 2.0, seconds);
+#endif
 #if defined(__AVX512BF16__)
     measure_loop("bf16_dot", bf16_dot_loop, 4.0, seconds);
 #endif

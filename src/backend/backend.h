@@ -235,6 +235,8 @@ enum olmo_cpu_gemm_library {
 struct olmo_backend *olmo_backend_cpu_create(enum olmo_cpu_gemm_library library);
 /* The processor has AVX-512 (F, BW, DQ, VL): what oneDNN's bf16 matmul and our AVX-512 kernels need. */
 bool olmo_cpu_has_avx512(void);
+/* Whether the processor has AVX2 and FMA (attention's AVX2 kernels, forced with OLMOC_CPU_ISA=avx2). */
+bool olmo_cpu_has_avx2_fma(void);
 
 #ifdef OLMOC_HAVE_CUDA
 /* CUDA backend (src/backend/cuda/): device memory, cuBLAS GEMMs, deterministic

@@ -6,16 +6,29 @@
  *   - a long sequence (T = 4096): sampled rows and keys compared, and the
  *     peak RSS growth during forward + backward must stay far below one
  *     T x T float matrix (64 MiB), i.e. no seq_len^2 buffers;
- *   - backward run twice gives bit-identical gradients.
+ *   - backward run twice gives bit-identical gradients; on 1 and on 3
+ *     threads the output, lse, dk and dv are bit-identical to the default
+ *     team's (dq is summed from per-thread partials in thread order: its
+ *     bits depend on the thread count, README: CPU numerics).
  * test_attention [BACKEND]: the CPU backend by default; cpu-bf16 runs the
  * products on bf16 operands and is held to the bf16 tolerances of
  * test_backend_parity (OLMOC_CPU_BF16=convert: its bf16-rounding + fp32-GEMM
- * path).  A backend that cannot be created fails the test. */
+ * path).  A backend that cannot be created fails the test.  With
+ * OLMOC_CPU_ISA=avx2 the AVX2+FMA kernels run (the test checks that the
+ * backend says so), also on an AVX-512 processor; exit 77 (skipped) on a
+ * processor without AVX2 and FMA.
+ * test_attention [BACKEND] --bench [PEAK_GFLOPS]: no test; the kernels'
+ * throughput on one head of the olmo3-20m shapes (T = 2048, D = 64 and 128,
+ * full and window 256), in model FLOPs as OLMOC_PROFILE counts them, and as a share
+ * of PEAK_GFLOPS (bench/peak_gemm's FMA peak for as many threads as
+ * OMP_NUM_THREADS) when given. */
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 
 #include "backend/backend.h"
 #include "util/error.h"
@@ -226,6 +239,24 @@ static void test_tiled(const char *what, int B, int T, int H, int HK, int D, int
         failures++;
         printf("FAIL %s: a rerun gives different gradients\n", what);
     }
+    /* any thread count: 1 and 3 threads give the default team's bits (but dq's) */
+    float *out = malloc(nq * 4), *lse = malloc((size_t)B * H * T * 4);
+    memcpy(out, p.out, nq * 4);
+    memcpy(lse, p.lse, (size_t)B * H * T * 4);
+    const int team = omp_get_max_threads();
+    for (int threads = 1; threads <= 3; threads += 2) {
+        omp_set_num_threads(threads);
+        run(&p);
+        checks++;
+        if (memcmp(out, p.out, nq * 4) || memcmp(lse, p.lse, (size_t)B * H * T * 4) || memcmp(dk, p.dk, nk * 4) ||
+            memcmp(dv, p.dv, nk * 4)) {
+            failures++;
+            printf("FAIL %s: %d threads give other out/lse/dk/dv bits than %d\n", what, threads, team);
+        }
+    }
+    omp_set_num_threads(team);
+    free(out);
+    free(lse);
     free(dq);
     free(dk);
     free(dv);
@@ -259,11 +290,96 @@ static void test_long(int T, int window, int doc_len) {
     problem_free(&p);
 }
 
+static double now(clockid_t clock) {
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* --bench: GFLOP/s of forward and backward (median and best of `reps`), model FLOPs as
+ * src/backend/profile.c counts them: 4 (forward) or 8 (backward) x visible pairs x heads x head_dim.
+ * Over the process's CPU time divided by the thread count, so that other processes on a shared
+ * machine (which take the processor away, not CPU time) hardly change the figures; wall-clock
+ * figures beside them. */
+static int bench(double peak) {
+    /* one head per call: short calls (~10 ms), many of them, so that the best finds the processor to itself */
+    enum { REPS = 31 };
+    const int T = 2048, shapes[][3] = {{64, 1, 0}, {64, 1, 256}, {128, 1, 0}, {128, 1, 256}}; /* D, H, window */
+    const int threads = omp_get_max_threads();
+    printf("bench: %d thread(s), T=%d, batch 1, model FLOPs over CPU seconds / threads, median (best) of %d runs%s; "
+           "[wall-clock median]\n",
+           threads, T, REPS, peak > 0 ? ", % of the given peak" : "");
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const int D = shapes[i][0], H = shapes[i][1], w = shapes[i][2], wv = w > 0 && w < T ? w : T;
+        const double pairs = (double)wv * (wv + 1) / 2.0 + (double)(T - wv) * wv;
+        struct problem p;
+        problem_init(&p, 1, T, H, H, D, w, 0);
+        run(&p); /* warm-up: scratch buffers and the thread team exist */
+        double tf[REPS], tb[REPS], wf[REPS], wb[REPS];
+        for (int r = 0; r < REPS; r++) {
+            const double c0 = now(CLOCK_PROCESS_CPUTIME_ID), w0 = now(CLOCK_MONOTONIC);
+            be->attention_fwd(be, p.out, p.lse, p.q, p.k, p.v, NULL, &p.s);
+            const double c1 = now(CLOCK_PROCESS_CPUTIME_ID), w1 = now(CLOCK_MONOTONIC);
+            be->attention_bwd(be, p.dq, p.dk, p.dv, p.dout, p.out, p.lse, p.q, p.k, p.v, NULL, &p.s);
+            tf[r] = (c1 - c0) / threads, tb[r] = (now(CLOCK_PROCESS_CPUTIME_ID) - c1) / threads;
+            wf[r] = w1 - w0, wb[r] = now(CLOCK_MONOTONIC) - w1;
+        }
+        qsort(tf, REPS, sizeof tf[0], cmp_double);
+        qsort(tb, REPS, sizeof tb[0], cmp_double);
+        qsort(wf, REPS, sizeof wf[0], cmp_double);
+        qsort(wb, REPS, sizeof wb[0], cmp_double);
+        const double ff = 4.0 * pairs * H * D * 1e-9, fb = 2.0 * ff;
+        printf("bench D=%3d H=%d window %4d:", D, H, w);
+        const char *pass[2] = {"fwd", "bwd"};
+        const double flops[2] = {ff, fb}, med[2] = {tf[REPS / 2], tb[REPS / 2]}, best[2] = {tf[0], tb[0]},
+                     wall[2] = {wf[REPS / 2], wb[REPS / 2]};
+        for (int k = 0; k < 2; k++) {
+            printf("  %s %6.1f (%6.1f) GFLOP/s", pass[k], flops[k] / med[k], flops[k] / best[k]);
+            if (peak > 0) printf(" = %3.0f%% (%3.0f%%)", 100 * flops[k] / med[k] / peak, 100 * flops[k] / best[k] / peak);
+            printf(" [%5.1f]", flops[k] / wall[k]);
+        }
+        printf("\n");
+        problem_free(&p);
+    }
+    olmo_backend_destroy(be);
+    return 0;
+}
+
+static bool forced_avx2(void) {
+    const char *isa = getenv("OLMOC_CPU_ISA");
+    return isa && !strcmp(isa, "avx2");
+}
+
 int main(int argc, char **argv) {
-    be = olmo_backend_create(argc > 1 ? argv[1] : "cpu");
+    const char *name = argc > 1 && strcmp(argv[1], "--bench") ? argv[1] : "cpu";
+    const int flag = argc > 1 && strcmp(argv[1], "--bench") ? 2 : 1; /* where --bench may be */
+    const bool bench_mode = argc > flag && !strcmp(argv[flag], "--bench");
+    if (argc > flag + (bench_mode ? 2 : 0)) {
+        fprintf(stderr, "usage: test_attention [BACKEND] [--bench [PEAK_GFLOPS]]\n");
+        return 2;
+    }
+    if (forced_avx2() && !olmo_cpu_has_avx2_fma()) {
+        printf("SKIP: OLMOC_CPU_ISA=avx2 asks for AVX2+FMA kernels, and this processor has no AVX2 and FMA\n");
+        return 77;
+    }
+    be = olmo_backend_create(name);
     if (!be) {
-        fprintf(stderr, "test_attention: backend %s unavailable: %s\n", argc > 1 ? argv[1] : "cpu", olmo_last_error());
+        fprintf(stderr, "test_attention: backend %s unavailable: %s\n", name, olmo_last_error());
         return 1;
+    }
+    const char *line = be->describe ? be->describe(be) : "";
+    if (forced_avx2() && !strstr(line, "attention: AVX2+FMA kernels")) { /* the kernels this run is for */
+        fprintf(stderr, "test_attention: OLMOC_CPU_ISA=avx2, but the backend runs other kernels (%s)\n", line);
+        return 1;
+    }
+    if (bench_mode) {
+        printf("backend %s (%s)\n", be->name, line);
+        return bench(argc > flag + 1 ? atof(argv[flag + 1]) : 0.0);
     }
     if (!strcmp(be->name, "cpu-bf16")) {
         /* Q, K, V, dO, P and dS rounded to bf16 (relative 2^-9) before their products: absolute errors
@@ -272,7 +388,7 @@ int main(int argc, char **argv) {
         tol_fwd = 5e-2;
         tol_bwd = 5e-2;
     }
-    printf("backend %s (%s)\n", be->name, be->describe ? be->describe(be) : "");
+    printf("backend %s (%s)\n", be->name, line);
     olmo_rng_seed(&rng, 99);
     /* Warm-up at a small size: thread pools and BLAS buffers exist before the RSS baseline. */
     test_tiled("T=70 full, MHA", 1, 70, 2, 2, 16, 0, 0);
@@ -283,6 +399,9 @@ int main(int argc, char **argv) {
     test_tiled("T=257 window 100 + docs, MQA 3/1, D=8", 2, 257, 3, 1, 8, 100, 40);
     test_tiled("T=190 docs only, MHA, D=64", 1, 190, 2, 2, 64, 0, 30);
     test_tiled("T=129 window 1, MHA, D=6", 1, 129, 2, 2, 6, 1, 0);
+    /* the model's head sizes, column tails of every width in the score tiles */
+    test_tiled("T=301 window 77, GQA 4/2, D=128", 1, 301, 4, 2, 128, 77, 0);
+    test_tiled("T=203 full, MHA, D=64, batch 2", 2, 203, 2, 2, 64, 0, 0);
     printf("%d passed, %d failed\n", checks - failures, failures);
     olmo_backend_destroy(be);
     return failures ? 1 : 0;

@@ -654,7 +654,18 @@ int main(int argc, char **argv) {
         return 77;
 #endif
     }
+    /* OLMOC_CPU_ISA (e.g. avx2: attention's AVX2+FMA kernels) is for the backend under test: the
+     * reference runs the best kernels this build has for this processor */
+    const char *isa_env = getenv("OLMOC_CPU_ISA");
+    char isa[32] = "";
+    if (isa_env) snprintf(isa, sizeof isa, "%s", isa_env);
+    if (isa_env) unsetenv("OLMOC_CPU_ISA");
     ref = olmo_backend_create("cpu");
+    if (isa[0]) setenv("OLMOC_CPU_ISA", isa, 1);
+    if (!strcmp(isa, "avx2") && !olmo_cpu_has_avx2_fma()) {
+        printf("SKIP: OLMOC_CPU_ISA=avx2 asks for AVX2+FMA kernels, and this processor has no AVX2 and FMA\n");
+        return 77;
+    }
     dut = olmo_backend_create(name);
     if (!dut) {
         fprintf(stderr, "test_backend_parity: %s\n", olmo_last_error());
@@ -663,6 +674,11 @@ int main(int argc, char **argv) {
     set_tolerances(dut->name);
     check_determinism = !dut->host_memory;
     printf("backend parity: cpu (reference) vs %s (%s)\n", dut->name, dut->describe ? dut->describe(dut) : "");
+    if (!strcmp(isa, "avx2") && (!dut->describe || !strstr(dut->describe(dut), "attention: AVX2+FMA kernels"))) {
+        fprintf(stderr, "test_backend_parity: OLMOC_CPU_ISA=avx2, but %s runs other attention kernels\n", dut->name);
+        return 1;
+    }
+    if (isa[0]) printf("reference: %s\n", ref->describe ? ref->describe(ref) : "");
     olmo_rng_seed(&rng, 20260101);
 
     test_gemm();

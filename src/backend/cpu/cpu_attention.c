@@ -1,684 +1,104 @@
 /* The CPU backend's attention: tiled flash attention (forward and backward,
- * fp32 or bf16 products) and inference attention over a KV cache. */
-#include <cblas.h>
-#include <math.h>
-#include <omp.h>
-#include <stdlib.h>
-#include <string.h>
+ * fp32 or bf16 products; cpu_attention_kernels.h), the choice of its
+ * instruction set, and inference attention over a KV cache. */
+#include <stdio.h>
 
-#include "backend/cpu/cpu_internal.h"
-#include "backend/cpu/cpu_simd.h"
+#include "backend/cpu/cpu_attention_kernels.h"
+#include "util/error.h"
 
-/* ---- attention -------------------------------------------------------------
- * Flash-style, with tile products (tile_gemm, single-threaded inside the
- * OpenMP region) and softmax in between:
- *   forward: a task per (batch, head, block of ATT_QB queries) walks the
- *     visible keys in chunks of ATT_KC with an online softmax;
- *   backward: a task per (batch, kv head, block of ATT_KB keys) walks the
- *     queries that see them in chunks of ATT_QC (FlashAttention-2 order).
- * K and V are first transposed per head ([D][T]) so every score tile is a
- * plain NN product.  Memory beyond inputs and outputs is O(seq_len) per head
- * (bounds, delta, the transposed K/V, dq partials) plus tiles of at most
- * ATT_QC x ATT_KC per thread: no seq_len^2 buffer.
- * Query t sees keys lo[t]..t, lo[t] = max(t - window + 1, start of t's
- * document): documents are runs of equal doc ids, as the model builds them.
- * lo is non-decreasing in t, which the block bounds below rely on.
- *
- * cpu-bf16 runs the seven products (S = Q K^T, O += P V; S, dP = dO V^T,
- * dV += P^T dO, dK += dS^T Q, dQ += dS K) on bf16 operands with fp32
- * accumulation, as cuda-bf16 does on tensor cores, when the build has
- * AVX512-BF16 (vdpbf16ps) and head_dim is even; softmax, lse, delta and the
- * accumulators stay fp32.  Its operands are rounded to bf16 (to nearest
- * even, as the GEMMs round them) and packed in pairs along the product's k:
- * elements k = 2p and 2p + 1 in the low and high half of one 32-bit word. */
-enum { ATT_QB = 64, ATT_KC = 256, ATT_KB = 64, ATT_QC = 64 };
-
-/* lo[b * T + t]: first key visible from query t of sequence b. */
-static int *attn_bounds(const struct olmo_attn_shape *s, const int32_t *doc_ids) {
-    const int T = s->seq_len;
-    int *lo = cpu_scratch(sizeof(int) * (size_t)s->batch * T);
-    if (!lo) return NULL;
-    for (int b = 0; b < s->batch; b++) {
-        const int32_t *docs = doc_ids ? doc_ids + (size_t)b * T : NULL;
-        int run_start = 0;
-        for (int t = 0; t < T; t++) {
-            if (docs && t > 0 && docs[t] != docs[t - 1]) run_start = t;
-            int first = s->window > 0 && t - s->window + 1 > run_start ? t - s->window + 1 : run_start;
-            lo[(size_t)b * T + t] = first;
-        }
-    }
-    return lo;
-}
-
-/* C[m x n] = alpha * op(A) B + beta * C for attention's tiles (row-major,
- * beta 0 or 1, op(A) = A or A^T).  With AVX-512, a register-blocked kernel
- * (4 rows x 64 columns of C in 16 registers, B rows loaded once per 4 rows,
- * masked column tails): on these small shapes (k = 64..256) it beats
- * OpenBLAS, whose small-matrix path and packing cost a third of the
- * time.  Otherwise OpenBLAS.  With AVX512-BF16 the same kernel multiplies
- * bf16 pairs with vdpbf16ps (tile_product, bf16: k counts pairs). */
-#if defined(__AVX512F__)
-/* acc + a b on 16 lanes of fp32 values or of bf16 pairs (bf16 is a constant in each caller) */
-static inline __attribute__((always_inline)) __m512 tile_mac(bool bf16, __m512 acc, __m512i a, __m512i b) {
-#ifdef OLMOC_ATTN_BF16
-    if (bf16) return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+/* ---- the instruction set -------------------------------------------------- */
+bool olmo_cpu_has_avx2_fma(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
-    (void)bf16;
-#endif
-    return _mm512_fmadd_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), acc);
-}
-
-#define TILE_ROWS 4
-/* 32-bit elements of the operands: floats, or bf16 pairs (read through this type, so may_alias) */
-typedef int32_t __attribute__((may_alias)) tile_word;
-
-static inline __attribute__((always_inline)) void tile_kernel(bool bf16, bool ta, int m, int n, int k, float alpha,
-                                                              const tile_word *a, int lda, const tile_word *b, int ldb,
-                                                              float beta, float *c, int ldc) {
-    const __m512 valpha = _mm512_set1_ps(alpha);
-    for (int c0 = 0; c0 < n; c0 += 64) {
-        const __mmask16 m0 = col_mask(n - c0), m1 = col_mask(n - c0 - 16), m2 = col_mask(n - c0 - 32),
-                        m3 = col_mask(n - c0 - 48);
-        const tile_word *bc = b + c0;
-        int r0 = 0;
-        for (; r0 + TILE_ROWS <= m; r0 += TILE_ROWS) {
-            __m512 x00 = _mm512_setzero_ps(), x01 = x00, x02 = x00, x03 = x00, x10 = x00, x11 = x00, x12 = x00,
-                   x13 = x00, x20 = x00, x21 = x00, x22 = x00, x23 = x00, x30 = x00, x31 = x00, x32 = x00, x33 = x00;
-            for (int kk = 0; kk < k; kk++) {
-                const tile_word *br = bc + (size_t)kk * ldb;
-                const __m512i b0 = _mm512_maskz_loadu_epi32(m0, br), b1 = _mm512_maskz_loadu_epi32(m1, br + 16),
-                              b2 = _mm512_maskz_loadu_epi32(m2, br + 32), b3 = _mm512_maskz_loadu_epi32(m3, br + 48);
-                const tile_word *ar = ta ? a + (size_t)kk * lda + r0 : a + (size_t)r0 * lda + kk;
-                const size_t step = ta ? 1 : (size_t)lda;
-                __m512i av = _mm512_set1_epi32(ar[0]);
-                x00 = tile_mac(bf16, x00, av, b0), x01 = tile_mac(bf16, x01, av, b1);
-                x02 = tile_mac(bf16, x02, av, b2), x03 = tile_mac(bf16, x03, av, b3);
-                av = _mm512_set1_epi32(ar[step]);
-                x10 = tile_mac(bf16, x10, av, b0), x11 = tile_mac(bf16, x11, av, b1);
-                x12 = tile_mac(bf16, x12, av, b2), x13 = tile_mac(bf16, x13, av, b3);
-                av = _mm512_set1_epi32(ar[2 * step]);
-                x20 = tile_mac(bf16, x20, av, b0), x21 = tile_mac(bf16, x21, av, b1);
-                x22 = tile_mac(bf16, x22, av, b2), x23 = tile_mac(bf16, x23, av, b3);
-                av = _mm512_set1_epi32(ar[3 * step]);
-                x30 = tile_mac(bf16, x30, av, b0), x31 = tile_mac(bf16, x31, av, b1);
-                x32 = tile_mac(bf16, x32, av, b2), x33 = tile_mac(bf16, x33, av, b3);
-            }
-            __m512 rows[TILE_ROWS][4] = {{x00, x01, x02, x03}, {x10, x11, x12, x13}, {x20, x21, x22, x23},
-                                         {x30, x31, x32, x33}};
-            const __mmask16 masks[4] = {m0, m1, m2, m3};
-            for (int r = 0; r < TILE_ROWS; r++) {
-                float *cr = c + (size_t)(r0 + r) * ldc + c0;
-                for (int v = 0; v < 4; v++) {
-                    __m512 val = _mm512_mul_ps(rows[r][v], valpha);
-                    if (beta != 0.0f) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(masks[v], cr + 16 * v));
-                    _mm512_mask_storeu_ps(cr + 16 * v, masks[v], val);
-                }
-            }
-        }
-        for (; r0 < m; r0++) { /* leftover rows, one at a time */
-            __m512 x0 = _mm512_setzero_ps(), x1 = x0, x2 = x0, x3 = x0;
-            for (int kk = 0; kk < k; kk++) {
-                const tile_word *br = bc + (size_t)kk * ldb;
-                const __m512i av = _mm512_set1_epi32(ta ? a[(size_t)kk * lda + r0] : a[(size_t)r0 * lda + kk]);
-                x0 = tile_mac(bf16, x0, av, _mm512_maskz_loadu_epi32(m0, br));
-                x1 = tile_mac(bf16, x1, av, _mm512_maskz_loadu_epi32(m1, br + 16));
-                x2 = tile_mac(bf16, x2, av, _mm512_maskz_loadu_epi32(m2, br + 32));
-                x3 = tile_mac(bf16, x3, av, _mm512_maskz_loadu_epi32(m3, br + 48));
-            }
-            const __m512 xs[4] = {x0, x1, x2, x3};
-            const __mmask16 masks[4] = {m0, m1, m2, m3};
-            float *cr = c + (size_t)r0 * ldc + c0;
-            for (int v = 0; v < 4; v++) {
-                __m512 val = _mm512_mul_ps(xs[v], valpha);
-                if (beta != 0.0f) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(masks[v], cr + 16 * v));
-                _mm512_mask_storeu_ps(cr + 16 * v, masks[v], val);
-            }
-        }
-    }
-}
-
-static void tile_gemm(bool ta, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
-                      float beta, float *c, int ldc) {
-    tile_kernel(false, ta, m, n, k, alpha, (const tile_word *)a, lda, (const tile_word *)b, ldb, beta, c, ldc);
-}
-#else
-static void tile_gemm(bool ta, int m, int n, int k, float alpha, const float *a, int lda, const float *b, int ldb,
-                      float beta, float *c, int ldc) {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
-                ldc);
-}
-#endif
-
-/* Whether attention of this shape runs its products in bf16 (cpu-bf16 asks for it). */
-static bool attn_bf16(bool requested, const struct olmo_attn_shape *s) {
-#ifdef OLMOC_ATTN_BF16
-    return requested && s->head_dim % 2 == 0;
-#else
-    (void)requested, (void)s;
     return false;
 #endif
 }
 
-/* C = alpha * op(A) B + beta * C with fp32 operands, or with bf16 pairs (k is
- * then the number of k elements; the pairs are (k + 1) / 2, zero-padded). */
-static void tile_product(bool bf16, bool ta, int m, int n, int k, float alpha, const void *a, int lda, const void *b,
-                         int ldb, float beta, float *c, int ldc) {
-#ifdef OLMOC_ATTN_BF16
-    if (bf16) {
-        tile_kernel(true, ta, m, n, (k + 1) / 2, alpha, a, lda, b, ldb, beta, c, ldc);
-        return;
-    }
-#endif
-    (void)bf16;
-    tile_gemm(ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-/* dst[r][c] = bf16(src[r][c]) for c < cols, and a zero at c = cols when cols is odd. */
-static void pack_bf16_rows(uint16_t *dst, int ldd, const float *src, int lds, int rows, int cols) {
-    for (int r = 0; r < rows; r++) {
-        const float *in = src + (size_t)r * lds;
-        uint16_t *out = dst + (size_t)r * ldd;
-        for (int c = 0; c < cols; c++) out[c] = to_bf16(in[c]);
-        if (cols % 2) out[cols] = 0;
-    }
-}
-
-/* dst[p][c] = the pair (src[2p][c], src[2p+1][c]) for p < (rows + 1) / 2, c < cols; a missing row is zero. */
-static void pack_bf16_pairs(uint32_t *dst, int ldd, const float *src, int lds, int rows, int cols) {
-    for (int p = 0; p < (rows + 1) / 2; p++) {
-        const float *r0 = src + (size_t)2 * p * lds;
-        uint32_t *out = dst + (size_t)p * ldd;
-        if (2 * p + 1 < rows) {
-            const float *r1 = r0 + lds;
-            for (int c = 0; c < cols; c++) out[c] = (uint32_t)to_bf16(r0[c]) | (uint32_t)to_bf16(r1[c]) << 16;
-        } else {
-            for (int c = 0; c < cols; c++) out[c] = to_bf16(r0[c]);
-        }
-    }
-}
-
-/* The row pairs of x [B*T][width] per sequence: [B][(T + 1) / 2][width] (B operands whose k is the position). */
-static uint32_t *bf16_position_pairs(struct cpu_state *st, int slot, const float *x, int B, int T, int width) {
-    const int pairs = (T + 1) / 2, blocks = (pairs + 31) / 32;
-    uint32_t *xp = cpu_cached_scratch(st, slot, sizeof(uint32_t) * (size_t)B * pairs * width);
-    if (!xp) return NULL;
-#pragma omp parallel for if ((size_t)B * T * width >= PAR_MIN)
-    for (int job = 0; job < B * blocks; job++) {
-        const int b = job / blocks, p0 = job % blocks * 32, t0 = 2 * p0, rows = T - t0 < 64 ? T - t0 : 64;
-        pack_bf16_pairs(xp + ((size_t)b * pairs + p0) * width, width, x + ((size_t)b * T + t0) * width, width, rows,
-                        width);
-    }
-    return xp;
-}
-
-/* x [B*T][heads*D] as bf16 rows, the same layout (A operands whose k is head_dim; D even). */
-static uint32_t *bf16_rows(struct cpu_state *st, int slot, const float *x, int B, int T, int width) {
-    uint16_t *xb = cpu_cached_scratch(st, slot, sizeof(uint16_t) * (size_t)B * T * width);
-    if (!xb) return NULL;
-#pragma omp parallel for if ((size_t)B * T * width >= PAR_MIN)
-    for (int r0 = 0; r0 < B * T; r0 += 64)
-        pack_bf16_rows(xb + (size_t)r0 * width, width, x + (size_t)r0 * width, width, B * T - r0 < 64 ? B * T - r0 : 64,
-                       width);
-    return (uint32_t *)xb;
-}
-
-/* Keys j0+a .. j0+e of a tile of nk keys are visible from query t (empty when e < a). */
-static inline void row_visible(const int *lo, int t, int j0, int nk, int *a, int *e) {
-    int first = lo[t] - j0, last = t - j0;
-    *a = first > 0 ? first : 0;
-    *e = last < nk - 1 ? last : nk - 1;
-}
-
-/* row[c] = exp(row[c] - shift) for a <= c <= e, 0 for the other c < n;
- * returns the sum of the row.  The masked columns are few (the tiles on the
- * diagonal and at the window's edge), so the AVX-512 version handles them
- * with lane masks on 16 columns at a time rather than a test per column. */
-#if defined(__AVX512F__)
-static float exp_visible(float *row, int n, int a, int e, float shift) {
-    const __m512 vshift = _mm512_set1_ps(shift);
-    __m512 sum = _mm512_setzero_ps();
-    for (int c0 = 0; c0 < n; c0 += 16) {
-        const __mmask16 in_row = col_mask(n - c0);
-        /* lanes c0 + l with a <= c0 + l <= e */
-        const __mmask16 visible = in_row & col_mask(e - c0 + 1) & (__mmask16)~col_mask(a - c0);
-        __m512 p = _mm512_setzero_ps();
-        if (visible) {
-            p = fast_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(visible, row + c0), vshift));
-            p = _mm512_maskz_mov_ps(visible, p);
-            sum = _mm512_add_ps(sum, p);
-        }
-        _mm512_mask_storeu_ps(row + c0, in_row, p);
-    }
-    return _mm512_reduce_add_ps(sum);
-}
+int cpu_attention_select(struct cpu_state *st, bool bf16_backend) {
+    const char *isa = getenv("OLMOC_CPU_ISA");
+    const char *kernels = NULL, *why = "";
+    st->attn_avx2 = false;
+    if (isa && isa[0] && strcmp(isa, "auto") != 0) {
+        if (strcmp(isa, "avx2") != 0)
+            return olmo_error("OLMOC_CPU_ISA=%s: expected 'avx2' (attention's AVX2+FMA kernels, on any processor "
+                              "that has AVX2 and FMA) or 'auto' (the best this build has for this processor)",
+                              isa);
+#ifndef OLMOC_ATTN_AVX2
+        return olmo_error("OLMOC_CPU_ISA=avx2: this build has no AVX2 attention kernels (only x86-64 builds with "
+                          "gcc or clang have them)");
 #else
-static float exp_visible(float *row, int n, int a, int e, float shift) {
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int c = 0; c < n; c++) {
-        const float p = c >= a && c <= e ? fast_expf(row[c] - shift) : 0.0f;
-        row[c] = p;
-        sum += p;
-    }
-    return sum;
-}
+        if (!olmo_cpu_has_avx2_fma()) return olmo_error("OLMOC_CPU_ISA=avx2: this processor has no AVX2 and FMA");
+        st->attn_avx2 = true;
+        kernels = "AVX2+FMA", why = ", forced by OLMOC_CPU_ISA=avx2";
 #endif
-
-/* Leading dimension of the transposed K/V rows: T rounded up to 16 floats,
- * plus 16 so that the rows do not all map to the same cache sets when T is
- * a power of two. */
-static int transposed_ld(int T) { return (T + 15) / 16 * 16 + 16; }
-
-/* Each head of x [B*T][heads*D] transposed, ld = transposed_ld(T):
- *   fp32: xt[((b * heads + h) * D + d) * ld + t] = x[(b * T + t) * heads * D + h * D + d];
- *   bf16: xt[((b * heads + h) * D/2 + p) * ld + t] = the pair (d = 2p, 2p + 1) of the same row
- *   (B operands whose k is head_dim). */
-static void *transpose_heads(struct cpu_state *st, int slot, bool bf16, const float *x, int B, int T, int heads,
-                             int D) {
-    const size_t ld = (size_t)transposed_ld(T);
-    const int rows = bf16 ? D / 2 : D; /* per head */
-    void *xt = cpu_cached_scratch(st, slot, sizeof(float) * (size_t)B * ld * heads * rows);
-    if (!xt) return NULL;
-    const int tiles = (T + 63) / 64;
-#pragma omp parallel for if ((size_t)B * T * heads * D >= PAR_MIN)
-    for (int job = 0; job < B * heads * tiles; job++) {
-        const int tt = job % tiles, h = (job / tiles) % heads, b = job / (tiles * heads);
-        const int t0 = tt * 64, t1 = t0 + 64 < T ? t0 + 64 : T;
-        const size_t head = ((size_t)b * heads + h) * rows * ld;
-        for (int t = t0; t < t1; t++) {
-            const float *src = x + ((size_t)b * T + t) * heads * D + (size_t)h * D;
-            if (bf16) {
-                uint32_t *dst = (uint32_t *)xt + head;
-                for (int p = 0; p < rows; p++)
-                    dst[(size_t)p * ld + t] = (uint32_t)to_bf16(src[2 * p]) | (uint32_t)to_bf16(src[2 * p + 1]) << 16;
-            } else {
-                float *dst = (float *)xt + head;
-                for (int d = 0; d < D; d++) dst[(size_t)d * ld + t] = src[d];
-            }
-        }
     }
-    return xt;
-}
-
-/* &base[offset] for arrays of 4-byte elements (floats or bf16 pairs) */
-static inline const void *word_at(const void *base, size_t offset) { return (const char *)base + 4 * offset; }
-
-/* Per-thread tiles, allocated before a parallel region (which has no error
- * path): `floats` per thread, rounded up to 64 bytes, for every thread the
- * region may have. */
-static float *thread_tiles(size_t floats, size_t *stride) {
-    *stride = (floats + 15) / 16 * 16;
-    return cpu_scratch(sizeof(float) * *stride * (size_t)omp_get_max_threads());
-}
-
-static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, float *lse, const float *q,
-                          const float *k, const float *v, const int32_t *doc_ids, const struct olmo_attn_shape *s) {
-    const int T = s->seq_len, H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim;
-    const int group = H / HK, qblocks = (T + ATT_QB - 1) / ATT_QB;
-    const int q_stride = H * D, kv_stride = HK * D;
-    const bool bf16 = attn_bf16(bf16_products, s);
-    const int wq = bf16 ? 2 : 1; /* floats per element of Q's operand (a bf16 pair holds two) */
-    const int kt_rows = D / wq, ldt = transposed_ld(T), pairs = (T + 1) / 2;
-    int *lo = attn_bounds(s, doc_ids);
-    const void *kt = lo ? transpose_heads(st, SLOT_KT, bf16, k, s->batch, T, HK, D) : NULL;
-    const void *qa = !kt ? NULL : bf16 ? (const void *)bf16_rows(st, SLOT_Q16, q, s->batch, T, q_stride) : q;
-    const uint32_t *vp = bf16 && qa ? bf16_position_pairs(st, SLOT_VP, v, s->batch, T, kv_stride) : NULL;
-    /* per thread: scores, the output accumulator, and P as bf16 */
-    size_t stride = 0;
-    float *tiles = qa && (vp || !bf16) ? thread_tiles((size_t)ATT_QB * ATT_KC + (size_t)ATT_QB * D +
-                                                          (bf16 ? (size_t)ATT_QB * ATT_KC / 2 : 0),
-                                                      &stride)
-                                       : NULL;
-    if (!tiles) {
-        free(lo);
-        return -1;
+    if (!kernels) {
+#if defined(__AVX512F__)
+        kernels = "AVX-512"; /* the whole build targets it (-march): this processor has it */
+#elif defined(__AVX2__) && defined(__FMA__)
+        kernels = "AVX2+FMA";
+#else
+#ifdef OLMOC_ATTN_AVX2
+        if (olmo_cpu_has_avx2_fma()) st->attn_avx2 = true, kernels = "AVX2+FMA", why = ", chosen for this processor";
+#endif
+        if (!kernels) kernels = "OpenBLAS tile", why = " (no AVX2+FMA in this build's -march or this processor)";
+#endif
     }
-    const int tasks = s->batch * H * qblocks;
-    /* Each task owns its output rows, so any schedule gives the same result. */
-#pragma omp parallel if (tasks > 1)
-    {
-        float *sc = tiles + stride * (size_t)omp_get_thread_num();
-        float *acc = sc + (size_t)ATT_QB * ATT_KC;
-        uint16_t *pb = bf16 ? (uint16_t *)(acc + (size_t)ATT_QB * D) : NULL; /* P as bf16 */
-        float mrow[ATT_QB];
-        double lrow[ATT_QB];
-#pragma omp for schedule(dynamic)
-        for (int task = 0; task < tasks; task++) {
-            const int qb = qblocks - 1 - task % qblocks; /* longest (latest) blocks first */
-            const int h = (task / qblocks) % H, b = task / (qblocks * H), kh = h / group;
-            const int i0 = qb * ATT_QB, nq = i0 + ATT_QB < T ? ATT_QB : T - i0, i1 = i0 + nq;
-            const int *lob = lo + (size_t)b * T;
-            const size_t qoff = ((size_t)b * T + i0) * q_stride + (size_t)h * D;
-            const size_t kth = ((size_t)b * HK + kh) * kt_rows * ldt;
-            memset(acc, 0, sizeof(float) * (size_t)nq * D);
-            for (int r = 0; r < nq; r++) {
-                mrow[r] = -INFINITY;
-                lrow[r] = 0.0;
-            }
-            /* keys from lob[i0] (rounded down to even, for the bf16 pairs) to i1-1, in chunks */
-            for (int j0 = lob[i0] & ~1, nk; j0 < i1; j0 += nk) {
-                nk = i1 - j0 < ATT_KC ? i1 - j0 : ATT_KC;
-                tile_product(bf16, false, nq, nk, D, s->scale, word_at(qa, qoff / wq), q_stride / wq,
-                             word_at(kt, kth + j0), ldt, 0.0f, sc, ATT_KC);
-                for (int r = 0; r < nq; r++) {
-                    float *row = sc + (size_t)r * ATT_KC;
-                    int a, e;
-                    row_visible(lob, i0 + r, j0, nk, &a, &e);
-                    if (e < a) {
-                        memset(row, 0, sizeof(float) * (size_t)nk);
-                        continue;
-                    }
-                    float mx = max_of(row + a, e - a + 1);
-                    mx = mx > mrow[r] ? mx : mrow[r];
-                    const float alpha = fast_expf(mrow[r] - mx); /* exp(-inf) = 0 on the first chunk */
-                    const float sum = exp_visible(row, nk, a, e, mx);
-                    if (mx != mrow[r]) {
-                        float *ar = acc + (size_t)r * D;
-#pragma omp simd
-                        for (int d = 0; d < D; d++) ar[d] *= alpha;
-                        lrow[r] *= alpha;
-                    }
-                    lrow[r] += sum;
-                    mrow[r] = mx;
-                }
-                if (bf16) { /* O += P V: P's rows and V's position pairs (j0 is even) */
-                    pack_bf16_rows(pb, ATT_KC, sc, ATT_KC, nq, nk);
-                    tile_product(true, false, nq, D, nk, 1.0f, pb, ATT_KC / 2,
-                                 vp + ((size_t)b * pairs + j0 / 2) * kv_stride + (size_t)kh * D, kv_stride, 1.0f,
-                                 acc, D);
-                } else {
-                    tile_gemm(false, nq, D, nk, 1.0f, sc, ATT_KC, v + ((size_t)b * T + j0) * kv_stride + (size_t)kh * D,
-                              kv_stride, 1.0f, acc, D);
-                }
-            }
-            for (int r = 0; r < nq; r++) {
-                float *orow = out + ((size_t)b * T + i0 + r) * q_stride + (size_t)h * D;
-                const float *ar = acc + (size_t)r * D, inv = (float)(1.0 / lrow[r]);
-#pragma omp simd
-                for (int d = 0; d < D; d++) orow[d] = ar[d] * inv;
-                lse[((size_t)b * H + h) * T + i0 + r] = mrow[r] + (float)log(lrow[r]);
-            }
-        }
-    }
-    free(tiles);
-    free(lo);
+    /* bf16 products where cpu-bf16 asks for them and these kernels have them */
+#ifdef OLMOC_ATTN_BF16
+    const bool bf16 = bf16_backend && !st->attn_avx2;
+#else
+    const bool bf16 = false;
+#endif
+    snprintf(st->attn_text, sizeof st->attn_text, "attention: %s kernels%s, %s", kernels, why,
+             bf16 ? "bf16 products (AVX512-BF16) for even head_dim"
+                  : bf16_backend ? "fp32 products (bf16 ones need AVX512-BF16 kernels)" : "fp32 products");
     return 0;
 }
 
-/* Backward: a task per (batch, kv head, key block) owns dk/dv of those keys
- * and walks every query chunk (of every query head in the GQA group) that
- * sees them; P and dS are recomputed per tile from lse.  dq gets
- * contributions from many key blocks: each thread adds into its own dq
- * copy, and the copies are summed in thread order.  Tasks go to threads by
- * a fixed (cost-balanced) assignment, so the sums do not depend on timing. */
-struct attn_task {
-    int b, kh, kb;
-    double cost;
-};
+const char *cpu_attention_line(const struct cpu_state *st) { return st->attn_text; }
 
-static int task_cost_desc(const void *pa, const void *pb) {
-    const struct attn_task *a = pa, *b = pb;
-    if (a->cost != b->cost) return a->cost < b->cost ? 1 : -1;
-    /* ties: by position, so the order is total and the assignment fixed */
-    if (a->b != b->b) return a->b - b->b;
-    if (a->kh != b->kh) return a->kh - b->kh;
-    return a->kb - b->kb;
+/* ---- the ops: these kernels, or cpu_attention_avx2.c's ---------------------- */
+static int attn_fwd(struct cpu_state *st, bool bf16, float *out, float *lse, const float *q, const float *k,
+                    const float *v, const int32_t *doc_ids, const struct olmo_attn_shape *s) {
+#ifdef OLMOC_ATTN_AVX2
+    if (st->attn_avx2) return cpu_attention_fwd_avx2(st, out, lse, q, k, v, doc_ids, s);
+#endif
+    return attention_fwd(st, bf16, out, lse, q, k, v, doc_ids, s);
 }
 
-/* What backward's tasks share: the shape's constants, and the inputs in the
- * layouts the products read (bf16 only: Q and dO as rows for S and dP; Q, dO
- * and K as position pairs for dK, dV and dQ). */
-struct attn_bwd {
-    const struct olmo_attn_shape *s;
-    int T, H, HK, D, group, q_stride, kv_stride, wq, kt_rows, ldt, pairs;
-    bool bf16;
-    const int *lo;
-    const float *q, *k, *dout, *lse, *delta;
-    const void *kt, *vt, *qa, *doa;
-    const uint32_t *qp, *dop, *kp;
-    float *dk, *dv;
-};
-
-/* A thread's tiles: P and dS; bf16 only: P^T and dS^T as query pairs, dS as rows. */
-struct attn_bwd_tiles {
-    float *p, *ds;
-    uint32_t *pt, *dst;
-    uint16_t *dsr;
-};
-
-/* delta[(b*H + h)*T + t] = dO . O (= sum_j p_j dO . v_j) */
-static float *attn_delta(struct cpu_state *st, const float *out, const float *dout, const struct olmo_attn_shape *s) {
-    const int T = s->seq_len, H = s->n_heads, D = s->head_dim, B = s->batch, q_stride = H * D;
-    float *delta = cpu_cached_scratch(st, SLOT_DELTA, sizeof(float) * (size_t)B * H * T);
-    if (!delta) return NULL;
-#pragma omp parallel for if ((size_t)B * T * q_stride >= PAR_MIN)
-    for (int bt = 0; bt < B * T; bt++)
-        for (int h = 0; h < H; h++) {
-            const float *o = out + (size_t)bt * q_stride + (size_t)h * D, *g = dout + (size_t)bt * q_stride + (size_t)h * D;
-            float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-            for (int d = 0; d < D; d++) acc += g[d] * o[d];
-            delta[((size_t)(bt / T) * H + h) * T + bt % T] = acc;
-        }
-    return delta;
-}
-
-/* The tasks, longest first, and their fixed assignment to *nth threads (owner[i]):
- * each to the least-loaded thread. */
-static struct attn_task *attn_bwd_schedule(const struct olmo_attn_shape *s, const int *lo, int *n_tasks, int *nth,
-                                           int **owner) {
-    const int T = s->seq_len, kblocks = (T + ATT_KB - 1) / ATT_KB;
-    *n_tasks = s->batch * s->n_kv_heads * kblocks;
-    struct attn_task *tasks = cpu_scratch(sizeof *tasks * (size_t)(*n_tasks > 0 ? *n_tasks : 1));
-    if (!tasks) return NULL;
-    for (int b = 0, i = 0; b < s->batch; b++)
-        for (int kh = 0; kh < s->n_kv_heads; kh++)
-            for (int kb = 0; kb < kblocks; kb++, i++) {
-                const int j0 = kb * ATT_KB, j1 = j0 + ATT_KB < T ? j0 + ATT_KB : T;
-                int rows = 0; /* queries that see a key of this block */
-                for (int t = j0; t < T && lo[(size_t)b * T + t] < j1; t++) rows++;
-                tasks[i] = (struct attn_task){b, kh, kb, (double)rows * (j1 - j0) + 1.0};
-            }
-    qsort(tasks, (size_t)*n_tasks, sizeof *tasks, task_cost_desc);
-    *nth = omp_get_max_threads();
-    if (*nth > *n_tasks) *nth = *n_tasks > 0 ? *n_tasks : 1;
-    *owner = cpu_scratch(sizeof(int) * (size_t)(*n_tasks > 0 ? *n_tasks : 1));
-    double *load = *owner ? cpu_scratch(sizeof(double) * (size_t)*nth) : NULL;
-    if (!load) {
-        free(*owner);
-        free(tasks);
-        return NULL;
-    }
-    for (int t = 0; t < *nth; t++) load[t] = 0.0;
-    for (int i = 0; i < *n_tasks; i++) {
-        int best = 0;
-        for (int t = 1; t < *nth; t++)
-            if (load[t] < load[best]) best = t;
-        (*owner)[i] = best;
-        load[best] += tasks[i].cost;
-    }
-    free(load);
-    return tasks;
-}
-
-/* One tile: queries i0 .. i0+nq-1 of head h against keys j0 .. j0+nk-1 of sequence b
- * (kv head kh): dK, dV of the keys and this thread's dQ copy dqt. */
-static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles *w, int b, int kh, int h, int j0,
-                          int nk, int i0, int nq, float *dkblk, float *dvblk, float *dqt) {
-    const int T = c->T, D = c->D, q_stride = c->q_stride, kv_stride = c->kv_stride, wq = c->wq;
-    const bool bf16 = c->bf16;
-    const int *lob = c->lo + (size_t)b * T;
-    const float *lse_bh = c->lse + ((size_t)b * c->H + h) * T, *delta_bh = c->delta + ((size_t)b * c->H + h) * T;
-    const size_t kth = ((size_t)b * c->HK + kh) * c->kt_rows * c->ldt + j0; /* of kt and vt */
-    const size_t qoff = ((size_t)b * T + i0) * q_stride + (size_t)h * D;
-    const float *qblk = c->q + qoff, *doblk = c->dout + qoff;
-    const float *kblk = c->k + ((size_t)b * T + j0) * kv_stride + (size_t)kh * D;
-    float *p = w->p, *ds = w->ds;
-    tile_product(bf16, false, nq, nk, D, c->s->scale, word_at(c->qa, qoff / wq), q_stride / wq, word_at(c->kt, kth),
-                 c->ldt, 0.0f, p, ATT_KB);
-    for (int r = 0; r < nq; r++) {
-        float *row = p + (size_t)r * ATT_KB;
-        int a, e;
-        row_visible(lob, i0 + r, j0, nk, &a, &e);
-        const float l = lse_bh[i0 + r];
-        exp_visible(row, nk, a, e, l);
-    }
-    /* dV += P^T dO (i0 is even: dO's pairs start at i0 / 2) */
-    const size_t qpairs = ((size_t)b * c->pairs + i0 / 2) * q_stride + (size_t)h * D;
-    if (bf16) {
-        pack_bf16_pairs(w->pt, ATT_KB, p, ATT_KB, nq, nk);
-        tile_product(true, true, nk, D, nq, 1.0f, w->pt, ATT_KB, c->dop + qpairs, q_stride, 1.0f, dvblk, kv_stride);
-    } else {
-        tile_gemm(true, nk, D, nq, 1.0f, p, ATT_KB, doblk, q_stride, 1.0f, dvblk, kv_stride);
-    }
-    /* dP = dO V^T, then dS = P * (dP - delta) * scale */
-    tile_product(bf16, false, nq, nk, D, 1.0f, word_at(c->doa, qoff / wq), q_stride / wq, word_at(c->vt, kth), c->ldt,
-                 0.0f, ds, ATT_KB);
-    for (int r = 0; r < nq; r++) {
-        const float *pr = p + (size_t)r * ATT_KB;
-        float *dr = ds + (size_t)r * ATT_KB;
-        const float dl = delta_bh[i0 + r];
-#pragma omp simd
-        for (int col = 0; col < nk; col++) dr[col] = pr[col] * (dr[col] - dl) * c->s->scale;
-    }
-    /* dK += dS^T Q;  dQ += dS K (j0 is even: K's pairs start at j0 / 2) */
-    if (bf16) {
-        pack_bf16_pairs(w->dst, ATT_KB, ds, ATT_KB, nq, nk);
-        tile_product(true, true, nk, D, nq, 1.0f, w->dst, ATT_KB, c->qp + qpairs, q_stride, 1.0f, dkblk, kv_stride);
-        pack_bf16_rows(w->dsr, ATT_KB, ds, ATT_KB, nq, nk);
-        tile_product(true, false, nq, D, nk, 1.0f, w->dsr, ATT_KB / 2,
-                     c->kp + ((size_t)b * c->pairs + j0 / 2) * kv_stride + (size_t)kh * D, kv_stride, 1.0f, dqt + qoff,
-                     q_stride);
-    } else {
-        tile_gemm(true, nk, D, nq, 1.0f, ds, ATT_KB, qblk, q_stride, 1.0f, dkblk, kv_stride);
-        tile_gemm(false, nq, D, nk, 1.0f, ds, ATT_KB, kblk, kv_stride, 1.0f, dqt + qoff, q_stride);
-    }
-}
-
-/* One task: the key block's dK and dV, over every query chunk of every head of the group that sees it. */
-static void attn_bwd_task(const struct attn_bwd *c, const struct attn_bwd_tiles *w, const struct attn_task *task,
-                          float *dqt) {
-    const int T = c->T, D = c->D, kv_stride = c->kv_stride;
-    const int b = task->b, kh = task->kh, j0 = task->kb * ATT_KB;
-    const int nk = j0 + ATT_KB < T ? ATT_KB : T - j0;
-    const int *lob = c->lo + (size_t)b * T;
-    const size_t koff = ((size_t)b * T + j0) * kv_stride + (size_t)kh * D;
-    float *dkblk = c->dk + koff, *dvblk = c->dv + koff;
-    for (int j = 0; j < nk; j++) {
-        memset(dkblk + (size_t)j * kv_stride, 0, sizeof(float) * (size_t)D);
-        memset(dvblk + (size_t)j * kv_stride, 0, sizeof(float) * (size_t)D);
-    }
-    /* queries j0 .. tend-1 see some of these keys (lo non-decreasing) */
-    int tend = j0;
-    while (tend < T && lob[tend] < j0 + nk) tend++;
-    for (int h = kh * c->group; h < (kh + 1) * c->group; h++)
-        for (int i0 = j0; i0 < tend; i0 += ATT_QC) {
-            const int nq = i0 + ATT_QC < tend ? ATT_QC : tend - i0;
-            attn_bwd_tile(c, w, b, kh, h, j0, nk, i0, nq, dkblk, dvblk, dqt);
-        }
-}
-
-static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, float *dk, float *dv,
-                         const float *dout, const float *out, const float *lse, const float *q, const float *k,
-                         const float *v, const int32_t *doc_ids, const struct olmo_attn_shape *s) {
-    const int T = s->seq_len, H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim, B = s->batch;
-    const bool bf16 = attn_bf16(bf16_products, s);
-    struct attn_bwd c = {.s = s, .T = T, .H = H, .HK = HK, .D = D, .group = H / HK, .q_stride = H * D,
-                         .kv_stride = HK * D, .wq = bf16 ? 2 : 1, /* floats per element of the operands with k = D */
-                         .ldt = transposed_ld(T), .pairs = (T + 1) / 2, .bf16 = bf16, .q = q, .k = k, .dout = dout,
-                         .lse = lse, .dk = dk, .dv = dv};
-    c.kt_rows = D / c.wq;
-    const size_t n_q = (size_t)B * T * c.q_stride;
-    int *lo = attn_bounds(s, doc_ids);
-    c.lo = lo;
-    c.kt = transpose_heads(st, SLOT_KT, bf16, k, B, T, HK, D);
-    c.vt = transpose_heads(st, SLOT_VT, bf16, v, B, T, HK, D);
-    c.qa = bf16 ? (const void *)bf16_rows(st, SLOT_Q16, q, B, T, c.q_stride) : q;
-    c.doa = bf16 ? (const void *)bf16_rows(st, SLOT_DO16, dout, B, T, c.q_stride) : dout;
-    c.qp = bf16 ? bf16_position_pairs(st, SLOT_QP, q, B, T, c.q_stride) : NULL;
-    c.dop = bf16 ? bf16_position_pairs(st, SLOT_DOP, dout, B, T, c.q_stride) : NULL;
-    c.kp = bf16 ? bf16_position_pairs(st, SLOT_KP, k, B, T, c.kv_stride) : NULL;
-    c.delta = attn_delta(st, out, dout, s);
-    int n_tasks, nth, *owner = NULL;
-    struct attn_task *tasks = NULL;
-    float **dq_part = NULL, *parts = NULL, *tiles = NULL;
-    size_t stride = 0;
-    const bool inputs = lo && c.kt && c.vt && c.qa && c.doa && c.delta && (!bf16 || (c.qp && c.dop && c.kp));
-    if (inputs && (tasks = attn_bwd_schedule(s, lo, &n_tasks, &nth, &owner)) &&
-        (dq_part = cpu_scratch(sizeof(float *) * (size_t)nth)) &&
-        (nth == 1 || (parts = cpu_cached_scratch(st, SLOT_DQ_PARTS, sizeof(float) * n_q * (size_t)(nth - 1)))))
-        /* per thread: P, dS; bf16 only: P^T and dS^T as query pairs, dS as rows */
-        tiles = thread_tiles(2 * (size_t)ATT_QC * ATT_KB + (bf16 ? 2 * (size_t)ATT_QC / 2 * ATT_KB +
-                                                                     (size_t)ATT_QC * ATT_KB / 2
-                                                                : 0),
-                             &stride);
-    if (!tiles) {
-        free(dq_part);
-        free(owner);
-        free(tasks);
-        free(lo);
-        return -1;
-    }
-    /* dq copies: thread 0 writes dq itself, the others their own zeroed buffer */
-    dq_part[0] = dq;
-    memset(dq, 0, sizeof(float) * n_q);
-    for (int t = 1; t < nth; t++) {
-        dq_part[t] = parts + n_q * (size_t)(t - 1);
-        memset(dq_part[t], 0, sizeof(float) * n_q);
-    }
-#pragma omp parallel num_threads(nth) if (nth > 1)
-    {
-        const int tid = omp_get_thread_num(), team = omp_get_num_threads();
-        float *mine = tiles + stride * (size_t)tid;
-        const size_t tile = (size_t)ATT_QC * ATT_KB;
-        const struct attn_bwd_tiles w = {
-            .p = mine,
-            .ds = mine + tile,
-            .pt = bf16 ? (uint32_t *)(mine + 2 * tile) : NULL,
-            .dst = bf16 ? (uint32_t *)(mine + 2 * tile + tile / 2) : NULL,
-            .dsr = bf16 ? (uint16_t *)(mine + 3 * tile) : NULL,
-        };
-        for (int i = 0; i < n_tasks; i++)
-            /* a smaller team than asked for (nested parallelism) still covers every task */
-            if (owner[i] % team == tid) attn_bwd_task(&c, &w, &tasks[i], dq_part[tid]);
-    }
-    if (nth > 1) {
-#pragma omp parallel for if (n_q >= PAR_MIN)
-        for (size_t i = 0; i < n_q; i++) {
-            float acc = dq[i];
-            for (int t = 1; t < nth; t++) acc += dq_part[t][i];
-            dq[i] = acc;
-        }
-    }
-    free(tiles);
-    free(dq_part);
-    free(owner);
-    free(tasks);
-    free(lo);
-    return 0;
+static int attn_bwd(struct cpu_state *st, bool bf16, float *dq, float *dk, float *dv, const float *dout,
+                    const float *out, const float *lse, const float *q, const float *k, const float *v,
+                    const int32_t *doc_ids, const struct olmo_attn_shape *s) {
+#ifdef OLMOC_ATTN_AVX2
+    if (st->attn_avx2) return cpu_attention_bwd_avx2(st, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
+#endif
+    return attention_bwd(st, bf16, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
 }
 
 int cpu_attention_fwd(OLMO_BE, float *out, float *lse, const float *q, const float *k, const float *v,
-                              const int32_t *doc_ids, const struct olmo_attn_shape *s) {
-    return attention_fwd(CPU_STATE(be), false, out, lse, q, k, v, doc_ids, s);
+                      const int32_t *doc_ids, const struct olmo_attn_shape *s) {
+    return attn_fwd(CPU_STATE(be), false, out, lse, q, k, v, doc_ids, s);
 }
 
-int cpu_attention_bwd(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *out,
-                              const float *lse, const float *q, const float *k, const float *v,
-                              const int32_t *doc_ids, const struct olmo_attn_shape *s) {
-    return attention_bwd(CPU_STATE(be), false, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
+int cpu_attention_bwd(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                      const float *q, const float *k, const float *v, const int32_t *doc_ids,
+                      const struct olmo_attn_shape *s) {
+    return attn_bwd(CPU_STATE(be), false, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
 }
 
-/* cpu-bf16: the products on bf16 operands (see the top of this file) */
+/* cpu-bf16: the products on bf16 operands (see the top of cpu_attention_kernels.h) */
 int cpu_attention_fwd_bf16(OLMO_BE, float *out, float *lse, const float *q, const float *k, const float *v,
-                                   const int32_t *doc_ids, const struct olmo_attn_shape *s) {
-    return attention_fwd(CPU_STATE(be), true, out, lse, q, k, v, doc_ids, s);
+                           const int32_t *doc_ids, const struct olmo_attn_shape *s) {
+    return attn_fwd(CPU_STATE(be), true, out, lse, q, k, v, doc_ids, s);
 }
 
 int cpu_attention_bwd_bf16(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *out,
-                                   const float *lse, const float *q, const float *k, const float *v,
-                                   const int32_t *doc_ids, const struct olmo_attn_shape *s) {
-    return attention_bwd(CPU_STATE(be), true, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
+                           const float *lse, const float *q, const float *k, const float *v, const int32_t *doc_ids,
+                           const struct olmo_attn_shape *s) {
+    return attn_bwd(CPU_STATE(be), true, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
 }
 
 /* Inference attention over a KV cache (olmoc generate): a few query rows

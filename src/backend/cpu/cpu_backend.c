@@ -1,6 +1,6 @@
 /* CPU backend (src/backend/cpu/, see cpu_internal.h for its files): GEMMs
  * from oneDNN or OpenBLAS (attention's tiles: its own
- * AVX-512 kernel, else OpenBLAS), OpenMP loops for everything else.
+ * AVX-512 or AVX2+FMA kernels, else OpenBLAS), OpenMP loops for everything else.
  *
  * Numerics: reductions are done in double where an fp32 sum over a long axis
  * would lose the 1e-5 agreement with the PyTorch reference; exponentials use
@@ -116,6 +116,11 @@ static struct olmo_backend *cpu_new(const char *name, cpu_gemm_fn gemm, const ch
         .swiglu_bwd = cpu_swiglu_bwd, .add = cpu_add, .cross_entropy = cpu_cross_entropy,
         .sum_squares = cpu_sum_squares, .scale = cpu_scale, .adamw = cpu_adamw,
         .attention_cached = cpu_attention_cached};
+    if (cpu_attention_select(st, bf16) != 0) { /* OLMOC_CPU_ISA it cannot honour */
+        free(st);
+        free(be);
+        return NULL;
+    }
     return be;
 }
 

@@ -69,8 +69,11 @@ static void openblas_line(char *text, size_t size) {
 }
 
 const char *cpu_describe_openblas(OLMO_BE) {
-    openblas_line(CPU_STATE(be)->text, sizeof CPU_STATE(be)->text);
-    return CPU_STATE(be)->text;
+    struct cpu_state *st = CPU_STATE(be);
+    openblas_line(st->text, sizeof st->text);
+    const size_t used = strlen(st->text);
+    snprintf(st->text + used, sizeof st->text - used, "; %s", cpu_attention_line(st));
+    return st->text;
 }
 
 /* ---- oneDNN sgemm --------------------------------------------------------- */
@@ -110,8 +113,11 @@ static void onednn_line(char *text, size_t size) {
 }
 
 const char *cpu_describe_onednn(OLMO_BE) {
-    onednn_line(CPU_STATE(be)->text, sizeof CPU_STATE(be)->text);
-    return CPU_STATE(be)->text;
+    struct cpu_state *st = CPU_STATE(be);
+    onednn_line(st->text, sizeof st->text);
+    const size_t used = strlen(st->text);
+    snprintf(st->text + used, sizeof st->text - used, "; %s", cpu_attention_line(st));
+    return st->text;
 }
 #endif /* OLMOC_HAVE_ONEDNN */
 
@@ -283,11 +289,7 @@ bool cpu_bf16_available(struct cpu_state *st) {
 const char *cpu_describe_onednn_bf16(OLMO_BE) {
     struct cpu_state *st = CPU_STATE(be);
     const dnnl_version_t *v = dnnl_version();
-#ifdef OLMOC_ATTN_BF16
-    const char *attention = "attention products: bf16 operands (AVX512-BF16) for even head_dim";
-#else
-    const char *attention = "attention: fp32 (this build has no AVX512-BF16)";
-#endif
+    const char *attention = cpu_attention_line(st);
     snprintf(st->text, sizeof st->text, "GEMMs: oneDNN %d.%d.%d matmul, bf16 operands, fp32 accumulation, %s; %s",
              v->major, v->minor, v->patch,
              st->bf16 && st->bf16->impl[0] ? st->bf16->impl : "kernels chosen on first use", attention);
@@ -346,11 +348,7 @@ int cpu_gemm_bf16_convert(OLMO_BE, bool ta, bool tb, int m, int n, int k, float 
 
 const char *cpu_describe_bf16_convert(OLMO_BE) {
     struct cpu_state *st = CPU_STATE(be);
-#ifdef OLMOC_ATTN_BF16
-    const char *attention = "attention products: bf16 operands (AVX512-BF16) for even head_dim";
-#else
-    const char *attention = "attention: fp32 (this build has no AVX512-BF16)";
-#endif
+    const char *attention = cpu_attention_line(st);
     char fp32[160];
 #ifdef OLMOC_HAVE_ONEDNN
     onednn_line(fp32, sizeof fp32);

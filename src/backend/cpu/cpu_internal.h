@@ -1,7 +1,9 @@
 /* Shared between the CPU backend's files (src/backend/cpu/):
  *   cpu_backend.c    the op tables, allocation, scratch memory, selection;
  *   cpu_gemm.c       GEMMs: OpenBLAS, oneDNN sgemm, oneDNN bf16 matmul, bf16 rounding + fp32 GEMM;
- *   cpu_attention.c  tiled flash attention (forward, backward) and KV-cache attention;
+ *   cpu_attention.c  attention's ops, the choice of their instruction set, KV-cache attention;
+ *   cpu_attention_kernels.h  tiled flash attention (forward, backward), compiled per
+ *                    instruction set by cpu_attention.c and cpu_attention_avx2.c;
  *   cpu_ops.c        embedding, rmsnorm, rope, swiglu, add, cross-entropy, sum of
  *                    squares, scale, AdamW.
  * Numerics and determinism rules are at the top of cpu_backend.c. */
@@ -50,6 +52,8 @@ struct cpu_state {
     struct olmo_memcount mem;    /* alloc'd buffers and the slots above (mem_stats) */
     struct cpu_bf16_cache *bf16; /* cpu-bf16 on oneDNN's matmul; NULL otherwise */
     const char *why;           /* why this variant was chosen (cpu-bf16's fallback says) */
+    bool attn_avx2;            /* attention runs cpu_attention_avx2.c's kernels (cpu_attention_select) */
+    char attn_text[160];       /* which attention kernels, for describe() */
     char text[512];            /* describe()'s line */
 };
 #define CPU_STATE(be) ((struct cpu_state *)(be)->state)
@@ -92,6 +96,20 @@ int cpu_attention_fwd_bf16(OLMO_BE, float *out, float *lse, const float *q, cons
 int cpu_attention_bwd_bf16(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *out,
                            const float *lse, const float *q, const float *k, const float *v, const int32_t *doc_ids,
                            const struct olmo_attn_shape *s);
+/* Chooses attention's kernels for this processor, or as OLMOC_CPU_ISA says
+ * ("avx2": the AVX2+FMA ones even where AVX-512 ones exist; "auto" or unset:
+ * the best the build has); -1, error set, for a value it cannot honour.
+ * bf16_backend: cpu-bf16 (for the line).  cpu_attention_line: "attention: ..." for describe(). */
+int cpu_attention_select(struct cpu_state *st, bool bf16_backend);
+const char *cpu_attention_line(const struct cpu_state *st);
+#ifdef OLMOC_ATTN_AVX2
+/* cpu_attention_avx2.c (x86-64 builds): the same kernels built for AVX2+FMA, fp32 products. */
+int cpu_attention_fwd_avx2(struct cpu_state *st, float *out, float *lse, const float *q, const float *k,
+                           const float *v, const int32_t *doc_ids, const struct olmo_attn_shape *s);
+int cpu_attention_bwd_avx2(struct cpu_state *st, float *dq, float *dk, float *dv, const float *dout,
+                           const float *out, const float *lse, const float *q, const float *k, const float *v,
+                           const int32_t *doc_ids, const struct olmo_attn_shape *s);
+#endif
 int cpu_attention_cached(OLMO_BE, float *out, const float *q, const float *k_cache, const float *v_cache, int n,
                          int pos0, int cap, const struct olmo_attn_shape *s);
 

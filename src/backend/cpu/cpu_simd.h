@@ -1,7 +1,9 @@
-/* Scalar and AVX-512 helpers of the CPU backend's kernels: a vectorisable
- * exp, fp32 -> bf16 rounding, a vectorisable max, and their 16-lane forms.
- * AVX-512 code is compiled in when the build targets it (-march); the
- * kernels that use it keep a portable version under #else. */
+/* Scalar, AVX-512 and AVX2 helpers of the CPU backend's kernels: a
+ * vectorisable exp, fp32 -> bf16 rounding, a vectorisable max, and their
+ * 16-lane (AVX-512) and 8-lane (AVX2+FMA) forms.  Each is compiled in when
+ * the file including this targets that instruction set (-march, or
+ * cpu_attention_avx2.c's flags); the kernels that use them keep a portable
+ * version under #else. */
 #ifndef OLMOC_CPU_SIMD_H
 #define OLMOC_CPU_SIMD_H
 
@@ -9,7 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -107,5 +109,43 @@ static inline __m512 fast_exp16(__m512 x) {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), y);
 }
 #endif /* __AVX512F__ */
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* Lanes 0 .. left-1 of 8 all ones (maskload/maskstore/and masks). */
+static inline __m256i lane_mask8(int left) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* fast_expf on 8 lanes, the same operations in the same order: bitwise equal results. */
+static inline __m256 fast_exp8(__m256 x) {
+    const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365478515625f);
+    /* max/min return their second operand when one is NaN: a NaN x stays NaN, as in fast_expf */
+    const __m256 xc = _mm256_min_ps(hi, _mm256_max_ps(lo, x));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693145751953125f), xc);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-1.428606765330187045e-06f), r);
+    __m256 p = _mm256_set1_ps(1.98412698e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.38888889e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.33333333e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.16666667e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.66666667e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
+    return _mm256_and_ps(y, _mm256_cmp_ps(x, lo, _CMP_NLT_UQ));
+}
+
+/* The sum of the 8 lanes: halves, then pairs (a fixed order). */
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif /* __AVX2__ && __FMA__ */
 
 #endif

@@ -1,0 +1,827 @@
+/* The CPU backend's tiled flash attention, forward and backward, compiled
+ * once per instruction set by the file that includes it:
+ *   cpu_attention.c       with the build's flags (-march): AVX-512 kernels
+ *                         where the build targets AVX-512, AVX2+FMA kernels
+ *                         where it targets AVX2, else OpenBLAS tiles;
+ *   cpu_attention_avx2.c  with -mavx2 -mfma -mno-avx512f (x86-64 builds):
+ *                         the AVX2+FMA kernels, chosen at run time on a
+ *                         processor without AVX-512 kernels in the build, or
+ *                         forced with OLMOC_CPU_ISA=avx2 (cpu_attention.c).
+ * Everything here is static: each including file gets its own copy, built
+ * for its instruction set, and wraps attention_fwd and attention_bwd.
+ * Within one copy the result is deterministic and the same for any thread
+ * count; different copies may differ in the last bits (their elementwise
+ * loops are vectorised at different widths). */
+#ifndef OLMOC_CPU_ATTENTION_KERNELS_H
+#define OLMOC_CPU_ATTENTION_KERNELS_H
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/cpu_simd.h"
+
+/* ---- attention -------------------------------------------------------------
+ * Flash-style, with tile products (tile_gemm, single-threaded inside the
+ * OpenMP region) and softmax in between:
+ *   forward: a task per (batch, head, block of ATT_QB queries) walks the
+ *     visible keys in chunks of ATT_KC with an online softmax;
+ *   backward: a task per (batch, kv head, block of ATT_KB keys) walks the
+ *     queries that see them in chunks of ATT_QC (FlashAttention-2 order).
+ * K and V are first transposed per head ([D][T]) so every score tile is a
+ * plain NN product.  Memory beyond inputs and outputs is O(seq_len) per head
+ * (bounds, delta, the transposed K/V, dq partials) plus tiles of at most
+ * ATT_QC x ATT_KC per thread: no seq_len^2 buffer.
+ * Query t sees keys lo[t]..t, lo[t] = max(t - window + 1, start of t's
+ * document): documents are runs of equal doc ids, as the model builds them.
+ * lo is non-decreasing in t, which the block bounds below rely on.
+ *
+ * cpu-bf16 runs the seven products (S = Q K^T, O += P V; S, dP = dO V^T,
+ * dV += P^T dO, dK += dS^T Q, dQ += dS K) on bf16 operands with fp32
+ * accumulation, as cuda-bf16 does on tensor cores, when the build has
+ * AVX512-BF16 (vdpbf16ps) and head_dim is even; softmax, lse, delta and the
+ * accumulators stay fp32.  Its operands are rounded to bf16 (to nearest
+ * even, as the GEMMs round them) and packed in pairs along the product's k:
+ * elements k = 2p and 2p + 1 in the low and high half of one 32-bit word. */
+enum { ATT_QB = 64, ATT_KC = 256, ATT_KB = 64, ATT_QC = 64 };
+
+/* lo[b * T + t]: first key visible from query t of sequence b. */
+static int *attn_bounds(const struct olmo_attn_shape *s, const int32_t *doc_ids) {
+    const int T = s->seq_len;
+    int *lo = cpu_scratch(sizeof(int) * (size_t)s->batch * T);
+    if (!lo) return NULL;
+    for (int b = 0; b < s->batch; b++) {
+        const int32_t *docs = doc_ids ? doc_ids + (size_t)b * T : NULL;
+        int run_start = 0;
+        for (int t = 0; t < T; t++) {
+            if (docs && t > 0 && docs[t] != docs[t - 1]) run_start = t;
+            int first = s->window > 0 && t - s->window + 1 > run_start ? t - s->window + 1 : run_start;
+            lo[(size_t)b * T + t] = first;
+        }
+    }
+    return lo;
+}
+
+/* C[m x n] = alpha * op(A) B + beta * C for attention's tiles (row-major,
+ * beta 0 or 1, op(A) = A or A^T).  With AVX-512, a register-blocked kernel
+ * (4 rows x 64 columns of C in 16 registers, B rows loaded once per 4 rows,
+ * masked column tails): on these small shapes (k = 64..256) it beats
+ * OpenBLAS, whose small-matrix path and packing cost a third of the
+ * time.  Otherwise OpenBLAS.  With AVX512-BF16 the same kernel multiplies
+ * bf16 pairs with vdpbf16ps (tile_product, bf16: k counts pairs). */
+/* The part of a tile product that matters, or NULL for all of it: row r of C needs only its
+ * columns first[r] .. last[r] (over_k false: the rest is never read), or only the terms
+ * k = first[r] .. last[r] of its sums (over_k true: the others are exact zeros of A, masked
+ * scores); both non-decreasing in r.  Kernels may compute more: the AVX2 one skips whole
+ * 16-column blocks and k ranges of 6-row groups, the AVX-512 one (fp32 products) 64-column
+ * blocks and k ranges of 4-row groups, OpenBLAS tiles nothing.  Skipped terms are exact
+ * zeros, so the sums are those of the whole product (but for the sign of a zero sum). */
+struct tile_span {
+    const int *first, *last;
+    bool over_k;
+};
+
+#if defined(__AVX512F__)
+/* acc + a b on 16 lanes of fp32 values or of bf16 pairs (bf16 is a constant in each caller) */
+static inline __attribute__((always_inline)) __m512 tile_mac(bool bf16, __m512 acc, __m512i a, __m512i b) {
+#ifdef OLMOC_ATTN_BF16
+    if (bf16) return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+#else
+    (void)bf16;
+#endif
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), acc);
+}
+
+#define TILE_ROWS 4
+/* 32-bit elements of the operands: floats, or bf16 pairs (read through this type, so may_alias) */
+typedef int32_t __attribute__((may_alias)) tile_word;
+
+/* the k range of rows r0 .. r1-1 within the span; false: columns c0 .. c0+63 are not needed there */
+static inline bool span_rows(const struct tile_span *span, int r0, int r1, int c0, int k, int *k0, int *k1) {
+    *k0 = 0, *k1 = k;
+    if (!span) return true;
+    const int first = span->first[r0], last = span->last[r1 - 1];
+    if (!span->over_k) return !(c0 + 64 <= first || c0 > last);
+    *k0 = first > 0 ? first : 0, *k1 = last + 1 < k ? last + 1 : k;
+    return true;
+}
+
+static inline __attribute__((always_inline)) void tile_kernel(const struct tile_span *span, bool bf16, bool ta, int m,
+                                                              int n, int k, float alpha, const tile_word *a, int lda,
+                                                              const tile_word *b, int ldb, float beta, float *c,
+                                                              int ldc) {
+    const __m512 valpha = _mm512_set1_ps(alpha);
+    for (int c0 = 0; c0 < n; c0 += 64) {
+        const __mmask16 m0 = col_mask(n - c0), m1 = col_mask(n - c0 - 16), m2 = col_mask(n - c0 - 32),
+                        m3 = col_mask(n - c0 - 48);
+        const tile_word *bc = b + c0;
+        int r0 = 0;
+        for (; r0 + TILE_ROWS <= m; r0 += TILE_ROWS) {
+            int k0, k1;
+            if (!span_rows(span, r0, r0 + TILE_ROWS, c0, k, &k0, &k1)) continue;
+            __m512 x00 = _mm512_setzero_ps(), x01 = x00, x02 = x00, x03 = x00, x10 = x00, x11 = x00, x12 = x00,
+                   x13 = x00, x20 = x00, x21 = x00, x22 = x00, x23 = x00, x30 = x00, x31 = x00, x32 = x00, x33 = x00;
+            for (int kk = k0; kk < k1; kk++) {
+                const tile_word *br = bc + (size_t)kk * ldb;
+                const __m512i b0 = _mm512_maskz_loadu_epi32(m0, br), b1 = _mm512_maskz_loadu_epi32(m1, br + 16),
+                              b2 = _mm512_maskz_loadu_epi32(m2, br + 32), b3 = _mm512_maskz_loadu_epi32(m3, br + 48);
+                const tile_word *ar = ta ? a + (size_t)kk * lda + r0 : a + (size_t)r0 * lda + kk;
+                const size_t step = ta ? 1 : (size_t)lda;
+                __m512i av = _mm512_set1_epi32(ar[0]);
+                x00 = tile_mac(bf16, x00, av, b0), x01 = tile_mac(bf16, x01, av, b1);
+                x02 = tile_mac(bf16, x02, av, b2), x03 = tile_mac(bf16, x03, av, b3);
+                av = _mm512_set1_epi32(ar[step]);
+                x10 = tile_mac(bf16, x10, av, b0), x11 = tile_mac(bf16, x11, av, b1);
+                x12 = tile_mac(bf16, x12, av, b2), x13 = tile_mac(bf16, x13, av, b3);
+                av = _mm512_set1_epi32(ar[2 * step]);
+                x20 = tile_mac(bf16, x20, av, b0), x21 = tile_mac(bf16, x21, av, b1);
+                x22 = tile_mac(bf16, x22, av, b2), x23 = tile_mac(bf16, x23, av, b3);
+                av = _mm512_set1_epi32(ar[3 * step]);
+                x30 = tile_mac(bf16, x30, av, b0), x31 = tile_mac(bf16, x31, av, b1);
+                x32 = tile_mac(bf16, x32, av, b2), x33 = tile_mac(bf16, x33, av, b3);
+            }
+            __m512 rows[TILE_ROWS][4] = {{x00, x01, x02, x03}, {x10, x11, x12, x13}, {x20, x21, x22, x23},
+                                         {x30, x31, x32, x33}};
+            const __mmask16 masks[4] = {m0, m1, m2, m3};
+            for (int r = 0; r < TILE_ROWS; r++) {
+                float *cr = c + (size_t)(r0 + r) * ldc + c0;
+                for (int v = 0; v < 4; v++) {
+                    __m512 val = _mm512_mul_ps(rows[r][v], valpha);
+                    if (beta != 0.0f) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(masks[v], cr + 16 * v));
+                    _mm512_mask_storeu_ps(cr + 16 * v, masks[v], val);
+                }
+            }
+        }
+        for (; r0 < m; r0++) { /* leftover rows, one at a time */
+            int k0, k1;
+            if (!span_rows(span, r0, r0 + 1, c0, k, &k0, &k1)) continue;
+            __m512 x0 = _mm512_setzero_ps(), x1 = x0, x2 = x0, x3 = x0;
+            for (int kk = k0; kk < k1; kk++) {
+                const tile_word *br = bc + (size_t)kk * ldb;
+                const __m512i av = _mm512_set1_epi32(ta ? a[(size_t)kk * lda + r0] : a[(size_t)r0 * lda + kk]);
+                x0 = tile_mac(bf16, x0, av, _mm512_maskz_loadu_epi32(m0, br));
+                x1 = tile_mac(bf16, x1, av, _mm512_maskz_loadu_epi32(m1, br + 16));
+                x2 = tile_mac(bf16, x2, av, _mm512_maskz_loadu_epi32(m2, br + 32));
+                x3 = tile_mac(bf16, x3, av, _mm512_maskz_loadu_epi32(m3, br + 48));
+            }
+            const __m512 xs[4] = {x0, x1, x2, x3};
+            const __mmask16 masks[4] = {m0, m1, m2, m3};
+            float *cr = c + (size_t)r0 * ldc + c0;
+            for (int v = 0; v < 4; v++) {
+                __m512 val = _mm512_mul_ps(xs[v], valpha);
+                if (beta != 0.0f) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(masks[v], cr + 16 * v));
+                _mm512_mask_storeu_ps(cr + 16 * v, masks[v], val);
+            }
+        }
+    }
+}
+
+static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k, float alpha, const float *a,
+                      int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    tile_kernel(span, false, ta, m, n, k, alpha, (const tile_word *)a, lda, (const tile_word *)b, ldb, beta, c, ldc);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+/* AVX2+FMA: 6 rows x 16 columns of C in 12 of the 16 ymm registers, two B
+ * vectors and a broadcast A element per k (the classic Haswell/Zen shape:
+ * 12 FMAs per 8 loads, 12 independent chains for the FMA latency); masked
+ * loads and stores for a column tail.  Every element of C is, as in the
+ * AVX-512 kernel, fma(a_k, b_k, acc) over k in order, times alpha, plus C. */
+#define TILE_ROWS 6
+static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool ta, bool full, __m256i mask0,
+                                                                 __m256i mask1, int k0, int k, float alpha, const float *a,
+                                                                 int lda, const float *b, int ldb, float beta, float *c,
+                                                                 int ldc) {
+    __m256 x[TILE_ROWS][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < rows; r++) x[r][0] = x[r][1] = _mm256_setzero_ps();
+    const size_t step = ta ? 1 : (size_t)lda;
+    for (int kk = k0; kk < k; kk++) {
+        const float *br = b + (size_t)kk * ldb;
+        const __m256 b0 = full ? _mm256_loadu_ps(br) : _mm256_maskload_ps(br, mask0);
+        const __m256 b1 = full ? _mm256_loadu_ps(br + 8) : _mm256_maskload_ps(br + 8, mask1);
+        const float *ar = ta ? a + (size_t)kk * lda : a + kk;
+#pragma GCC unroll 6
+        for (int r = 0; r < rows; r++) {
+            const __m256 av = _mm256_broadcast_ss(ar + r * step);
+            x[r][0] = _mm256_fmadd_ps(av, b0, x[r][0]);
+            x[r][1] = _mm256_fmadd_ps(av, b1, x[r][1]);
+        }
+    }
+    const __m256 valpha = _mm256_set1_ps(alpha);
+#pragma GCC unroll 6
+    for (int r = 0; r < rows; r++) {
+        float *cr = c + (size_t)r * ldc;
+        __m256 v0 = _mm256_mul_ps(x[r][0], valpha), v1 = _mm256_mul_ps(x[r][1], valpha);
+        if (full) {
+            if (beta != 0.0f) v0 = _mm256_add_ps(v0, _mm256_loadu_ps(cr)), v1 = _mm256_add_ps(v1, _mm256_loadu_ps(cr + 8));
+            _mm256_storeu_ps(cr, v0);
+            _mm256_storeu_ps(cr + 8, v1);
+        } else {
+            if (beta != 0.0f)
+                v0 = _mm256_add_ps(v0, _mm256_maskload_ps(cr, mask0)),
+                v1 = _mm256_add_ps(v1, _mm256_maskload_ps(cr + 8, mask1));
+            _mm256_maskstore_ps(cr, mask0, v0);
+            _mm256_maskstore_ps(cr + 8, mask1, v1);
+        }
+    }
+}
+
+/* rows r0 .. r0+rows-1 of one 16-column block (columns c0 .. c0+15 of C), within the span */
+static inline __attribute__((always_inline)) void tile_group_avx2(int rows, int r0, int c0, const struct tile_span *span,
+                                                                  bool full, __m256i mask0, __m256i mask1, bool ta,
+                                                                  int k, float alpha, const float *a, int lda,
+                                                                  const float *b, int ldb, float beta, float *c,
+                                                                  int ldc) {
+    int k0 = 0, k1 = k;
+    if (span) {
+        const int first = span->first[r0], last = span->last[r0 + rows - 1];
+        if (!span->over_k && (c0 + 16 <= first || c0 > last)) return; /* columns nobody reads */
+        if (span->over_k) k0 = first > 0 ? first : 0, k1 = last + 1 < k ? last + 1 : k;
+    }
+    tile_rows_avx2(rows, ta, full, mask0, mask1, k0, k1, alpha, ta ? a + r0 : a + (size_t)r0 * lda, lda, b, ldb, beta,
+                   c + (size_t)r0 * ldc, ldc);
+}
+
+/* the rows of one 16-column block: whole groups of 6, then the rest */
+static inline __attribute__((always_inline)) void tile_cols_avx2(int c0, const struct tile_span *span, bool full,
+                                                                 __m256i mask0, __m256i mask1, bool ta, int m, int k,
+                                                                 float alpha, const float *a, int lda, const float *b,
+                                                                 int ldb, float beta, float *c, int ldc) {
+    int r0 = 0;
+    for (; r0 + TILE_ROWS <= m; r0 += TILE_ROWS)
+        tile_group_avx2(TILE_ROWS, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    switch (m - r0) {
+    case 5: tile_group_avx2(5, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+    case 4: tile_group_avx2(4, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+    case 3: tile_group_avx2(3, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+    case 2: tile_group_avx2(2, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+    case 1: tile_group_avx2(1, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+    default: break;
+    }
+}
+
+static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k, float alpha, const float *a,
+                      int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    const __m256i none = _mm256_setzero_si256();
+    int c0 = 0;
+    for (; c0 + 16 <= n; c0 += 16)
+        tile_cols_avx2(c0, span, true, none, none, ta, m, k, alpha, a, lda, b + c0, ldb, beta, c + c0, ldc);
+    if (c0 < n)
+        tile_cols_avx2(c0, span, false, lane_mask8(n - c0), lane_mask8(n - c0 - 8), ta, m, k, alpha, a, lda, b + c0,
+                       ldb, beta, c + c0, ldc);
+}
+#else
+static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k, float alpha, const float *a,
+                      int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    (void)span;
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                ldc);
+}
+#endif
+
+/* Whether attention of this shape runs its products in bf16 (cpu-bf16 asks for it). */
+static bool attn_bf16(bool requested, const struct olmo_attn_shape *s) {
+#ifdef OLMOC_ATTN_BF16
+    return requested && s->head_dim % 2 == 0;
+#else
+    (void)requested, (void)s;
+    return false;
+#endif
+}
+
+/* C = alpha * op(A) B + beta * C with fp32 operands, or with bf16 pairs (k is
+ * then the number of k elements; the pairs are (k + 1) / 2, zero-padded). */
+static void tile_product(const struct tile_span *span, bool bf16, bool ta, int m, int n, int k, float alpha,
+                         const void *a, int lda, const void *b, int ldb, float beta, float *c, int ldc) {
+#ifdef OLMOC_ATTN_BF16
+    if (bf16) {
+        tile_kernel(NULL, true, ta, m, n, (k + 1) / 2, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+#endif
+    (void)bf16;
+    tile_gemm(span, ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/* dst[r][c] = bf16(src[r][c]) for c < cols, and a zero at c = cols when cols is odd. */
+static void pack_bf16_rows(uint16_t *dst, int ldd, const float *src, int lds, int rows, int cols) {
+    for (int r = 0; r < rows; r++) {
+        const float *in = src + (size_t)r * lds;
+        uint16_t *out = dst + (size_t)r * ldd;
+        for (int c = 0; c < cols; c++) out[c] = to_bf16(in[c]);
+        if (cols % 2) out[cols] = 0;
+    }
+}
+
+/* dst[p][c] = the pair (src[2p][c], src[2p+1][c]) for p < (rows + 1) / 2, c < cols; a missing row is zero. */
+static void pack_bf16_pairs(uint32_t *dst, int ldd, const float *src, int lds, int rows, int cols) {
+    for (int p = 0; p < (rows + 1) / 2; p++) {
+        const float *r0 = src + (size_t)2 * p * lds;
+        uint32_t *out = dst + (size_t)p * ldd;
+        if (2 * p + 1 < rows) {
+            const float *r1 = r0 + lds;
+            for (int c = 0; c < cols; c++) out[c] = (uint32_t)to_bf16(r0[c]) | (uint32_t)to_bf16(r1[c]) << 16;
+        } else {
+            for (int c = 0; c < cols; c++) out[c] = to_bf16(r0[c]);
+        }
+    }
+}
+
+/* The row pairs of x [B*T][width] per sequence: [B][(T + 1) / 2][width] (B operands whose k is the position). */
+static uint32_t *bf16_position_pairs(struct cpu_state *st, int slot, const float *x, int B, int T, int width) {
+    const int pairs = (T + 1) / 2, blocks = (pairs + 31) / 32;
+    uint32_t *xp = cpu_cached_scratch(st, slot, sizeof(uint32_t) * (size_t)B * pairs * width);
+    if (!xp) return NULL;
+#pragma omp parallel for if ((size_t)B * T * width >= PAR_MIN)
+    for (int job = 0; job < B * blocks; job++) {
+        const int b = job / blocks, p0 = job % blocks * 32, t0 = 2 * p0, rows = T - t0 < 64 ? T - t0 : 64;
+        pack_bf16_pairs(xp + ((size_t)b * pairs + p0) * width, width, x + ((size_t)b * T + t0) * width, width, rows,
+                        width);
+    }
+    return xp;
+}
+
+/* x [B*T][heads*D] as bf16 rows, the same layout (A operands whose k is head_dim; D even). */
+static uint32_t *bf16_rows(struct cpu_state *st, int slot, const float *x, int B, int T, int width) {
+    uint16_t *xb = cpu_cached_scratch(st, slot, sizeof(uint16_t) * (size_t)B * T * width);
+    if (!xb) return NULL;
+#pragma omp parallel for if ((size_t)B * T * width >= PAR_MIN)
+    for (int r0 = 0; r0 < B * T; r0 += 64)
+        pack_bf16_rows(xb + (size_t)r0 * width, width, x + (size_t)r0 * width, width, B * T - r0 < 64 ? B * T - r0 : 64,
+                       width);
+    return (uint32_t *)xb;
+}
+
+/* Keys j0+a .. j0+e of a tile of nk keys are visible from query t (empty when e < a). */
+static inline void row_visible(const int *lo, int t, int j0, int nk, int *a, int *e) {
+    int first = lo[t] - j0, last = t - j0;
+    *a = first > 0 ? first : 0;
+    *e = last < nk - 1 ? last : nk - 1;
+}
+
+/* row[c] = exp(row[c] - shift) for a <= c <= e, 0 for the other c < n;
+ * returns the sum of the row.  The masked columns are few (the tiles on the
+ * diagonal and at the window's edge), so the AVX-512 version handles them
+ * with lane masks on 16 columns at a time rather than a test per column. */
+#if defined(__AVX512F__)
+static float exp_visible(float *row, int n, int a, int e, float shift) {
+    const __m512 vshift = _mm512_set1_ps(shift);
+    __m512 sum = _mm512_setzero_ps();
+    for (int c0 = 0; c0 < n; c0 += 16) {
+        const __mmask16 in_row = col_mask(n - c0);
+        /* lanes c0 + l with a <= c0 + l <= e */
+        const __mmask16 visible = in_row & col_mask(e - c0 + 1) & (__mmask16)~col_mask(a - c0);
+        __m512 p = _mm512_setzero_ps();
+        if (visible) {
+            p = fast_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(visible, row + c0), vshift));
+            p = _mm512_maskz_mov_ps(visible, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        _mm512_mask_storeu_ps(row + c0, in_row, p);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+static float exp_visible(float *row, int n, int a, int e, float shift) {
+    const __m256 vshift = _mm256_set1_ps(shift);
+    __m256 sum0 = _mm256_setzero_ps(), sum1 = sum0; /* lanes 0-7 and 8-15 of each 16 columns */
+    for (int c0 = 0; c0 < n; c0 += 8) {
+        __m256 p = _mm256_setzero_ps();
+        if (c0 >= a && c0 + 7 <= e) { /* every lane visible (and inside the row: e < n) */
+            p = fast_exp8(_mm256_sub_ps(_mm256_loadu_ps(row + c0), vshift));
+        } else {
+            const __m256i visible = _mm256_andnot_si256(lane_mask8(a - c0), lane_mask8(e - c0 + 1));
+            if (!_mm256_testz_si256(visible, visible))
+                p = _mm256_and_ps(_mm256_castsi256_ps(visible),
+                                  fast_exp8(_mm256_sub_ps(_mm256_maskload_ps(row + c0, visible), vshift)));
+        }
+        if (c0 & 8)
+            sum1 = _mm256_add_ps(sum1, p);
+        else
+            sum0 = _mm256_add_ps(sum0, p);
+        if (c0 + 8 <= n)
+            _mm256_storeu_ps(row + c0, p);
+        else
+            _mm256_maskstore_ps(row + c0, lane_mask8(n - c0), p);
+    }
+    return hsum8(_mm256_add_ps(sum0, sum1));
+}
+#else
+static float exp_visible(float *row, int n, int a, int e, float shift) {
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int c = 0; c < n; c++) {
+        const float p = c >= a && c <= e ? fast_expf(row[c] - shift) : 0.0f;
+        row[c] = p;
+        sum += p;
+    }
+    return sum;
+}
+#endif
+
+/* Leading dimension of the transposed K/V rows: T rounded up to 16 floats,
+ * plus 16 so that the rows do not all map to the same cache sets when T is
+ * a power of two. */
+static int transposed_ld(int T) { return (T + 15) / 16 * 16 + 16; }
+
+/* Each head of x [B*T][heads*D] transposed, ld = transposed_ld(T):
+ *   fp32: xt[((b * heads + h) * D + d) * ld + t] = x[(b * T + t) * heads * D + h * D + d];
+ *   bf16: xt[((b * heads + h) * D/2 + p) * ld + t] = the pair (d = 2p, 2p + 1) of the same row
+ *   (B operands whose k is head_dim). */
+static void *transpose_heads(struct cpu_state *st, int slot, bool bf16, const float *x, int B, int T, int heads,
+                             int D) {
+    const size_t ld = (size_t)transposed_ld(T);
+    const int rows = bf16 ? D / 2 : D; /* per head */
+    void *xt = cpu_cached_scratch(st, slot, sizeof(float) * (size_t)B * ld * heads * rows);
+    if (!xt) return NULL;
+    const int tiles = (T + 63) / 64;
+#pragma omp parallel for if ((size_t)B * T * heads * D >= PAR_MIN)
+    for (int job = 0; job < B * heads * tiles; job++) {
+        const int tt = job % tiles, h = (job / tiles) % heads, b = job / (tiles * heads);
+        const int t0 = tt * 64, t1 = t0 + 64 < T ? t0 + 64 : T;
+        const size_t head = ((size_t)b * heads + h) * rows * ld;
+        for (int t = t0; t < t1; t++) {
+            const float *src = x + ((size_t)b * T + t) * heads * D + (size_t)h * D;
+            if (bf16) {
+                uint32_t *dst = (uint32_t *)xt + head;
+                for (int p = 0; p < rows; p++)
+                    dst[(size_t)p * ld + t] = (uint32_t)to_bf16(src[2 * p]) | (uint32_t)to_bf16(src[2 * p + 1]) << 16;
+            } else {
+                float *dst = (float *)xt + head;
+                for (int d = 0; d < D; d++) dst[(size_t)d * ld + t] = src[d];
+            }
+        }
+    }
+    return xt;
+}
+
+/* &base[offset] for arrays of 4-byte elements (floats or bf16 pairs) */
+static inline const void *word_at(const void *base, size_t offset) { return (const char *)base + 4 * offset; }
+
+/* Per-thread tiles, allocated before a parallel region (which has no error
+ * path): `floats` per thread, rounded up to 64 bytes, for every thread the
+ * region may have. */
+static float *thread_tiles(size_t floats, size_t *stride) {
+    *stride = (floats + 15) / 16 * 16;
+    return cpu_scratch(sizeof(float) * *stride * (size_t)omp_get_max_threads());
+}
+
+static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, float *lse, const float *q,
+                          const float *k, const float *v, const int32_t *doc_ids, const struct olmo_attn_shape *s) {
+    const int T = s->seq_len, H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim;
+    const int group = H / HK, qblocks = (T + ATT_QB - 1) / ATT_QB;
+    const int q_stride = H * D, kv_stride = HK * D;
+    const bool bf16 = attn_bf16(bf16_products, s);
+    const int wq = bf16 ? 2 : 1; /* floats per element of Q's operand (a bf16 pair holds two) */
+    const int kt_rows = D / wq, ldt = transposed_ld(T), pairs = (T + 1) / 2;
+    int *lo = attn_bounds(s, doc_ids);
+    const void *kt = lo ? transpose_heads(st, SLOT_KT, bf16, k, s->batch, T, HK, D) : NULL;
+    const void *qa = !kt ? NULL : bf16 ? (const void *)bf16_rows(st, SLOT_Q16, q, s->batch, T, q_stride) : q;
+    const uint32_t *vp = bf16 && qa ? bf16_position_pairs(st, SLOT_VP, v, s->batch, T, kv_stride) : NULL;
+    /* per thread: scores, the output accumulator, and P as bf16 */
+    size_t stride = 0;
+    float *tiles = qa && (vp || !bf16) ? thread_tiles((size_t)ATT_QB * ATT_KC + (size_t)ATT_QB * D +
+                                                          (bf16 ? (size_t)ATT_QB * ATT_KC / 2 : 0),
+                                                      &stride)
+                                       : NULL;
+    if (!tiles) {
+        free(lo);
+        return -1;
+    }
+    const int tasks = s->batch * H * qblocks;
+    /* Each task owns its output rows, so any schedule gives the same result. */
+#pragma omp parallel if (tasks > 1)
+    {
+        float *sc = tiles + stride * (size_t)omp_get_thread_num();
+        float *acc = sc + (size_t)ATT_QB * ATT_KC;
+        uint16_t *pb = bf16 ? (uint16_t *)(acc + (size_t)ATT_QB * D) : NULL; /* P as bf16 */
+        float mrow[ATT_QB];
+        double lrow[ATT_QB];
+        int vis_a[ATT_QB], vis_e[ATT_QB]; /* each row's visible columns of the chunk */
+#pragma omp for schedule(dynamic)
+        for (int task = 0; task < tasks; task++) {
+            const int qb = qblocks - 1 - task % qblocks; /* longest (latest) blocks first */
+            const int h = (task / qblocks) % H, b = task / (qblocks * H), kh = h / group;
+            const int i0 = qb * ATT_QB, nq = i0 + ATT_QB < T ? ATT_QB : T - i0, i1 = i0 + nq;
+            const int *lob = lo + (size_t)b * T;
+            const size_t qoff = ((size_t)b * T + i0) * q_stride + (size_t)h * D;
+            const size_t kth = ((size_t)b * HK + kh) * kt_rows * ldt;
+            memset(acc, 0, sizeof(float) * (size_t)nq * D);
+            for (int r = 0; r < nq; r++) {
+                mrow[r] = -INFINITY;
+                lrow[r] = 0.0;
+            }
+            /* keys from lob[i0] (rounded down to even, for the bf16 pairs) to i1-1, in chunks */
+            for (int j0 = lob[i0] & ~1, nk; j0 < i1; j0 += nk) {
+                nk = i1 - j0 < ATT_KC ? i1 - j0 : ATT_KC;
+                for (int r = 0; r < nq; r++) row_visible(lob, i0 + r, j0, nk, &vis_a[r], &vis_e[r]);
+                const struct tile_span cols = {vis_a, vis_e, false}, terms = {vis_a, vis_e, true};
+                tile_product(&cols, bf16, false, nq, nk, D, s->scale, word_at(qa, qoff / wq), q_stride / wq,
+                             word_at(kt, kth + j0), ldt, 0.0f, sc, ATT_KC);
+                for (int r = 0; r < nq; r++) {
+                    float *row = sc + (size_t)r * ATT_KC;
+                    const int a = vis_a[r], e = vis_e[r];
+                    if (e < a) {
+                        memset(row, 0, sizeof(float) * (size_t)nk);
+                        continue;
+                    }
+                    float mx = max_of(row + a, e - a + 1);
+                    mx = mx > mrow[r] ? mx : mrow[r];
+                    const float alpha = fast_expf(mrow[r] - mx); /* exp(-inf) = 0 on the first chunk */
+                    const float sum = exp_visible(row, nk, a, e, mx);
+                    if (mx != mrow[r]) {
+                        float *ar = acc + (size_t)r * D;
+#pragma omp simd
+                        for (int d = 0; d < D; d++) ar[d] *= alpha;
+                        lrow[r] *= alpha;
+                    }
+                    lrow[r] += sum;
+                    mrow[r] = mx;
+                }
+                if (bf16) { /* O += P V: P's rows and V's position pairs (j0 is even) */
+                    pack_bf16_rows(pb, ATT_KC, sc, ATT_KC, nq, nk);
+                    tile_product(&terms, true, false, nq, D, nk, 1.0f, pb, ATT_KC / 2,
+                                 vp + ((size_t)b * pairs + j0 / 2) * kv_stride + (size_t)kh * D, kv_stride, 1.0f,
+                                 acc, D);
+                } else {
+                    tile_gemm(&terms, false, nq, D, nk, 1.0f, sc, ATT_KC, v + ((size_t)b * T + j0) * kv_stride + (size_t)kh * D,
+                              kv_stride, 1.0f, acc, D);
+                }
+            }
+            for (int r = 0; r < nq; r++) {
+                float *orow = out + ((size_t)b * T + i0 + r) * q_stride + (size_t)h * D;
+                const float *ar = acc + (size_t)r * D, inv = (float)(1.0 / lrow[r]);
+#pragma omp simd
+                for (int d = 0; d < D; d++) orow[d] = ar[d] * inv;
+                lse[((size_t)b * H + h) * T + i0 + r] = mrow[r] + (float)log(lrow[r]);
+            }
+        }
+    }
+    free(tiles);
+    free(lo);
+    return 0;
+}
+
+/* Backward: a task per (batch, kv head, key block) owns dk/dv of those keys
+ * and walks every query chunk (of every query head in the GQA group) that
+ * sees them; P and dS are recomputed per tile from lse.  dq gets
+ * contributions from many key blocks: each thread adds into its own dq
+ * copy, and the copies are summed in thread order.  Tasks go to threads by
+ * a fixed (cost-balanced) assignment, so the sums do not depend on timing. */
+struct attn_task {
+    int b, kh, kb;
+    double cost;
+};
+
+static int task_cost_desc(const void *pa, const void *pb) {
+    const struct attn_task *a = pa, *b = pb;
+    if (a->cost != b->cost) return a->cost < b->cost ? 1 : -1;
+    /* ties: by position, so the order is total and the assignment fixed */
+    if (a->b != b->b) return a->b - b->b;
+    if (a->kh != b->kh) return a->kh - b->kh;
+    return a->kb - b->kb;
+}
+
+/* What backward's tasks share: the shape's constants, and the inputs in the
+ * layouts the products read (bf16 only: Q and dO as rows for S and dP; Q, dO
+ * and K as position pairs for dK, dV and dQ). */
+struct attn_bwd {
+    const struct olmo_attn_shape *s;
+    int T, H, HK, D, group, q_stride, kv_stride, wq, kt_rows, ldt, pairs;
+    bool bf16;
+    const int *lo;
+    const float *q, *k, *dout, *lse, *delta;
+    const void *kt, *vt, *qa, *doa;
+    const uint32_t *qp, *dop, *kp;
+    float *dk, *dv;
+};
+
+/* A thread's tiles: P and dS; bf16 only: P^T and dS^T as query pairs, dS as rows. */
+struct attn_bwd_tiles {
+    float *p, *ds;
+    uint32_t *pt, *dst;
+    uint16_t *dsr;
+};
+
+/* delta[(b*H + h)*T + t] = dO . O (= sum_j p_j dO . v_j) */
+static float *attn_delta(struct cpu_state *st, const float *out, const float *dout, const struct olmo_attn_shape *s) {
+    const int T = s->seq_len, H = s->n_heads, D = s->head_dim, B = s->batch, q_stride = H * D;
+    float *delta = cpu_cached_scratch(st, SLOT_DELTA, sizeof(float) * (size_t)B * H * T);
+    if (!delta) return NULL;
+#pragma omp parallel for if ((size_t)B * T * q_stride >= PAR_MIN)
+    for (int bt = 0; bt < B * T; bt++)
+        for (int h = 0; h < H; h++) {
+            const float *o = out + (size_t)bt * q_stride + (size_t)h * D, *g = dout + (size_t)bt * q_stride + (size_t)h * D;
+            float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+            for (int d = 0; d < D; d++) acc += g[d] * o[d];
+            delta[((size_t)(bt / T) * H + h) * T + bt % T] = acc;
+        }
+    return delta;
+}
+
+/* The tasks, longest first, and their fixed assignment to *nth threads (owner[i]):
+ * each to the least-loaded thread. */
+static struct attn_task *attn_bwd_schedule(const struct olmo_attn_shape *s, const int *lo, int *n_tasks, int *nth,
+                                           int **owner) {
+    const int T = s->seq_len, kblocks = (T + ATT_KB - 1) / ATT_KB;
+    *n_tasks = s->batch * s->n_kv_heads * kblocks;
+    struct attn_task *tasks = cpu_scratch(sizeof *tasks * (size_t)(*n_tasks > 0 ? *n_tasks : 1));
+    if (!tasks) return NULL;
+    for (int b = 0, i = 0; b < s->batch; b++)
+        for (int kh = 0; kh < s->n_kv_heads; kh++)
+            for (int kb = 0; kb < kblocks; kb++, i++) {
+                const int j0 = kb * ATT_KB, j1 = j0 + ATT_KB < T ? j0 + ATT_KB : T;
+                int rows = 0; /* queries that see a key of this block */
+                for (int t = j0; t < T && lo[(size_t)b * T + t] < j1; t++) rows++;
+                tasks[i] = (struct attn_task){b, kh, kb, (double)rows * (j1 - j0) + 1.0};
+            }
+    qsort(tasks, (size_t)*n_tasks, sizeof *tasks, task_cost_desc);
+    *nth = omp_get_max_threads();
+    if (*nth > *n_tasks) *nth = *n_tasks > 0 ? *n_tasks : 1;
+    *owner = cpu_scratch(sizeof(int) * (size_t)(*n_tasks > 0 ? *n_tasks : 1));
+    double *load = *owner ? cpu_scratch(sizeof(double) * (size_t)*nth) : NULL;
+    if (!load) {
+        free(*owner);
+        free(tasks);
+        return NULL;
+    }
+    for (int t = 0; t < *nth; t++) load[t] = 0.0;
+    for (int i = 0; i < *n_tasks; i++) {
+        int best = 0;
+        for (int t = 1; t < *nth; t++)
+            if (load[t] < load[best]) best = t;
+        (*owner)[i] = best;
+        load[best] += tasks[i].cost;
+    }
+    free(load);
+    return tasks;
+}
+
+/* One tile: queries i0 .. i0+nq-1 of head h against keys j0 .. j0+nk-1 of sequence b
+ * (kv head kh): dK, dV of the keys and this thread's dQ copy dqt. */
+static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles *w, int b, int kh, int h, int j0,
+                          int nk, int i0, int nq, float *dkblk, float *dvblk, float *dqt) {
+    const int T = c->T, D = c->D, q_stride = c->q_stride, kv_stride = c->kv_stride, wq = c->wq;
+    const bool bf16 = c->bf16;
+    const int *lob = c->lo + (size_t)b * T;
+    const float *lse_bh = c->lse + ((size_t)b * c->H + h) * T, *delta_bh = c->delta + ((size_t)b * c->H + h) * T;
+    const size_t kth = ((size_t)b * c->HK + kh) * c->kt_rows * c->ldt + j0; /* of kt and vt */
+    const size_t qoff = ((size_t)b * T + i0) * q_stride + (size_t)h * D;
+    const float *qblk = c->q + qoff, *doblk = c->dout + qoff;
+    const float *kblk = c->k + ((size_t)b * T + j0) * kv_stride + (size_t)kh * D;
+    float *p = w->p, *ds = w->ds;
+    /* the visible keys of each query row, and the visible queries of each key row (both non-decreasing) */
+    int vis_a[ATT_QC], vis_e[ATT_QC], seen_a[ATT_KB], seen_e[ATT_KB];
+    for (int r = 0; r < nq; r++) row_visible(lob, i0 + r, j0, nk, &vis_a[r], &vis_e[r]);
+    for (int col = 0, t = i0; col < nk; col++) {
+        while (t < i0 + nq && lob[t] <= j0 + col) t++;
+        seen_a[col] = j0 + col - i0 > 0 ? j0 + col - i0 : 0;
+        seen_e[col] = t - 1 - i0;
+    }
+    const struct tile_span cols = {vis_a, vis_e, false}, terms = {vis_a, vis_e, true}, queries = {seen_a, seen_e, true};
+    tile_product(&cols, bf16, false, nq, nk, D, c->s->scale, word_at(c->qa, qoff / wq), q_stride / wq,
+                 word_at(c->kt, kth), c->ldt, 0.0f, p, ATT_KB);
+    for (int r = 0; r < nq; r++) exp_visible(p + (size_t)r * ATT_KB, nk, vis_a[r], vis_e[r], lse_bh[i0 + r]);
+    /* dV += P^T dO (i0 is even: dO's pairs start at i0 / 2) */
+    const size_t qpairs = ((size_t)b * c->pairs + i0 / 2) * q_stride + (size_t)h * D;
+    if (bf16) {
+        pack_bf16_pairs(w->pt, ATT_KB, p, ATT_KB, nq, nk);
+        tile_product(&queries, true, true, nk, D, nq, 1.0f, w->pt, ATT_KB, c->dop + qpairs, q_stride, 1.0f, dvblk,
+                     kv_stride);
+    } else {
+        tile_gemm(&queries, true, nk, D, nq, 1.0f, p, ATT_KB, doblk, q_stride, 1.0f, dvblk, kv_stride);
+    }
+    /* dP = dO V^T, then dS = P * (dP - delta) * scale */
+    tile_product(&cols, bf16, false, nq, nk, D, 1.0f, word_at(c->doa, qoff / wq), q_stride / wq, word_at(c->vt, kth),
+                 c->ldt, 0.0f, ds, ATT_KB);
+    for (int r = 0; r < nq; r++) { /* dP is not computed (nor read) outside the visible columns: dS is 0 there */
+        const float *pr = p + (size_t)r * ATT_KB;
+        float *dr = ds + (size_t)r * ATT_KB;
+        const float dl = delta_bh[i0 + r];
+        const int a = vis_a[r], e = vis_e[r];
+#pragma omp simd
+        for (int col = 0; col < nk; col++) dr[col] = col >= a && col <= e ? pr[col] * (dr[col] - dl) * c->s->scale : 0.0f;
+    }
+    /* dK += dS^T Q;  dQ += dS K (j0 is even: K's pairs start at j0 / 2) */
+    if (bf16) {
+        pack_bf16_pairs(w->dst, ATT_KB, ds, ATT_KB, nq, nk);
+        tile_product(&queries, true, true, nk, D, nq, 1.0f, w->dst, ATT_KB, c->qp + qpairs, q_stride, 1.0f, dkblk,
+                     kv_stride);
+        pack_bf16_rows(w->dsr, ATT_KB, ds, ATT_KB, nq, nk);
+        tile_product(&terms, true, false, nq, D, nk, 1.0f, w->dsr, ATT_KB / 2,
+                     c->kp + ((size_t)b * c->pairs + j0 / 2) * kv_stride + (size_t)kh * D, kv_stride, 1.0f, dqt + qoff,
+                     q_stride);
+    } else {
+        tile_gemm(&queries, true, nk, D, nq, 1.0f, ds, ATT_KB, qblk, q_stride, 1.0f, dkblk, kv_stride);
+        tile_gemm(&terms, false, nq, D, nk, 1.0f, ds, ATT_KB, kblk, kv_stride, 1.0f, dqt + qoff, q_stride);
+    }
+}
+
+/* One task: the key block's dK and dV, over every query chunk of every head of the group that sees it. */
+static void attn_bwd_task(const struct attn_bwd *c, const struct attn_bwd_tiles *w, const struct attn_task *task,
+                          float *dqt) {
+    const int T = c->T, D = c->D, kv_stride = c->kv_stride;
+    const int b = task->b, kh = task->kh, j0 = task->kb * ATT_KB;
+    const int nk = j0 + ATT_KB < T ? ATT_KB : T - j0;
+    const int *lob = c->lo + (size_t)b * T;
+    const size_t koff = ((size_t)b * T + j0) * kv_stride + (size_t)kh * D;
+    float *dkblk = c->dk + koff, *dvblk = c->dv + koff;
+    for (int j = 0; j < nk; j++) {
+        memset(dkblk + (size_t)j * kv_stride, 0, sizeof(float) * (size_t)D);
+        memset(dvblk + (size_t)j * kv_stride, 0, sizeof(float) * (size_t)D);
+    }
+    /* queries j0 .. tend-1 see some of these keys (lo non-decreasing) */
+    int tend = j0;
+    while (tend < T && lob[tend] < j0 + nk) tend++;
+    for (int h = kh * c->group; h < (kh + 1) * c->group; h++)
+        for (int i0 = j0; i0 < tend; i0 += ATT_QC) {
+            const int nq = i0 + ATT_QC < tend ? ATT_QC : tend - i0;
+            attn_bwd_tile(c, w, b, kh, h, j0, nk, i0, nq, dkblk, dvblk, dqt);
+        }
+}
+
+static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, float *dk, float *dv,
+                         const float *dout, const float *out, const float *lse, const float *q, const float *k,
+                         const float *v, const int32_t *doc_ids, const struct olmo_attn_shape *s) {
+    const int T = s->seq_len, H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim, B = s->batch;
+    const bool bf16 = attn_bf16(bf16_products, s);
+    struct attn_bwd c = {.s = s, .T = T, .H = H, .HK = HK, .D = D, .group = H / HK, .q_stride = H * D,
+                         .kv_stride = HK * D, .wq = bf16 ? 2 : 1, /* floats per element of the operands with k = D */
+                         .ldt = transposed_ld(T), .pairs = (T + 1) / 2, .bf16 = bf16, .q = q, .k = k, .dout = dout,
+                         .lse = lse, .dk = dk, .dv = dv};
+    c.kt_rows = D / c.wq;
+    const size_t n_q = (size_t)B * T * c.q_stride;
+    int *lo = attn_bounds(s, doc_ids);
+    c.lo = lo;
+    c.kt = transpose_heads(st, SLOT_KT, bf16, k, B, T, HK, D);
+    c.vt = transpose_heads(st, SLOT_VT, bf16, v, B, T, HK, D);
+    c.qa = bf16 ? (const void *)bf16_rows(st, SLOT_Q16, q, B, T, c.q_stride) : q;
+    c.doa = bf16 ? (const void *)bf16_rows(st, SLOT_DO16, dout, B, T, c.q_stride) : dout;
+    c.qp = bf16 ? bf16_position_pairs(st, SLOT_QP, q, B, T, c.q_stride) : NULL;
+    c.dop = bf16 ? bf16_position_pairs(st, SLOT_DOP, dout, B, T, c.q_stride) : NULL;
+    c.kp = bf16 ? bf16_position_pairs(st, SLOT_KP, k, B, T, c.kv_stride) : NULL;
+    c.delta = attn_delta(st, out, dout, s);
+    int n_tasks, nth, *owner = NULL;
+    struct attn_task *tasks = NULL;
+    float **dq_part = NULL, *parts = NULL, *tiles = NULL;
+    size_t stride = 0;
+    const bool inputs = lo && c.kt && c.vt && c.qa && c.doa && c.delta && (!bf16 || (c.qp && c.dop && c.kp));
+    if (inputs && (tasks = attn_bwd_schedule(s, lo, &n_tasks, &nth, &owner)) &&
+        (dq_part = cpu_scratch(sizeof(float *) * (size_t)nth)) &&
+        (nth == 1 || (parts = cpu_cached_scratch(st, SLOT_DQ_PARTS, sizeof(float) * n_q * (size_t)(nth - 1)))))
+        /* per thread: P, dS; bf16 only: P^T and dS^T as query pairs, dS as rows */
+        tiles = thread_tiles(2 * (size_t)ATT_QC * ATT_KB + (bf16 ? 2 * (size_t)ATT_QC / 2 * ATT_KB +
+                                                                     (size_t)ATT_QC * ATT_KB / 2
+                                                                : 0),
+                             &stride);
+    if (!tiles) {
+        free(dq_part);
+        free(owner);
+        free(tasks);
+        free(lo);
+        return -1;
+    }
+    /* dq copies: thread 0 writes dq itself, the others their own zeroed buffer */
+    dq_part[0] = dq;
+    memset(dq, 0, sizeof(float) * n_q);
+    for (int t = 1; t < nth; t++) {
+        dq_part[t] = parts + n_q * (size_t)(t - 1);
+        memset(dq_part[t], 0, sizeof(float) * n_q);
+    }
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+        const int tid = omp_get_thread_num(), team = omp_get_num_threads();
+        float *mine = tiles + stride * (size_t)tid;
+        const size_t tile = (size_t)ATT_QC * ATT_KB;
+        const struct attn_bwd_tiles w = {
+            .p = mine,
+            .ds = mine + tile,
+            .pt = bf16 ? (uint32_t *)(mine + 2 * tile) : NULL,
+            .dst = bf16 ? (uint32_t *)(mine + 2 * tile + tile / 2) : NULL,
+            .dsr = bf16 ? (uint16_t *)(mine + 3 * tile) : NULL,
+        };
+        for (int i = 0; i < n_tasks; i++)
+            /* a smaller team than asked for (nested parallelism) still covers every task */
+            if (owner[i] % team == tid) attn_bwd_task(&c, &w, &tasks[i], dq_part[tid]);
+    }
+    if (nth > 1) {
+#pragma omp parallel for if (n_q >= PAR_MIN)
+        for (size_t i = 0; i < n_q; i++) {
+            float acc = dq[i];
+            for (int t = 1; t < nth; t++) acc += dq_part[t][i];
+            dq[i] = acc;
+        }
+    }
+    free(tiles);
+    free(dq_part);
+    free(owner);
+    free(tasks);
+    free(lo);
+    return 0;
+}
+
+#endif
