@@ -81,7 +81,6 @@ static void train_usage(FILE *out) {
             "                      first; on a CUDA backend each op waits for the device, so the run is slower)\n"
             "  OLMOC_MEMSTATS=1    at the end, one line per rank on stderr: the backend's peak allocated\n"
             "                      bytes (compare olmoc info CONFIG --ranks N --backend NAME)\n"
-
             "  OLMOC_CPU_ISA=avx2  CPU backends: attention's AVX2+FMA kernels even on an AVX-512 processor\n"
             "                      (the backend line names the kernels that run)\n");
 }
