@@ -4,7 +4,7 @@
  * (olmo_backend_mem_stats) can be compared buffer for buffer:
  *   - olmo_model_create: fp32 weights and gradients, a compute-dtype copy on
  *     bf16 backends;
- *   - olmo_model_reserve: per layer 18 saved activations, the final norm's
+ *   - olmo_model_reserve: per layer up to 18 saved activations, the final norm's
  *     input and output, logits, 10 backward work buffers, RoPE tables, token,
  *     target and document ids;
  *   - olmo_optimizer_create: two moments over the rank's ZeRO-1 shard
@@ -12,8 +12,9 @@
  *   - the backends' grow-only scratch (cpu_cached_scratch slots, CUDA's
  *     olmo_cuda_scratch), from the ops' own size expressions;
  *   - olmo_measure_peak_flops: three 2048 x 2048 fp32 matrices at start-up.
- * fsdp and activation checkpointing (feed_forward, block) are the designs'
- * formulas (DESIGN below) until their implementations land. */
+ * fsdp (train/fsdp.c's buffers) and activation checkpointing (what
+ * olmo_model_reserve keeps in each mode, bf16 where the backend multiplies
+ * in bf16) are summed the same way; test_memplan.py measures every mode. */
 #include "train/memplan.h"
 
 #include <ctype.h>
@@ -92,33 +93,38 @@ struct shapes {
     double N, T, B, D, Q, K, F, V, H, HK, hd, L;
 };
 
-/* Saved activations of one layer (model.c, olmo_model_reserve), in two parts: the attention
- * block's (x .. h) and the MLP block's (g, u, s, m, rstd_m). */
-static double layer_attn(const struct backend_desc *d, const struct shapes *s) {
-    const double N = s->N;
-    /* x, o, h; q_raw, q, att; k_raw, k, v; rstd_q, rstd_k, rstd_o; lse */
-    return 3 * buf(d, 4 * N * s->D) + 3 * buf(d, 4 * N * s->Q) + 3 * buf(d, 4 * N * s->K) + 3 * buf(d, 4 * N) +
-           buf(d, 4 * N * s->H);
-}
-static double layer_mlp(const struct backend_desc *d, const struct shapes *s) {
-    const double N = s->N;
-    return 3 * buf(d, 4 * N * s->F) + buf(d, 4 * N * s->D) + buf(d, 4 * N);
-}
-
+/* Saved activations (model.c, olmo_model_reserve, which sets m->act_bytes to the same sum): layer l
+ * keeps its input x always; its attention part (q_raw .. h, m, rstd_m) unless block-checkpointed; the
+ * MLP's g, u, s unless checkpointed; the recompute set shared by the checkpointed layers holds what
+ * they dropped, once.  On a backend that multiplies in bf16, x (unless the layer reruns its forward
+ * from it), h, s and the final norm's output are kept as bf16 (with one fp32 buffer for the residual
+ * stream), the rest in fp32. */
 static double activations(const struct backend_desc *d, const struct shapes *s, enum olmo_act_ckpt mode, int every) {
-    const double attn = layer_attn(d, s), mlp = layer_mlp(d, s), x = buf(d, 4 * s->N * s->D);
-    const double L = s->L, C = ceil(L / (every > 0 ? every : 1)); /* checkpointed: blocks l with l % every == 0 */
-    const double final = 2 * buf(d, 4 * s->N * s->D) + buf(d, 4 * s->N); /* x_final, xn_final, rstd_final */
-    switch (mode) {
-    case ACT_CKPT_NONE: return L * (attn + mlp) + final;
-    /* DESIGN (h14-actckpt): a checkpointed block keeps its attention part and recomputes the MLP's
-     * g, u, s, m into one shared set of MLP buffers during the backward pass. */
-    case ACT_CKPT_FEED_FORWARD: return L * attn + (L - C) * mlp + (C > 0 ? mlp : 0) + final;
-    /* DESIGN: a checkpointed block keeps only its input x and recomputes the rest into one shared
-     * set of a block's buffers. */
-    case ACT_CKPT_BLOCK: return C * x + (L - C) * (attn + mlp) + (C > 0 ? attn + mlp - x : 0) + final;
+    const double N = s->N, D = s->D, Q = s->Q, K = s->K, F = s->F, H = s->H;
+    const bool bf16 = d->bf16_compute;
+    const int L = (int)s->L;
+    if (every < 1) every = 1;
+    double total = 0;
+    bool any_ck = false, any_x16 = false;
+    for (int l = 0; l <= L; l++) {
+        const bool shared = l == L; /* the recompute set */
+        if (shared && !any_ck) break;
+        const bool ck = !shared && mode != ACT_CKPT_NONE && l % every == 0;
+        any_ck |= ck;
+        const bool keep_x = !shared, keep_attn = shared ? mode == ACT_CKPT_BLOCK : !(ck && mode == ACT_CKPT_BLOCK),
+                   keep_mlp = shared || !ck, x16 = keep_x && bf16 && !(ck && mode == ACT_CKPT_BLOCK),
+                   half = bf16 && !shared;
+        any_x16 |= x16;
+        if (keep_x) total += buf(d, (x16 ? 2 : 4) * N * D);
+        if (keep_attn)
+            total += 3 * buf(d, 4 * N * Q) /* q_raw, q, att */ + 3 * buf(d, 4 * N * K) /* k_raw, k, v */ +
+                     4 * buf(d, 4 * N) /* rstd_q, rstd_k, rstd_o, rstd_m */ + buf(d, 4 * N * H) /* lse */ +
+                     2 * buf(d, 4 * N * D) /* o, m */ + buf(d, (half ? 2 : 4) * N * D) /* h */;
+        if (keep_mlp) total += 2 * buf(d, 4 * N * F) /* g, u */ + buf(d, (half ? 2 : 4) * N * F) /* s */;
     }
-    return 0;
+    if (any_x16) total += buf(d, 4 * N * D); /* resid */
+    return total + buf(d, 4 * N * D) /* x_final */ + buf(d, (bf16 ? 2 : 4) * N * D) /* final norm output */ +
+           buf(d, 4 * N) /* rstd_final */;
 }
 
 /* The backward pass's work buffers, RoPE tables and id buffers (olmo_model_reserve). */
@@ -214,20 +220,21 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
         b[OLMO_MEM_OPTIM] = 2 * buf(&d, 4 * shard);
         b[OLMO_MEM_COMPUTE] = d.bf16_compute ? buf(&d, 2 * n) : 0;
     } else {
-        /* DESIGN (h14-fsdp): units = the embedding, each block, the final norm with the LM head; each
-         * sharded 1/S within a group of S ranks; a rank keeps its shard's fp32 weights, gradients and
-         * moments (and its compute copy), gathers a unit's compute weights into one of two buffers
-         * (the unit in use and the next), and computes a unit's full gradient into one fp32 buffer
-         * before the reduce-scatter. */
+        /* train/fsdp.c: regions = the embedding, each block, the final norm with the LM head; a rank
+         * keeps its slice (1/S of every unit, within a group of S ranks) of the fp32 master weights,
+         * gradients and moments; the root regions (embedding, final norm + LM head) stay gathered in
+         * fp32 with their gradients (and their compute copy on bf16 backends); one block is gathered
+         * at a time into a block buffer (fp32, plus its compute copy) with a block gradient buffer;
+         * the reduce-scatter's output is one unit's slice.  Each region buffer has S spare floats. */
         const double S = p->shard_degree, per_layer = (n - 2 * s.V * s.D - s.D) / s.L;
-        const double units_max = max2(s.V * s.D + s.D, per_layer);
+        const double emb = s.V * s.D + S, head = s.V * s.D + s.D + S, block = per_layer + S;
         const double shard = ceil(s.V * s.D / S) + s.L * ceil(per_layer / S) + ceil((s.V * s.D + s.D) / S);
-        b[OLMO_MEM_WEIGHTS] = buf(&d, 4 * shard);
-        b[OLMO_MEM_GRADS] = buf(&d, 4 * shard);
+        b[OLMO_MEM_WEIGHTS] = buf(&d, 4 * shard) + buf(&d, 4 * emb) + buf(&d, 4 * head);
+        b[OLMO_MEM_GRADS] = buf(&d, 4 * shard) + buf(&d, 4 * emb) + buf(&d, 4 * head) + buf(&d, 4 * block);
         b[OLMO_MEM_OPTIM] = 2 * buf(&d, 4 * shard);
-        b[OLMO_MEM_COMPUTE] = d.bf16_compute ? buf(&d, 2 * shard) : 0;
-        b[OLMO_MEM_GATHERED] = 2 * buf(&d, cbytes * units_max);
-        b[OLMO_MEM_COMM] = buf(&d, 4 * units_max);
+        b[OLMO_MEM_COMPUTE] = d.bf16_compute ? buf(&d, cbytes * emb) + buf(&d, cbytes * head) : 0;
+        b[OLMO_MEM_GATHERED] = buf(&d, 4 * block) + (d.bf16_compute ? buf(&d, cbytes * block) : 0);
+        b[OLMO_MEM_COMM] = buf(&d, 4 * ceil(s.V * s.D / S));
     }
     b[OLMO_MEM_ACTIVATIONS] = activations(&d, &s, t->activation_checkpointing, t->block_every);
     b[OLMO_MEM_LOGITS] = buf(&d, 4 * s.N * s.V);
@@ -247,12 +254,6 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
      * NCCL's buffers, cudaMalloc's 2 MiB granularity: an allowance, not a measurement. */
     p->runtime = d.device ? 2.0 * 1024 * 1024 * 1024 : 0;
     p->need = p->peak + p->runtime;
-    if (t->sharding == SHARDING_FSDP && t->activation_checkpointing != ACT_CKPT_NONE)
-        p->estimate = "train.sharding fsdp and train.activation_checkpointing follow their designs, not measured";
-    else if (t->sharding == SHARDING_FSDP)
-        p->estimate = "train.sharding fsdp follows its design, not measured";
-    else if (t->activation_checkpointing != ACT_CKPT_NONE)
-        p->estimate = "train.activation_checkpointing follows its design, not measured";
     return 0;
 }
 

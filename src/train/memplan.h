@@ -1,11 +1,10 @@
 /* The memory plan (olmoc info --ranks N): what one rank of a training run
  * holds, by category, from the config, the backend's dtypes and the layout
  * across ranks, in the bytes the backend's own counters count
- * (backend.h: olmo_backend_mem_stats).  Zero-1 with activation_checkpointing
- * none is what olmo_model_create / olmo_model_reserve / olmo_optimizer_create
- * allocate today, and tests/python/test_memplan.py holds the plan to the
- * measured peak; fsdp and the checkpointing modes are the designs' formulas
- * until their implementations land (the plan says so: p->estimate). */
+ * (backend.h: olmo_backend_mem_stats): the sum of what olmo_model_create /
+ * olmo_model_reserve / olmo_optimizer_create (ZeRO-1) or train/fsdp.c
+ * allocate, in every checkpointing mode; tests/python/test_memplan.py holds
+ * the plan to the measured peak. */
 #ifndef OLMOC_MEMPLAN_H
 #define OLMOC_MEMPLAN_H
 
