@@ -30,29 +30,31 @@ int olmo_weights_load(struct olmo_model *m, const char *path) {
     return rc;
 }
 
+int olmo_weights_find(const struct st_file *f, const char *path, const struct olmo_param *p,
+                      const struct st_tensor **out) {
+    const struct st_tensor *t = st_find(f, p->name);
+    *out = t;
+    if (!t) return olmo_error("'%s' has no tensor '%s'", path, p->name);
+    int64_t rows = t->ndim >= 1 ? t->shape[0] : 0, cols = t->ndim == 2 ? t->shape[1] : 1;
+    if (t->ndim >= 1 && t->ndim <= 2 && rows == p->rows && cols == p->cols) return 0;
+    char shape[128] = "[";
+    for (int d = 0; d < t->ndim && d < 8; d++)
+        snprintf(shape + strlen(shape), sizeof shape - strlen(shape), d ? ", %lld" : "%lld", (long long)t->shape[d]);
+    strcat(shape, "]");
+    return p->cols == 1 ? olmo_error("'%s': tensor '%s' has shape %s but the config needs [%d]", path, p->name, shape,
+                                     p->rows)
+                        : olmo_error("'%s': tensor '%s' has shape %s but the config needs [%d, %d]", path, p->name,
+                                     shape, p->rows, p->cols);
+}
+
 int olmo_weights_read(const struct olmo_model *m, const char *path, float *host) {
     struct st_file f;
     if (st_open(&f, path)) return -1;
     int rc = 0;
     for (int i = 0; i < m->n_tensors && !rc; i++) {
         const struct olmo_param *p = &m->params[i];
-        const struct st_tensor *t = st_find(&f, p->name);
-        if (!t) {
-            rc = olmo_error("'%s' has no tensor '%s'", path, p->name);
-            break;
-        }
-        int64_t rows = t->ndim >= 1 ? t->shape[0] : 0, cols = t->ndim == 2 ? t->shape[1] : 1;
-        if (t->ndim < 1 || t->ndim > 2 || rows != p->rows || cols != p->cols) {
-            char shape[128] = "[";
-            for (int d = 0; d < t->ndim && d < 8; d++)
-                snprintf(shape + strlen(shape), sizeof shape - strlen(shape), d ? ", %lld" : "%lld",
-                         (long long)t->shape[d]);
-            strcat(shape, "]");
-            rc = p->cols == 1 ? olmo_error("'%s': tensor '%s' has shape %s but the config needs [%d]", path,
-                                           p->name, shape, p->rows)
-                              : olmo_error("'%s': tensor '%s' has shape %s but the config needs [%d, %d]", path,
-                                           p->name, shape, p->rows, p->cols);
-        }
+        const struct st_tensor *t;
+        if (olmo_weights_find(&f, path, p, &t)) rc = -1;
         else if (st_read_f32(&f, t, host + p->offset) || olmo_check_finite(path, p->name, host + p->offset, p->numel))
             rc = -1;
     }

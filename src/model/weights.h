@@ -2,6 +2,7 @@
 #ifndef OLMOC_WEIGHTS_H
 #define OLMOC_WEIGHTS_H
 
+#include "io/safetensors.h"
 #include "model/model.h"
 
 /* Strict: every parameter must be present with its exact shape, no
@@ -10,6 +11,10 @@
 int olmo_weights_load(struct olmo_model *m, const char *path);
 /* The same checks, into full-size host memory (m->n_floats) instead of the model (a sharded model). */
 int olmo_weights_read(const struct olmo_model *m, const char *path, float *host);
+/* Parameter p's tensor in an open safetensors file (path names it in messages), with p's exact
+ * shape: 0, or -1 with the error set (missing, or another shape). */
+int olmo_weights_find(const struct st_file *f, const char *path, const struct olmo_param *p,
+                      const struct st_tensor **t);
 /* which: m->weights or m->grads (any buffer with the parameter layout). */
 int olmo_weights_save(const struct olmo_model *m, const float *which, const char *path);
 /* From full-size host memory (e.g. olmo_trainer_get_weights of a sharded run). */

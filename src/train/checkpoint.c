@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "io/safetensors.h"
+#include "model/weights.h"
 #include "util/error.h"
 #include "util/fs.h"
 
@@ -979,24 +980,8 @@ static int segs_v1_model(struct manifest *mf, const struct olmo_model *m, const 
     const size_t data0 = (size_t)(f.data - f.map);
     for (int i = 0; i < m->n_tensors && !rc; i++) {
         const struct olmo_param *p = &m->params[i];
-        const struct st_tensor *t = st_find(&f, p->name);
-        if (!t) {
-            rc = olmo_error("'%s' has no tensor '%s'", path, p->name);
-            break;
-        }
-        int64_t rows = t->ndim >= 1 ? t->shape[0] : 0, cols = t->ndim == 2 ? t->shape[1] : 1;
-        if (t->ndim < 1 || t->ndim > 2 || rows != p->rows || cols != p->cols) {
-            char shape[128] = "[";
-            for (int d = 0; d < t->ndim && d < 8; d++)
-                snprintf(shape + strlen(shape), sizeof shape - strlen(shape), d ? ", %lld" : "%lld",
-                         (long long)t->shape[d]);
-            strcat(shape, "]");
-            rc = p->cols == 1 ? olmo_error("'%s': tensor '%s' has shape %s but the config needs [%d]", path, p->name,
-                                           shape, p->rows)
-                              : olmo_error("'%s': tensor '%s' has shape %s but the config needs [%d, %d]", path,
-                                           p->name, shape, p->rows, p->cols);
-            break;
-        }
+        const struct st_tensor *t;
+        if ((rc = olmo_weights_find(&f, path, p, &t))) break;
         if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16) {
             rc = olmo_error("tensor '%s' in '%s' is %s: weights must be F32, BF16 or F16", t->name, path,
                             st_dtype_name(t->dtype));
