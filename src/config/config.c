@@ -34,6 +34,7 @@ static const char *const optimizer_names[] = {"adamw", "skip_step_adamw", NULL};
 
 #define M(name, type) {"model." #name, type, offsetof(struct olmo_config, model.name), 0, NULL}
 #define T(name, type) {"train." #name, type, offsetof(struct olmo_config, train.name), 0, NULL}
+#define D(name, type) {"data." #name, type, offsetof(struct olmo_config, data.name), 0, NULL}
 #define TE(name, table) {"train." #name, F_ENUM, offsetof(struct olmo_config, train.name), 0, table}
 #define DS(name) \
     {"data." #name, F_STRING, offsetof(struct olmo_config, data.name), sizeof(((struct olmo_config *)0)->data.name), NULL}
@@ -73,10 +74,12 @@ static const struct field fields[] = {
     DS(mix_base_dir),              DS(mix_tokenizer),
     DS(val_paths),                 DS(eval_tasks),
     DS(tokenizer),                 DS(eval_tasks_dir),
+    D(val_documents, F_BOOL),
 };
 #undef M
 #undef T
 #undef TE
+#undef D
 #undef DS
 
 /* by enum olmo_schedule_kind; cos_with_warmup and linear_with_warmup (OLMo-core's names) are accepted too */

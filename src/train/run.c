@@ -132,7 +132,17 @@ static int open_model_and_data(struct olmo_run *run) {
     if (o->log && cfg->train.eval_every == 0 && (cfg->data.val_paths[0] || cfg->data.eval_tasks[0]))
         fprintf(o->log, "note: data.val_paths / data.eval_tasks are set but train.eval_every is 0: no evaluation\n");
     if (o->write_files && cfg->train.eval_every > 0) {
-        if (olmo_val_sets_open(cfg->data.val_paths, cfg->train.seq_len, &run->ev.val, &run->ev.n_val)) return -1;
+        enum olmo_dtype dtype;
+        if (olmo_dtype_parse(cfg->data.dtype, &dtype) ||
+            olmo_val_sets_open_ex(cfg->data.val_paths, cfg->train.seq_len, dtype, &run->ev.val, &run->ev.n_val))
+            return -1;
+        for (int i = 0; cfg->data.val_documents && i < run->ev.n_val; i++)
+            if (olmo_val_set_documents(&run->ev.val[i], cfg->model.eos_token_id, cfg->train.seq_len,
+                                       cfg->model.vocab_size))
+                return -1;
+        if (cfg->data.val_documents && run->ev.n_val && cfg->data.tokenizer[0] &&
+            olmo_tokenizer_load(&run->ev.val_tok, cfg->data.tokenizer))
+            return -1;
         if (olmo_mc_tasks_load(cfg->data.eval_tasks, cfg->model.vocab_size, &run->ev.tasks, &run->ev.n_tasks))
             return -1;
         if (olmo_eval_tasks_open(cfg->data.eval_tasks, cfg->data.tokenizer, cfg->data.eval_tasks_dir,
@@ -254,7 +264,35 @@ static void format_duration(char *buf, size_t n, double s) {
 static int run_evals(struct olmo_run *run) {
     const struct olmo_config *cfg = &run->cfg;
     FILE *log = run->o.log;
-    for (int i = 0; i < run->ev.n_val; i++) {
+    const int vocab = cfg->model.vocab_size, pad_id = cfg->model.pad_token_id;
+    const int pad = pad_id >= 0 && pad_id < vocab ? pad_id : cfg->model.eos_token_id;
+    for (int i = 0; cfg->data.val_documents && i < run->ev.n_val; i++) {
+        /* OLMo-core's LM evaluator: one padded instance per document, its metric names */
+        const struct olmo_val_set *set = &run->ev.val[i];
+        struct olmo_val_result r;
+        const double t0 = olmo_now_seconds();
+        if (olmo_eval_val_documents(&run->tr.model, set, cfg->train.eval_batches, pad, run->ev.val_tok, &r)) return -1;
+        char ce_name[400], ppl_name[400];
+        olmo_val_metric_name(ce_name, sizeof ce_name, set->name, "CE loss");
+        olmo_val_metric_name(ppl_name, sizeof ppl_name, set->name, "PPL");
+        if (log) {
+            fprintf(log, "eval step %ld | %s %.4f | %s %.3f", run->step, ce_name, r.loss, ppl_name, r.ppl);
+            if (r.bytes >= 0) fprintf(log, " | BPB %.4f", r.bpb);
+            fprintf(log, " | %ld documents | %.2fs\n", r.docs, olmo_now_seconds() - t0);
+        }
+        cJSON *rec = olmo_metrics_record("eval", run->step);
+        cJSON_AddStringToObject(rec, "set", set->name);
+        olmo_metrics_add_num(rec, "loss", "%.17g", r.loss);
+        olmo_metrics_add_num(rec, "ppl", "%.17g", r.ppl);
+        olmo_metrics_add_int(rec, "tokens", r.tokens);
+        olmo_metrics_add_int(rec, "documents", r.docs);
+        if (r.bytes >= 0) olmo_metrics_add_num(rec, "bpb", "%.17g", r.bpb);
+        cJSON *named = cJSON_AddObjectToObject(rec, "metrics");
+        cJSON_AddNumberToObject(named, ce_name, r.loss);
+        cJSON_AddNumberToObject(named, ppl_name, r.ppl);
+        if (olmo_metrics_write(&run->metrics, rec)) return -1;
+    }
+    for (int i = 0; !cfg->data.val_documents && i < run->ev.n_val; i++) {
         double loss;
         long tokens;
         const double t0 = olmo_now_seconds();
@@ -271,8 +309,6 @@ static int run_evals(struct olmo_run *run) {
         olmo_metrics_add_int(rec, "tokens", tokens);
         if (olmo_metrics_write(&run->metrics, rec)) return -1;
     }
-    const int vocab = cfg->model.vocab_size, pad_id = cfg->model.pad_token_id;
-    const int pad = pad_id >= 0 && pad_id < vocab ? pad_id : cfg->model.eos_token_id;
     for (int i = 0; i < run->ev.n_tasks; i++) {
         struct olmo_mc_result r;
         if (olmo_mc_eval(&run->tr.model, &run->ev.tasks[i], pad, &r, NULL)) return -1;
@@ -493,6 +529,7 @@ void olmo_run_close(struct olmo_run *run) {
     olmo_val_sets_close(run->ev.val, run->ev.n_val);
     olmo_mc_tasks_free(run->ev.tasks, run->ev.n_tasks);
     olmo_eval_tasks_free(run->ev.olmo_tasks, run->ev.n_olmo_tasks);
+    olmo_tokenizer_free(run->ev.val_tok);
     if (run->trainer_ready) olmo_trainer_destroy(&run->tr);
     if (run->loader_ready) olmo_loader_close(&run->loader);
     if (run->lock_fd >= 0) close(run->lock_fd);

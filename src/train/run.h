@@ -76,6 +76,7 @@ struct olmo_evaluators {
     int n_tasks;
     struct olmo_eval_task *olmo_tasks; /* OLMo-eval tasks (eval/olmo_tasks.h) */
     int n_olmo_tasks;
+    struct olmo_tokenizer *val_tok; /* data.val_documents with data.tokenizer: bits per byte */
 };
 
 struct olmo_run {

@@ -149,3 +149,32 @@ def test_names_and_errors(setup, build_dir):
     np.full(500, 7, dtype=np.uint16).tofile(no_eos)
     r = olmoc(build_dir, *base, "--val", f"x={no_eos}", "--val-documents")
     assert r.returncode != 0 and "no document" in r.stderr
+
+
+def test_in_loop_perplexity_sets(setup, build_dir):
+    """data.val_documents: the in-loop evaluation of olmoc train reports the perplexity sets as
+    OLMo-core's LM evaluator does (its metric names, CE loss, PPL, BPB with data.tokenizer), with
+    the same values as olmoc eval --val-documents (checked against OLMo-core above) on the run's
+    final weights."""
+    tmp, hf, paths = setup
+    val = ",".join(f"{lab}={p}" for lab, p in zip(LABELS, paths))
+    out = tmp / "inloop"
+    common = ["--set", "data.dtype=uint16", "--set", f"data.tokenizer={TOKENIZER}",
+              "--set", f"train.seq_len={SEQ_LEN}", "--set", f"train.micro_batch={BATCH}"]
+    r = olmoc(build_dir, "train", tmp / "model.yaml", "--init", tmp / "model.safetensors", *common,
+              "--set", f"data.train_path={paths[0]}", "--set", f"data.out_dir={out}",
+              "--set", f"data.val_paths={val}", "--set", "data.val_documents=true", "--set", "train.steps=2",
+              "--set", "train.eval_every=2", "--set", "train.eval_batches=1000", "--set", "train.peak_flops=1e12")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"eval step 2 | eval/lm/{LABELS[0]}/CE loss " in r.stdout and " | BPB " in r.stdout
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = {x["set"]: x for x in recs if x["type"] == "eval"}
+    assert sorted(evals) == sorted(LABELS)
+    r = olmoc(build_dir, "eval", out / "model.safetensors", "--config", out / "config.yaml", "--val", val,
+              "--val-documents", *common, "--json")
+    assert r.returncode == 0, r.stderr
+    cli = {x["set"]: x for x in map(json.loads, r.stdout.splitlines())}
+    for lab in LABELS:
+        got, want = evals[lab], cli[lab]
+        assert got["metrics"] == want["metrics"] and got["bpb"] == want["bpb"], (got, want)
+        assert got["tokens"] == want["tokens"] and got["documents"] == want["documents"]
