@@ -141,13 +141,9 @@ static int open_model_and_data(struct olmo_run *run) {
     }
     if (run->ckpt[0]) return resume_checkpoint(run);
     if (o->init_from) return olmo_ckpt_init_from(o->init_from, &run->tr, o->init_optimizer);
-    if (o->init_path && run->tr.fully_sharded) { /* every rank reads the file and keeps its shard */
-        float *host = olmo_malloc(run->tr.model.n_floats * sizeof(float), "initial weights");
-        const int rc = !host || olmo_weights_read(&run->tr.model, o->init_path, host) ||
-                       olmo_trainer_set_weights(&run->tr, host);
-        free(host);
-        return rc ? -1 : 0;
-    }
+    /* ranks: each reads only its pieces of the file (ZeRO-1 then all-gathers) */
+    if (o->init_path && (run->tr.fully_sharded || (o->dist && o->dist->world > 1)))
+        return olmo_ckpt_load_weights_file(o->init_path, &run->tr);
     if (o->init_path) return olmo_weights_load(&run->tr.model, o->init_path);
     if (o->init_weights && run->tr.fully_sharded)
         return olmo_error("an init_weights callback writes full-size weights: not with train.sharding: fsdp");
