@@ -8,6 +8,9 @@
 
 int olmo_gen_create(struct olmo_gen *g, struct olmo_model *m, int max_len, int chunk) {
     memset(g, 0, sizeof *g);
+    if (!m->weights || m->sharded)
+        return olmo_error("generation needs a whole model: this one is sharded (its weights live in the trainer's "
+                          "shards)");
     const struct olmo_backend *be = m->be;
     const struct olmo_model_config *c = &m->cfg;
     if (!be->attention_cached) return olmo_error("backend '%s' has no cached attention for generation", be->name);

@@ -363,6 +363,10 @@ int olmo_hf_load_weights(struct olmo_model *m, const char *dir) {
     char index_path[4400], single[4400];
     snprintf(index_path, sizeof index_path, "%s/model.safetensors.index.json", dir);
     snprintf(single, sizeof single, "%s/model.safetensors", dir);
+    if (!m->weights)
+        return olmo_error("'%s': the model holds no full-size weights to load into (a sharded model: its trainer "
+                          "loads weights by pieces)",
+                          dir);
     struct shard_set *s = calloc(1, sizeof *s);
     float *host = malloc(m->n_floats * sizeof(float));
     cJSON *root = NULL;
@@ -446,6 +450,10 @@ static uint16_t float_to_bf16(float f) {
 
 int olmo_hf_save_weights(const struct olmo_model *m, const char *path, enum st_dtype dtype) {
     if (dtype != ST_F32 && dtype != ST_BF16) return olmo_error("weights can be written as F32 or BF16 only");
+    if (!m->weights)
+        return olmo_error("'%s': the model holds no full-size weights to save (a sharded model: "
+                          "olmo_ckpt_export_weights gathers them)",
+                          path);
     float *host = malloc(m->n_floats * sizeof(float));
     uint16_t *half = dtype == ST_BF16 ? malloc(m->n_floats * sizeof(uint16_t)) : NULL;
     if (!host || (dtype == ST_BF16 && !half)) {

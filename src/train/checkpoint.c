@@ -162,6 +162,30 @@ static int agree(const struct olmo_dist *d, int rc, const char *what) {
     return bad > 0 ? olmo_error("%s failed on another rank (its message names the cause)", what) : 0;
 }
 
+/* As agree, but every rank ends with the message of the lowest failing rank
+ * (a failure only some ranks see, e.g. a NaN in one rank's piece of a file,
+ * is then reported the same wherever the error is printed).  Collective. */
+static int agree_message(const struct olmo_dist *d, int rc) {
+    const int world = world_of(d);
+    if (world == 1) return rc;
+    double *bad = calloc((size_t)world, sizeof *bad);
+    if (!bad) return agree(d, rc ? rc : olmo_error("out of memory"), "reading the weights");
+    bad[d->rank] = rc ? 1.0 : 0.0;
+    if (olmo_dist_allreduce_f64(d, bad, (size_t)world)) {
+        free(bad);
+        return -1;
+    }
+    int first = 0;
+    while (first < world && bad[first] == 0) first++;
+    free(bad);
+    if (first == world) return 0;
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", rc ? olmo_last_error() : "");
+    if (olmo_dist_broadcast_bytes(d, msg, sizeof msg, first)) return -1;
+    msg[sizeof msg - 1] = 0;
+    return rc ? rc : olmo_error("%s", msg);
+}
+
 /* The quantities a checkpoint holds per flat parameter. */
 enum { Q_MASTER, Q_M, Q_V, N_Q };
 static const char *const q_shard_tensor[N_Q] = {"weights", "exp_avg", "exp_avg_sq"};
@@ -711,6 +735,7 @@ struct seg {
 
 struct manifest {
     const char *dir;
+    const char *single; /* a plain weights file (olmo_ckpt_load_weights_file): its one file's path, not dir/name */
     int version;
     struct olmo_ckpt_state st;
     long opt_step, step_base;
@@ -751,6 +776,13 @@ static int add_seg(struct manifest *mf, int q, const struct seg *s) {
         mf->cap_segs[q] = cap;
     }
     mf->segs[q][mf->n_segs[q]++] = *s;
+    return 0;
+}
+
+/* The path of file i. */
+static int file_path(const struct manifest *mf, int i, char *buf, size_t n) {
+    if (!mf->single) return path_join(buf, n, mf->dir, mf->files[i].name);
+    if (snprintf(buf, n, "%s", mf->single) >= (int)n) return olmo_error("path too long: '%s'", mf->single);
     return 0;
 }
 
@@ -1211,13 +1243,14 @@ static int read_quantity(const struct manifest *mf, int q, const struct olmo_sha
                 while (done < n * esz) {
                     const ssize_t got = pread(fds[s->file], into + done, n * esz - done, at + (off_t)done);
                     if (got < 0 && errno == EINTR) continue;
-                    if (got <= 0)
-                        return olmo_error("reading '%s/%s' failed: %s", mf->dir, mf->files[s->file].name,
-                                          got < 0 ? strerror(errno) : "short file");
+                    if (got <= 0) {
+                        if (file_path(mf, s->file, path, sizeof path)) return -1;
+                        return olmo_error("reading '%s' failed: %s", path, got < 0 ? strerror(errno) : "short file");
+                    }
                     done += (size_t)got;
                 }
                 if (s->dtype != ST_F32 && st_convert_f32(s->dtype, raw, n, buf)) return -1;
-                if (path_join(path, sizeof path, mf->dir, mf->files[s->file].name) ||
+                if (file_path(mf, s->file, path, sizeof path) ||
                     check_values(path, s->name, buf, n, c - s->base, q) ||
                     be->to_device(be, dst + r->local + (c - r->global), buf, n * sizeof(float)))
                     return -1;
@@ -1238,7 +1271,7 @@ static int read_quantities(const struct manifest *mf, int q_lo, int q_hi, const 
     for (int i = 0; i < mf->n_files && !rc; i++) {
         char path[4096];
         if (!mf->files[i].need || !strcmp(mf->files[i].name, "config.yaml")) continue;
-        if (path_join(path, sizeof path, mf->dir, mf->files[i].name)) rc = -1;
+        if (file_path(mf, i, path, sizeof path)) rc = -1;
         else if ((fds[i] = open(path, O_RDONLY | O_CLOEXEC)) < 0)
             rc = olmo_error("cannot open '%s': %s", path, strerror(errno));
     }
@@ -1354,6 +1387,31 @@ int olmo_ckpt_load_weights(const char *dir, struct olmo_model *m) {
     if (!rc) rc = olmo_model_sync_weights(m);
     manifest_free(&mf);
     return rc;
+}
+
+int olmo_ckpt_load_weights_file(const char *path, struct olmo_trainer *tr) {
+    struct manifest mf;
+    memset(&mf, 0, sizeof mf);
+    mf.dir = path;
+    mf.single = path;
+    mf.version = 1;
+    int rc = 0;
+    if (!(mf.files = calloc(1, sizeof *mf.files))) rc = olmo_error("out of memory");
+    else {
+        mf.n_files = 1;
+        snprintf(mf.files[0].name, sizeof mf.files[0].name, "weights");
+    }
+    /* the checks of olmo_weights_read: every tensor with its shape, nothing
+     * else, float dtypes; the values (finite) as this rank's pieces are read */
+    if (!rc) rc = segs_v1_model(&mf, &tr->model, path, 0) || check_tiling(&mf, tr->model.n_floats, Q_MASTER) ? -1 : 0;
+    if (!rc) {
+        mark_needed(&mf, tr->opt.ranges, tr->opt.n_ranges, Q_MASTER, Q_MASTER);
+        float *dsts[N_Q] = {olmo_optimizer_master(&tr->opt, &tr->model), NULL, NULL};
+        rc = read_quantities(&mf, Q_MASTER, Q_MASTER, tr->opt.ranges, tr->opt.n_ranges, dsts, tr->model.be);
+    }
+    manifest_free(&mf);
+    rc = agree_message(tr->dist, rc);
+    return rc ? rc : olmo_trainer_master_updated(tr);
 }
 
 /* state.json is not covered by a hash (it holds the others): its loader

@@ -73,6 +73,14 @@ int olmo_ckpt_load(const char *dir, struct olmo_trainer *tr, struct olmo_ckpt_st
 int olmo_ckpt_init_from(const char *dir, struct olmo_trainer *tr, bool with_optimizer_state);
 /* Loads only the weights of a checkpoint (verified) into a whole model (one process). */
 int olmo_ckpt_load_weights(const char *dir, struct olmo_model *m);
+/* Collective: initial weights from one safetensors file with Hugging Face
+ * names (olmoc train --init), as strictly as olmo_weights_load (every
+ * parameter with its shape, no other tensor, F32/BF16/F16 widened, every
+ * value finite), but each rank reads only its pieces of the master weights
+ * (opt.ranges), a chunk at a time: no rank holds a full-size copy.  Then
+ * olmo_trainer_master_updated (ZeRO-1 all-gathers).  A failure on one rank
+ * fails every rank with the message of the lowest failing rank. */
+int olmo_ckpt_load_weights_file(const char *path, struct olmo_trainer *tr);
 /* Collective: the weights as one safetensors file with Hugging Face names
  * (what olmo_weights_save writes), gathered a chunk at a time to rank 0,
  * which writes path. */

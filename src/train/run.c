@@ -118,6 +118,39 @@ static int resume_checkpoint(struct olmo_run *run) {
     return 0;
 }
 
+/* OLMOC_DEBUG_MEM=1: each rank's peak resident memory while it sets its
+ * initial weights and during each checkpoint save (VmHWM, reset before where
+ * /proc/self/clear_refs allows). */
+static long vm_kib(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, strlen(key))) v = strtol(line + strlen(key), NULL, 10);
+    if (f) fclose(f);
+    return v;
+}
+
+static bool debug_mem_begin(long *hwm_before) {
+    const char *e = getenv("OLMOC_DEBUG_MEM");
+    if (!e || strcmp(e, "1")) return false;
+    *hwm_before = vm_kib("VmHWM:");
+    FILE *f = fopen("/proc/self/clear_refs", "w"); /* "5": reset the peak RSS to the current RSS */
+    if (f) {
+        fputs("5", f);
+        fclose(f);
+    }
+    return true;
+}
+
+static void debug_mem_end(const struct olmo_run *run, const char *what, long hwm_before, long rss_before) {
+    fprintf(stderr, "mem: rank %d %s: VmRSS before %.1f MiB, peak during %.1f MiB (VmHWM; before %.1f MiB)\n",
+            run->o.dist ? run->o.dist->rank : 0, what, rss_before / 1024.0, vm_kib("VmHWM:") / 1024.0,
+            hwm_before / 1024.0);
+}
+
+static int start_weights(struct olmo_run *run);
+
 /* The model, the data, the evaluators, and the weights to start from. */
 static int open_model_and_data(struct olmo_run *run) {
     const struct olmo_run_options *o = &run->o;
@@ -149,15 +182,23 @@ static int open_model_and_data(struct olmo_run *run) {
                                  cfg->model.vocab_size, -1, 0, &run->ev.olmo_tasks, &run->ev.n_olmo_tasks))
             return -1;
     }
+    long hwm_before = 0;
+    const bool debug_mem = debug_mem_begin(&hwm_before);
+    const long rss_before = debug_mem ? vm_kib("VmRSS:") : 0;
+    const int rc = start_weights(run);
+    if (debug_mem) debug_mem_end(run, "initial weights", hwm_before, rss_before);
+    return rc;
+}
+
+/* The weights to start from: a checkpoint, a weights file, a callback or the seeded initialisation. */
+static int start_weights(struct olmo_run *run) {
+    const struct olmo_run_options *o = &run->o;
+    const struct olmo_config *cfg = &run->cfg;
     if (run->ckpt[0]) return resume_checkpoint(run);
     if (o->init_from) return olmo_ckpt_init_from(o->init_from, &run->tr, o->init_optimizer);
-    if (o->init_path && run->tr.fully_sharded) { /* every rank reads the file and keeps its shard */
-        float *host = olmo_malloc(run->tr.model.n_floats * sizeof(float), "initial weights");
-        const int rc = !host || olmo_weights_read(&run->tr.model, o->init_path, host) ||
-                       olmo_trainer_set_weights(&run->tr, host);
-        free(host);
-        return rc ? -1 : 0;
-    }
+    /* ranks: each reads only its pieces of the file (ZeRO-1 then all-gathers) */
+    if (o->init_path && (run->tr.fully_sharded || (o->dist && o->dist->world > 1)))
+        return olmo_ckpt_load_weights_file(o->init_path, &run->tr);
     if (o->init_path) return olmo_weights_load(&run->tr.model, o->init_path);
     if (o->init_weights && run->tr.fully_sharded)
         return olmo_error("an init_weights callback writes full-size weights: not with train.sharding: fsdp");
@@ -328,36 +369,7 @@ static int run_evals(struct olmo_run *run) {
     return 0;
 }
 
-/* OLMOC_DEBUG_MEM=1: each rank's peak resident memory during a checkpoint
- * save (VmHWM, reset before the save where /proc/self/clear_refs allows). */
-static long vm_kib(const char *key) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long v = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, key, strlen(key))) v = strtol(line + strlen(key), NULL, 10);
-    if (f) fclose(f);
-    return v;
-}
 
-static bool debug_mem_begin(long *hwm_before) {
-    const char *e = getenv("OLMOC_DEBUG_MEM");
-    if (!e || strcmp(e, "1")) return false;
-    *hwm_before = vm_kib("VmHWM:");
-    FILE *f = fopen("/proc/self/clear_refs", "w"); /* "5": reset the peak RSS to the current RSS */
-    if (f) {
-        fputs("5", f);
-        fclose(f);
-    }
-    return true;
-}
-
-static void debug_mem_end(const struct olmo_run *run, long hwm_before, long rss_before) {
-    fprintf(stderr, "mem: rank %d checkpoint step %ld: VmRSS before %.1f MiB, peak during the save %.1f MiB "
-                    "(VmHWM; before the save %.1f MiB)\n",
-            run->o.dist ? run->o.dist->rank : 0, run->step, rss_before / 1024.0, vm_kib("VmHWM:") / 1024.0,
-            hwm_before / 1024.0);
-}
 
 static int save_checkpoint(struct olmo_run *run) {
     const double t0 = olmo_now_seconds();
@@ -379,7 +391,11 @@ static int save_checkpoint(struct olmo_run *run) {
     if (olmo_ckpt_save(run->cfg.data.out_dir, &run->tr, &cs, saved, sizeof saved) ||
         (run->leader && olmo_ckpt_retain(run->cfg.data.out_dir, run->cfg.train.keep_last)))
         return -1;
-    if (debug_mem) debug_mem_end(run, hwm_before, rss_before);
+    if (debug_mem) {
+        char what[64];
+        snprintf(what, sizeof what, "checkpoint step %ld", run->step);
+        debug_mem_end(run, what, hwm_before, rss_before);
+    }
     run->saved_step = run->step;
     if (run->o.log) {
         fprintf(run->o.log, "checkpoint step %ld: %s (%.2fs)\n", run->step, saved, olmo_now_seconds() - t0);

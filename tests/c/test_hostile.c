@@ -18,7 +18,10 @@
 #include "config/config.h"
 #include "data/token_file.h"
 #include "io/safetensors.h"
+#include "backend/backend.h"
+#include "model/generate.h"
 #include "model/hf.h"
+#include "model/weights.h"
 #include "train/evaluate.h"
 #include "util/error.h"
 
@@ -376,6 +379,33 @@ static void test_task_file_nul(void) {
     olmo_mc_task_free(&t);
 }
 
+/* A sharded model (fully sharded training: no full-size weights) handed to
+ * what needs them is refused with a message, not dereferenced. */
+static void test_sharded_model_refused(void) {
+    struct olmo_model_config c = {.vocab_size = 61, .d_model = 32, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+                                  .mlp_hidden = 48, .rope_theta = 10000.0, .rms_norm_eps = 1e-6, .init_std = 0.02,
+                                  .eos_token_id = 0, .pad_token_id = 1};
+    struct olmo_backend *be = olmo_backend_create("cpu");
+    struct olmo_model m;
+    if (!be || olmo_model_create_sharded(&m, &c, be)) {
+        CHECK(0, "sharded model: %s", olmo_last_error());
+        if (be) olmo_backend_destroy(be);
+        return;
+    }
+    CHECK(olmo_hf_load_weights(&m, check_dir) && error_has("sharded", "no full-size weights"), "hf load: %s",
+          olmo_last_error());
+    CHECK(olmo_hf_save_weights(&m, path_of("w.safetensors"), ST_BF16) && error_has("sharded", "no full-size weights"),
+          "hf save: %s", olmo_last_error());
+    CHECK(olmo_weights_save(&m, m.weights, path_of("w.safetensors")) && error_has("sharded", "no full-size weights"),
+          "weights save: %s", olmo_last_error());
+    CHECK(olmo_weights_load(&m, path_of("w.safetensors")) && error_has("sharded", "olmo_weights_read"),
+          "weights load: %s", olmo_last_error());
+    struct olmo_gen g;
+    CHECK(olmo_gen_create(&g, &m, 16, 4) && error_has("generation", "sharded"), "generate: %s", olmo_last_error());
+    olmo_model_destroy(&m);
+    olmo_backend_destroy(be);
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
@@ -392,6 +422,7 @@ static const struct {
     {"safetensors_many_tensors", test_safetensors_many_tensors},
     {"safetensors_f64_message", test_safetensors_f64_message},
     {"task_file_nul", test_task_file_nul},
+    {"sharded_model_refused", test_sharded_model_refused},
 };
 
 /* test_hostile [NAME...]: the named cases only (all by default). */

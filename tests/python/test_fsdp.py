@@ -241,3 +241,64 @@ def test_checkpointing_under_fsdp_is_bit_identical(build_dir, tiny, tmp_path):  
         key = [(r["loss"], r["grad_norm"], r["lr"]) for r in of_type(base, "train")]
         assert [(r["loss"], r["grad_norm"], r["lr"]) for r in of_type(rows, "train")] == key, mode
         assert (tmp_path / "none" / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+
+def bf16_copy(src, dst):
+    """src's tensors as BF16 (the reader widens them; every run reads the same values)."""
+    import torch
+    from safetensors.torch import load_file as load_torch, save_file as save_torch
+    save_torch({k: v.to(torch.bfloat16) for k, v in load_torch(str(src)).items()}, str(dst))
+
+
+def test_init_file_under_fsdp_matches_one_rank(build_dir, tiny, tmp_path):  # noqa: F811
+    """--init W.safetensors: each rank reads only its pieces of the file (fsdp, HSDP and ZeRO-1), and
+    the runs match one rank starting from the same file."""
+    cfg, data = tiny
+    base, _ = train(build_dir, cfg, data, tmp_path / "base", 1, 4)
+    init = tmp_path / "init.safetensors"
+    bf16_copy(tmp_path / "base" / "model.safetensors", init)
+    one, _ = train(build_dir, cfg, data, tmp_path / "one", 1, 4, "--init", str(init))
+    # the file, not the seed, set the starting point (20 trained steps: a lower first loss)
+    assert of_type(one, "train")[0]["loss"] < 0.97 * of_type(base, "train")[0]["loss"], (one[0], base[0])
+    for ranks, accum, extra in ((2, 2, ("--set", "train.sharding=fsdp")),
+                                (4, 1, ("--set", "train.sharding=fsdp")),
+                                (4, 1, ("--set", "train.sharding=fsdp", "--set", "train.shard_degree=2")),
+                                (2, 2, ())):
+        out = tmp_path / f"r{ranks}-{len(extra)}"
+        many, _ = train(build_dir, cfg, data, out, ranks, accum, *extra, "--init", str(init))
+        check(compare(one, many, tmp_path / "one", out), f"--init, {ranks} ranks {' '.join(extra) or 'zero1'}")
+
+
+def test_bad_init_file_fails_every_rank(build_dir, tiny, tmp_path):  # noqa: F811
+    """A file with a tensor missing, of another shape, or holding a NaN in one rank's piece only is
+    refused on every rank with the cause (no rank hangs in a collective)."""
+    import torch
+    from safetensors.torch import load_file as load_torch, save_file as save_torch
+    cfg, data = tiny
+    train(build_dir, cfg, data, tmp_path / "base", 1, 1, "--set", "train.steps=1")
+    good = load_torch(str(tmp_path / "base" / "model.safetensors"))
+    names = list(good)
+    last = names[-1]
+    missing = dict(good)
+    del missing[names[0]]
+    shape = dict(good)
+    shape[names[1]] = good[names[1]].reshape(-1)[:-1].clone()
+    nan = {k: v.clone() for k, v in good.items()}
+    n = nan[last].numel()
+    nan[last].view(-1)[n - 1] = float("nan")  # the end of the last tensor: in the last rank's piece
+    cases = {"missing": (missing, f"has no tensor '{names[0]}'"),
+             "shape": (shape, f"tensor '{names[1]}' has shape [{good[names[1]].numel() - 1}]"),
+             "nan": (nan, f"tensor '{last}' has 1 values that are not finite (the first, element {n - 1}, is NaN)")}
+    for what, (tensors, message) in cases.items():
+        path = tmp_path / f"{what}.safetensors"
+        save_torch(tensors, str(path))
+        for ranks in (2, 4):
+            cmd = [MPIRUN, "--oversubscribe", "--allow-run-as-root", "-np", str(ranks), str(build_dir / "olmoc"),
+                   "train", str(cfg), "--set", f"data.train_path={data}", "--set",
+                   f"data.out_dir={tmp_path / ('o-' + what)}", "--set", "train.sharding=fsdp", "--init", str(path)]
+            r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                               timeout=120)
+            assert r.returncode != 0, (what, r.stdout + r.stderr)
+            for rank in range(ranks):
+                line = next((x for x in r.stderr.splitlines() if x.startswith(f"olmoc train (rank {rank}): ")), "")
+                assert f"'{path}'" in line and message in line, (what, ranks, rank, r.stderr)
