@@ -283,23 +283,20 @@ static void init_tensor(const struct olmo_model *m, struct olmo_rng *rng, const 
     }
 }
 
-static void init_host(const struct olmo_model *m, uint64_t seed, float *host) {
-    struct olmo_rng rng;
-    olmo_rng_seed(&rng, seed);
-    for (int i = 0; i < m->n_tensors; i++) init_tensor(m, &rng, &m->params[i], host + m->params[i].offset);
+static int put_weights(void *ctx, const struct olmo_param *p, const float *w) {
+    struct olmo_model *m = ctx;
+    return m->be->to_device(m->be, m->weights + p->offset, w, p->numel * sizeof(float));
 }
 
 int olmo_model_init_weights(struct olmo_model *m, uint64_t seed) {
-    size_t n = m->n_floats;
     if (m->sharded) return olmo_error("a sharded model is initialised through its shards (train/fsdp.h)");
-    float *host = malloc(n * sizeof(float));
-    if (!host) {
-        fprintf(stderr, "olmoc: out of memory initialising weights\n");
-        exit(1);
-    }
-    init_host(m, seed, host);
-    const int rc = m->be->to_device(m->be, m->weights, host, n * sizeof(float));
-    free(host);
+    size_t largest = 1; /* one tensor at a time: no full-size host copy */
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->params[i].numel > largest) largest = m->params[i].numel;
+    float *scratch = olmo_malloc(largest * sizeof(float), "initial weights (one tensor)");
+    if (!scratch) return -1;
+    const int rc = olmo_model_init_each(m, seed, scratch, put_weights, m);
+    free(scratch);
     return rc ? rc : olmo_model_sync_weights(m);
 }
 
