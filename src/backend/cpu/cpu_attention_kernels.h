@@ -46,7 +46,11 @@
  * accumulators stay fp32.  Its operands are rounded to bf16 (to nearest
  * even, as the GEMMs round them) and packed in pairs along the product's k:
  * elements k = 2p and 2p + 1 in the low and high half of one 32-bit word. */
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(H18B_QB)
+enum { ATT_QB = H18B_QB, ATT_KC = 256, ATT_KB = H18B_KB, ATT_QC = H18B_QC };
+#else
 enum { ATT_QB = 64, ATT_KC = 256, ATT_KB = 64, ATT_QC = 64 };
+#endif
 
 /* lo[b * T + t]: first key visible from query t of sequence b. */
 static int *attn_bounds(const struct olmo_attn_shape *s, const int32_t *doc_ids) {
@@ -214,7 +218,8 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool 
 #pragma GCC unroll 6
     for (int r = 0; r < rows; r++) {
         float *cr = c + (size_t)r * ldc;
-        __m256 v0 = _mm256_mul_ps(x[r][0], valpha), v1 = _mm256_mul_ps(x[r][1], valpha);
+        __m256 v0 = x[r][0], v1 = x[r][1];
+        if (alpha != 1.0f) v0 = _mm256_mul_ps(v0, valpha), v1 = _mm256_mul_ps(v1, valpha); /* x * 1 is x */
         if (full) {
             if (beta != 0.0f) v0 = _mm256_add_ps(v0, _mm256_loadu_ps(cr)), v1 = _mm256_add_ps(v1, _mm256_loadu_ps(cr + 8));
             _mm256_storeu_ps(cr, v0);
@@ -599,9 +604,11 @@ struct attn_bwd {
     float *dk, *dv;
 };
 
-/* A thread's tiles: P and dS; bf16 only: P^T and dS^T as query pairs, dS as rows. */
+/* A thread's tiles: P and dS; bf16 only: P^T and dS^T as query pairs, dS as rows; fp32 only:
+ * the task's keys as K^T, V^T [D][ATT_KB] and K [ATT_KB][D], packed once per task so that the
+ * products read them contiguous (not at the stride of the transposed heads, a TLB page a row). */
 struct attn_bwd_tiles {
-    float *p, *ds;
+    float *p, *ds, *kt, *vt, *kr;
     uint32_t *pt, *dst;
     uint16_t *dsr;
 };
@@ -672,7 +679,9 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
     const size_t kth = ((size_t)b * c->HK + kh) * c->kt_rows * c->ldt + j0; /* of kt and vt */
     const size_t qoff = ((size_t)b * T + i0) * q_stride + (size_t)h * D;
     const float *qblk = c->q + qoff, *doblk = c->dout + qoff;
-    const float *kblk = c->k + ((size_t)b * T + j0) * kv_stride + (size_t)kh * D;
+    /* fp32: the task's packed K^T, V^T and K; bf16: the shared arrays */
+    const void *ktile = bf16 ? word_at(c->kt, kth) : w->kt, *vtile = bf16 ? word_at(c->vt, kth) : w->vt;
+    const int ldkt = bf16 ? c->ldt : ATT_KB;
     float *p = w->p, *ds = w->ds;
     /* the visible keys of each query row, and the visible queries of each key row (both non-decreasing) */
     int vis_a[ATT_QC], vis_e[ATT_QC], seen_a[ATT_KB], seen_e[ATT_KB];
@@ -684,7 +693,7 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
     }
     const struct tile_span cols = {vis_a, vis_e, false}, terms = {vis_a, vis_e, true}, queries = {seen_a, seen_e, true};
     tile_product(&cols, bf16, false, nq, nk, D, c->s->scale, word_at(c->qa, qoff / wq), q_stride / wq,
-                 word_at(c->kt, kth), c->ldt, 0.0f, p, ATT_KB);
+                 ktile, ldkt, 0.0f, p, ATT_KB);
     for (int r = 0; r < nq; r++) exp_visible(p + (size_t)r * ATT_KB, nk, vis_a[r], vis_e[r], lse_bh[i0 + r]);
     /* dV += P^T dO (i0 is even: dO's pairs start at i0 / 2) */
     const size_t qpairs = ((size_t)b * c->pairs + i0 / 2) * q_stride + (size_t)h * D;
@@ -696,15 +705,16 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
         tile_gemm(&queries, true, nk, D, nq, 1.0f, p, ATT_KB, doblk, q_stride, 1.0f, dvblk, kv_stride);
     }
     /* dP = dO V^T, then dS = P * (dP - delta) * scale */
-    tile_product(&cols, bf16, false, nq, nk, D, 1.0f, word_at(c->doa, qoff / wq), q_stride / wq, word_at(c->vt, kth),
-                 c->ldt, 0.0f, ds, ATT_KB);
+    tile_product(&cols, bf16, false, nq, nk, D, 1.0f, word_at(c->doa, qoff / wq), q_stride / wq, vtile, ldkt,
+                 0.0f, ds, ATT_KB);
+    const float scale = c->s->scale; /* a local: the stores below would otherwise reload it (no vectorising) */
     for (int r = 0; r < nq; r++) { /* dP is not computed (nor read) outside the visible columns: dS is 0 there */
         const float *pr = p + (size_t)r * ATT_KB;
         float *dr = ds + (size_t)r * ATT_KB;
         const float dl = delta_bh[i0 + r];
         const int a = vis_a[r], e = vis_e[r];
 #pragma omp simd
-        for (int col = 0; col < nk; col++) dr[col] = col >= a && col <= e ? pr[col] * (dr[col] - dl) * c->s->scale : 0.0f;
+        for (int col = 0; col < nk; col++) dr[col] = col >= a && col <= e ? pr[col] * (dr[col] - dl) * scale : 0.0f;
     }
     /* dK += dS^T Q;  dQ += dS K (j0 is even: K's pairs start at j0 / 2) */
     if (bf16) {
@@ -717,7 +727,7 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
                      q_stride);
     } else {
         tile_gemm(&queries, true, nk, D, nq, 1.0f, ds, ATT_KB, qblk, q_stride, 1.0f, dkblk, kv_stride);
-        tile_gemm(&terms, false, nq, D, nk, 1.0f, ds, ATT_KB, kblk, kv_stride, 1.0f, dqt + qoff, q_stride);
+        tile_gemm(&terms, false, nq, D, nk, 1.0f, ds, ATT_KB, w->kr, D, 1.0f, dqt + qoff, q_stride);
     }
 }
 
@@ -737,6 +747,15 @@ static void attn_bwd_task(const struct attn_bwd *c, const struct attn_bwd_tiles 
     /* queries j0 .. tend-1 see some of these keys (lo non-decreasing) */
     int tend = j0;
     while (tend < T && lob[tend] < j0 + nk) tend++;
+    if (!c->bf16) { /* the keys' K^T, V^T and K, contiguous */
+        const size_t kth = ((size_t)b * c->HK + kh) * c->kt_rows * c->ldt + j0;
+        const float *kt = (const float *)c->kt + kth, *vt = (const float *)c->vt + kth;
+        for (int d = 0; d < D; d++) {
+            memcpy(w->kt + (size_t)d * ATT_KB, kt + (size_t)d * c->ldt, sizeof(float) * (size_t)nk);
+            memcpy(w->vt + (size_t)d * ATT_KB, vt + (size_t)d * c->ldt, sizeof(float) * (size_t)nk);
+        }
+        for (int j = 0; j < nk; j++) memcpy(w->kr + (size_t)j * D, c->k + koff + (size_t)j * kv_stride, sizeof(float) * (size_t)D);
+    }
     for (int h = kh * c->group; h < (kh + 1) * c->group; h++)
         for (int i0 = j0; i0 < tend; i0 += ATT_QC) {
             const int nq = i0 + ATT_QC < tend ? ATT_QC : tend - i0;
@@ -776,7 +795,7 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
         /* per thread: P, dS; bf16 only: P^T and dS^T as query pairs, dS as rows */
         tiles = thread_tiles(2 * (size_t)ATT_QC * ATT_KB + (bf16 ? 2 * (size_t)ATT_QC / 2 * ATT_KB +
                                                                      (size_t)ATT_QC * ATT_KB / 2
-                                                                : 0),
+                                                                : 3 * (size_t)ATT_KB * D),
                              &stride);
     if (!tiles) {
         free(dq_part);
@@ -800,6 +819,9 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
         const struct attn_bwd_tiles w = {
             .p = mine,
             .ds = mine + tile,
+            .kt = bf16 ? NULL : mine + 2 * tile,
+            .vt = bf16 ? NULL : mine + 2 * tile + (size_t)ATT_KB * D,
+            .kr = bf16 ? NULL : mine + 2 * tile + 2 * (size_t)ATT_KB * D,
             .pt = bf16 ? (uint32_t *)(mine + 2 * tile) : NULL,
             .dst = bf16 ? (uint32_t *)(mine + 2 * tile + tile / 2) : NULL,
             .dsr = bf16 ? (uint16_t *)(mine + 3 * tile) : NULL,
