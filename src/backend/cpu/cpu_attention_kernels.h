@@ -668,6 +668,32 @@ static struct attn_task *attn_bwd_schedule(const struct olmo_attn_shape *s, cons
     return tasks;
 }
 
+/* dr[col] = pr[col] * (dr[col] - dl) * scale for a <= col <= e, 0 for the other col < n (dS from dP). */
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+static inline void ds_row(float *dr, const float *pr, int n, int a, int e, float dl, float scale) {
+    /* gcc leaves the portable loop scalar here (the conditional); the same operations on 8 lanes */
+    const __m256 vdl = _mm256_set1_ps(dl), vscale = _mm256_set1_ps(scale);
+    for (int c0 = 0; c0 < n; c0 += 8) {
+        const __m256i visible = _mm256_andnot_si256(lane_mask8(a - c0), lane_mask8(e - c0 + 1));
+        __m256 v = _mm256_setzero_ps();
+        if (!_mm256_testz_si256(visible, visible))
+            v = _mm256_and_ps(_mm256_castsi256_ps(visible),
+                              _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(pr + c0),
+                                                          _mm256_sub_ps(_mm256_loadu_ps(dr + c0), vdl)),
+                                            vscale));
+        if (c0 + 8 <= n)
+            _mm256_storeu_ps(dr + c0, v);
+        else
+            _mm256_maskstore_ps(dr + c0, lane_mask8(n - c0), v);
+    }
+}
+#else
+static inline void ds_row(float *dr, const float *pr, int n, int a, int e, float dl, float scale) {
+#pragma omp simd
+    for (int col = 0; col < n; col++) dr[col] = col >= a && col <= e ? pr[col] * (dr[col] - dl) * scale : 0.0f;
+}
+#endif
+
 /* One tile: queries i0 .. i0+nq-1 of head h against keys j0 .. j0+nk-1 of sequence b
  * (kv head kh): dK, dV of the keys and this thread's dQ copy dqt. */
 static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles *w, int b, int kh, int h, int j0,
@@ -713,8 +739,7 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
         float *dr = ds + (size_t)r * ATT_KB;
         const float dl = delta_bh[i0 + r];
         const int a = vis_a[r], e = vis_e[r];
-#pragma omp simd
-        for (int col = 0; col < nk; col++) dr[col] = col >= a && col <= e ? pr[col] * (dr[col] - dl) * scale : 0.0f;
+        ds_row(dr, pr, nk, a, e, dl, scale);
     }
     /* dK += dS^T Q;  dQ += dS K (j0 is even: K's pairs start at j0 / 2) */
     if (bf16) {
