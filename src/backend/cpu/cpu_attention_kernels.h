@@ -432,6 +432,25 @@ static float exp_visible(float *row, int n, int a, int e, float shift) {
  * a power of two. */
 static int transposed_ld(int T) { return (T + 15) / 16 * 16 + 16; }
 
+#if defined(__AVX2__)
+/* dst[i * ldd + j] = src[j * lds + i] for i, j < 8 */
+static inline void transpose8x8(float *dst, size_t ldd, const float *src, size_t lds) {
+    __m256 r[8], u[8];
+    for (int j = 0; j < 8; j++) r[j] = _mm256_loadu_ps(src + (size_t)j * lds);
+    for (int j = 0; j < 8; j += 2) u[j] = _mm256_unpacklo_ps(r[j], r[j + 1]), u[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+    for (int j = 0; j < 8; j += 4) {
+        r[j] = _mm256_shuffle_ps(u[j], u[j + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[j + 1] = _mm256_shuffle_ps(u[j], u[j + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[j + 2] = _mm256_shuffle_ps(u[j + 1], u[j + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[j + 3] = _mm256_shuffle_ps(u[j + 1], u[j + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        _mm256_storeu_ps(dst + (size_t)i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (size_t)(i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+#endif
+
 /* Each head of x [B*T][heads*D] transposed, ld = transposed_ld(T):
  *   fp32: xt[((b * heads + h) * D + d) * ld + t] = x[(b * T + t) * heads * D + h * D + d];
  *   bf16: xt[((b * heads + h) * D/2 + p) * ld + t] = the pair (d = 2p, 2p + 1) of the same row
@@ -456,6 +475,13 @@ static void *transpose_heads(struct cpu_state *st, int slot, bool bf16, const fl
                     dst[(size_t)p * ld + t] = (uint32_t)to_bf16(src[2 * p]) | (uint32_t)to_bf16(src[2 * p + 1]) << 16;
             } else {
                 float *dst = (float *)xt + head;
+#if defined(__AVX2__)
+                if (t + 8 <= t1 && D % 8 == 0) { /* 8 positions at a time, 8x8 blocks in registers */
+                    for (int d0 = 0; d0 < D; d0 += 8) transpose8x8(dst + (size_t)d0 * ld + t, ld, src + d0, (size_t)heads * D);
+                    t += 7;
+                    continue;
+                }
+#endif
                 for (int d = 0; d < D; d++) dst[(size_t)d * ld + t] = src[d];
             }
         }
