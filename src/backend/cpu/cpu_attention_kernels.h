@@ -46,11 +46,7 @@
  * accumulators stay fp32.  Its operands are rounded to bf16 (to nearest
  * even, as the GEMMs round them) and packed in pairs along the product's k:
  * elements k = 2p and 2p + 1 in the low and high half of one 32-bit word. */
-#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(H18B_QB)
-enum { ATT_QB = H18B_QB, ATT_KC = 256, ATT_KB = H18B_KB, ATT_QC = H18B_QC };
-#else
 enum { ATT_QB = 64, ATT_KC = 256, ATT_KB = 64, ATT_QC = 64 };
-#endif
 
 /* lo[b * T + t]: first key visible from query t of sequence b. */
 static int *attn_bounds(const struct olmo_attn_shape *s, const int32_t *doc_ids) {
@@ -194,10 +190,17 @@ static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k
  * loads and stores for a column tail.  Every element of C is, as in the
  * AVX-512 kernel, fma(a_k, b_k, acc) over k in order, times alpha, plus C. */
 #define TILE_ROWS 6
+/* shift non-NULL (backward's S -> P, beta 0): C = exp(alpha op(A) B - shift[r]) on the visible
+ * columns va[r] .. ve[r] of row r, 0 on the others (exp_visible's operations, fused) */
+struct tile_exp {
+    const float *shift;
+    const int *va, *ve;
+};
+
 static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool ta, bool full, __m256i mask0,
                                                                  __m256i mask1, int k0, int k, float alpha, const float *a,
                                                                  int lda, const float *b, int ldb, float beta, float *c,
-                                                                 int ldc) {
+                                                                 int ldc, const struct tile_exp *ex, int r0, int c0) {
     __m256 x[TILE_ROWS][2];
 #pragma GCC unroll 6
     for (int r = 0; r < rows; r++) x[r][0] = x[r][1] = _mm256_setzero_ps();
@@ -220,6 +223,14 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool 
         float *cr = c + (size_t)r * ldc;
         __m256 v0 = x[r][0], v1 = x[r][1];
         if (alpha != 1.0f) v0 = _mm256_mul_ps(v0, valpha), v1 = _mm256_mul_ps(v1, valpha); /* x * 1 is x */
+        if (ex) {
+            const int va = ex->va[r0 + r] - c0, ve = ex->ve[r0 + r] - c0;
+            const __m256 sh = _mm256_set1_ps(ex->shift[r0 + r]);
+            const __m256i vis0 = _mm256_andnot_si256(lane_mask8(va), lane_mask8(ve + 1)),
+                          vis1 = _mm256_andnot_si256(lane_mask8(va - 8), lane_mask8(ve - 7));
+            v0 = _mm256_and_ps(_mm256_castsi256_ps(vis0), fast_exp8(_mm256_sub_ps(v0, sh)));
+            v1 = _mm256_and_ps(_mm256_castsi256_ps(vis1), fast_exp8(_mm256_sub_ps(v1, sh)));
+        }
         if (full) {
             if (beta != 0.0f) v0 = _mm256_add_ps(v0, _mm256_loadu_ps(cr)), v1 = _mm256_add_ps(v1, _mm256_loadu_ps(cr + 8));
             _mm256_storeu_ps(cr, v0);
@@ -239,44 +250,68 @@ static inline __attribute__((always_inline)) void tile_group_avx2(int rows, int 
                                                                   bool full, __m256i mask0, __m256i mask1, bool ta,
                                                                   int k, float alpha, const float *a, int lda,
                                                                   const float *b, int ldb, float beta, float *c,
-                                                                  int ldc) {
+                                                                  int ldc, const struct tile_exp *ex) {
     int k0 = 0, k1 = k;
     if (span) {
         const int first = span->first[r0], last = span->last[r0 + rows - 1];
-        if (!span->over_k && (c0 + 16 <= first || c0 > last)) return; /* columns nobody reads */
+        if (!span->over_k && (c0 + 16 <= first || c0 > last)) { /* columns nobody reads: P is 0 there */
+            if (ex)
+                for (int r = 0; r < rows; r++) {
+                    float *cr = c + (size_t)(r0 + r) * ldc;
+                    _mm256_maskstore_ps(cr, full ? _mm256_set1_epi32(-1) : mask0, _mm256_setzero_ps());
+                    _mm256_maskstore_ps(cr + 8, full ? _mm256_set1_epi32(-1) : mask1, _mm256_setzero_ps());
+                }
+            return;
+        }
         if (span->over_k) k0 = first > 0 ? first : 0, k1 = last + 1 < k ? last + 1 : k;
     }
     tile_rows_avx2(rows, ta, full, mask0, mask1, k0, k1, alpha, ta ? a + r0 : a + (size_t)r0 * lda, lda, b, ldb, beta,
-                   c + (size_t)r0 * ldc, ldc);
+                   c + (size_t)r0 * ldc, ldc, ex, r0, c0);
 }
 
 /* the rows of one 16-column block: whole groups of 6, then the rest */
 static inline __attribute__((always_inline)) void tile_cols_avx2(int c0, const struct tile_span *span, bool full,
                                                                  __m256i mask0, __m256i mask1, bool ta, int m, int k,
                                                                  float alpha, const float *a, int lda, const float *b,
-                                                                 int ldb, float beta, float *c, int ldc) {
+                                                                 int ldb, float beta, float *c, int ldc,
+                                                                 const struct tile_exp *ex) {
     int r0 = 0;
     for (; r0 + TILE_ROWS <= m; r0 += TILE_ROWS)
-        tile_group_avx2(TILE_ROWS, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        tile_group_avx2(TILE_ROWS, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc, ex);
     switch (m - r0) {
-    case 5: tile_group_avx2(5, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
-    case 4: tile_group_avx2(4, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
-    case 3: tile_group_avx2(3, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
-    case 2: tile_group_avx2(2, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
-    case 1: tile_group_avx2(1, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+    case 5: tile_group_avx2(5, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc, ex); break;
+    case 4: tile_group_avx2(4, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc, ex); break;
+    case 3: tile_group_avx2(3, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc, ex); break;
+    case 2: tile_group_avx2(2, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc, ex); break;
+    case 1: tile_group_avx2(1, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc, ex); break;
     default: break;
     }
 }
 
-static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k, float alpha, const float *a,
-                      int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+static inline __attribute__((always_inline)) void tile_gemm_avx2(const struct tile_span *span, bool ta, int m, int n,
+                                                                 int k, float alpha, const float *a, int lda,
+                                                                 const float *b, int ldb, float beta, float *c, int ldc,
+                                                                 const struct tile_exp *ex) {
     const __m256i none = _mm256_setzero_si256();
     int c0 = 0;
     for (; c0 + 16 <= n; c0 += 16)
-        tile_cols_avx2(c0, span, true, none, none, ta, m, k, alpha, a, lda, b + c0, ldb, beta, c + c0, ldc);
+        tile_cols_avx2(c0, span, true, none, none, ta, m, k, alpha, a, lda, b + c0, ldb, beta, c + c0, ldc, ex);
     if (c0 < n)
         tile_cols_avx2(c0, span, false, lane_mask8(n - c0), lane_mask8(n - c0 - 8), ta, m, k, alpha, a, lda, b + c0,
-                       ldb, beta, c + c0, ldc);
+                       ldb, beta, c + c0, ldc, ex);
+}
+
+static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k, float alpha, const float *a,
+                      int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    tile_gemm_avx2(span, ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, NULL);
+}
+
+/* P = exp(alpha A B - shift[r]) on the visible columns (span), 0 elsewhere: S and exp_visible in one pass */
+#define ATT_FUSED_EXP 1
+static void tile_gemm_exp(const struct tile_span *span, int m, int n, int k, float alpha, const float *a, int lda,
+                          const float *b, int ldb, const float *shift, float *c, int ldc) {
+    const struct tile_exp ex = {shift, span->first, span->last};
+    tile_gemm_avx2(span, false, m, n, k, alpha, a, lda, b, ldb, 0.0f, c, ldc, &ex);
 }
 #else
 static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k, float alpha, const float *a,
@@ -744,9 +779,16 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
         seen_e[col] = t - 1 - i0;
     }
     const struct tile_span cols = {vis_a, vis_e, false}, terms = {vis_a, vis_e, true}, queries = {seen_a, seen_e, true};
-    tile_product(&cols, bf16, false, nq, nk, D, c->s->scale, word_at(c->qa, qoff / wq), q_stride / wq,
-                 ktile, ldkt, 0.0f, p, ATT_KB);
-    for (int r = 0; r < nq; r++) exp_visible(p + (size_t)r * ATT_KB, nk, vis_a[r], vis_e[r], lse_bh[i0 + r]);
+#ifdef ATT_FUSED_EXP
+    if (!bf16)
+        tile_gemm_exp(&cols, nq, nk, D, c->s->scale, c->q + qoff, q_stride, ktile, ldkt, lse_bh + i0, p, ATT_KB);
+    else
+#endif
+    {
+        tile_product(&cols, bf16, false, nq, nk, D, c->s->scale, word_at(c->qa, qoff / wq), q_stride / wq, ktile, ldkt,
+                     0.0f, p, ATT_KB);
+        for (int r = 0; r < nq; r++) exp_visible(p + (size_t)r * ATT_KB, nk, vis_a[r], vis_e[r], lse_bh[i0 + r]);
+    }
     /* dV += P^T dO (i0 is even: dO's pairs start at i0 / 2) */
     const size_t qpairs = ((size_t)b * c->pairs + i0 / 2) * q_stride + (size_t)h * D;
     if (bf16) {
