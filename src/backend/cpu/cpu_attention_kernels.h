@@ -190,11 +190,13 @@ static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k
  * loads and stores for a column tail.  Every element of C is, as in the
  * AVX-512 kernel, fma(a_k, b_k, acc) over k in order, times alpha, plus C. */
 #define TILE_ROWS 6
-/* shift non-NULL (backward's S -> P, beta 0): C = exp(alpha op(A) B - shift[r]) on the visible
- * columns va[r] .. ve[r] of row r, 0 on the others (exp_visible's operations, fused) */
+/* Backward's epilogues (beta 0), on the visible columns va[r] .. ve[r] of row r, 0 on the others:
+ *   p NULL: C = exp(alpha op(A) B - shift[r])           (S -> P, exp_visible's operations);
+ *   p set:  C = p[r][c] * (alpha op(A) B - shift[r]) * scale  (dP -> dS with shift = delta, ds_row's). */
 struct tile_exp {
-    const float *shift;
+    const float *shift, *p;
     const int *va, *ve;
+    float scale;
 };
 
 static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool ta, bool full, __m256i mask0,
@@ -228,8 +230,16 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool 
             const __m256 sh = _mm256_set1_ps(ex->shift[r0 + r]);
             const __m256i vis0 = _mm256_andnot_si256(lane_mask8(va), lane_mask8(ve + 1)),
                           vis1 = _mm256_andnot_si256(lane_mask8(va - 8), lane_mask8(ve - 7));
-            v0 = _mm256_and_ps(_mm256_castsi256_ps(vis0), fast_exp8(_mm256_sub_ps(v0, sh)));
-            v1 = _mm256_and_ps(_mm256_castsi256_ps(vis1), fast_exp8(_mm256_sub_ps(v1, sh)));
+            if (ex->p) {
+                const float *pr = ex->p + (size_t)(r0 + r) * ldc + c0;
+                const __m256 vs = _mm256_set1_ps(ex->scale);
+                v0 = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(pr), _mm256_sub_ps(v0, sh)), vs);
+                v1 = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(pr + 8), _mm256_sub_ps(v1, sh)), vs);
+            } else {
+                v0 = fast_exp8(_mm256_sub_ps(v0, sh)), v1 = fast_exp8(_mm256_sub_ps(v1, sh));
+            }
+            v0 = _mm256_and_ps(_mm256_castsi256_ps(vis0), v0);
+            v1 = _mm256_and_ps(_mm256_castsi256_ps(vis1), v1);
         }
         if (full) {
             if (beta != 0.0f) v0 = _mm256_add_ps(v0, _mm256_loadu_ps(cr)), v1 = _mm256_add_ps(v1, _mm256_loadu_ps(cr + 8));
@@ -310,8 +320,16 @@ static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k
 #define ATT_FUSED_EXP 1
 static void tile_gemm_exp(const struct tile_span *span, int m, int n, int k, float alpha, const float *a, int lda,
                           const float *b, int ldb, const float *shift, float *c, int ldc) {
-    const struct tile_exp ex = {shift, span->first, span->last};
+    const struct tile_exp ex = {shift, NULL, span->first, span->last, 0.0f};
     tile_gemm_avx2(span, false, m, n, k, alpha, a, lda, b, ldb, 0.0f, c, ldc, &ex);
+}
+
+/* dS = P * (A B - delta[r]) * scale on the visible columns (span), 0 elsewhere: dP and ds_row in one pass
+ * (P has C's layout) */
+static void tile_gemm_ds(const struct tile_span *span, int m, int n, int k, const float *a, int lda, const float *b,
+                         int ldb, const float *delta, const float *p, float scale, float *c, int ldc) {
+    const struct tile_exp ex = {delta, p, span->first, span->last, scale};
+    tile_gemm_avx2(span, false, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc, &ex);
 }
 #else
 static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k, float alpha, const float *a,
@@ -799,15 +817,17 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
         tile_gemm(&queries, true, nk, D, nq, 1.0f, p, ATT_KB, doblk, q_stride, 1.0f, dvblk, kv_stride);
     }
     /* dP = dO V^T, then dS = P * (dP - delta) * scale */
-    tile_product(&cols, bf16, false, nq, nk, D, 1.0f, word_at(c->doa, qoff / wq), q_stride / wq, vtile, ldkt,
-                 0.0f, ds, ATT_KB);
-    const float scale = c->s->scale; /* a local: the stores below would otherwise reload it (no vectorising) */
-    for (int r = 0; r < nq; r++) { /* dP is not computed (nor read) outside the visible columns: dS is 0 there */
-        const float *pr = p + (size_t)r * ATT_KB;
-        float *dr = ds + (size_t)r * ATT_KB;
-        const float dl = delta_bh[i0 + r];
-        const int a = vis_a[r], e = vis_e[r];
-        ds_row(dr, pr, nk, a, e, dl, scale);
+    const float scale = c->s->scale;
+#ifdef ATT_FUSED_EXP
+    if (!bf16) {
+        tile_gemm_ds(&cols, nq, nk, D, c->dout + qoff, q_stride, vtile, ldkt, delta_bh + i0, p, scale, ds, ATT_KB);
+    } else
+#endif
+    {
+        tile_product(&cols, bf16, false, nq, nk, D, 1.0f, word_at(c->doa, qoff / wq), q_stride / wq, vtile, ldkt, 0.0f,
+                     ds, ATT_KB);
+        for (int r = 0; r < nq; r++) /* dP is not computed (nor read) outside the visible columns: dS is 0 there */
+            ds_row(ds + (size_t)r * ATT_KB, p + (size_t)r * ATT_KB, nk, vis_a[r], vis_e[r], delta_bh[i0 + r], scale);
     }
     /* dK += dS^T Q;  dQ += dS K (j0 is even: K's pairs start at j0 / 2) */
     if (bf16) {
