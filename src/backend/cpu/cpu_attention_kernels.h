@@ -485,7 +485,7 @@ static float exp_visible(float *row, int n, int a, int e, float shift) {
  * a power of two. */
 static int transposed_ld(int T) { return (T + 15) / 16 * 16 + 16; }
 
-#if defined(__AVX2__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 /* dst[i * ldd + j] = src[j * lds + i] for i, j < 8 */
 static inline void transpose8x8(float *dst, size_t ldd, const float *src, size_t lds) {
     __m256 r[8], u[8];
@@ -528,7 +528,7 @@ static void *transpose_heads(struct cpu_state *st, int slot, bool bf16, const fl
                     dst[(size_t)p * ld + t] = (uint32_t)to_bf16(src[2 * p]) | (uint32_t)to_bf16(src[2 * p + 1]) << 16;
             } else {
                 float *dst = (float *)xt + head;
-#if defined(__AVX2__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
                 if (t + 8 <= t1 && D % 8 == 0) { /* 8 positions at a time, 8x8 blocks in registers */
                     for (int d0 = 0; d0 < D; d0 += 8) transpose8x8(dst + (size_t)d0 * ld + t, ld, src + d0, (size_t)heads * D);
                     t += 7;
