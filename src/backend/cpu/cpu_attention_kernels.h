@@ -34,7 +34,10 @@
  * K and V are first transposed per head ([D][T]) so every score tile is a
  * plain NN product.  Memory beyond inputs and outputs is O(seq_len) per head
  * (bounds, delta, the transposed K/V, dq partials) plus tiles of at most
- * ATT_QC x ATT_KC per thread: no seq_len^2 buffer.
+ * ATT_QC x ATT_KC per thread (and, fp32 backward, the task's keys packed:
+ * 3 x ATT_KB x head_dim): no seq_len^2 buffer.  The AVX2 backward computes
+ * P = exp(S - lse) and dS = P (dP - delta) scale in the S and dP tiles'
+ * epilogues (the same operations as exp_visible and ds_row).
  * Query t sees keys lo[t]..t, lo[t] = max(t - window + 1, start of t's
  * document): documents are runs of equal doc ids, as the model builds them.
  * lo is non-decreasing in t, which the block bounds below rely on.
