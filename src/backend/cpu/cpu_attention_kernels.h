@@ -34,7 +34,10 @@
  * K and V are first transposed per head ([D][T]) so every score tile is a
  * plain NN product.  Memory beyond inputs and outputs is O(seq_len) per head
  * (bounds, delta, the transposed K/V, dq partials) plus tiles of at most
- * ATT_QC x ATT_KC per thread: no seq_len^2 buffer.
+ * ATT_QC x ATT_KC per thread (and, fp32 backward, the task's keys packed:
+ * 3 x ATT_KB x head_dim): no seq_len^2 buffer.  The AVX2 backward computes
+ * P = exp(S - lse) and dS = P (dP - delta) scale in the S and dP tiles'
+ * epilogues (the same operations as exp_visible and ds_row).
  * Query t sees keys lo[t]..t, lo[t] = max(t - window + 1, start of t's
  * document): documents are runs of equal doc ids, as the model builds them.
  * lo is non-decreasing in t, which the block bounds below rely on.
@@ -190,10 +193,19 @@ static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k
  * loads and stores for a column tail.  Every element of C is, as in the
  * AVX-512 kernel, fma(a_k, b_k, acc) over k in order, times alpha, plus C. */
 #define TILE_ROWS 6
+/* Backward's epilogues (beta 0), on the visible columns va[r] .. ve[r] of row r, 0 on the others:
+ *   p NULL: C = exp(alpha op(A) B - shift[r])           (S -> P, exp_visible's operations);
+ *   p set:  C = p[r][c] * (alpha op(A) B - shift[r]) * scale  (dP -> dS with shift = delta, ds_row's). */
+struct tile_exp {
+    const float *shift, *p;
+    const int *va, *ve;
+    float scale;
+};
+
 static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool ta, bool full, __m256i mask0,
                                                                  __m256i mask1, int k0, int k, float alpha, const float *a,
                                                                  int lda, const float *b, int ldb, float beta, float *c,
-                                                                 int ldc) {
+                                                                 int ldc, const struct tile_exp *ex, int r0, int c0) {
     __m256 x[TILE_ROWS][2];
 #pragma GCC unroll 6
     for (int r = 0; r < rows; r++) x[r][0] = x[r][1] = _mm256_setzero_ps();
@@ -214,7 +226,24 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool 
 #pragma GCC unroll 6
     for (int r = 0; r < rows; r++) {
         float *cr = c + (size_t)r * ldc;
-        __m256 v0 = _mm256_mul_ps(x[r][0], valpha), v1 = _mm256_mul_ps(x[r][1], valpha);
+        __m256 v0 = x[r][0], v1 = x[r][1];
+        if (alpha != 1.0f) v0 = _mm256_mul_ps(v0, valpha), v1 = _mm256_mul_ps(v1, valpha); /* x * 1 is x */
+        if (ex) {
+            const int va = ex->va[r0 + r] - c0, ve = ex->ve[r0 + r] - c0;
+            const __m256 sh = _mm256_set1_ps(ex->shift[r0 + r]);
+            const __m256i vis0 = _mm256_andnot_si256(lane_mask8(va), lane_mask8(ve + 1)),
+                          vis1 = _mm256_andnot_si256(lane_mask8(va - 8), lane_mask8(ve - 7));
+            if (ex->p) {
+                const float *pr = ex->p + (size_t)(r0 + r) * ldc + c0;
+                const __m256 vs = _mm256_set1_ps(ex->scale);
+                v0 = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(pr), _mm256_sub_ps(v0, sh)), vs);
+                v1 = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(pr + 8), _mm256_sub_ps(v1, sh)), vs);
+            } else {
+                v0 = fast_exp8(_mm256_sub_ps(v0, sh)), v1 = fast_exp8(_mm256_sub_ps(v1, sh));
+            }
+            v0 = _mm256_and_ps(_mm256_castsi256_ps(vis0), v0);
+            v1 = _mm256_and_ps(_mm256_castsi256_ps(vis1), v1);
+        }
         if (full) {
             if (beta != 0.0f) v0 = _mm256_add_ps(v0, _mm256_loadu_ps(cr)), v1 = _mm256_add_ps(v1, _mm256_loadu_ps(cr + 8));
             _mm256_storeu_ps(cr, v0);
@@ -234,44 +263,76 @@ static inline __attribute__((always_inline)) void tile_group_avx2(int rows, int 
                                                                   bool full, __m256i mask0, __m256i mask1, bool ta,
                                                                   int k, float alpha, const float *a, int lda,
                                                                   const float *b, int ldb, float beta, float *c,
-                                                                  int ldc) {
+                                                                  int ldc, const struct tile_exp *ex) {
     int k0 = 0, k1 = k;
     if (span) {
         const int first = span->first[r0], last = span->last[r0 + rows - 1];
-        if (!span->over_k && (c0 + 16 <= first || c0 > last)) return; /* columns nobody reads */
+        if (!span->over_k && (c0 + 16 <= first || c0 > last)) { /* columns nobody reads: P is 0 there */
+            if (ex)
+                for (int r = 0; r < rows; r++) {
+                    float *cr = c + (size_t)(r0 + r) * ldc;
+                    _mm256_maskstore_ps(cr, full ? _mm256_set1_epi32(-1) : mask0, _mm256_setzero_ps());
+                    _mm256_maskstore_ps(cr + 8, full ? _mm256_set1_epi32(-1) : mask1, _mm256_setzero_ps());
+                }
+            return;
+        }
         if (span->over_k) k0 = first > 0 ? first : 0, k1 = last + 1 < k ? last + 1 : k;
     }
     tile_rows_avx2(rows, ta, full, mask0, mask1, k0, k1, alpha, ta ? a + r0 : a + (size_t)r0 * lda, lda, b, ldb, beta,
-                   c + (size_t)r0 * ldc, ldc);
+                   c + (size_t)r0 * ldc, ldc, ex, r0, c0);
 }
 
 /* the rows of one 16-column block: whole groups of 6, then the rest */
 static inline __attribute__((always_inline)) void tile_cols_avx2(int c0, const struct tile_span *span, bool full,
                                                                  __m256i mask0, __m256i mask1, bool ta, int m, int k,
                                                                  float alpha, const float *a, int lda, const float *b,
-                                                                 int ldb, float beta, float *c, int ldc) {
+                                                                 int ldb, float beta, float *c, int ldc,
+                                                                 const struct tile_exp *ex) {
     int r0 = 0;
     for (; r0 + TILE_ROWS <= m; r0 += TILE_ROWS)
-        tile_group_avx2(TILE_ROWS, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        tile_group_avx2(TILE_ROWS, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc, ex);
     switch (m - r0) {
-    case 5: tile_group_avx2(5, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
-    case 4: tile_group_avx2(4, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
-    case 3: tile_group_avx2(3, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
-    case 2: tile_group_avx2(2, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
-    case 1: tile_group_avx2(1, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc); break;
+    case 5: tile_group_avx2(5, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc, ex); break;
+    case 4: tile_group_avx2(4, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc, ex); break;
+    case 3: tile_group_avx2(3, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc, ex); break;
+    case 2: tile_group_avx2(2, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc, ex); break;
+    case 1: tile_group_avx2(1, r0, c0, span, full, mask0, mask1, ta, k, alpha, a, lda, b, ldb, beta, c, ldc, ex); break;
     default: break;
     }
 }
 
-static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k, float alpha, const float *a,
-                      int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+static inline __attribute__((always_inline)) void tile_gemm_avx2(const struct tile_span *span, bool ta, int m, int n,
+                                                                 int k, float alpha, const float *a, int lda,
+                                                                 const float *b, int ldb, float beta, float *c, int ldc,
+                                                                 const struct tile_exp *ex) {
     const __m256i none = _mm256_setzero_si256();
     int c0 = 0;
     for (; c0 + 16 <= n; c0 += 16)
-        tile_cols_avx2(c0, span, true, none, none, ta, m, k, alpha, a, lda, b + c0, ldb, beta, c + c0, ldc);
+        tile_cols_avx2(c0, span, true, none, none, ta, m, k, alpha, a, lda, b + c0, ldb, beta, c + c0, ldc, ex);
     if (c0 < n)
         tile_cols_avx2(c0, span, false, lane_mask8(n - c0), lane_mask8(n - c0 - 8), ta, m, k, alpha, a, lda, b + c0,
-                       ldb, beta, c + c0, ldc);
+                       ldb, beta, c + c0, ldc, ex);
+}
+
+static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k, float alpha, const float *a,
+                      int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+    tile_gemm_avx2(span, ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, NULL);
+}
+
+/* P = exp(alpha A B - shift[r]) on the visible columns (span), 0 elsewhere: S and exp_visible in one pass */
+#define ATT_FUSED_EXP 1
+static void tile_gemm_exp(const struct tile_span *span, int m, int n, int k, float alpha, const float *a, int lda,
+                          const float *b, int ldb, const float *shift, float *c, int ldc) {
+    const struct tile_exp ex = {shift, NULL, span->first, span->last, 0.0f};
+    tile_gemm_avx2(span, false, m, n, k, alpha, a, lda, b, ldb, 0.0f, c, ldc, &ex);
+}
+
+/* dS = P * (A B - delta[r]) * scale on the visible columns (span), 0 elsewhere: dP and ds_row in one pass
+ * (P has C's layout) */
+static void tile_gemm_ds(const struct tile_span *span, int m, int n, int k, const float *a, int lda, const float *b,
+                         int ldb, const float *delta, const float *p, float scale, float *c, int ldc) {
+    const struct tile_exp ex = {delta, p, span->first, span->last, scale};
+    tile_gemm_avx2(span, false, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc, &ex);
 }
 #else
 static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k, float alpha, const float *a,
@@ -427,6 +488,25 @@ static float exp_visible(float *row, int n, int a, int e, float shift) {
  * a power of two. */
 static int transposed_ld(int T) { return (T + 15) / 16 * 16 + 16; }
 
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+/* dst[i * ldd + j] = src[j * lds + i] for i, j < 8 */
+static inline void transpose8x8(float *dst, size_t ldd, const float *src, size_t lds) {
+    __m256 r[8], u[8];
+    for (int j = 0; j < 8; j++) r[j] = _mm256_loadu_ps(src + (size_t)j * lds);
+    for (int j = 0; j < 8; j += 2) u[j] = _mm256_unpacklo_ps(r[j], r[j + 1]), u[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+    for (int j = 0; j < 8; j += 4) {
+        r[j] = _mm256_shuffle_ps(u[j], u[j + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[j + 1] = _mm256_shuffle_ps(u[j], u[j + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[j + 2] = _mm256_shuffle_ps(u[j + 1], u[j + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[j + 3] = _mm256_shuffle_ps(u[j + 1], u[j + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        _mm256_storeu_ps(dst + (size_t)i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+        _mm256_storeu_ps(dst + (size_t)(i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+}
+#endif
+
 /* Each head of x [B*T][heads*D] transposed, ld = transposed_ld(T):
  *   fp32: xt[((b * heads + h) * D + d) * ld + t] = x[(b * T + t) * heads * D + h * D + d];
  *   bf16: xt[((b * heads + h) * D/2 + p) * ld + t] = the pair (d = 2p, 2p + 1) of the same row
@@ -451,6 +531,13 @@ static void *transpose_heads(struct cpu_state *st, int slot, bool bf16, const fl
                     dst[(size_t)p * ld + t] = (uint32_t)to_bf16(src[2 * p]) | (uint32_t)to_bf16(src[2 * p + 1]) << 16;
             } else {
                 float *dst = (float *)xt + head;
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+                if (t + 8 <= t1 && D % 8 == 0) { /* 8 positions at a time, 8x8 blocks in registers */
+                    for (int d0 = 0; d0 < D; d0 += 8) transpose8x8(dst + (size_t)d0 * ld + t, ld, src + d0, (size_t)heads * D);
+                    t += 7;
+                    continue;
+                }
+#endif
                 for (int d = 0; d < D; d++) dst[(size_t)d * ld + t] = src[d];
             }
         }
@@ -599,9 +686,11 @@ struct attn_bwd {
     float *dk, *dv;
 };
 
-/* A thread's tiles: P and dS; bf16 only: P^T and dS^T as query pairs, dS as rows. */
+/* A thread's tiles: P and dS; bf16 only: P^T and dS^T as query pairs, dS as rows; fp32 only:
+ * the task's keys as K^T, V^T [D][ATT_KB] and K [ATT_KB][D], packed once per task so that the
+ * products read them contiguous (not at the stride of the transposed heads, a TLB page a row). */
 struct attn_bwd_tiles {
-    float *p, *ds;
+    float *p, *ds, *kt, *vt, *kr;
     uint32_t *pt, *dst;
     uint16_t *dsr;
 };
@@ -661,6 +750,32 @@ static struct attn_task *attn_bwd_schedule(const struct olmo_attn_shape *s, cons
     return tasks;
 }
 
+/* dr[col] = pr[col] * (dr[col] - dl) * scale for a <= col <= e, 0 for the other col < n (dS from dP). */
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+static inline void ds_row(float *dr, const float *pr, int n, int a, int e, float dl, float scale) {
+    /* gcc leaves the portable loop scalar here (the conditional); the same operations on 8 lanes */
+    const __m256 vdl = _mm256_set1_ps(dl), vscale = _mm256_set1_ps(scale);
+    for (int c0 = 0; c0 < n; c0 += 8) {
+        const __m256i visible = _mm256_andnot_si256(lane_mask8(a - c0), lane_mask8(e - c0 + 1));
+        __m256 v = _mm256_setzero_ps();
+        if (!_mm256_testz_si256(visible, visible))
+            v = _mm256_and_ps(_mm256_castsi256_ps(visible),
+                              _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(pr + c0),
+                                                          _mm256_sub_ps(_mm256_loadu_ps(dr + c0), vdl)),
+                                            vscale));
+        if (c0 + 8 <= n)
+            _mm256_storeu_ps(dr + c0, v);
+        else
+            _mm256_maskstore_ps(dr + c0, lane_mask8(n - c0), v);
+    }
+}
+#else
+static inline void ds_row(float *dr, const float *pr, int n, int a, int e, float dl, float scale) {
+#pragma omp simd
+    for (int col = 0; col < n; col++) dr[col] = col >= a && col <= e ? pr[col] * (dr[col] - dl) * scale : 0.0f;
+}
+#endif
+
 /* One tile: queries i0 .. i0+nq-1 of head h against keys j0 .. j0+nk-1 of sequence b
  * (kv head kh): dK, dV of the keys and this thread's dQ copy dqt. */
 static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles *w, int b, int kh, int h, int j0,
@@ -672,7 +787,9 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
     const size_t kth = ((size_t)b * c->HK + kh) * c->kt_rows * c->ldt + j0; /* of kt and vt */
     const size_t qoff = ((size_t)b * T + i0) * q_stride + (size_t)h * D;
     const float *qblk = c->q + qoff, *doblk = c->dout + qoff;
-    const float *kblk = c->k + ((size_t)b * T + j0) * kv_stride + (size_t)kh * D;
+    /* fp32: the task's packed K^T, V^T and K; bf16: the shared arrays */
+    const void *ktile = bf16 ? word_at(c->kt, kth) : w->kt, *vtile = bf16 ? word_at(c->vt, kth) : w->vt;
+    const int ldkt = bf16 ? c->ldt : ATT_KB;
     float *p = w->p, *ds = w->ds;
     /* the visible keys of each query row, and the visible queries of each key row (both non-decreasing) */
     int vis_a[ATT_QC], vis_e[ATT_QC], seen_a[ATT_KB], seen_e[ATT_KB];
@@ -683,9 +800,16 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
         seen_e[col] = t - 1 - i0;
     }
     const struct tile_span cols = {vis_a, vis_e, false}, terms = {vis_a, vis_e, true}, queries = {seen_a, seen_e, true};
-    tile_product(&cols, bf16, false, nq, nk, D, c->s->scale, word_at(c->qa, qoff / wq), q_stride / wq,
-                 word_at(c->kt, kth), c->ldt, 0.0f, p, ATT_KB);
-    for (int r = 0; r < nq; r++) exp_visible(p + (size_t)r * ATT_KB, nk, vis_a[r], vis_e[r], lse_bh[i0 + r]);
+#ifdef ATT_FUSED_EXP
+    if (!bf16)
+        tile_gemm_exp(&cols, nq, nk, D, c->s->scale, c->q + qoff, q_stride, ktile, ldkt, lse_bh + i0, p, ATT_KB);
+    else
+#endif
+    {
+        tile_product(&cols, bf16, false, nq, nk, D, c->s->scale, word_at(c->qa, qoff / wq), q_stride / wq, ktile, ldkt,
+                     0.0f, p, ATT_KB);
+        for (int r = 0; r < nq; r++) exp_visible(p + (size_t)r * ATT_KB, nk, vis_a[r], vis_e[r], lse_bh[i0 + r]);
+    }
     /* dV += P^T dO (i0 is even: dO's pairs start at i0 / 2) */
     const size_t qpairs = ((size_t)b * c->pairs + i0 / 2) * q_stride + (size_t)h * D;
     if (bf16) {
@@ -696,15 +820,17 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
         tile_gemm(&queries, true, nk, D, nq, 1.0f, p, ATT_KB, doblk, q_stride, 1.0f, dvblk, kv_stride);
     }
     /* dP = dO V^T, then dS = P * (dP - delta) * scale */
-    tile_product(&cols, bf16, false, nq, nk, D, 1.0f, word_at(c->doa, qoff / wq), q_stride / wq, word_at(c->vt, kth),
-                 c->ldt, 0.0f, ds, ATT_KB);
-    for (int r = 0; r < nq; r++) { /* dP is not computed (nor read) outside the visible columns: dS is 0 there */
-        const float *pr = p + (size_t)r * ATT_KB;
-        float *dr = ds + (size_t)r * ATT_KB;
-        const float dl = delta_bh[i0 + r];
-        const int a = vis_a[r], e = vis_e[r];
-#pragma omp simd
-        for (int col = 0; col < nk; col++) dr[col] = col >= a && col <= e ? pr[col] * (dr[col] - dl) * c->s->scale : 0.0f;
+    const float scale = c->s->scale;
+#ifdef ATT_FUSED_EXP
+    if (!bf16) {
+        tile_gemm_ds(&cols, nq, nk, D, c->dout + qoff, q_stride, vtile, ldkt, delta_bh + i0, p, scale, ds, ATT_KB);
+    } else
+#endif
+    {
+        tile_product(&cols, bf16, false, nq, nk, D, 1.0f, word_at(c->doa, qoff / wq), q_stride / wq, vtile, ldkt, 0.0f,
+                     ds, ATT_KB);
+        for (int r = 0; r < nq; r++) /* dP is not computed (nor read) outside the visible columns: dS is 0 there */
+            ds_row(ds + (size_t)r * ATT_KB, p + (size_t)r * ATT_KB, nk, vis_a[r], vis_e[r], delta_bh[i0 + r], scale);
     }
     /* dK += dS^T Q;  dQ += dS K (j0 is even: K's pairs start at j0 / 2) */
     if (bf16) {
@@ -717,7 +843,7 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
                      q_stride);
     } else {
         tile_gemm(&queries, true, nk, D, nq, 1.0f, ds, ATT_KB, qblk, q_stride, 1.0f, dkblk, kv_stride);
-        tile_gemm(&terms, false, nq, D, nk, 1.0f, ds, ATT_KB, kblk, kv_stride, 1.0f, dqt + qoff, q_stride);
+        tile_gemm(&terms, false, nq, D, nk, 1.0f, ds, ATT_KB, w->kr, D, 1.0f, dqt + qoff, q_stride);
     }
 }
 
@@ -737,6 +863,15 @@ static void attn_bwd_task(const struct attn_bwd *c, const struct attn_bwd_tiles 
     /* queries j0 .. tend-1 see some of these keys (lo non-decreasing) */
     int tend = j0;
     while (tend < T && lob[tend] < j0 + nk) tend++;
+    if (!c->bf16) { /* the keys' K^T, V^T and K, contiguous */
+        const size_t kth = ((size_t)b * c->HK + kh) * c->kt_rows * c->ldt + j0;
+        const float *kt = (const float *)c->kt + kth, *vt = (const float *)c->vt + kth;
+        for (int d = 0; d < D; d++) {
+            memcpy(w->kt + (size_t)d * ATT_KB, kt + (size_t)d * c->ldt, sizeof(float) * (size_t)nk);
+            memcpy(w->vt + (size_t)d * ATT_KB, vt + (size_t)d * c->ldt, sizeof(float) * (size_t)nk);
+        }
+        for (int j = 0; j < nk; j++) memcpy(w->kr + (size_t)j * D, c->k + koff + (size_t)j * kv_stride, sizeof(float) * (size_t)D);
+    }
     for (int h = kh * c->group; h < (kh + 1) * c->group; h++)
         for (int i0 = j0; i0 < tend; i0 += ATT_QC) {
             const int nq = i0 + ATT_QC < tend ? ATT_QC : tend - i0;
@@ -776,7 +911,7 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
         /* per thread: P, dS; bf16 only: P^T and dS^T as query pairs, dS as rows */
         tiles = thread_tiles(2 * (size_t)ATT_QC * ATT_KB + (bf16 ? 2 * (size_t)ATT_QC / 2 * ATT_KB +
                                                                      (size_t)ATT_QC * ATT_KB / 2
-                                                                : 0),
+                                                                : 3 * (size_t)ATT_KB * D),
                              &stride);
     if (!tiles) {
         free(dq_part);
@@ -800,6 +935,9 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
         const struct attn_bwd_tiles w = {
             .p = mine,
             .ds = mine + tile,
+            .kt = bf16 ? NULL : mine + 2 * tile,
+            .vt = bf16 ? NULL : mine + 2 * tile + (size_t)ATT_KB * D,
+            .kr = bf16 ? NULL : mine + 2 * tile + 2 * (size_t)ATT_KB * D,
             .pt = bf16 ? (uint32_t *)(mine + 2 * tile) : NULL,
             .dst = bf16 ? (uint32_t *)(mine + 2 * tile + tile / 2) : NULL,
             .dsr = bf16 ? (uint16_t *)(mine + 3 * tile) : NULL,
