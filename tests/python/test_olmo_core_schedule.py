@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import yaml
 
 from olmo_core.optim.scheduler import WSD, ConstantScheduler, CosWithWarmup, HalfCosWithWarmup, LinearWithWarmup
 from olmo_core.train import Duration
@@ -111,8 +112,9 @@ def test_olmo3_7b_stage1_schedule(build_dir, tmp_path):
     t_max2 = trainer_max_steps(int(7e12), global_batch, global_step=resumed_at)
     assert (t_max1, t_max2) == (1192093, 1668931)  # the numbers, from OLMo-core's Trainer
 
-    for world in (1, 8):  # 512 instances per step: the config's grad_accum on 1 rank, 32 per rank on 8
-        accum = 512 // 2 // world
+    micro = yaml.safe_load((ROOT / "configs" / "olmo3-7b.yaml").read_text())["train"]["micro_batch"]
+    for world in (1, 8):  # 512 instances per step: the config's grad_accum on 1 rank, 512 / 8 / micro per rank on 8
+        accum = 512 // micro // world
         ours, lengths = olmoc_lrs(build_dir, tmp_path, world, 1, steps, f"train.grad_accum={accum}",
                                   config=ROOT / "configs" / "olmo3-7b.yaml")
         assert lengths == [t_max1, t_max2]
