@@ -13,6 +13,8 @@ Held out (sorted by path): every 10th reference document, every 4th guide
 
 Writes to --out (default data/repro):
   {reference,guides}.npy          training token files (olmoc tokenize)
+  {reference,guides}.u16          the same tokens as raw uint16 memmaps (what
+                                  OLMo-core's NumpyFSLDataset reads; the study trains on these)
   val-{reference,guides}.npy      held-out token files
   mc-{reference,guides}.jsonl     multiple-choice tasks from held-out documents:
       a sentence's beginning as context, its true ending against the endings
@@ -25,6 +27,8 @@ import random
 import re
 import subprocess
 import sys
+
+import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -102,6 +106,7 @@ def main():
         held = [d for i, d in enumerate(group) if i % every == every - 1]
         tokenize(args.olmoc, args.tokenizer, train, out / f"{name}.npy")
         tokenize(args.olmoc, args.tokenizer, held, out / f"val-{name}.npy")
+        np.load(out / f"{name}.npy").astype(np.uint16).tofile(out / f"{name}.u16")
         examples = mc_examples(held, args.mc_examples, random.Random(f"mc-{name}"))
         lines = [json.dumps(e) for e in examples]
         task = convert(tok, lines, f"mc-{name}")
