@@ -25,6 +25,8 @@ with a fresh schedule, step counter and data order; the param groups take the
 new config's learning rate.
 --threads and --micro-batch change only the order of floating-point sums (the
 study's second OLMo-core run, which measures the reference's own noise).
+--norm-fp64 sums the clipping norm's squares in float64 instead of torch's
+fp32 get_total_norm (the study's third run: the same clip, another rounding).
 Writes OUT/metrics.jsonl (olmoc's schema), OUT/model.safetensors (Hugging
 Face names) and OUT/state.pt (OLMo-core state dicts of model and optimizer).
 """
@@ -181,6 +183,8 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     ap.add_argument("--micro-batch", type=int, default=0, help="rows per forward/backward (default: the config's; "
                     "the global batch stays the same, only the gradient's summation order changes)")
+    ap.add_argument("--norm-fp64", action="store_true", help="the clipping norm summed in float64 (torch's "
+                    "get_total_norm sums in fp32); the clip itself is OLMo-core's clip_grads_with_norm_")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -251,7 +255,12 @@ def main():
             o.loss.backward()
             ce += o.ce_loss.detach()
             zz += o.z_loss.detach()
-        if float(t["clip_grad_norm"]) > 0:
+        if args.norm_fp64:
+            params = list(model.parameters())
+            norm = torch.stack([p.grad.double().square().sum() for p in params]).sum().sqrt().float()
+            if float(t["clip_grad_norm"]) > 0:
+                torch.nn.utils.clip_grads_with_norm_(params, float(t["clip_grad_norm"]), norm)
+        elif float(t["clip_grad_norm"]) > 0:
             norm = TransformerTrainModule._clip_grad_norm(SimpleNamespace(model=model), float(t["clip_grad_norm"]))
         else:
             norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])

@@ -8,10 +8,11 @@ loaded by both) and each follows OLMo-core's data order with its own loader;
 OLMo-core's side checks every batch against the ones olmoc trained on
 (--dump-batches).  Each starts Stage 2 from its own Stage 1 weights and
 optimizer state (olmoc: --init-from CKPT --with-optimizer-state), with a fresh
-schedule and data order, as Olmo 3 did.  OLMo-core runs twice: the second run
-differs only in the order of floating-point sums (threads, micro-batch split),
-and its distance from the first is the reference's own noise, which the report
-shows next to every olmoc-vs-OLMo-core difference.
+schedule and data order, as Olmo 3 did.  OLMo-core runs three times: the second
+run differs only in the order of floating-point sums (threads, micro-batch
+split), the third only in summing the clipping norm in float64 (as olmoc does)
+instead of torch's fp32; their distances from the first are the reference's
+own noise, which the report shows next to every olmoc-vs-OLMo-core difference.
 
     python repro/run_study.py                 # the full study (configs/repro-stage{1,2}.yaml)
     python repro/run_study.py --quick         # a few dozen steps (used by the tests)
@@ -34,10 +35,12 @@ sys.path.insert(0, str(ROOT / "repro"))
 import report  # noqa: E402
 
 TASKS = "data/repro/mc-reference.jsonl,data/repro/mc-guides.jsonl"
-# the reference run, and a second one that differs from it only in the order of floating-point sums
-# (one thread instead of two, and each batch's gradient summed over micro-batches of half the rows): the
+# the reference run, and two that differ from it only in rounding: (b) the order of floating-point sums
+# (one thread instead of two, and each batch's gradient summed over micro-batches of half the rows), (c) the
+# clipping norm summed in float64 instead of torch's fp32 get_total_norm (olmoc sums it in float64): the
 # reference's own noise, next to which the olmoc-vs-OLMo-core differences are reported
-OLMO_CORE_RUNS = {"olmo_core": {"threads": 2}, "olmo_core-b": {"threads": 1, "half_micro_batch": True}}
+OLMO_CORE_RUNS = {"olmo_core": {"threads": 2}, "olmo_core-b": {"threads": 1, "half_micro_batch": True},
+                  "olmo_core-c": {"threads": 2, "norm_fp64": True}}
 
 
 def run(cmd, log):
@@ -122,7 +125,7 @@ def main():
             timings[f"{run_name}-stage{stage}"] = run(
                 [py, ROOT / "repro/olmo_core_train.py", c_dir / "config.yaml", *oc_start[run_name],
                  "--check-batches", batches, "--out", o_dir, "--tasks", tasks, "--threads", str(extra["threads"]),
-                 *micro], out / f"{run_name}-stage{stage}.log")
+                 *micro, *(["--norm-fp64"] if extra.get("norm_fp64") else [])], out / f"{run_name}-stage{stage}.log")
             oc_start[run_name] = ["--init-from", o_dir]
         ckpt = c_dir / f"step-{steps:06d}"
         if not ckpt.is_dir():
