@@ -329,8 +329,9 @@ static int run_evals(struct olmo_run *run) {
         olmo_metrics_add_int(rec, "documents", r.docs);
         if (r.bytes >= 0) olmo_metrics_add_num(rec, "bpb", "%.17g", r.bpb);
         cJSON *named = cJSON_AddObjectToObject(rec, "metrics");
-        cJSON_AddNumberToObject(named, ce_name, r.loss);
-        cJSON_AddNumberToObject(named, ppl_name, r.ppl);
+        /* 17 digits: cJSON's own printing may drop the last bit (its round-trip check allows 1 ulp) */
+        olmo_metrics_add_num(named, ce_name, "%.17g", r.loss);
+        olmo_metrics_add_num(named, ppl_name, "%.17g", r.ppl);
         if (olmo_metrics_write(&run->metrics, rec)) return -1;
     }
     for (int i = 0; !cfg->data.val_documents && i < run->ev.n_val; i++) {
