@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_internal.h" /* OLMOC_CPU_BF16: whether this build has oneDNN's bf16 matmul */
+#include "backend/cpu/cpu_simd.h"     /* fast_expf: swiglu's scalar form */
 #include "model/model.h"
 #include "util/error.h"
 #include "util/rng.h"
@@ -281,6 +282,39 @@ static void test_swiglu(void) {
     be->free(be, c.g); be->free(be, c.u); be->free(be, c.c); be->free(be, c.s); be->free(be, dg); be->free(be, du);
 }
 
+/* swiglu's vector paths (explicit AVX2, or the compiler's) give bitwise the scalar form's results, tail and
+ * parallel split included: inputs over fast_expf's whole range, clamps and all. */
+static void test_swiglu_bitwise(void) {
+    const size_t n = 3 * 16384 + 5; /* above the parallel threshold, not a multiple of 8 or 16 */
+    float *g = be->alloc(be, n * 4), *u = be->alloc(be, n * 4), *ds = be->alloc(be, n * 4);
+    float *s = be->alloc(be, n * 4), *dg = be->alloc(be, n * 4), *du = be->alloc(be, n * 4);
+    struct olmo_rng r;
+    olmo_rng_seed(&r, 77);
+    for (size_t i = 0; i < n; i++) {
+        const double x = olmo_rng_uniform(&r);
+        g[i] = (float)(i % 7 == 0 ? 200.0 * (x - 0.5) : 16.0 * (x - 0.5)); /* some beyond +-87 */
+        u[i] = (float)(olmo_rng_uniform(&r) - 0.5);
+        ds[i] = (float)(olmo_rng_uniform(&r) - 0.5);
+    }
+    be->swiglu_fwd(be, s, g, u, n);
+    be->swiglu_bwd(be, dg, du, ds, g, u, n);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        const float sig = 1.0f / (1.0f + fast_expf(-g[i]));
+        const float want_s = g[i] / (1.0f + fast_expf(-g[i])) * u[i];
+        const float want_du = ds[i] * (g[i] * sig), want_dg = ds[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
+        if (memcmp(&s[i], &want_s, 4) || memcmp(&du[i], &want_du, 4) || memcmp(&dg[i], &want_dg, 4)) {
+            if (!bad) printf("  swiglu bitwise: first difference at %zu (g %g): s %a vs %a, du %a vs %a, dg %a vs %a\n",
+                             i, g[i], s[i], want_s, du[i], want_du, dg[i], want_dg);
+            bad++;
+        }
+    }
+    checks++;
+    if (bad) failures++;
+    printf("%s swiglu fwd/bwd bitwise = scalar form: %zu of %zu differ\n", bad ? "FAIL" : "ok  ", bad, n);
+    be->free(be, g); be->free(be, u); be->free(be, ds); be->free(be, s); be->free(be, dg); be->free(be, du);
+}
+
 /* ---- cross entropy with z-loss ---- */
 struct ce_ctx { float *logits, *work; int32_t *targets; int n, V; float z; };
 static double ce_loss(void *p) {
@@ -374,6 +408,7 @@ int main(void) {
     test_attention(3, false, 2, "(window 3, GQA)");
     test_attention(4, true, 1, "(window 4, docs, MQA)");
     test_swiglu();
+    test_swiglu_bitwise();
     test_cross_entropy();
     test_embedding();
     test_model();
