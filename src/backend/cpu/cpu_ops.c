@@ -203,13 +203,10 @@ int cpu_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int n, int
         }
         const float mx = max_of(row, vocab);
         const float target_logit = row[targets[i]];
-        double sum = 0.0; /* fp32 exponentials, double accumulation */
-#pragma omp simd reduction(+ : sum)
-        for (int j = 0; j < vocab; j++) {
-            float e = fast_expf(row[j] - mx);
-            row[j] = e;
-            sum += e;
-        }
+        /* fp32 exponentials (vectorised), then their double sum in index order */
+        exp_shifted(row, vocab, mx);
+        double sum = 0.0;
+        for (int j = 0; j < vocab; j++) sum += row[j];
         double lse = mx + log(sum);
         row_ce[i] = lse - target_logit;
         row_z[i] = lse * lse;
