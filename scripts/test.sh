@@ -8,6 +8,14 @@ cmake --build build -j"$(nproc)" >/dev/null
 cmake --build build-asan -j"$(nproc)" >/dev/null
 echo "== C tests (Release)"
 ctest --test-dir build --output-on-failure
+if [ -d build-clang ]; then
+  # clang's build (OpenBLAS only, scripts/setup.sh): the op checks, bitwise vector-vs-scalar ones included
+  cmake --build build-clang -j"$(nproc)" >/dev/null
+  echo "== C op tests (clang, OpenBLAS-only build)"
+  build-clang/tests/test_ops
+else
+  echo "== C op tests (clang): SKIPPED, no build-clang/ (scripts/setup.sh makes it when clang is installed)"
+fi
 echo "== C tests (ASan + UBSan)"
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure
 echo "== Fuzzing (libFuzzer, ASan + UBSan; bounded: scripts/fuzz.sh --help)"
