@@ -294,29 +294,14 @@ int st_read_i32(const struct st_file *f, const struct st_tensor *t, int32_t *dst
 
 int st_writer_add(struct st_writer *w, const char *name, enum st_dtype dtype, int ndim, const int64_t *shape,
                   const void *data) {
-    if (strlen(name) >= sizeof w->items[0].name || ndim > 8) return olmo_error("bad tensor '%s'", name);
-    if (w->n == w->cap) {
-        int cap = w->cap ? 2 * w->cap : 64;
-        void *p = realloc(w->items, sizeof *w->items * (size_t)cap);
-        if (!p) return olmo_error("out of memory");
-        w->items = p;
-        w->cap = cap;
-    }
-    struct st_wtensor *t = &w->items[w->n];
-    memset(t, 0, sizeof *t);
-    strcpy(t->name, name);
-    t->dtype = dtype;
-    t->ndim = ndim;
-    size_t numel = 1;
-    for (int i = 0; i < ndim; i++) {
-        t->shape[i] = shape[i];
-        numel *= (size_t)shape[i];
-    }
-    t->bytes = numel * dtype_size(dtype);
+    if (st_writer_declare(w, name, dtype, ndim, shape)) return -1;
+    struct st_wtensor *t = &w->items[w->n - 1];
     t->data = malloc(t->bytes ? t->bytes : 1);
-    if (!t->data) return olmo_error("out of memory for tensor '%s'", name);
+    if (!t->data) {
+        w->n--; /* as if never added */
+        return olmo_error("out of memory for tensor '%s'", name);
+    }
     memcpy(t->data, data, t->bytes);
-    w->n++;
     return 0;
 }
 

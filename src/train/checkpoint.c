@@ -26,28 +26,7 @@
 
 static uint64_t rotl64(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
-uint64_t olmo_hash64(const void *data, size_t len) {
-    const uint8_t *p = data;
-    uint64_t h = 0x9e3779b97f4a7c15ULL ^ ((uint64_t)len * 0xff51afd7ed558ccdULL);
-    size_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8);
-        h ^= rotl64(w * 0x87c37b91114253d5ULL, 31) * 0x4cf5ad432745937fULL;
-        h = rotl64(h, 27) * 5 + 0x52dce729;
-    }
-    uint64_t tail = 0;
-    for (size_t j = 0; i + j < len; j++) tail |= (uint64_t)p[i + j] << (8 * j);
-    h ^= rotl64(tail * 0x87c37b91114253d5ULL, 31) * 0x4cf5ad432745937fULL;
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdULL;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ULL;
-    h ^= h >> 33;
-    return h;
-}
-
-/* The same hash, fed in pieces (the total length must be known up front). */
+/* olmo_hash64 fed in pieces (the total length must be known up front). */
 struct hash_stream {
     uint64_t h;
     uint8_t buf[8];
@@ -97,6 +76,13 @@ static uint64_t hash_end(struct hash_stream *s) {
     h *= 0xc4ceb9fe1a85ec53ULL;
     h ^= h >> 33;
     return h;
+}
+
+uint64_t olmo_hash64(const void *data, size_t len) {
+    struct hash_stream s;
+    hash_begin(&s, len);
+    hash_update(&s, data, len);
+    return hash_end(&s);
 }
 
 /* Staging for file and device transfers: 16 MiB, whatever the model size. */
