@@ -157,6 +157,16 @@ int olmo_val_set_documents(struct olmo_val_set *s, int eos_id, int seq_len, int 
     return 0;
 }
 
+/* One evaluation batch: forward, then its summed cross-entropy (no z-loss) added to *ce. */
+static int add_batch_ce(struct olmo_model *m, const int32_t *inputs, const int32_t *targets, bool doc_masking,
+                        double *ce) {
+    double ce_sum, z_sum;
+    int rc = olmo_model_forward(m, inputs, doc_masking);
+    if (!rc) rc = olmo_model_loss(m, targets, 0.0f, 0.0f, &ce_sum, &z_sum);
+    if (!rc) *ce += ce_sum;
+    return rc;
+}
+
 int olmo_eval_val_documents(struct olmo_model *m, const struct olmo_val_set *s, int max_batches, int pad_id,
                             const struct olmo_tokenizer *tok, struct olmo_val_result *r) {
     const int B = m->batch, T = m->seq_len;
@@ -187,10 +197,7 @@ int olmo_eval_val_documents(struct olmo_model *m, const struct olmo_val_set *s, 
             }
             labels += L - 1;
         }
-        if (rc || (rc = olmo_model_forward(m, inputs, false))) break;
-        double ce_sum, z_sum;
-        if ((rc = olmo_model_loss(m, targets, 0.0f, 0.0f, &ce_sum, &z_sum))) break;
-        ce += ce_sum;
+        if (rc || (rc = add_batch_ce(m, inputs, targets, false, &ce))) break;
     }
     free(inputs);
     free(targets);
@@ -234,10 +241,7 @@ int olmo_eval_val_set(struct olmo_model *m, const struct olmo_val_set *s, int ma
             targets[r * T + T - 1] = -100;
             labels += T - 1;
         }
-        if ((rc = olmo_model_forward(m, inputs, doc_masking))) break;
-        double ce_sum, z_sum;
-        if ((rc = olmo_model_loss(m, targets, 0.0f, 0.0f, &ce_sum, &z_sum))) break;
-        ce += ce_sum;
+        if ((rc = add_batch_ce(m, inputs, targets, doc_masking, &ce))) break;
     }
     free(inputs);
     free(targets);
