@@ -4,8 +4,8 @@ train.block_every) on one config, olmoc train on random tokens, the modes altern
 that load from other processes hits all of them.
 
 Prints per mode: the median tokens/s over the measured steps (after --warmup), its ratio to none,
-the process's peak RSS, and the saved-activation bytes the model reserves per micro-batch (the formula
-tests/python/test_activation_checkpointing.py checks against olmo_model_reserve).
+the process's peak RSS, and the saved-activation bytes the model reserves per micro-batch (olmoc info's
+memory plan, which tests/python/test_memplan.py checks against the measured allocations).
 
 Not part of the test suite.  Example (a few minutes on 2 cores):
   OMP_NUM_THREADS=2 python bench/bench_checkpointing.py --config configs/olmo3-20m.yaml --seq-len 512
@@ -15,6 +15,7 @@ import os
 import pathlib
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -27,27 +28,17 @@ from bench_train import read_yaml_model, run_measured  # noqa: E402
 MODES = [("none", 1), ("feed_forward", 1), ("block", 2), ("block", 1)]
 
 
-def saved_bytes(model, T, B, mode, every, saved="f32"):
-    """olmo_model_reserve's saved activations (see tests/python/test_activation_checkpointing.py)."""
-    D, F, H, L = model["d_model"], model["mlp_hidden"], model["n_heads"], model["n_layers"]
-    hd = D // H
-    Q, K = H * hd, model["n_kv_heads"] * hd
-    half = 2 if saved == "bf16" else 4
-    attn_f32 = 4 * (3 * Q + 3 * K + 3 * D + H + 4)
-    attn, mlp = attn_f32 - (4 - half) * D, 8 * F + half * F
-    per_token, any_ck, any_x16 = 0, False, False
-    for layer in range(L):
-        ck = mode != "none" and layer % every == 0
-        any_ck |= ck
-        if ck and mode == "block":
-            per_token += 4 * D
-            continue
-        any_x16 |= saved == "bf16"
-        per_token += half * D + attn + (mlp if not ck else 0)
-    if any_ck:
-        per_token += 12 * F + (attn_f32 if mode == "block" else 0)
-    per_token += (4 * D if any_x16 else 0) + 4 * D + half * D + 4
-    return per_token * T * B
+def plan_saved_mib(args, mode, every):
+    """The saved activations of olmoc's memory plan (`olmoc info --ranks 1`, the allocation lists
+    olmo_model_reserve uses) for this mode, in MiB."""
+    cmd = [str(args.build / "olmoc"), "info", args.config, "--ranks", "1", "--backend", args.backend,
+           "--set", f"train.seq_len={args.seq_len}", "--set", f"train.micro_batch={args.micro_batch}",
+           "--set", f"train.activation_checkpointing={mode}", "--set", f"train.block_every={every}"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    m = re.search(r"saved activations\s+([\d.]+) (KiB|MiB|GiB)", r.stdout)
+    if r.returncode or not m:
+        raise SystemExit(f"olmoc info failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return float(m.group(1)) * {"KiB": 2**-10, "MiB": 1, "GiB": 2**10}[m.group(2)]
 
 
 def main():
@@ -86,7 +77,6 @@ def main():
                 tok_s = [float(x) for x in re.findall(r"\| (\d+) tok/s \|", stdout)]
                 results[(mode, every)] += tok_s[args.warmup:]
                 rss[(mode, every)] = max(rss[(mode, every)], peak)
-    saved = "bf16" if "bf16" in args.backend else "f32"
     base = statistics.median(results[("none", 1)])
     print(f"{args.config}, seq_len {T}, micro_batch {B}, backend {args.backend}, OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS', '(unset)')}, {args.repeats} x {args.steps} steps per mode, load "
@@ -96,7 +86,7 @@ def main():
         med = statistics.median(results[(mode, every)])
         name = mode if mode == "none" else f"{mode}/{every}"
         print(f"{name:<16} {med:8.0f} {med / base:8.2f} {rss[(mode, every)]:13.0f} "
-              f"{saved_bytes(model, T, B, mode, every, saved) / 2**20:15.1f}")
+              f"{plan_saved_mib(args, mode, every):15.1f}")
 
 
 if __name__ == "__main__":
