@@ -250,19 +250,10 @@ static float half_to_float(uint16_t h) {
 }
 
 int st_read_f32(const struct st_file *f, const struct st_tensor *t, float *dst) {
-    const uint8_t *src = f->data + t->begin;
-    size_t n = st_numel(t);
     switch (t->dtype) {
-    case ST_F32: memcpy(dst, src, n * 4); return 0;
+    case ST_F32:
     case ST_BF16:
-        for (size_t i = 0; i < n; i++) {
-            uint32_t bits = (uint32_t)(src[2 * i] | (src[2 * i + 1] << 8)) << 16;
-            memcpy(&dst[i], &bits, 4);
-        }
-        return 0;
-    case ST_F16:
-        for (size_t i = 0; i < n; i++) dst[i] = half_to_float((uint16_t)(src[2 * i] | (src[2 * i + 1] << 8)));
-        return 0;
+    case ST_F16: return st_convert_f32(t->dtype, f->data + t->begin, st_numel(t), dst);
     case ST_F64:
         return olmo_error("tensor '%s' in '%s' is F64 (float64), which olmoc does not read: weights must be F32, "
                           "BF16 or F16",
