@@ -33,41 +33,10 @@ static double now(void) {
 /* 12 independent accumulator chains hide the FMA latency (4-5 cycles) on two pipes. */
 enum { CHAINS = 12 };
 
-static double fma_loop(long iters, int *lanes) {
-#if defined(__AVX512F__)
-    __m512 acc[CHAINS], a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
-    for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_set1_ps((float)c);
-    for (long i = 0; i < iters; i++)
-        for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
-    __m512 s = acc[0];
-    for (int c = 1; c < CHAINS; c++) s = _mm512_add_ps(s, acc[c]);
-    *lanes = 16;
-    return (double)_mm512_reduce_add_ps(s);
-#elif defined(__FMA__)
-    __m256 acc[CHAINS], a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-    for (int c = 0; c < CHAINS; c++) acc[c] = _mm256_set1_ps((float)c);
-    for (long i = 0; i < iters; i++)
-        for (int c = 0; c < CHAINS; c++) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
-    float out[8];
-    __m256 s = acc[0];
-    for (int c = 1; c < CHAINS; c++) s = _mm256_add_ps(s, acc[c]);
-    _mm256_storeu_ps(out, s);
-    *lanes = 8;
-    return (double)(out[0] + out[7]);
-#else
-    float acc[CHAINS];
-    for (int c = 0; c < CHAINS; c++) acc[c] = (float)c;
-    for (long i = 0; i < iters; i++)
-        for (int c = 0; c < CHAINS; c++) acc[c] = acc[c] * 0.999999f + 1e-7f;
-    *lanes = 1;
-    return (double)acc[0];
-#endif
-}
-
-#if defined(__AVX512F__) && defined(__FMA__)
-/* The AVX2+FMA peak of a processor that also has AVX-512: the same loop on
- * 8 lanes (256-bit registers), against which AVX2 kernels forced there
- * (OLMOC_CPU_ISA=avx2) are measured. */
+#if defined(__FMA__)
+/* The FMA loop on 8 lanes (256-bit registers): the peak of an AVX2 processor, and on one that
+ * also has AVX-512 the peak against which AVX2 kernels forced there (OLMOC_CPU_ISA=avx2) are
+ * measured. */
 static double fma256_loop(long iters, int *lanes) {
     __m256 acc[CHAINS], a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
     for (int c = 0; c < CHAINS; c++) acc[c] = _mm256_set1_ps((float)c);
@@ -81,6 +50,28 @@ static double fma256_loop(long iters, int *lanes) {
     return (double)(out[0] + out[7]);
 }
 #endif
+
+static double fma_loop(long iters, int *lanes) {
+#if defined(__AVX512F__)
+    __m512 acc[CHAINS], a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+    for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_set1_ps((float)c);
+    for (long i = 0; i < iters; i++)
+        for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+    __m512 s = acc[0];
+    for (int c = 1; c < CHAINS; c++) s = _mm512_add_ps(s, acc[c]);
+    *lanes = 16;
+    return (double)_mm512_reduce_add_ps(s);
+#elif defined(__FMA__)
+    return fma256_loop(iters, lanes);
+#else
+    float acc[CHAINS];
+    for (int c = 0; c < CHAINS; c++) acc[c] = (float)c;
+    for (long i = 0; i < iters; i++)
+        for (int c = 0; c < CHAINS; c++) acc[c] = acc[c] * 0.999999f + 1e-7f;
+    *lanes = 1;
+    return (double)acc[0];
+#endif
+}
 
 #if defined(__AVX512BF16__)
 /* The bf16 peak (cpu-bf16's GEMMs): vdpbf16ps adds two bf16 products to each
