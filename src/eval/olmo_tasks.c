@@ -63,8 +63,8 @@ static int parse_text_jsonl(const char *buf, size_t len, const char *path, struc
         if (!o) rc = olmo_error("%s:%d: not a JSON object", path, line);
         else if (!cJSON_IsString(ctx)) rc = olmo_error("%s:%d: 'context' must be a string", path, line);
         else if (k < 1) rc = olmo_error("%s:%d: 'choices' must be a non-empty list of strings", path, line);
-        else if (!cJSON_IsNumber(lab) || lab->valuedouble != (double)(int)lab->valuedouble || lab->valueint < 0 ||
-                 lab->valueint >= k)
+        else if (!cJSON_IsNumber(lab) || lab->valuedouble != floor(lab->valuedouble) || !(lab->valuedouble >= 0) ||
+                 lab->valuedouble >= k)
             rc = olmo_error("%s:%d: 'label' must be a choice index in [0, %d)", path, line, k);
         for (int c = 0; c < k && !rc; c++) {
             const cJSON *x = cJSON_GetArrayItem(ch, c);

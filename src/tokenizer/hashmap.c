@@ -88,7 +88,9 @@ int olmo_strmap_put(struct olmo_strmap *m, const void *key, size_t len, int32_t 
             return 0;
         }
     }
-    if (m->alen + len > m->acap) {
+    /* the arena exists once anything is stored, so that an empty key ("") never copies to or compares
+     * against a null pointer */
+    if (!m->arena || m->alen + len > m->acap) {
         size_t nc = m->acap ? m->acap * 2 : 4096;
         while (nc < m->alen + len) nc *= 2;
         uint8_t *na = realloc(m->arena, nc);

@@ -1,6 +1,7 @@
 /* Loading tokenizer.json: the BPE model (vocabulary, merges), the added
  * tokens, the pre-tokenizer steps and the decode table. */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,7 +83,8 @@ static char *read_whole_file(const char *path, size_t *len) {
  * seconds and gigabytes before anything else is checked: refused here.
  * Returns 0, -1 when v is not an id at all, -2 when it is too large. */
 static int json_id(const cJSON *v, uint32_t *id) {
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != (double)(long long)v->valuedouble) return -1;
+    /* the range first: converting a double past long long's range to an integer is undefined */
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || v->valuedouble != floor(v->valuedouble)) return -1;
     if (v->valuedouble >= (double)OLMO_TOKENIZER_MAX_IDS) return -2;
     *id = (uint32_t)v->valuedouble;
     return 0;

@@ -39,7 +39,7 @@ static long line_step(const char *line) {
     cJSON *obj = cJSON_Parse(line);
     if (obj) {
         const cJSON *s = cJSON_GetObjectItemCaseSensitive(obj, "step");
-        if (cJSON_IsNumber(s) && s->valuedouble >= 0) step = (long)s->valuedouble;
+        if (cJSON_IsNumber(s) && s->valuedouble >= 0 && s->valuedouble <= 9.0e15) step = (long)s->valuedouble;
         cJSON_Delete(obj);
         return step;
     }
