@@ -252,9 +252,11 @@ def run_import(a):
     if int(dl["sequence_length"]) != seq:
         raise Refused(f"train.seq_len is {seq}, the OLMo-core data loader's sequence_length "
                       f"{dl['sequence_length']}")
-    if dl.get("max_target_sequence_length") not in (None, seq):
-        raise Refused("the OLMo-core dataset used max_target_sequence_length "
-                      f"{dl['max_target_sequence_length']} != sequence_length: not an order olmoc reproduces")
+    mt_olmo_core = int(dl.get("max_target_sequence_length") or seq)
+    mt_olmoc = int(dcfg.get("max_target_sequence_length") or 0) or seq
+    if mt_olmo_core != mt_olmoc:
+        raise Refused(f"the OLMo-core dataset used max_target_sequence_length {mt_olmo_core}, olmoc's config "
+                      f"{mt_olmoc}: set data.max_target_sequence_length={mt_olmo_core} (--set) for the same order")
     if int(dl["seed"]) != int(tcfg["seed"]):
         raise Refused(f"train.seed is {tcfg['seed']}, the OLMo-core data loader's seed {dl['seed']}")
     B = info["batch"]

@@ -74,7 +74,7 @@ static const struct field fields[] = {
     DS(mix_base_dir),              DS(mix_tokenizer),
     DS(val_paths),                 DS(eval_tasks),
     DS(tokenizer),                 DS(eval_tasks_dir),
-    D(val_documents, F_BOOL),
+    D(val_documents, F_BOOL),      D(max_target_sequence_length, F_INT),
 };
 #undef M
 #undef T
@@ -451,6 +451,14 @@ int olmo_config_validate(const struct olmo_config *cfg) {
         return olmo_error("data.order must be olmo_core or olmoc; got '%s'", cfg->data.order);
     if (!!cfg->data.mix[0] + !!cfg->data.train_path[0] + !!cfg->data.mix_file[0] > 1)
         return olmo_error("set one of data.train_path, data.mix and data.mix_file");
+    const int mt = cfg->data.max_target_sequence_length;
+    if (mt < 0 || (mt && (mt < t->seq_len || mt % t->seq_len)))
+        return olmo_error("data.max_target_sequence_length (%d) must be a multiple of train.seq_len (%d), or 0 (= "
+                          "seq_len)",
+                          mt, t->seq_len);
+    if (mt && mt != t->seq_len && strcmp(cfg->data.order, "olmo_core"))
+        return olmo_error("data.max_target_sequence_length is an option of the olmo_core data order, not of '%s'",
+                          cfg->data.order);
     return 0;
 }
 

@@ -103,6 +103,8 @@ struct olmo_data_config {
     char mix[4096];        /* data mix "PATH[+PATH...][:WEIGHT],..." (replaces train_path) */
     char dtype[16];        /* dtype of raw (headerless) token files: auto, uint16, uint32 */
     char order[16];        /* data order: olmo_core (OLMo-core's data loader, default) or olmoc */
+    int max_target_sequence_length; /* OLMo-core's option of that name (olmo_core order): files are cut into
+                                       chunks of this many tokens, shuffled as whole chunks; 0 = seq_len */
     char mix_file[1024];      /* an OLMo-core data mix .txt ("label,path" lines): its files, concatenated */
     char mix_base_dir[1024];  /* OLMo-core's mix_base_dir, prefixed to every path of mix_file */
     char mix_tokenizer[128];  /* the id OLMo-core puts for {TOKENIZER} (e.g. allenai/dolma3-tokenizer) */

@@ -195,15 +195,25 @@ static uint64_t mix64(uint64_t h, uint64_t v) {
 #define SOURCE_SHIFT 48
 #define INDEX_MASK ((1ULL << SOURCE_SHIFT) - 1)
 
-/* OLMo-core: epoch e (1-based) is Generator(PCG64(seed + e)).shuffle(arange(N)) */
+/* OLMo-core: epoch e (1-based) is Generator(PCG64(seed + e)).shuffle(arange(N)).  With
+ * max_target_sequence_length (chunks of C instances, NumpyFSLDataLoader.chunk_size) the
+ * chunks are shuffled, arange(N / C), and each chunk c stands for its instances c*C .. c*C + C-1
+ * in order (OLMo-core's np.repeat(chunks * C, C) + arange(C)). */
 static int build_epoch_olmo_core(struct olmo_loader *l) {
     const uint64_t e = (uint64_t)l->epoch + 1;
     if (l->seed > UINT64_MAX - e)
         return olmo_error("train.seed %llu + epoch %llu does not fit in 64 bits (the OLMo-core order seeds "
                           "epoch e with seed + e)",
                           (unsigned long long)l->seed, (unsigned long long)e);
-    for (size_t i = 0; i < l->dataset_instances; i++) l->perm[i] = (uint32_t)i;
-    olmo_np_shuffle_u32(l->seed + e, l->perm, l->dataset_instances);
+    const size_t C = l->chunk > 1 ? l->chunk : 1, n_chunks = l->dataset_instances / C;
+    for (size_t i = 0; i < n_chunks; i++) l->perm[i] = (uint32_t)i;
+    olmo_np_shuffle_u32(l->seed + e, l->perm, n_chunks);
+    /* expanded in place from the back: chunk c's instances go to [c*C, c*C + C), never below c */
+    if (C > 1)
+        for (size_t c = n_chunks; c-- > 0;) {
+            const uint32_t first = l->perm[c] * (uint32_t)C;
+            for (size_t j = C; j-- > 0;) l->perm[c * C + j] = first + (uint32_t)j;
+        }
     l->pos = 0;
     return 0;
 }
@@ -335,6 +345,7 @@ struct order_opts {
     enum olmo_data_order kind;
     size_t batch_instances;
     int world;
+    size_t chunk; /* olmo_core: instances per chunk of max_target_sequence_length tokens (0 or 1: none) */
 };
 
 /* The OLMo-core order over the opened files: checks the layout, cuts the
@@ -357,10 +368,12 @@ static int setup_olmo_core(struct olmo_loader *l, const struct order_opts *o) {
     l->order_kind = OLMO_ORDER_OLMO_CORE;
     l->batch_instances = o->batch_instances;
     l->world = o->world;
+    l->chunk = o->chunk > 1 ? o->chunk : 1;
     l->dataset_instances = l->n_instances;
     l->n_instances = o->batch_instances * (l->dataset_instances / o->batch_instances);
-    /* the order and the batch size decide which instances a position stands for */
+    /* the order, the batch size and the chunking decide which instances a position stands for */
     l->fingerprint = mix64(mix64(l->fingerprint, 0x01c0c0de), (uint64_t)o->batch_instances);
+    if (l->chunk > 1) l->fingerprint = mix64(mix64(l->fingerprint, 0xc4c4), (uint64_t)l->chunk);
     l->perm = olmo_malloc(l->dataset_instances * sizeof(uint32_t), "instance order");
     if (!l->perm) return -1;
     return build_epoch(l);
@@ -376,6 +389,7 @@ static int open_entries(struct olmo_loader *l, struct mix_entry *entries, int n_
     }
     int n_files = 0;
     for (int i = 0; i < n_entries; i++) n_files += entries[i].n_paths;
+    const size_t chunk = ord && ord->kind == OLMO_ORDER_OLMO_CORE && ord->chunk > 1 ? ord->chunk : 1;
     l->seq_len = seq_len;
     l->vocab_size = vocab_size;
     l->seed = seed;
@@ -398,14 +412,20 @@ static int open_entries(struct olmo_loader *l, struct mix_entry *entries, int n_
             struct olmo_token_file *f = &l->files[l->n_files];
             if (olmo_token_file_open_ex(f, entries[s].paths[k], dtype)) goto fail;
             l->file_first[l->n_files] = src->n_instances;
-            src->n_instances += f->n_tokens / (size_t)seq_len;
+            /* OLMo-core's max_target_sequence_length: a file holds whole chunks of `chunk` instances */
+            src->n_instances += f->n_tokens / ((size_t)seq_len * chunk) * chunk;
             fp = mix64(mix64(fp, f->n_tokens), (uint64_t)f->elem_size);
             l->n_files++;
             src->n_files++;
         }
         if (src->n_instances == 0) {
-            olmo_error("'%s'%s has fewer tokens than one instance of seq_len %d", entries[s].paths[0],
-                       entries[s].n_paths > 1 ? " (and the other files of its source)" : "", seq_len);
+            if (chunk > 1)
+                olmo_error("'%s'%s has fewer tokens than one chunk of data.max_target_sequence_length %zu",
+                           entries[s].paths[0], entries[s].n_paths > 1 ? " (and every other file of its source)" : "",
+                           (size_t)seq_len * chunk);
+            else
+                olmo_error("'%s'%s has fewer tokens than one instance of seq_len %d", entries[s].paths[0],
+                           entries[s].n_paths > 1 ? " (and the other files of its source)" : "", seq_len);
             goto fail;
         }
         if (src->n_instances > INDEX_MASK) {
@@ -535,6 +555,13 @@ int olmo_loader_open_run(struct olmo_loader *l, const struct olmo_config *cfg, i
     struct order_opts ord = {.world = world};
     if (olmo_data_order_parse(cfg->data.order, &ord.kind)) return olmo_error_context("data.order");
     ord.batch_instances = (size_t)cfg->train.micro_batch * (size_t)cfg->train.grad_accum * (size_t)world;
+    const int mt = cfg->data.max_target_sequence_length;
+    if (mt && (cfg->train.seq_len <= 0 || mt < cfg->train.seq_len || mt % cfg->train.seq_len))
+        return olmo_error("data.max_target_sequence_length (%d) must be a multiple of train.seq_len (%d)", mt,
+                          cfg->train.seq_len);
+    ord.chunk = mt ? (size_t)(mt / cfg->train.seq_len) : 1;
+    if (ord.chunk > 1 && ord.kind != OLMO_ORDER_OLMO_CORE)
+        return olmo_error("data.max_target_sequence_length is an option of the olmo_core data order");
     return open_data_config(l, &cfg->data, cfg->train.seq_len, cfg->model.vocab_size, cfg->train.seed, &ord);
 }
 

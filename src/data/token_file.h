@@ -33,7 +33,10 @@
  * then returns the global batch with each rank's instances contiguous (rank
  * r's rows are [r * B/W, (r+1) * B/W)), which is how the trainer slices it;
  * a rank's micro-batches are consecutive pieces of its rows, as OLMo-core's
- * split_batch cuts a rank batch.  "olmoc" is the order described above
+ * split_batch cuts a rank batch.  data.max_target_sequence_length (a
+ * multiple C x seq_len) is OLMo-core's option of that name: every file holds
+ * only whole chunks of C instances, and the epoch shuffles the chunks
+ * (arange(N / C)), each chunk's instances kept together in order.  "olmoc" is the order described above
  * (xoshiro256**, a mix's weights, batches running across epoch boundaries,
  * contiguous rank slices).  OLMo-core reads every file as a headerless
  * memmap: for raw token files the instances are the same; a .npy file with
@@ -104,6 +107,7 @@ struct olmo_loader {
     enum olmo_data_order order_kind;
     size_t batch_instances;   /* instances per global batch */
     int world;                /* data-parallel ranks a global batch is dealt to */
+    size_t chunk;             /* instances per shuffled chunk (data.max_target_sequence_length / seq_len) */
     size_t dataset_instances; /* instances of the concatenated files */
     uint32_t *perm;           /* this epoch's permutation of the dataset (instead of order) */
 };

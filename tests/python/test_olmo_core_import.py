@@ -261,6 +261,8 @@ REFUSALS = [
     (["train.seed=1"], "train.seed is 1, the OLMo-core data loader's seed 34521"),
     (["train.seq_len=16"], "train.seq_len is 16, the OLMo-core data loader's sequence_length 32"),
     (["data.order=olmoc"], "only data.order olmo_core continues OLMo-core's batches"),
+    (["data.max_target_sequence_length=64"], "the OLMo-core dataset used max_target_sequence_length 32, olmoc's "
+                                             "config 64: set data.max_target_sequence_length=32"),
 ]
 
 

@@ -124,6 +124,52 @@ def test_every_rank_gets_olmo_core_instances(build_dir, tmp_path, sizes, dtype, 
     assert state == [epochs - 1, per_epoch * micro * accum * world, per_epoch * micro * accum * world]
 
 
+CHUNKED = [
+    # (file sizes in tokens, dtype, seq_len, max_target_sequence_length, micro_batch, grad_accum, ranks, seed)
+    ([50000], np.uint16, 32, 128, 2, 3, 1, 0),
+    ([40000, 7777, 12345], np.uint16, 32, 256, 1, 4, 2, 34521),
+    ([9000, 515, 20011], np.uint32, 16, 64, 3, 2, 2, 12345),
+    ([65536 * 3 + 400], np.uint32, 64, 512, 2, 1, 4, 2**40 + 17),
+]
+
+
+@pytest.mark.parametrize("sizes,dtype,seq_len,max_target,micro,accum,world,seed", CHUNKED)
+def test_max_target_sequence_length_chunks(build_dir, tmp_path, sizes, dtype, seq_len, max_target, micro, accum,
+                                           world, seed):
+    """data.max_target_sequence_length: OLMo-core's NumpyFSLDataset(max_target_sequence_length=...) with the
+    data loader's chunk_size (wrap_numpy_dataset): whole chunks per file, shuffled as chunks."""
+    paths = make_files(tmp_path, sizes, dtype)
+    ds = olmo_data.NumpyFSLDataset(*paths, sequence_length=seq_len, max_target_sequence_length=max_target,
+                                   pad_token_id=1, eos_token_id=0, vocab_size=VOCAB, dtype=dtype)
+    epochs = 2
+    ref, n_instances = olmo_core_rank_batches(None, None, seq_len, micro * accum * world, world, seed, epochs,
+                                              tmp_path, ds=ds)
+    assert n_instances < sum(s // seq_len for s in sizes)  # the chunking drops instances: the case is not trivial
+    n = n_instances // (micro * accum * world) * epochs
+    ours, _ = olmoc_batches(build_dir, paths, dtype, seq_len, micro, accum, world, seed, n, tmp_path / "o.bin",
+                            "--set", f"data.max_target_sequence_length={max_target}")
+    for r in range(world):
+        assert len(ref[r]) == n
+        for b in range(n):
+            assert np.array_equal(ours[b, r], ref[r][b]), f"rank {r}, batch {b}"
+    # without the option the order differs (so this test would see a loader that ignores it)
+    plain, _ = olmoc_batches(build_dir, paths, dtype, seq_len, micro, accum, world, seed, n, tmp_path / "p.bin")
+    assert not np.array_equal(plain, ours)
+
+
+def test_max_target_sequence_length_refused(build_dir, tmp_path):
+    paths = make_files(tmp_path, [5000], np.uint16)
+    base = [str(tool(build_dir)), "batches", tmp_path / "o.bin", 1, 1, "--set", f"data.mix={paths[0]}",
+            "--set", f"model.vocab_size={VOCAB}", "--set", "train.seq_len=64"]
+    for extra, msg in [(["--set", "data.max_target_sequence_length=100"], "multiple of train.seq_len"),
+                       (["--set", "data.max_target_sequence_length=32"], "multiple of train.seq_len"),
+                       (["--set", "data.max_target_sequence_length=128", "--set", "data.order=olmoc"],
+                        "olmo_core data order"),
+                       (["--set", "data.max_target_sequence_length=8192"], "fewer tokens than one chunk")]:
+        r = subprocess.run([*map(str, base), *extra], capture_output=True, text=True)
+        assert r.returncode != 0 and msg in r.stderr, (extra, r.stderr)
+
+
 @pytest.mark.parametrize("resume_at", [1, 7, 13, 14, 20])
 def test_resumed_loader_continues_olmo_core_order(build_dir, tmp_path, resume_at):
     paths = make_files(tmp_path, [30000, 2001], np.uint16)
