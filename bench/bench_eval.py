@@ -6,7 +6,7 @@ olmo_eval.ICLMetric scores them) on the same model and the same threads.
     .venv/bin/python bench/bench_eval.py [--task arc_easy_test_rc_5shot] [--docs 100]
         [--model 1m|20m] [--seq-len 1024] [--batch 8] [--threads 2] [--olmoc build/olmoc]
 
-The model is a random Olmo 3 of the size of configs/olmo3-1m.yaml (or -20m)
+The model is a random Olmo 3 of the size of configs/olmo3-1m-8k.yaml (or -20m)
 with the demo tokenizer (assets/tokenizer/demo-8192.json), exported to Hugging
 Face format by olmoc convert.  The task's first --docs documents are written to
 a temporary oe_eval_tasks/ given to both sides.  Timed, each as a whole:

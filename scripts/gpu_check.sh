@@ -7,7 +7,7 @@
 #      CPU backend vs cuda (fp32), cuda-tf32, cuda-bf16 and cuda-bf16-cublas, with the
 #      tolerances of tests/c/test_backend_parity.c, plus bitwise run-to-run reproducibility;
 #   3. the command line on the GPU (needs data/demo/validation.npy): 6 steps of
-#      configs/olmo3-1m.yaml through `olmoc train` on cpu and on cuda must give the same
+#      configs/olmo3-1m-8k.yaml through `olmoc train` on cpu and on cuda must give the same
 #      losses (1e-4 relative), and `olmoc generate` runs on both (greedy tokens compared);
 #   4. training throughput of configs/olmo3-1b.yaml (Olmo 3 1B, seq_len 8192) on
 #      cuda-bf16, cuda-bf16-cublas, cuda-tf32 and cuda (fp32): tokens/s, model TFLOP/s, MFU
@@ -139,7 +139,7 @@ if [ -f data/demo/validation.npy ]; then
   RUNS="${TMPDIR:-/tmp}/olmoc-gpu-check" # checkpoints stay out of the logs archive
   rm -rf "$RUNS"
   for b in cpu cuda; do
-    stage "cli-train-$b" 300 "$BUILD/olmoc" train configs/olmo3-1m.yaml --backend "$b" --set train.steps=6 \
+    stage "cli-train-$b" 300 "$BUILD/olmoc" train configs/olmo3-1m-8k.yaml --backend "$b" --set train.steps=6 \
       --set train.eval_every=0 --set train.save_every=6 --set train.peak_flops=1e12 --set "data.out_dir=$RUNS/$b" \
       --set data.train_path=data/demo/validation.npy
     cp "$RUNS/$b/metrics.jsonl" "$LOGS/cli-$b-metrics.jsonl" 2>/dev/null

