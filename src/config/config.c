@@ -29,6 +29,7 @@ struct field {
 };
 
 static const char *const act_ckpt_names[] = {"none", "feed_forward", "block", NULL};
+static const char *const saved_acts_names[] = {"exact", "bf16", NULL};
 static const char *const sharding_names[] = {"zero1", "fsdp", NULL};
 static const char *const optimizer_names[] = {"adamw", "skip_step_adamw", NULL};
 
@@ -67,6 +68,7 @@ static const struct field fields[] = {
     T(eval_every, F_LONG),         T(eval_batches, F_INT),
     T(peak_flops, F_DOUBLE),       T(nonfinite, F_NONFINITE),
     TE(activation_checkpointing, act_ckpt_names), T(block_every, F_INT),
+    TE(saved_activations, saved_acts_names),
     TE(sharding, sharding_names),  T(shard_degree, F_INT),
     DS(train_path),                DS(mix),
     DS(dtype),                     DS(out_dir),

@@ -15,6 +15,11 @@ enum olmo_nonfinite_policy { NONFINITE_STOP, NONFINITE_SKIP };
 /* train.activation_checkpointing: which saved activations the backward pass recomputes instead
  * (OLMo-core's ActivationCheckpointingMode: none, selected_modules ["*.feed_forward"], full/selected_blocks). */
 enum olmo_act_ckpt { ACT_CKPT_NONE, ACT_CKPT_FEED_FORWARD, ACT_CKPT_BLOCK };
+/* train.saved_activations on a backend that multiplies in bf16 (cpu-bf16, cuda-bf16): exact (bf16 only
+ * for what the backward reads as GEMM operands, which it rounds to bf16 anyway: results as with fp32
+ * storage) or bf16 (every large saved activation in bf16, as OLMo-core's bf16 training keeps them: the
+ * backward sees them rounded).  fp32 backends keep fp32 and refuse bf16. */
+enum olmo_saved_acts { SAVED_ACTS_EXACT, SAVED_ACTS_BF16 };
 /* train.sharding: ZeRO-1 (optimizer state sharded, weights and gradients replicated) or fully sharded
  * (OLMo-core's FSDP/HSDP: weights, gradients and optimizer state sharded, blocks gathered as used). */
 enum olmo_sharding { SHARDING_ZERO1, SHARDING_FSDP };
@@ -94,6 +99,7 @@ struct olmo_train_config {
      * across groups (0 = one group of all ranks) */
     enum olmo_act_ckpt activation_checkpointing;
     int block_every;
+    enum olmo_saved_acts saved_activations;
     enum olmo_sharding sharding;
     int shard_degree;
 };

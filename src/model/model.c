@@ -186,7 +186,8 @@ void olmo_model_bind_layer(struct olmo_model *m, int l, float *w, float *g) {
 
 static void free_layer_acts(const struct olmo_backend *be, struct olmo_layer_acts *a) {
     void *bufs[] = {a->x,   a->q_raw, a->k_raw,  a->q, a->k, a->v, a->rstd_q, a->rstd_k, a->att, a->lse, a->o,
-                    a->rstd_o, a->h, a->g, a->u, a->s,      a->m,      a->rstd_m, a->x16,   a->h16, a->s16};
+                    a->rstd_o, a->h, a->g, a->u, a->s,      a->m,      a->rstd_m, a->x16,   a->h16, a->s16,
+                    a->q_raw16, a->k_raw16, a->q16, a->k16, a->v16, a->att16, a->o16, a->m16, a->g16, a->u16};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
     memset(a, 0, sizeof *a);
 }
@@ -207,8 +208,10 @@ static void free_acts(struct olmo_model *m) {
     m->dx = m->dh = m->dtmp = m->dq = m->dk = m->dv = m->datt = m->dg = m->du = m->ds = NULL;
     be->free(be, m->resid);
     be->free(be, m->xn16);
+    be->free(be, m->round16);
     m->resid = NULL;
     m->xn16 = NULL;
+    m->round16 = NULL;
     be->free(be, m->tokens);
     be->free(be, m->targets);
     be->free(be, m->doc_ids);
@@ -236,6 +239,19 @@ int olmo_model_set_saved_type(struct olmo_model *m, enum olmo_float_type type) {
     if (type == m->saved_type) return 0;
     free_acts(m); /* the next olmo_model_reserve allocates them in the new type */
     m->saved_type = type;
+    m->saved_all_bf16 = false; /* every saved activation in bf16 implies the GEMM operands in bf16 */
+    return 0;
+}
+
+int olmo_model_set_saved_all_bf16(struct olmo_model *m, bool on) {
+    if (on && m->be->compute_dtype != OLMO_BF16)
+        return olmo_error("train.saved_activations: bf16 needs a backend that multiplies in bf16 (cpu-bf16, "
+                          "cuda-bf16); backend '%s' computes in fp32",
+                          m->be->name);
+    if (on == m->saved_all_bf16) return 0;
+    free_acts(m);
+    m->saved_all_bf16 = on;
+    if (on) m->saved_type = OLMO_BF16;
     return 0;
 }
 
@@ -260,6 +276,20 @@ struct olmo_layer_acts olmo_model_layer_acts(const struct olmo_model *m, int l) 
     if (a.x16) a.x = m->resid;
     if (a.h16) a.h = m->dh;
     if (a.s16) a.s = m->ds;
+    /* saved_all_bf16: the fp32 values live in the shared set (during the forward, and again in the
+     * backward once olmo_model_block_backward has converted the bf16 copies back) */
+    if (m->saved_all_bf16 && !(olmo_model_layer_checkpointed(m, l) && m->ckpt_mode == ACT_CKPT_BLOCK)) {
+        a.q_raw = r->q_raw;
+        a.k_raw = r->k_raw;
+        a.q = r->q;
+        a.k = r->k;
+        a.v = r->v;
+        a.att = r->att;
+        a.o = r->o;
+        a.m = r->m;
+        a.g = r->g;
+        a.u = r->u;
+    }
     return a;
 }
 
@@ -389,43 +419,50 @@ pass:
     /* Layer l keeps x always; the attention part (q_raw .. h, m, rstd_m) unless block-checkpointed; the
      * MLP's inner g, u, s unless checkpointed.  The recompute set holds the rest, once. */
     bool any_checkpointed = false, any_x16 = false;
-    const bool bf16 = m->saved_type == OLMO_BF16;
+    const bool bf16 = m->saved_type == OLMO_BF16, all16 = m->saved_all_bf16;
     for (int l = 0; l <= c->n_layers; l++) {
-        const bool shared = l == c->n_layers; /* the last pass: the recompute set */
-        if (shared && !any_checkpointed) break;
+        const bool shared = l == c->n_layers; /* the last pass: the recompute set (all16: the fp32 working set) */
+        if (shared && !any_checkpointed && !all16) break;
         const bool ck = !shared && olmo_model_layer_checkpointed(m, l);
         any_checkpointed |= ck;
         struct olmo_layer_acts *a = counting ? &counted : shared ? &m->recompute : &m->acts[l];
-        const bool keep_x = !shared, keep_attn = shared ? m->ckpt_mode == ACT_CKPT_BLOCK : !(ck && m->ckpt_mode == ACT_CKPT_BLOCK),
-                   keep_mlp = shared || !ck;
+        const bool keep_x = !shared,
+                   keep_attn = shared ? m->ckpt_mode == ACT_CKPT_BLOCK || all16 : !(ck && m->ckpt_mode == ACT_CKPT_BLOCK),
+                   keep_mlp = shared || !ck, half = all16 && !shared; /* every large one as bf16 */
         /* a block-checkpointed layer reruns its forward from x: fp32 there */
         const bool x16 = keep_x && bf16 && !(ck && m->ckpt_mode == ACT_CKPT_BLOCK);
         any_x16 |= x16;
         if (x16) ALLOC16(a->x16, N * D);
         else if (keep_x) ALLOC(a->x, N * D);
+#define ALLOC_SAVED(f, count)               \
+    do {                                    \
+        if (half) ALLOC16(a->f##16, count); \
+        else ALLOC(a->f, count);            \
+    } while (0)
         if (keep_attn) {
-            ALLOC(a->q_raw, N * Q);
-            ALLOC(a->k_raw, N * K);
-            ALLOC(a->q, N * Q);
-            ALLOC(a->k, N * K);
-            ALLOC(a->v, N * K);
+            ALLOC_SAVED(q_raw, N * Q);
+            ALLOC_SAVED(k_raw, N * K);
+            ALLOC_SAVED(q, N * Q);
+            ALLOC_SAVED(k, N * K);
+            ALLOC_SAVED(v, N * K);
             ALLOC(a->rstd_q, N);
             ALLOC(a->rstd_k, N);
-            ALLOC(a->att, N * Q);
+            ALLOC_SAVED(att, N * Q);
             ALLOC(a->lse, N * (size_t)c->n_heads);
-            ALLOC(a->o, N * D);
+            ALLOC_SAVED(o, N * D);
             ALLOC(a->rstd_o, N);
             if (bf16 && !shared) ALLOC16(a->h16, N * D);
             else ALLOC(a->h, N * D);
-            ALLOC(a->m, N * D);
+            ALLOC_SAVED(m, N * D);
             ALLOC(a->rstd_m, N);
         }
         if (keep_mlp) {
-            ALLOC(a->g, N * F);
-            ALLOC(a->u, N * F);
+            ALLOC_SAVED(g, N * F);
+            ALLOC_SAVED(u, N * F);
             if (bf16 && !shared) ALLOC16(a->s16, N * F);
             else ALLOC(a->s, N * F);
         }
+#undef ALLOC_SAVED
         if (failed) break;
     }
     if (any_x16) ALLOC(m->resid, N * D);
@@ -434,6 +471,8 @@ pass:
     else ALLOC(m->xn_final, N * D);
     ALLOC(m->rstd_final, N);
     if (counting) act_bytes = need - before_acts;
+    /* all16 with checkpointing: rounds what the backward recomputes as the kept ones are rounded */
+    if (all16 && any_checkpointed) ALLOC16(m->round16, N * (F > Q ? (F > D ? F : D) : (Q > D ? Q : D)));
     ALLOC(m->logits, N * V);
     ALLOC(m->rope_cos, (size_t)seq_len * m->head_dim / 2);
     ALLOC(m->rope_sin, (size_t)seq_len * m->head_dim / 2);
@@ -563,6 +602,51 @@ int olmo_layer_forward(const struct olmo_model *m, int layer, const struct olmo_
     return 0;
 }
 
+/* saved_all_bf16: the activations a layer saves as bf16 besides x, h and s (read by the backward as GEMM
+ * operands, in bf16), each with its fp32 working buffer (the shared set), its width and whether it
+ * belongs to the feed-forward part (what feed_forward checkpointing recomputes). */
+#define ALL16_SLOTS(X)                                                                              \
+    X(q_raw, Q, false) X(k_raw, K, false) X(q, Q, false) X(k, K, false) X(v, K, false) X(att, Q, false) \
+    X(o, D, false) X(m, D, false) X(g, F, true) X(u, F, true)
+
+enum all16_dir { ALL16_SAVE, ALL16_RESTORE };
+
+/* Converts every slot that has a bf16 copy: fp32 -> bf16 after the forward, bf16 -> fp32 before the
+ * backward. */
+static int all16_convert(const struct olmo_model *m, const struct olmo_layer_acts *a, enum all16_dir dir) {
+    const struct olmo_backend *be = m->be;
+    const size_t N = (size_t)m->batch * m->seq_len, D = (size_t)m->cfg.d_model, Q = (size_t)m->q_dim,
+                 K = (size_t)m->kv_dim, F = (size_t)m->cfg.mlp_hidden;
+#define CONVERT_SLOT(f, width, ffn)                                                                       \
+    if (a->f##16) {                                                                                    \
+        if (dir == ALL16_SAVE) TRY(be->convert(be, a->f##16, OLMO_BF16, a->f, OLMO_F32, N * (width))); \
+        else TRY(be->convert(be, a->f, OLMO_F32, a->f##16, OLMO_BF16, N * (width)));                  \
+    }
+    ALL16_SLOTS(CONVERT_SLOT)
+#undef CONVERT_SLOT
+    return 0;
+}
+
+/* saved_all_bf16: what a checkpointed layer recomputed (fp32), rounded to bf16 in place as the kept
+ * layers' activations are, so that checkpointing stays bit-identical to none.  Feed-forward
+ * checkpointing recomputes g and u (and s: a GEMM operand, rounded by the GEMM), block checkpointing
+ * every slot. */
+static int all16_round_recomputed(const struct olmo_model *m, int l, const struct olmo_layer_acts *a) {
+    if (!m->saved_all_bf16 || !olmo_model_layer_checkpointed(m, l)) return 0;
+    const struct olmo_backend *be = m->be;
+    const size_t N = (size_t)m->batch * m->seq_len, D = (size_t)m->cfg.d_model, Q = (size_t)m->q_dim,
+                 K = (size_t)m->kv_dim, F = (size_t)m->cfg.mlp_hidden;
+    const bool block = m->ckpt_mode == ACT_CKPT_BLOCK;
+#define ROUND_SLOT(f, width, ffn)                                                                \
+    if (block || (ffn)) {                                                                        \
+        TRY(be->convert(be, m->round16, OLMO_BF16, a->f, OLMO_F32, N * (width)));                \
+        TRY(be->convert(be, a->f, OLMO_F32, m->round16, OLMO_BF16, N * (width)));                \
+    }
+    ALL16_SLOTS(ROUND_SLOT)
+#undef ROUND_SLOT
+    return 0;
+}
+
 int olmo_model_block_forward(struct olmo_model *m, int l) {
     struct olmo_attn_shape shape;
     attn_shape(m, l, &shape);
@@ -576,7 +660,7 @@ int olmo_model_block_forward(struct olmo_model *m, int l) {
                            m->use_doc_ids ? m->doc_ids : NULL, NULL));
     if (a.h16) TRY(be->convert(be, a.h16, OLMO_BF16, a.h, OLMO_F32, ND));
     if (a.s16) TRY(be->convert(be, a.s16, OLMO_BF16, a.s, OLMO_F32, NF));
-    return 0;
+    return all16_convert(m, &a, ALL16_SAVE);
 }
 
 int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_masking) {
@@ -648,7 +732,9 @@ int olmo_model_block_backward(struct olmo_model *m, int l) {
     struct olmo_layer_tensors *g = &m->lg[l];
     struct olmo_attn_shape shape;
     attn_shape(m, l, &shape);
+    TRY(all16_convert(m, a, ALL16_RESTORE));
     TRY(block_recompute(m, l, a));
+    TRY(all16_round_recomputed(m, l, a));
     /* MLP block */
     TRY(be->rmsnorm_bwd(be, m->dtmp, g->ff_norm, m->dx, a->m, w->ff_norm, a->rstd_m, N, D));
     TRY(be->gemm(be, false, false, N, F, D, 1.0f, m->dtmp, OLMO_F32, D, WEIGHT(w->down), F, 0.0f, m->ds, F));

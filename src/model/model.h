@@ -39,6 +39,11 @@ struct olmo_layer_acts {
      * saved as bf16 copies here instead, and x, h, s then point at shared fp32 working buffers that
      * hold them only during the layer's forward (olmo_model_layer_acts).  NULL otherwise. */
     void *x16, *h16, *s16;
+    /* train.saved_activations: bf16 (olmo_model_set_saved_all_bf16): the layer's other large activations
+     * are saved as bf16 too (the norm statistics and lse stay fp32).  The forward computes them in the
+     * shared fp32 set (`recompute`), the backward converts them back into it before use: the backward
+     * sees them rounded to bf16, as in OLMo-core's bf16 training.  NULL otherwise. */
+    void *q_raw16, *k_raw16, *q16, *k16, *v16, *att16, *o16, *m16, *g16, *u16;
 };
 
 /* Residency hooks (fully sharded training, train/fsdp.c): the forward and
@@ -99,6 +104,11 @@ struct olmo_model {
      * layers that keep them, and the final norm's output): bf16 by default where the backend's
      * compute_dtype is bf16, so the results do not change; fp32 otherwise. */
     enum olmo_float_type saved_type;
+    /* Every large saved activation in bf16 (train.saved_activations: bf16; needs saved_type bf16).  The
+     * backward then sees every saved activation rounded to bf16, recomputed ones too (the checkpointing
+     * modes stay bit-identical to none); round16 is the scratch that rounds recomputed ones. */
+    bool saved_all_bf16;
+    void *round16;
 
     /* Activations for one micro-batch shape (allocated by olmo_model_reserve). acts[l] holds only what
      * layer l keeps (NULL elsewhere); olmo_model_layer_acts resolves the rest to `recompute`. */
@@ -155,6 +165,9 @@ int olmo_model_set_checkpointing(struct olmo_model *m, enum olmo_act_ckpt mode, 
 /* The type of the GEMM-operand activations it saves (see saved_type): OLMO_BF16 only on a backend whose
  * compute_dtype is bf16.  Call before olmo_model_reserve (a change frees reserved activations). */
 int olmo_model_set_saved_type(struct olmo_model *m, enum olmo_float_type type);
+/* Every large saved activation in bf16 (see saved_all_bf16): only on a backend whose compute_dtype is
+ * bf16.  Call before olmo_model_reserve (a change frees reserved activations). */
+int olmo_model_set_saved_all_bf16(struct olmo_model *m, bool on);
 /* Whether layer l's activations are recomputed in the backward pass. */
 bool olmo_model_layer_checkpointed(const struct olmo_model *m, int l);
 /* Layer l's activation buffers: its own, and the shared recompute buffers for what it does not keep. */

@@ -98,8 +98,11 @@ struct shapes {
  * MLP's g, u, s unless checkpointed; the recompute set shared by the checkpointed layers holds what
  * they dropped, once.  On a backend that multiplies in bf16, x (unless the layer reruns its forward
  * from it), h, s and the final norm's output are kept as bf16 (with one fp32 buffer for the residual
- * stream), the rest in fp32. */
-static double activations(const struct backend_desc *d, const struct shapes *s, enum olmo_act_ckpt mode, int every) {
+ * stream), the rest in fp32.  all16 (train.saved_activations: bf16): q_raw, q, att, k_raw, k, v, o, m,
+ * g, u of every layer that keeps them in bf16 too, and the shared set always there and whole (fp32: the
+ * forward's working buffers). */
+static double activations(const struct backend_desc *d, const struct shapes *s, enum olmo_act_ckpt mode, int every,
+                          bool all16) {
     const double N = s->N, D = s->D, Q = s->Q, K = s->K, F = s->F, H = s->H;
     const bool bf16 = d->bf16_compute;
     const int L = (int)s->L;
@@ -108,30 +111,34 @@ static double activations(const struct backend_desc *d, const struct shapes *s, 
     bool any_ck = false, any_x16 = false;
     for (int l = 0; l <= L; l++) {
         const bool shared = l == L; /* the recompute set */
-        if (shared && !any_ck) break;
+        if (shared && !any_ck && !all16) break;
         const bool ck = !shared && mode != ACT_CKPT_NONE && l % every == 0;
         any_ck |= ck;
-        const bool keep_x = !shared, keep_attn = shared ? mode == ACT_CKPT_BLOCK : !(ck && mode == ACT_CKPT_BLOCK),
+        const bool keep_x = !shared,
+                   keep_attn = shared ? mode == ACT_CKPT_BLOCK || all16 : !(ck && mode == ACT_CKPT_BLOCK),
                    keep_mlp = shared || !ck, x16 = keep_x && bf16 && !(ck && mode == ACT_CKPT_BLOCK),
                    half = bf16 && !shared;
+        const double big = all16 && !shared ? 2 : 4;
         any_x16 |= x16;
         if (keep_x) total += buf(d, (x16 ? 2 : 4) * N * D);
         if (keep_attn)
-            total += 3 * buf(d, 4 * N * Q) /* q_raw, q, att */ + 3 * buf(d, 4 * N * K) /* k_raw, k, v */ +
+            total += 3 * buf(d, big * N * Q) /* q_raw, q, att */ + 3 * buf(d, big * N * K) /* k_raw, k, v */ +
                      4 * buf(d, 4 * N) /* rstd_q, rstd_k, rstd_o, rstd_m */ + buf(d, 4 * N * H) /* lse */ +
-                     2 * buf(d, 4 * N * D) /* o, m */ + buf(d, (half ? 2 : 4) * N * D) /* h */;
-        if (keep_mlp) total += 2 * buf(d, 4 * N * F) /* g, u */ + buf(d, (half ? 2 : 4) * N * F) /* s */;
+                     2 * buf(d, big * N * D) /* o, m */ + buf(d, (half ? 2 : 4) * N * D) /* h */;
+        if (keep_mlp) total += 2 * buf(d, big * N * F) /* g, u */ + buf(d, (half ? 2 : 4) * N * F) /* s */;
     }
     if (any_x16) total += buf(d, 4 * N * D); /* resid */
     return total + buf(d, 4 * N * D) /* x_final */ + buf(d, (bf16 ? 2 : 4) * N * D) /* final norm output */ +
            buf(d, 4 * N) /* rstd_final */;
 }
 
-/* The backward pass's work buffers, RoPE tables and id buffers (olmo_model_reserve). */
-static double work(const struct backend_desc *d, const struct shapes *s) {
+/* The backward pass's work buffers, RoPE tables and id buffers (olmo_model_reserve); with all16 and
+ * checkpointing, the bf16 buffer that rounds what the backward recomputes. */
+static double work(const struct backend_desc *d, const struct shapes *s, bool round16) {
     const double N = s->N;
     return 2 * buf(d, 4 * s->T * (s->hd / 2)) + 3 * buf(d, 4 * N * s->D) + 2 * buf(d, 4 * N * s->Q) +
-           2 * buf(d, 4 * N * s->K) + 3 * buf(d, 4 * N * s->F) + 3 * buf(d, 4 * N);
+           2 * buf(d, 4 * N * s->K) + 3 * buf(d, 4 * N * s->F) + 3 * buf(d, 4 * N) +
+           (round16 ? buf(d, 2 * N * max2(s->F, max2(s->Q, s->D))) : 0);
 }
 
 /* The GEMM operand slots of a bf16 backend that has seen operands of up to a_max and b_max elements. */
@@ -236,9 +243,14 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
         b[OLMO_MEM_GATHERED] = buf(&d, 4 * block) + (d.bf16_compute ? buf(&d, cbytes * block) : 0);
         b[OLMO_MEM_COMM] = buf(&d, 4 * ceil(s.V * s.D / S));
     }
-    b[OLMO_MEM_ACTIVATIONS] = activations(&d, &s, t->activation_checkpointing, t->block_every);
+    const bool all16 = t->saved_activations == SAVED_ACTS_BF16;
+    if (all16 && !d.bf16_compute)
+        return olmo_error("train.saved_activations: bf16 needs a backend that multiplies in bf16 (cpu-bf16, "
+                          "cuda-bf16); backend '%s' computes in fp32",
+                          o->backend);
+    b[OLMO_MEM_ACTIVATIONS] = activations(&d, &s, t->activation_checkpointing, t->block_every, all16);
     b[OLMO_MEM_LOGITS] = buf(&d, 4 * s.N * s.V);
-    b[OLMO_MEM_WORK] = work(&d, &s);
+    b[OLMO_MEM_WORK] = work(&d, &s, all16 && t->activation_checkpointing != ACT_CKPT_NONE);
     const bool probe = t->peak_flops <= 0;
     b[OLMO_MEM_SCRATCH] = scratch(&d, &s, o->threads, probe);
     for (int i = 0; i < OLMO_MEM_ITEMS; i++) p->total += b[i];

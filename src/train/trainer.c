@@ -39,7 +39,8 @@ int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cf
             return -1;
     } else if (olmo_model_create(&tr->model, &cfg->model, be))
         return -1;
-    if (olmo_model_set_checkpointing(&tr->model, cfg->train.activation_checkpointing, cfg->train.block_every))
+    if (olmo_model_set_checkpointing(&tr->model, cfg->train.activation_checkpointing, cfg->train.block_every) ||
+        olmo_model_set_saved_all_bf16(&tr->model, cfg->train.saved_activations == SAVED_ACTS_BF16))
         return -1;
     if (olmo_model_reserve(&tr->model, cfg->train.micro_batch, cfg->train.seq_len)) return -1;
     if (!tr->fully_sharded && olmo_optimizer_create(&tr->opt, &tr->model, dist)) return -1;

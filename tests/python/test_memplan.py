@@ -28,8 +28,8 @@ TOLERANCE = 0.10
 COMMON = ["--set", "train.steps=2", "--set", "train.peak_flops=1e12", "--set", "train.eval_every=0",
           "--set", "train.save_every=0", "--set", "data.val_paths=", "--set", "train.grad_accum=1"]
 CONFIGS = {
-    # configs/olmo3-1m.yaml at micro-batch 2 x 256 (vocab 8192: the logits matter)
-    "1m": (ROOT / "configs" / "olmo3-1m.yaml", ["--set", "train.micro_batch=2"]),
+    # configs/olmo3-1m-8k.yaml at micro-batch 2 x 256 (vocab 8192: the logits matter)
+    "1m": (ROOT / "configs" / "olmo3-1m-8k.yaml", ["--set", "train.micro_batch=2"]),
     # test_cli's tiny config (4 layers, GQA 4/2 heads) and a 2-layer version of it
     "tiny4": (None, []),
     "tiny2": (None, ["--set", "model.n_layers=2"]),
@@ -43,7 +43,14 @@ MODES = {
     "fsdp_ff": ["--set", "train.sharding=fsdp", "--set", "train.activation_checkpointing=feed_forward"],
     # the peak FLOP/s probe at start-up (three 2048^2 fp32 matrices: the peak of a small model)
     "probe": ["--set", "train.peak_flops=0"],
+    # train.saved_activations: bf16 (bf16 backends): every large saved activation in bf16
+    "all16": ["--set", "train.saved_activations=bf16"],
+    "all16_ff": ["--set", "train.saved_activations=bf16", "--set", "train.activation_checkpointing=feed_forward"],
+    "all16_block2": ["--set", "train.saved_activations=bf16", "--set", "train.activation_checkpointing=block",
+                     "--set", "train.block_every=2"],
+    "all16_fsdp": ["--set", "train.saved_activations=bf16", "--set", "train.sharding=fsdp"],
 }
+BF16_ONLY = ("all16", "all16_ff", "all16_block2", "all16_fsdp")
 REFUSED = re.compile(r"[^\n]*in this build[^\n]*")
 
 
@@ -121,10 +128,15 @@ def test_plan_matches_measured_peak_cpu_bf16(build_dir, tiny, tmp_path, config, 
 
 
 # checkpointing does not depend on the rank count (1 and 2 ranks), sharding does (2 and 4)
-@pytest.mark.parametrize("mode,ranks", [(m, r) for m in MODES if m not in ("zero1", "probe")
+@pytest.mark.parametrize("mode,ranks", [(m, r) for m in MODES if m not in ("zero1", "probe") + BF16_ONLY
                                         for r in ((2, 4) if m.startswith("fsdp") else (1, 2))])
 def test_plan_matches_measured_peak_modes(build_dir, tiny, tmp_path, mode, ranks):
     check(build_dir, build_dir / "olmoc", "cpu", "tiny4", ranks, mode, tiny, tmp_path)
+
+
+@pytest.mark.parametrize("mode,ranks", [("all16", 1), ("all16_ff", 1), ("all16_block2", 1), ("all16_fsdp", 2)])
+def test_plan_matches_measured_peak_bf16_saved(build_dir, tiny, tmp_path, mode, ranks):
+    check(build_dir, build_dir / "olmoc", "cpu-bf16", "tiny4", ranks, mode, tiny, tmp_path)
 
 
 def test_plan_matches_measured_peak_with_probe(build_dir, tiny, tmp_path):
@@ -132,14 +144,15 @@ def test_plan_matches_measured_peak_with_probe(build_dir, tiny, tmp_path):
     check(build_dir, build_dir / "olmoc", "cpu-bf16", "tiny2", 1, "probe", tiny, tmp_path)
 
 
-@pytest.mark.parametrize("backend,ranks", [("cuda", 1), ("cuda-bf16", 1), ("cuda-bf16", 2)])
-def test_plan_matches_measured_peak_emulated_cuda(build_dir, tiny, tmp_path, backend, ranks):
+@pytest.mark.parametrize("backend,ranks,mode", [("cuda", 1, "zero1"), ("cuda-bf16", 1, "zero1"),
+                                               ("cuda-bf16", 2, "zero1"), ("cuda-bf16", 1, "all16_ff")])
+def test_plan_matches_measured_peak_emulated_cuda(build_dir, tiny, tmp_path, backend, ranks, mode):
     """The CUDA backend's counters (device buffers at cudaMalloc's 256-byte rounding, its
     1.25x-growing scratch) on the emulated CUDA runtime; 2 ranks: NCCL (emulated) in place."""
     exe = build_dir / "tests" / "olmoc_emu"
     if not exe.exists():
         pytest.skip("olmoc_emu is not built (the emulated CUDA runtime needs a C++ compiler)")
-    check(build_dir, exe, backend, "tiny2", ranks, "zero1", tiny, tmp_path)
+    check(build_dir, exe, backend, "tiny2", ranks, mode, tiny, tmp_path)
 
 
 def test_info_plan_cli(build_dir):
