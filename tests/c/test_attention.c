@@ -402,6 +402,9 @@ int main(int argc, char **argv) {
     /* the model's head sizes, column tails of every width in the score tiles */
     test_tiled("T=301 window 77, GQA 4/2, D=128", 1, 301, 4, 2, 128, 77, 0);
     test_tiled("T=203 full, MHA, D=64, batch 2", 2, 203, 2, 2, 64, 0, 0);
+    /* several key chunks per query block in the forward (ATT_KC = 320): the online softmax's rescaling */
+    test_tiled("T=777 full, GQA 4/2, D=32", 1, 777, 4, 2, 32, 0, 0);
+    test_tiled("T=700 window 400 + docs, MHA, D=16", 1, 700, 2, 2, 16, 400, 500);
     printf("%d passed, %d failed\n", checks - failures, failures);
     olmo_backend_destroy(be);
     return failures ? 1 : 0;
