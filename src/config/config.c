@@ -453,14 +453,21 @@ int olmo_config_validate(const struct olmo_config *cfg) {
         return olmo_error("data.order must be olmo_core or olmoc; got '%s'", cfg->data.order);
     if (!!cfg->data.mix[0] + !!cfg->data.train_path[0] + !!cfg->data.mix_file[0] > 1)
         return olmo_error("set one of data.train_path, data.mix and data.mix_file");
-    const int mt = cfg->data.max_target_sequence_length;
-    if (mt < 0 || (mt && (mt < t->seq_len || mt % t->seq_len)))
+    size_t chunk;
+    return olmo_config_chunk_instances(cfg, &chunk);
+}
+
+int olmo_config_chunk_instances(const struct olmo_config *cfg, size_t *chunk) {
+    const int mt = cfg->data.max_target_sequence_length, T = cfg->train.seq_len;
+    *chunk = 1;
+    if (mt < 0 || (mt && (T <= 0 || mt < T || mt % T)))
         return olmo_error("data.max_target_sequence_length (%d) must be a multiple of train.seq_len (%d), or 0 (= "
                           "seq_len)",
-                          mt, t->seq_len);
-    if (mt && mt != t->seq_len && strcmp(cfg->data.order, "olmo_core"))
+                          mt, T);
+    if (mt > T && strcmp(cfg->data.order, "olmo_core"))
         return olmo_error("data.max_target_sequence_length is an option of the olmo_core data order, not of '%s'",
                           cfg->data.order);
+    if (mt) *chunk = (size_t)(mt / T);
     return 0;
 }
 

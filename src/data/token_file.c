@@ -205,7 +205,7 @@ static int build_epoch_olmo_core(struct olmo_loader *l) {
         return olmo_error("train.seed %llu + epoch %llu does not fit in 64 bits (the OLMo-core order seeds "
                           "epoch e with seed + e)",
                           (unsigned long long)l->seed, (unsigned long long)e);
-    const size_t C = l->chunk > 1 ? l->chunk : 1, n_chunks = l->dataset_instances / C;
+    const size_t C = l->chunk, n_chunks = l->dataset_instances / C;
     for (size_t i = 0; i < n_chunks; i++) l->perm[i] = (uint32_t)i;
     olmo_np_shuffle_u32(l->seed + e, l->perm, n_chunks);
     /* expanded in place from the back: chunk c's instances go to [c*C, c*C + C), never below c */
@@ -345,7 +345,7 @@ struct order_opts {
     enum olmo_data_order kind;
     size_t batch_instances;
     int world;
-    size_t chunk; /* olmo_core: instances per chunk of max_target_sequence_length tokens (0 or 1: none) */
+    size_t chunk; /* olmo_core: instances per chunk of max_target_sequence_length tokens (1: none) */
 };
 
 /* The OLMo-core order over the opened files: checks the layout, cuts the
@@ -368,7 +368,7 @@ static int setup_olmo_core(struct olmo_loader *l, const struct order_opts *o) {
     l->order_kind = OLMO_ORDER_OLMO_CORE;
     l->batch_instances = o->batch_instances;
     l->world = o->world;
-    l->chunk = o->chunk > 1 ? o->chunk : 1;
+    l->chunk = o->chunk;
     l->dataset_instances = l->n_instances;
     l->n_instances = o->batch_instances * (l->dataset_instances / o->batch_instances);
     /* the order, the batch size and the chunking decide which instances a position stands for */
@@ -389,7 +389,7 @@ static int open_entries(struct olmo_loader *l, struct mix_entry *entries, int n_
     }
     int n_files = 0;
     for (int i = 0; i < n_entries; i++) n_files += entries[i].n_paths;
-    const size_t chunk = ord && ord->kind == OLMO_ORDER_OLMO_CORE && ord->chunk > 1 ? ord->chunk : 1;
+    const size_t chunk = ord && ord->kind == OLMO_ORDER_OLMO_CORE ? ord->chunk : 1;
     l->seq_len = seq_len;
     l->vocab_size = vocab_size;
     l->seed = seed;
@@ -419,13 +419,10 @@ static int open_entries(struct olmo_loader *l, struct mix_entry *entries, int n_
             src->n_files++;
         }
         if (src->n_instances == 0) {
-            if (chunk > 1)
-                olmo_error("'%s'%s has fewer tokens than one chunk of data.max_target_sequence_length %zu",
-                           entries[s].paths[0], entries[s].n_paths > 1 ? " (and every other file of its source)" : "",
-                           (size_t)seq_len * chunk);
-            else
-                olmo_error("'%s'%s has fewer tokens than one instance of seq_len %d", entries[s].paths[0],
-                           entries[s].n_paths > 1 ? " (and the other files of its source)" : "", seq_len);
+            olmo_error("'%s'%s has fewer tokens than one %s %zu", entries[s].paths[0],
+                       entries[s].n_paths > 1 ? " (and the other files of its source)" : "",
+                       chunk > 1 ? "chunk of data.max_target_sequence_length" : "instance of seq_len",
+                       (size_t)seq_len * chunk);
             goto fail;
         }
         if (src->n_instances > INDEX_MASK) {
@@ -555,13 +552,7 @@ int olmo_loader_open_run(struct olmo_loader *l, const struct olmo_config *cfg, i
     struct order_opts ord = {.world = world};
     if (olmo_data_order_parse(cfg->data.order, &ord.kind)) return olmo_error_context("data.order");
     ord.batch_instances = (size_t)cfg->train.micro_batch * (size_t)cfg->train.grad_accum * (size_t)world;
-    const int mt = cfg->data.max_target_sequence_length;
-    if (mt && (cfg->train.seq_len <= 0 || mt < cfg->train.seq_len || mt % cfg->train.seq_len))
-        return olmo_error("data.max_target_sequence_length (%d) must be a multiple of train.seq_len (%d)", mt,
-                          cfg->train.seq_len);
-    ord.chunk = mt ? (size_t)(mt / cfg->train.seq_len) : 1;
-    if (ord.chunk > 1 && ord.kind != OLMO_ORDER_OLMO_CORE)
-        return olmo_error("data.max_target_sequence_length is an option of the olmo_core data order");
+    if (olmo_config_chunk_instances(cfg, &ord.chunk)) return -1;
     return open_data_config(l, &cfg->data, cfg->train.seq_len, cfg->model.vocab_size, cfg->train.seed, &ord);
 }
 
