@@ -16,7 +16,9 @@
 #      attention: where the time goes);
 #   5. the memory plan (olmoc info --ranks 1 --backend cuda-bf16) against the backend's counted
 #      peak (OLMOC_MEMSTATS=1) and nvidia-smi's memory.used, 3 steps of configs/olmo3-1b.yaml
-#      per activation-checkpointing mode (needs data/demo/validation.npy).
+#      with bf16 saved activations per activation-checkpointing mode, and fully sharded on one
+#      rank (its block gathers on the side stream; its losses against the unsharded run's)
+#      (needs data/demo/validation.npy).
 #
 # usage: scripts/gpu_check.sh [--build-dir DIR] [--skip-build] [--bench-steps N] [--no-bench]
 #                             [--sanitize]
@@ -170,11 +172,15 @@ fi
 # against the plan's need (which adds its runtime allowance).  A mode this build refuses is skipped.
 if [ -f data/demo/validation.npy ]; then
   RUNS="${TMPDIR:-/tmp}/olmoc-gpu-check"
-  for mode in none feed_forward block; do
+  for mode in none feed_forward block fsdp; do
     name="memplan-$mode"
+    # fsdp: one rank fully sharded, no checkpointing: the block gathers run on the side stream (the
+    # next block's gather overlaps this one's compute); its losses must be those of "none"
+    ckpt=$mode extra=()
+    [ "$mode" = fsdp ] && ckpt=none extra=(--set train.sharding=fsdp)
     sets=(--set train.steps=3 --set train.eval_every=0 --set train.save_every=0 --set train.peak_flops=1e15
-          --set "train.activation_checkpointing=$mode" --set data.train_path=data/demo/validation.npy
-          --set "data.out_dir=$RUNS/memplan-$mode")
+          --set train.saved_activations=bf16 --set "train.activation_checkpointing=$ckpt" "${extra[@]}"
+          --set data.train_path=data/demo/validation.npy --set "data.out_dir=$RUNS/memplan-$mode")
     rm -rf "$RUNS/memplan-$mode"
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$LOGS/$name-smi.txt" 2>/dev/null &
     smi=$!
@@ -197,6 +203,23 @@ if [ -f data/demo/validation.npy ]; then
       note "FAIL  $name: no memstats line or no plan (logs: $LOGS/$name.log, $LOGS/$name-plan.txt)"; status=1
     fi
   done
+  # the side stream's gathers give the same weights as gathering in place: same losses (1e-5 relative)
+  if ! command -v python3 >/dev/null; then
+    note "SKIP  memplan-fsdp vs memplan-none losses: no python3 on this machine"
+  elif [ -f "$RUNS/memplan-none/metrics.jsonl" ] && [ -f "$RUNS/memplan-fsdp/metrics.jsonl" ]; then
+    if python3 - "$RUNS/memplan-none/metrics.jsonl" "$RUNS/memplan-fsdp/metrics.jsonl" >>"$SUMMARY" <<'PY'
+import json, sys
+def losses(p):
+    return [r["loss"] for r in map(json.loads, open(p)) if r.get("type") == "train"]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+worst = max(abs(x - y) / max(abs(x), 1e-30) for x, y in zip(a, b)) if a and len(a) == len(b) else float("inf")
+print(f"INFO  fsdp (side-stream gathers) vs unsharded, 3 steps of olmo3-1b: worst loss difference {worst:.2e}")
+sys.exit(0 if worst <= 1e-5 else 1)
+PY
+    then note "PASS  memplan-fsdp losses match memplan-none"
+    else note "FAIL  memplan-fsdp losses differ from memplan-none"; status=1
+    fi
+  fi
 fi
 
 if [ $BENCH -eq 1 ]; then

@@ -202,6 +202,19 @@ struct olmo_backend {
     int (*comm_group_reduce_scatter)(OLMO_BE, void *comm, const float *in, float *out, size_t n);
     int (*comm_group_allreduce_sum)(OLMO_BE, void *comm, float *buf, size_t n);
     void (*comm_group_destroy)(OLMO_BE, void *comm);
+
+    /* A second queue for work that overlaps the main one (fully sharded training gathers the
+     * next block's weights there while the current block computes; CUDA: a second stream and
+     * events).  side_begin: the ops called until side_end go to the side queue, after
+     * everything queued on the main one so far; only zero, copy, convert and
+     * comm_group_allgather may be called in between.  side_end(slot): back to the main queue;
+     * mark `slot` (0 or 1) done when the side work queued so far is.  side_wait(slot): ops
+     * queued on the main queue from now on run after `slot`'s work.  The main queue never
+     * waits for the side one otherwise (synchronize does, as it waits for everything).  NULL
+     * where ops run in order as they are called (CPU). */
+    int (*side_begin)(OLMO_BE);
+    int (*side_end)(OLMO_BE, int slot);
+    int (*side_wait)(OLMO_BE, int slot);
 };
 
 /* The CPU backend.  Its variants differ in where the GEMMs come from:

@@ -221,6 +221,9 @@ static int p_comm_group_allreduce_sum(OLMO_BE, void *comm, float *buf, size_t n)
     return PROF(be)->in->comm_group_allreduce_sum(PROF(be)->in, comm, buf, n);
 }
 static void p_comm_group_destroy(OLMO_BE, void *comm) { PROF(be)->in->comm_group_destroy(PROF(be)->in, comm); }
+static int p_side_begin(OLMO_BE) { return PROF(be)->in->side_begin(PROF(be)->in); }
+static int p_side_end(OLMO_BE, int slot) { return PROF(be)->in->side_end(PROF(be)->in, slot); }
+static int p_side_wait(OLMO_BE, int slot) { return PROF(be)->in->side_wait(PROF(be)->in, slot); }
 
 static void p_destroy(struct olmo_backend *be) {
     free(be->state);
@@ -260,7 +263,9 @@ struct olmo_backend *olmo_backend_profiled(const struct olmo_backend *inner) {
         .comm_group_allgather = inner->comm_group_allgather ? p_comm_group_allgather : NULL,
         .comm_group_reduce_scatter = inner->comm_group_reduce_scatter ? p_comm_group_reduce_scatter : NULL,
         .comm_group_allreduce_sum = inner->comm_group_allreduce_sum ? p_comm_group_allreduce_sum : NULL,
-        .comm_group_destroy = inner->comm_group_destroy ? p_comm_group_destroy : NULL};
+        .comm_group_destroy = inner->comm_group_destroy ? p_comm_group_destroy : NULL,
+        .side_begin = inner->side_begin ? p_side_begin : NULL, .side_end = inner->side_end ? p_side_end : NULL,
+        .side_wait = inner->side_wait ? p_side_wait : NULL};
     return be;
 }
 

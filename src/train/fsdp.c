@@ -92,6 +92,28 @@ static void set_window(struct olmo_model *m, int i, const float *w, size_t n, co
     if (m->n_win <= i) m->n_win = i + 1;
 }
 
+/* The buffer that holds `block` gathered from the current master weights, or -1. */
+static int slot_holding(const struct olmo_fsdp *fs, int block) {
+    for (int s = 0; s < fs->n_slots; s++)
+        if (fs->slot[s].block == block && fs->slot[s].version == fs->version) return s;
+    return -1;
+}
+
+/* Buffer s's side-queue gather, if any, is done before the main queue touches it. */
+static int settle(struct olmo_fsdp *fs, int s) {
+    if (!fs->slot[s].pending) return 0;
+    fs->slot[s].pending = false;
+    return fs->m->be->side_wait(fs->m->be, s);
+}
+
+/* The master weights change (an optimizer step, a load): no buffer holds the current weights. */
+static int weights_changed(struct olmo_fsdp *fs) {
+    for (int s = 0; s < fs->n_slots; s++) TRY(settle(fs, s)); /* no side gather still reads the old ones */
+    fs->version++;
+    fs->root_valid = false;
+    return 0;
+}
+
 static int acquire(void *ctx, struct olmo_model *m, int unit, bool backward) {
     struct olmo_fsdp *fs = ctx;
     const struct olmo_backend *be = m->be;
@@ -118,10 +140,38 @@ static int acquire(void *ctx, struct olmo_model *m, int unit, bool backward) {
         }
         return 0;
     }
-    TRY(gather_region(fs, 1 + unit, fs->blk_w, fs->blk_c));
-    olmo_model_bind_layer(m, unit, fs->blk_w, fs->blk_g);
-    set_window(m, 2, fs->blk_w, fs->regions[1 + unit].len, fs->blk_c);
+    const int L = fs->n_regions - 2;
+    int s = slot_holding(fs, unit);
+    if (s >= 0) {
+        TRY(settle(fs, s));
+    } else { /* not held: gather it now, on the main queue */
+        s = fs->next_slot;
+        TRY(settle(fs, s));
+        TRY(gather_region(fs, 1 + unit, fs->slot[s].w, fs->slot[s].c));
+        fs->slot[s].block = unit;
+        fs->slot[s].version = fs->version;
+        fs->gathers++;
+    }
+    fs->next_slot = (s + 1) % fs->n_slots; /* the other buffer: the one not in use */
+    struct olmo_fsdp_slot *sl = &fs->slot[s];
+    olmo_model_bind_layer(m, unit, sl->w, fs->blk_g);
+    set_window(m, 2, sl->w, fs->regions[1 + unit].len, sl->c);
     if (backward) TRY(be->zero(be, fs->blk_g, region_alloc(fs, 1 + unit) * sizeof(float)));
+    /* the block this pass needs next, into the other buffer on the side queue: it is gathered while
+     * this one computes (the side queue starts after everything queued so far, the last use of that
+     * buffer included) */
+    const int next = backward ? unit - 1 : unit + 1;
+    if (fs->n_slots == 2 && next >= 0 && next < L && slot_holding(fs, next) < 0) {
+        const int t = fs->next_slot;
+        TRY(settle(fs, t));
+        TRY(be->side_begin(be));
+        const int rc = gather_region(fs, 1 + next, fs->slot[t].w, fs->slot[t].c);
+        TRY(be->side_end(be, t)); /* back on the main queue even when the gather failed */
+        TRY(rc);
+        fs->slot[t] = (struct olmo_fsdp_slot){.w = fs->slot[t].w, .c = fs->slot[t].c, .block = next,
+                                              .version = fs->version, .pending = true};
+        fs->prefetches++;
+    }
     return 0;
 }
 
@@ -231,10 +281,18 @@ int olmo_fsdp_create(struct olmo_fsdp *fs, struct olmo_model *m, struct olmo_opt
     opt->m = be->alloc(be, n_alloc * sizeof(float));
     opt->v = be->alloc(be, n_alloc * sizeof(float));
     fs->rs_out = be->alloc(be, max_shard * sizeof(float));
-    fs->blk_w = be->alloc(be, (max_block ? max_block : 1) * sizeof(float));
     fs->blk_g = be->alloc(be, (max_block ? max_block : 1) * sizeof(float));
-    if (!fs->master || !fs->grad || !opt->m || !opt->v || !fs->rs_out || !fs->blk_w || !fs->blk_g)
+    if (!fs->master || !fs->grad || !opt->m || !opt->v || !fs->rs_out || !fs->blk_g)
         return olmo_error_context("fully sharded buffers");
+    /* two block buffers where the backend can gather the next block on a side queue */
+    fs->n_slots = be->side_begin && be->side_end && be->side_wait ? 2 : 1;
+    for (int s = 0; s < fs->n_slots; s++) {
+        fs->slot[s].block = -1;
+        if (!(fs->slot[s].w = be->alloc(be, (max_block ? max_block : 1) * sizeof(float))))
+            return olmo_error_context("gathered block");
+        if (has_compute_copy(be) && !(fs->slot[s].c = be->alloc(be, (max_block ? max_block : 1) * elem_size(be))))
+            return olmo_error_context("gathered block (compute copy)");
+    }
     if (be->zero(be, opt->m, n_alloc * sizeof(float)) || be->zero(be, opt->v, n_alloc * sizeof(float)) ||
         be->zero(be, fs->master, n_alloc * sizeof(float)))
         return -1;
@@ -246,8 +304,6 @@ int olmo_fsdp_create(struct olmo_fsdp *fs, struct olmo_model *m, struct olmo_opt
         if (has_compute_copy(be) && !(fs->root_c[i] = be->alloc(be, n * elem_size(be))))
             return olmo_error_context("gathered root weights (compute copy)");
     }
-    if (has_compute_copy(be) && !(fs->blk_c = be->alloc(be, (max_block ? max_block : 1) * elem_size(be))))
-        return olmo_error_context("gathered block (compute copy)");
     opt->master = fs->master;
     fs->hooks = (struct olmo_unit_hooks){.ctx = fs, .acquire = acquire, .release = release};
     m->hooks = &fs->hooks;
@@ -257,12 +313,16 @@ int olmo_fsdp_create(struct olmo_fsdp *fs, struct olmo_model *m, struct olmo_opt
 void olmo_fsdp_destroy(struct olmo_fsdp *fs, struct olmo_optimizer *opt) {
     if (!fs->m) return;
     const struct olmo_backend *be = fs->m->be;
-    float *bufs[] = {fs->master, fs->grad, fs->rs_out, fs->blk_w, fs->blk_g,
+    if (be->synchronize) be->synchronize(be); /* no side-queue gather still writes a buffer */
+    float *bufs[] = {fs->master, fs->grad, fs->rs_out, fs->blk_g,
                      fs->root_w[0], fs->root_w[1], fs->root_g[0], fs->root_g[1]};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
     be->free(be, fs->root_c[0]);
     be->free(be, fs->root_c[1]);
-    be->free(be, fs->blk_c);
+    for (int s = 0; s < fs->n_slots; s++) {
+        be->free(be, fs->slot[s].w);
+        be->free(be, fs->slot[s].c);
+    }
     if (opt) opt->master = NULL;
     fs->m->hooks = NULL;
     fs->m->n_win = 0;
@@ -298,6 +358,7 @@ int olmo_fsdp_clip(struct olmo_fsdp *fs, double norm, double max_norm) {
 
 int olmo_fsdp_step(struct olmo_fsdp *fs, struct olmo_optimizer *opt, const struct olmo_train_config *t, double lr) {
     const struct olmo_backend *be = fs->m->be;
+    TRY(weights_changed(fs));
     opt->step++;
     const long bias_step = olmo_optimizer_bias_step(opt, t); /* train.optim_init_step, step_increment_bugfix */
     for (int u = 0; u < fs->n_units; u++) {
@@ -308,20 +369,19 @@ int olmo_fsdp_step(struct olmo_fsdp *fs, struct olmo_optimizer *opt, const struc
         TRY(be->adamw(be, fs->master + un->local, fs->grad + un->local, opt->m + un->local, opt->v + un->local,
                       un->my_len, lr, (float)t->beta1, (float)t->beta2, (float)t->eps, wd, bias_step));
     }
-    fs->root_valid = false;
     return 0;
 }
 
-void olmo_fsdp_master_updated(struct olmo_fsdp *fs) { fs->root_valid = false; }
+int olmo_fsdp_master_updated(struct olmo_fsdp *fs) { return weights_changed(fs); }
 
 int olmo_fsdp_set_weights(struct olmo_fsdp *fs, const float *host) {
     const struct olmo_backend *be = fs->m->be;
+    TRY(weights_changed(fs));
     for (int u = 0; u < fs->n_units; u++) {
         const struct olmo_fsdp_unit *un = &fs->units[u];
         if (un->my_len)
             TRY(be->to_device(be, fs->master + un->local, host + un->start + un->my_lo, un->my_len * sizeof(float)));
     }
-    fs->root_valid = false;
     return 0;
 }
 
@@ -367,10 +427,10 @@ int olmo_fsdp_init_weights(struct olmo_fsdp *fs, uint64_t seed) {
     size_t largest = 0;
     for (int i = 0; i < fs->m->n_tensors; i++)
         if (fs->m->params[i].numel > largest) largest = fs->m->params[i].numel;
+    TRY(weights_changed(fs));
     float *scratch = olmo_malloc(largest * sizeof(float), "initial weights (one tensor)");
     if (!scratch) return -1;
     const int rc = olmo_model_init_each(fs->m, seed, scratch, put_tensor, fs);
     free(scratch);
-    fs->root_valid = false;
     return rc;
 }

@@ -2,7 +2,7 @@
  * and HSDP with train.shard_degree): each rank of a shard group owns 1/G of
  * every unit's fp32 master weights, gradients and AdamW moments; a unit's
  * weights are all-gathered just before the forward or backward pass uses
- * them (into one block-sized buffer, reused by every block; the root unit,
+ * them (into a block-sized buffer, reused by every block; the root unit,
  * embeddings + final norm + LM head, stays gathered from the forward pass
  * through the end of the backward pass), converted there to the backend's
  * compute type, and a block's gradients are reduce-scattered in fp32 right
@@ -10,6 +10,18 @@
  * accumulation keeps only shards.  Replica groups (HSDP: ranks with the same
  * position in different shard groups) all-reduce their gradient shards once
  * per step.
+ *
+ * Prefetch (backends with a side queue, CUDA: a second stream): two block
+ * buffers; when block l is acquired, the block the pass needs next (l + 1
+ * going forward, l - 1 going backward) is gathered into the other buffer on
+ * the side stream, so its all-gather runs while block l computes, and the
+ * main stream waits for it only when that block is acquired.  A buffer
+ * remembers which block it holds and for which master weights (a version
+ * bumped by every optimizer step or weight load), so a block still held is
+ * not gathered again (the last block from the forward pass to the backward
+ * pass, block 0 from one micro-batch's backward pass to the next forward
+ * pass).  Backends without a side queue keep one buffer, gathered when a
+ * block is acquired (the same reuse applies).
  *
  * Regions, in flat-parameter order: 0 = the embeddings, 1 .. n_layers = the
  * blocks, n_layers + 1 = final norm + LM head, each contiguous in the flat
@@ -59,8 +71,18 @@ struct olmo_fsdp {
     float *master, *grad; /* this rank's shards (n_local floats, backend buffers) */
     float *root_w[2], *root_g[2]; /* regions 0 and n_regions - 1, gathered (+ G spare elements) */
     void *root_c[2];              /* their compute copies (bf16 backends) */
-    float *blk_w, *blk_g;         /* one block, gathered (+ G spare elements) */
-    void *blk_c;
+    struct olmo_fsdp_slot {
+        float *w;     /* one block, gathered (+ G spare elements) */
+        void *c;      /* its compute copy (bf16 backends) */
+        int block;    /* the block it holds, -1 none */
+        unsigned long version; /* of the master weights it was gathered from */
+        bool pending; /* gathered on the side queue: side_wait(slot) before use */
+    } slot[2];
+    int n_slots;   /* 2 with prefetch (the backend has a side queue), else 1 */
+    int next_slot; /* where the next gather on demand goes */
+    unsigned long version; /* the master weights' version: bumped whenever they change */
+    float *blk_g;  /* the acquired block's gradients (+ G spare elements) */
+    long gathers, prefetches; /* blocks gathered on demand and on the side queue (counters for tests) */
     float *rs_out; /* a reduce-scatter's result (the largest shard) */
     bool root_valid; /* root_w holds the current master weights */
     struct olmo_unit_hooks hooks;
@@ -83,8 +105,8 @@ int olmo_fsdp_grad_norm(struct olmo_fsdp *fs, double *norm);
 int olmo_fsdp_clip(struct olmo_fsdp *fs, double norm, double max_norm);
 /* AdamW on this rank's shard (opt's moments); the gathered root is stale afterwards. */
 int olmo_fsdp_step(struct olmo_fsdp *fs, struct olmo_optimizer *opt, const struct olmo_train_config *t, double lr);
-/* The master shard was written from outside (a checkpoint): the gathered root is stale. */
-void olmo_fsdp_master_updated(struct olmo_fsdp *fs);
+/* The master shard was written from outside (a checkpoint): the gathered root and blocks are stale. */
+int olmo_fsdp_master_updated(struct olmo_fsdp *fs);
 /* This rank's pieces from full-size host weights (every rank passes the same). */
 int olmo_fsdp_set_weights(struct olmo_fsdp *fs, const float *host);
 /* OLMo-core's initialisation (olmo_model_init_weights), a tensor at a time: no full-size copy. */

@@ -230,8 +230,9 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
         /* train/fsdp.c: regions = the embedding, each block, the final norm with the LM head; a rank
          * keeps its slice (1/S of every unit, within a group of S ranks) of the fp32 master weights,
          * gradients and moments; the root regions (embedding, final norm + LM head) stay gathered in
-         * fp32 with their gradients (and their compute copy on bf16 backends); one block is gathered
-         * at a time into a block buffer (fp32, plus its compute copy) with a block gradient buffer;
+         * fp32 with their gradients (and their compute copy on bf16 backends); a block is gathered
+         * into a block buffer (fp32, plus its compute copy), two of them on a device (CUDA prefetches
+         * the next block on a second stream), with one block gradient buffer;
          * the reduce-scatter's output is one unit's slice.  Each region buffer has S spare floats. */
         const double S = p->shard_degree, per_layer = (n - 2 * s.V * s.D - s.D) / s.L;
         const double emb = s.V * s.D + S, head = s.V * s.D + s.D + S, block = per_layer + S;
@@ -240,7 +241,7 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
         b[OLMO_MEM_GRADS] = buf(&d, 4 * shard) + buf(&d, 4 * emb) + buf(&d, 4 * head) + buf(&d, 4 * block);
         b[OLMO_MEM_OPTIM] = 2 * buf(&d, 4 * shard);
         b[OLMO_MEM_COMPUTE] = d.bf16_compute ? buf(&d, cbytes * emb) + buf(&d, cbytes * head) : 0;
-        b[OLMO_MEM_GATHERED] = buf(&d, 4 * block) + (d.bf16_compute ? buf(&d, cbytes * block) : 0);
+        b[OLMO_MEM_GATHERED] = (d.device ? 2 : 1) * (buf(&d, 4 * block) + (d.bf16_compute ? buf(&d, cbytes * block) : 0));
         b[OLMO_MEM_COMM] = buf(&d, 4 * ceil(s.V * s.D / S));
     }
     const bool all16 = t->saved_activations == SAVED_ACTS_BF16;

@@ -18,7 +18,7 @@ enum olmo_mem_item {
     OLMO_MEM_GRADS,       /* fp32 gradients (fsdp: this rank's shard) */
     OLMO_MEM_OPTIM,       /* AdamW's two moments, fp32, this rank's shard */
     OLMO_MEM_COMPUTE,     /* the weights in the compute dtype (bf16 backends; fsdp: of the shard) */
-    OLMO_MEM_GATHERED,    /* fsdp: gathered compute weights of the units in flight */
+    OLMO_MEM_GATHERED,    /* fsdp: gathered block weights (two blocks on a device: the next one is prefetched) */
     OLMO_MEM_ACTIVATIONS, /* saved for the backward pass (by checkpointing mode), recompute buffers */
     OLMO_MEM_LOGITS,      /* [tokens, vocab] fp32, overwritten by their gradient */
     OLMO_MEM_WORK,        /* the backward pass's activation gradients, token ids, RoPE tables */

@@ -236,9 +236,10 @@ static void print_header(const struct olmo_run *run) {
     if (world > 1 && run->tr.fully_sharded)
         fprintf(log,
                 "data parallel: %d ranks x %d micro-batches of %d; fully sharded (FSDP) in groups of %d ranks, "
-                "%d replicas; through %s\n",
+                "%d replicas; through %s%s\n",
                 world, cfg->train.grad_accum, cfg->train.micro_batch, run->tr.fsdp.shard_group.world,
-                run->tr.fsdp.replica_group.world, run->tr.fsdp.device ? "NCCL" : "MPI");
+                run->tr.fsdp.replica_group.world, run->tr.fsdp.device ? "NCCL" : "MPI",
+                run->tr.fsdp.n_slots == 2 ? "; the next block gathered on a second stream" : "");
     else if (world > 1)
         fprintf(log,
                 "data parallel: %d ranks x %d micro-batches of %d; optimizer state sharded (ZeRO-1); gradients "
@@ -533,6 +534,10 @@ int olmo_run_finish(struct olmo_run *run) {
     }
     if (o->write_files && olmo_ckpt_export_weights(&run->tr, save)) return -1; /* collective: rank 0 writes */
     const long done = run->step - run->st.step;
+    if (o->log && run->tr.fully_sharded)
+        fprintf(o->log, "fsdp: %ld block gathers when a block was needed, %ld ahead on the side stream%s\n",
+                run->tr.fsdp.gathers, run->tr.fsdp.prefetches,
+                run->tr.fsdp.n_slots == 2 ? "" : " (this backend has none: one block buffer)");
     if (o->log)
         fprintf(o->log, "done: %ld steps in %.1fs (%.0f tok/s average); weights in %s\n", done, total,
                 total > 0 ? (double)done * (double)run->tokens_per_step / total : 0.0, save ? save : "-");

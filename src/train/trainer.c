@@ -133,10 +133,7 @@ int olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res) {
 }
 
 int olmo_trainer_master_updated(struct olmo_trainer *tr) {
-    if (tr->fully_sharded) {
-        olmo_fsdp_master_updated(&tr->fsdp);
-        return 0;
-    }
+    if (tr->fully_sharded) return olmo_fsdp_master_updated(&tr->fsdp);
     if (!tr->dist || tr->dist->world == 1) return olmo_model_sync_weights(&tr->model);
     /* every rank updated its own shard: share them */
     size_t *offsets = olmo_malloc(sizeof(size_t) * (size_t)(tr->dist->world + 1), "shard offsets");

@@ -433,6 +433,50 @@ static void test_elementwise(void) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dual_free(all[i]);
 }
 
+/* The side queue (fully sharded training's prefetch): ops queued there after side_begin see what the
+ * main queue did before it, and the main queue sees their results after side_wait; the reference does
+ * the same ops in order.  Large enough that a missing event shows on a GPU as a race, and on the
+ * emulation (which runs side work only when it is waited for) as the old contents. */
+static void test_side_queue(void) {
+    if (!dut->side_begin) {
+        printf("note: %s has no side queue (ops run in order as called)\n", dut->name);
+        return;
+    }
+    const size_t n = (size_t)1 << 22;
+    struct dual x = dual_rand(n, 1.0), w = dual_zero(n), z = dual_rand(n, 1.0), back = dual_zero(n);
+    void *c_r = be_alloc(ref, n * 2), *c_d = be_alloc(dut, n * 2);
+    for (int slot = 0; slot < 2; slot++) {
+        ref->scale(ref, x.r, n, 1.5f); /* main queue, before side_begin */
+        dut->scale(dut, x.d, n, 1.5f);
+        ref->copy(ref, w.r, x.r, n * sizeof(float));
+        ref->convert(ref, c_r, OLMO_BF16, x.r, OLMO_F32, n);
+        ref->zero(ref, z.r, n * sizeof(float));
+        int rc = dut->side_begin(dut);
+        rc |= dut->copy(dut, w.d, x.d, n * sizeof(float));
+        rc |= dut->convert(dut, c_d, OLMO_BF16, x.d, OLMO_F32, n);
+        rc |= dut->zero(dut, z.d, n * sizeof(float));
+        rc |= dut->side_end(dut, slot);
+        rc |= dut->side_wait(dut, slot);
+        /* main queue, after the wait: reads what the side queue wrote */
+        ref->convert(ref, back.r, OLMO_F32, c_r, OLMO_BF16, n);
+        rc |= dut->convert(dut, back.d, OLMO_F32, c_d, OLMO_BF16, n);
+        report(slot ? "side queue (slot 1) calls" : "side queue (slot 0) calls", rc ? 1.0 : 0.0, 0.0);
+        expect("side queue: copy of main-queue data", w, 0.0);
+        expect("side queue: convert to bf16 and back", back, 0.0);
+        expect("side queue: zero", z, 0.0);
+    }
+    /* misuse is an error, not a hang or a wrong stream */
+    const int bad_end = dut->side_end(dut, 0); /* without side_begin */
+    const bool begun = dut->side_begin(dut) == 0;
+    const int bad_slot = dut->side_end(dut, 2), bad_wait = dut->side_wait(dut, 0); /* slot 2; a wait on the side */
+    const bool ended = begun && dut->side_end(dut, 0) == 0;
+    report("side queue: misuse refused", bad_end && bad_slot && bad_wait && ended ? 0.0 : 1.0, 0.0);
+    ref->free(ref, c_r);
+    dut->free(dut, c_d);
+    struct dual *all[] = {&x, &w, &z, &back};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dual_free(all[i]);
+}
+
 static void test_cross_entropy(int n, int V) {
     int32_t *targets = xmalloc((size_t)n * sizeof(int32_t));
     for (int i = 0; i < n; i++) targets[i] = i % 5 == 3 ? -100 : (int32_t)(olmo_rng_next(&rng) % (uint64_t)V);
@@ -705,6 +749,7 @@ int main(int argc, char **argv) {
     test_attention_cached(7, 90, 24, 6, 2, 96, 17);    /* sliding window, ring buffer wrapped */
     test_attention_cached(1, 100, 4, 4, 2, 33, 4);     /* window = cache */
     test_elementwise();
+    test_side_queue();
     test_cross_entropy(19, 1000);
     test_cross_entropy(5, 50000);
     test_sum_squares();

@@ -4,6 +4,7 @@ must train like one unsharded rank with the same global batch (losses, grad
 norms and the final weights), evaluate like it, and a fully sharded
 checkpoint must resume on another layout."""
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -181,7 +182,14 @@ def test_fully_sharded_through_nccl(build_dir, tiny, tmp_path):  # noqa: F811
                                         (4, 1, ("--set", "train.shard_degree=2"), "groups of 2 ranks, 2 replicas")):
         out = tmp_path / f"r{ranks}"
         many, stdout = run(out, ranks, accum, "--set", "train.sharding=fsdp", *extra)
-        assert f"fully sharded (FSDP) in {groups}; through NCCL" in stdout, stdout
+        assert f"fully sharded (FSDP) in {groups}; through NCCL; the next block gathered on a second stream" \
+            in stdout, stdout
+        # the side stream, 4 layers: per step block 0 is gathered when needed (the weights changed), every
+        # other block ahead, except those the two buffers still hold: the last two blocks of a forward pass
+        # are the first two of the backward pass, and its last two the next micro-batch's first two.  So
+        # per step 3 + 2 ahead on the first micro-batch, 2 + 2 on each further one.
+        m = re.search(r"fsdp: (\d+) block gathers when a block was needed, (\d+) ahead on the side stream\n", stdout)
+        assert m and (int(m.group(1)), int(m.group(2))) == (3, 3 * (5 + 4 * (accum - 1))), stdout
         assert len(many) == len(one) == 3
         loss = max(rel(a["loss"], b["loss"]) for a, b in zip(one, many))
         gnorm = max(rel(a["grad_norm"], b["grad_norm"]) for a, b in zip(one, many))

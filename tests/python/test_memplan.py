@@ -21,7 +21,10 @@ from test_cli import ROOT, TINY
 
 
 MPIRUN = shutil.which("mpirun")
-TOLERANCE = 0.10
+TOLERANCE = 0.10  # the issue's bound
+# The emulated CUDA runtime's counters follow the plan within 0.76% (measured): at tiny sizes a
+# missing block buffer (fsdp's prefetch) is only 7% of the peak, so those rows are held to 1%.
+TOLERANCE_EMULATED_CUDA = 0.01
 
 # Short runs: no evaluation, no checkpoints, no peak-FLOP/s probe (its three 16 MiB matrices
 # would be the peak of these small models; the plan lists it separately).
@@ -91,7 +94,7 @@ def measured_peaks(stderr, ranks):
     return {int(r): int(p) for r, _, p in rows}
 
 
-def check(build_dir, exe, backend, config, ranks, mode, tiny, tmp_path):
+def check(build_dir, exe, backend, config, ranks, mode, tiny, tmp_path, tolerance=TOLERANCE):
     if ranks > 1 and MPIRUN is None:
         pytest.skip("OpenMPI (mpirun) is not installed")
     path, extra = CONFIGS[config]
@@ -112,7 +115,7 @@ def check(build_dir, exe, backend, config, ranks, mode, tiny, tmp_path):
         err = (planned - peak) / peak
         print(f"{backend} {config} {mode} ranks {ranks} rank {rank}: plan {planned} measured {peak} "
               f"({100 * err:+.3f}%)")
-        assert abs(err) <= TOLERANCE, f"rank {rank}: plan {planned}, measured {peak}\n{table}"
+        assert abs(err) <= tolerance, f"rank {rank}: plan {planned}, measured {peak}\n{table}"
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 4])
@@ -145,14 +148,16 @@ def test_plan_matches_measured_peak_with_probe(build_dir, tiny, tmp_path):
 
 
 @pytest.mark.parametrize("backend,ranks,mode", [("cuda", 1, "zero1"), ("cuda-bf16", 1, "zero1"),
-                                               ("cuda-bf16", 2, "zero1"), ("cuda-bf16", 1, "all16_ff")])
+                                               ("cuda-bf16", 2, "zero1"), ("cuda-bf16", 1, "all16_ff"),
+                                               ("cuda-bf16", 2, "all16_fsdp")])
 def test_plan_matches_measured_peak_emulated_cuda(build_dir, tiny, tmp_path, backend, ranks, mode):
     """The CUDA backend's counters (device buffers at cudaMalloc's 256-byte rounding, its
-    1.25x-growing scratch) on the emulated CUDA runtime; 2 ranks: NCCL (emulated) in place."""
+    1.25x-growing scratch) on the emulated CUDA runtime; 2 ranks: NCCL (emulated) in place;
+    fsdp: two gathered block buffers (the next block is prefetched on the side stream)."""
     exe = build_dir / "tests" / "olmoc_emu"
     if not exe.exists():
         pytest.skip("olmoc_emu is not built (the emulated CUDA runtime needs a C++ compiler)")
-    check(build_dir, exe, backend, "tiny2", ranks, mode, tiny, tmp_path)
+    check(build_dir, exe, backend, "tiny2", ranks, mode, tiny, tmp_path, TOLERANCE_EMULATED_CUDA)
 
 
 def test_info_plan_cli(build_dir):

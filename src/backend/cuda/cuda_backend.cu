@@ -166,14 +166,46 @@ static int cu_to_host(OLMO_BE, void *dst, const void *src, size_t bytes) {
 }
 
 static int cu_zero(OLMO_BE, void *p, size_t bytes) {
-    (void)be;
-    if (bytes) OLMO_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
+    if (bytes) OLMO_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, olmo_cuda_current_stream(be)));
     return 0;
 }
 
 static int cu_copy(OLMO_BE, void *dst, const void *src, size_t bytes) {
-    (void)be;
-    if (bytes && dst != src) OLMO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
+    if (bytes && dst != src)
+        OLMO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, olmo_cuda_current_stream(be)));
+    return 0;
+}
+
+/* ---- the side stream ---- */
+
+static int cu_side_begin(OLMO_BE) {
+    struct olmo_cuda_state *st = CUDA_STATE(be);
+    if (st->on_side) return olmo_error("CUDA backend: side_begin twice without side_end");
+    if (!st->side) {
+        /* non-blocking: no implicit ordering against the legacy default stream, only the events below */
+        OLMO_CUDA_CHECK(cudaStreamCreateWithFlags(&st->side, cudaStreamNonBlocking));
+        OLMO_CUDA_CHECK(cudaEventCreateWithFlags(&st->main_mark, cudaEventDisableTiming));
+        for (int i = 0; i < 2; i++) OLMO_CUDA_CHECK(cudaEventCreateWithFlags(&st->side_mark[i], cudaEventDisableTiming));
+    }
+    OLMO_CUDA_CHECK(cudaEventRecord(st->main_mark, 0));
+    OLMO_CUDA_CHECK(cudaStreamWaitEvent(st->side, st->main_mark, 0));
+    st->on_side = true;
+    return 0;
+}
+
+static int cu_side_end(OLMO_BE, int slot) {
+    struct olmo_cuda_state *st = CUDA_STATE(be);
+    if (!st->on_side || slot < 0 || slot > 1) return olmo_error("CUDA backend: side_end(%d) without side_begin", slot);
+    OLMO_CUDA_CHECK(cudaEventRecord(st->side_mark[slot], st->side));
+    st->on_side = false;
+    return 0;
+}
+
+static int cu_side_wait(OLMO_BE, int slot) {
+    struct olmo_cuda_state *st = CUDA_STATE(be);
+    if (st->on_side || slot < 0 || slot > 1 || !st->side)
+        return olmo_error("CUDA backend: side_wait(%d) on the side stream or before any side work", slot);
+    OLMO_CUDA_CHECK(cudaStreamWaitEvent(0, st->side_mark[slot], 0));
     return 0;
 }
 
@@ -198,16 +230,19 @@ static __global__ void bf16_to_f32_kernel(float *dst, const __nv_bfloat16 *src, 
 static int cu_convert(OLMO_BE, void *dst, enum olmo_float_type dst_type, const void *src, enum olmo_float_type src_type,
                       size_t n) {
     if (!n) return 0;
+    const cudaStream_t stream = olmo_cuda_current_stream(be);
     if (dst_type == src_type) {
-        OLMO_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * olmo_float_type_size(dst_type), cudaMemcpyDeviceToDevice, 0));
+        OLMO_CUDA_CHECK(
+            cudaMemcpyAsync(dst, src, n * olmo_float_type_size(dst_type), cudaMemcpyDeviceToDevice, stream));
     } else if (dst_type == OLMO_BF16) {
-        OLMO_LAUNCH(f32_to_bf16_kernel, ew_blocks(n), EW_THREADS, 0, (__nv_bfloat16 *)dst, (const float *)src, n);
+        OLMO_LAUNCH_ON(stream, f32_to_bf16_kernel, ew_blocks(n), EW_THREADS, 0, (__nv_bfloat16 *)dst,
+                       (const float *)src, n);
         OLMO_CUDA_LAUNCHED("f32_to_bf16_kernel");
     } else {
-        OLMO_LAUNCH(bf16_to_f32_kernel, ew_blocks(n), EW_THREADS, 0, (float *)dst, (const __nv_bfloat16 *)src, n);
+        OLMO_LAUNCH_ON(stream, bf16_to_f32_kernel, ew_blocks(n), EW_THREADS, 0, (float *)dst,
+                       (const __nv_bfloat16 *)src, n);
         OLMO_CUDA_LAUNCHED("bf16_to_f32_kernel");
     }
-    (void)be;
     return 0;
 }
 
@@ -713,6 +748,12 @@ static void cu_destroy(struct olmo_backend *be) {
 #endif
     for (int i = 0; i < SCRATCH_SLOTS; i++)
         if (st->scratch[i]) cudaFree(st->scratch[i]);
+    if (st->side) {
+        cudaStreamSynchronize(st->side);
+        cudaStreamDestroy(st->side);
+        cudaEventDestroy(st->main_mark);
+        for (int i = 0; i < 2; i++) cudaEventDestroy(st->side_mark[i]);
+    }
     olmo_memcount_free(&st->mem);
     if (st->blas) cublasDestroy(st->blas);
     free(st);
@@ -756,6 +797,9 @@ extern "C" struct olmo_backend *olmo_backend_cuda_create(enum olmo_cuda_gemm_pre
     be->copy = cu_copy;
     be->synchronize = cu_synchronize;
     be->convert = cu_convert;
+    be->side_begin = cu_side_begin;
+    be->side_end = cu_side_end;
+    be->side_wait = cu_side_wait;
     /* cuda-bf16 multiplies a bf16 compute copy of the weights; cuda-bf16-cublas rounds inside cuBLAS */
     be->compute_dtype = precision == OLMO_CUDA_BF16 ? OLMO_BF16 : OLMO_F32;
     be->check_attention = olmo_cuda_check_attention;

@@ -1,7 +1,13 @@
 /* Data-parallel collectives of the CUDA backend: NCCL on device memory, one
  * communicator over the MPI ranks (mpirun launches, MPI broadcasts the NCCL id).
  * Everything runs on the legacy default stream, like the rest of the backend,
- * so a collective is ordered after the kernels that produced its buffer. */
+ * so a collective is ordered after the kernels that produced its buffer;
+ * the group all-gather runs on the side stream when that is selected
+ * (cuda_internal.h), ordered by the events of side_begin / side_wait.  It uses
+ * the shard group's one communicator, as the reduce-scatters on the default
+ * stream do: every rank issues all of them in the same order, which is what
+ * NCCL asks of operations on one communicator from several streams.  (Not yet
+ * run on a GPU: the emulation checks the events' ordering, not NCCL's.) */
 #include "backend/cuda/cuda_internal.h"
 
 #ifndef OLMOC_CUDA_EMULATION
@@ -82,11 +88,13 @@ void *olmo_cuda_comm_group_create(OLMO_BE, const struct olmo_dist *group) {
 }
 
 /* n bytes per rank (fp32 or bf16 elements alike), in place */
+/* on the side stream when it is selected (the next block's gather in fully sharded training) */
 int olmo_cuda_comm_group_allgather(OLMO_BE, void *comm, void *buf, size_t n) {
-    (void)be;
     int rank;
     NCCL_TRY(ncclCommUserRank((ncclComm_t)comm, &rank), "ncclCommUserRank");
-    NCCL_TRY(ncclAllGather((char *)buf + (size_t)rank * n, buf, n, ncclInt8, (ncclComm_t)comm, 0), "all-gather");
+    NCCL_TRY(ncclAllGather((char *)buf + (size_t)rank * n, buf, n, ncclInt8, (ncclComm_t)comm,
+                           olmo_cuda_current_stream(be)),
+             "all-gather");
     return 0;
 }
 

@@ -2,7 +2,11 @@
  *
  * Execution model: every op is enqueued on the legacy default stream, in
  * program order; ops that return values to the host (cross_entropy,
- * sum_squares) and to_host synchronise.  cuBLAS uses the same stream.
+ * sum_squares) and to_host synchronise.  cuBLAS uses the same stream.  The
+ * one exception is the side stream (side_begin .. side_end: a non-blocking
+ * stream created on first use, ordered against the default stream by events
+ * only), where zero, copy, convert and comm_group_allgather go while it is
+ * selected: fully sharded training gathers the next block there.
  *
  * Errors: alloc reports failure through olmo_error and returns NULL like the
  * CPU backend; a shape the capability query refuses never reaches the
@@ -28,6 +32,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #define OLMO_LAUNCH(kernel, grid, block, smem, ...) kernel<<<(grid), (block), (smem)>>>(__VA_ARGS__)
+#define OLMO_LAUNCH_ON(stream, kernel, grid, block, smem, ...) \
+    kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
 #define OLMO_DYNAMIC_SMEM(type, name) extern __shared__ type name[]
 #endif
 
@@ -69,8 +75,17 @@ struct olmo_cuda_state {
     struct olmo_memcount mem; /* alloc'd buffers and the scratch above (mem_stats) */
     void *comm; /* ncclComm_t (cuda_comm.cu), NULL until comm_init */
     int comm_world;
+    /* the side stream (side_begin / side_end / side_wait), NULL until first used */
+    cudaStream_t side;
+    cudaEvent_t main_mark, side_mark[2];
+    bool on_side; /* between side_begin and side_end */
 };
 #define CUDA_STATE(be) ((struct olmo_cuda_state *)(be)->state)
+/* The stream that zero, copy, convert and comm_group_allgather enqueue on (0: the legacy default stream). */
+static inline cudaStream_t olmo_cuda_current_stream(const struct olmo_backend *be) {
+    const struct olmo_cuda_state *st = (const struct olmo_cuda_state *)be->state;
+    return st->on_side ? st->side : (cudaStream_t)0;
+}
 void *olmo_cuda_scratch(OLMO_BE, enum olmo_cuda_scratch_slot slot, size_t bytes);
 
 /* ---- attention: shared by cuda_attention.cu and cuda_attention_tc.cu ---- */

@@ -6,7 +6,9 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include <deque>
 #include <map>
+#include <set>
 
 #if !defined(__x86_64__)
 #include <ucontext.h>
@@ -339,6 +341,108 @@ void emu_launch(const void *kernel, const char *name, dim3 grid, dim3 block, siz
     emu.in_launch = false;
 }
 
+/* ---- streams and events ---- */
+
+struct emu_stream {
+    std::deque<std::function<void()>> queue;
+    unsigned long long queued = 0, done = 0; /* work items queued and run so far */
+};
+struct emu_event {
+    cudaStream_t stream = nullptr; /* where it was last recorded (nullptr: the default stream, complete) */
+    unsigned long long upto = 0;   /* complete once stream->done reaches this */
+};
+
+namespace {
+std::set<cudaStream_t> streams;
+
+/* Runs s's queued work until `upto` items have run. */
+void run_until(cudaStream_t s, unsigned long long upto) {
+    while (s->done < upto && !s->queue.empty()) {
+        std::function<void()> fn = std::move(s->queue.front());
+        s->queue.pop_front();
+        fn();
+        s->done++;
+    }
+}
+
+void run_all_streams() {
+    for (cudaStream_t s : streams) run_until(s, s->queued);
+}
+} // namespace
+
+void emu_stream_submit(cudaStream_t stream, std::function<void()> fn) {
+    if (!stream) {
+        fn();
+        return;
+    }
+    if (!streams.count(stream)) emu_abort("work queued on a stream that does not exist");
+    stream->queue.push_back(std::move(fn));
+    stream->queued++;
+}
+
+void emu_launch_on(cudaStream_t stream, const void *kernel, const char *name, dim3 grid, dim3 block,
+                   size_t smem_bytes, const std::function<void()> &body) {
+    if (!stream) {
+        emu_launch(kernel, name, grid, block, smem_bytes, body);
+        return;
+    }
+    std::function<void()> copy = body; /* the lambda holds the arguments by value */
+    emu_stream_submit(stream, [=]() { emu_launch(kernel, name, grid, block, smem_bytes, copy); });
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags) {
+    if (flags != cudaStreamNonBlocking) return last_error = cudaErrorInvalidValue; /* only what the backend uses */
+    *stream = new emu_stream;
+    streams.insert(*stream);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    if (!streams.count(stream)) return last_error = cudaErrorInvalidValue;
+    run_until(stream, stream->queued); /* CUDA finishes a destroyed stream's work */
+    streams.erase(stream);
+    delete stream;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    if (stream && !streams.count(stream)) return last_error = cudaErrorInvalidValue;
+    if (stream) run_until(stream, stream->queued);
+    return last_error;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags) {
+    (void)flags;
+    *event = new emu_event;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    delete event;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    if (stream && !streams.count(stream)) return last_error = cudaErrorInvalidValue;
+    event->stream = stream;
+    event->upto = stream ? stream->queued : 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
+    if (flags) return last_error = cudaErrorInvalidValue;
+    if (stream && !streams.count(stream)) return last_error = cudaErrorInvalidValue;
+    cudaStream_t from = event->stream;
+    if (!from || from == stream) return cudaSuccess; /* the default stream's work is done; a stream is in order */
+    if (!streams.count(from)) return last_error = cudaErrorInvalidValue;
+    if (!stream) {
+        run_until(from, event->upto); /* the default stream waits: run the side work it waits for */
+        return cudaSuccess;
+    }
+    /* a created stream waiting for another created stream: not used by the backend */
+    return last_error = cudaErrorInvalidValue;
+}
+
 /* ---- runtime ---- */
 
 cudaError_t cudaMalloc(void **p, size_t bytes) {
@@ -352,6 +456,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
 }
 
 cudaError_t cudaFree(void *p) {
+    run_all_streams(); /* cudaFree synchronises the device */
     free(p);
     return cudaSuccess;
 }
@@ -369,8 +474,9 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpy
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t stream) {
-    (void)stream;
-    return cudaMemcpy(dst, src, bytes, kind);
+    if (overlaps(dst, src, bytes)) emu_abort("cudaMemcpyAsync between overlapping buffers");
+    emu_stream_submit(stream, [=]() { cudaMemcpy(dst, src, bytes, kind); });
+    return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void *p, int value, size_t bytes) {
@@ -379,8 +485,8 @@ cudaError_t cudaMemset(void *p, int value, size_t bytes) {
 }
 
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t stream) {
-    (void)stream;
-    return cudaMemset(p, value, bytes);
+    emu_stream_submit(stream, [=]() { cudaMemset(p, value, bytes); });
+    return cudaSuccess;
 }
 
 cudaError_t cudaGetLastError(void) {
@@ -389,7 +495,10 @@ cudaError_t cudaGetLastError(void) {
     return e;
 }
 
-cudaError_t cudaDeviceSynchronize(void) { return last_error; }
+cudaError_t cudaDeviceSynchronize(void) {
+    run_all_streams();
+    return last_error;
+}
 
 const char *cudaGetErrorString(cudaError_t err) {
     switch (err) {

@@ -88,6 +88,10 @@ void emu_launch(const void *kernel, const char *name, dim3 grid, dim3 block, siz
                 const std::function<void()> &body);
 #define OLMO_LAUNCH(kernel, grid, block, smem, ...) \
     emu_launch((const void *)(kernel), #kernel, (grid), (block), (smem), [=]() { kernel(__VA_ARGS__); })
+/* On a stream: the legacy default stream (0) runs it now, another stream queues it (see Streams below). */
+#define OLMO_LAUNCH_ON(stream, kernel, grid, block, smem, ...)                                     \
+    emu_launch_on((stream), (const void *)(kernel), #kernel, (grid), (block), (smem), \
+                  [=]() { kernel(__VA_ARGS__); })
 #define OLMO_DYNAMIC_SMEM(type, name) type *name = (type *)emu_dynamic_smem()
 
 /* ---- runtime ---- */
@@ -106,6 +110,30 @@ enum cudaMemcpyKind {
 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 typedef struct emu_stream *cudaStream_t;
+typedef struct emu_event *cudaEvent_t;
+enum { cudaStreamNonBlocking = 1, cudaEventDisableTiming = 2 };
+
+/* Streams.  The legacy default stream (0) runs everything at once, as the
+ * rest of this emulation does.  A created stream (non-blocking only) queues
+ * its work -- kernels, async copies and sets, NCCL calls -- and runs it only
+ * when something must wait for it: cudaStreamWaitEvent on the default stream
+ * for an event recorded on it, cudaStreamSynchronize, cudaDeviceSynchronize,
+ * cudaFree, or its destruction.  So a read on the default stream of what side
+ * work writes, without the event wait, sees the old contents: the missing
+ * wait shows up as wrong results.  (The other way round -- side work that
+ * should have waited for the default stream -- is not caught: the default
+ * stream's work is always done when side work is queued.) */
+void emu_launch_on(cudaStream_t stream, const void *kernel, const char *name, dim3 grid, dim3 block,
+                   size_t smem_bytes, const std::function<void()> &body);
+/* Runs fn now on the default stream, else queues it on `stream`. */
+void emu_stream_submit(cudaStream_t stream, std::function<void()> fn);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags);
 
 cudaError_t cudaMalloc(void **p, size_t bytes);
 cudaError_t cudaFree(void *p);

@@ -113,6 +113,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     if (!known(comm)) return usage("ncclCommDestroy of an unknown communicator");
     if (group_depth) return usage("ncclCommDestroy inside a group");
+    cudaDeviceSynchronize(); /* its queued collectives run first */
 #ifdef OLMOC_HAVE_MPI
     if (comm->mpi != MPI_COMM_SELF) MPI_Comm_free(&comm->mpi);
 #endif
@@ -157,20 +158,23 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, n
 }
 
 /* NCCL's in-place all-gather: sendbuff = recvbuff + rank * sendcount. */
+/* On a created stream the data moves when the stream's queue runs (cuda_emu.h: Streams); every rank
+ * issues its collectives in the same order, and runs a stream's queue at the same points of its
+ * program, so the MPI calls still match. */
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
     if (!known(comm)) return usage("ncclAllGather on an unknown communicator");
     if (datatype != ncclFloat32 && datatype != ncclInt8) return ncclInvalidArgument;
     const size_t bytes = sendcount * (datatype == ncclFloat32 ? sizeof(float) : 1);
+    if (comm->nranks > 1 && bytes > ((size_t)1 << 30)) return usage("ncclAllGather: count too large for the emulation");
     char *mine = (char *)recvbuff + (size_t)comm->rank * bytes;
-    if (sendbuff != mine && bytes) memmove(mine, sendbuff, bytes);
+    emu_stream_submit(stream, [=]() {
+        if (sendbuff != mine && bytes) memmove(mine, sendbuff, bytes);
 #ifdef OLMOC_HAVE_MPI
-    if (comm->nranks > 1) {
-        if (bytes > ((size_t)1 << 30)) return usage("ncclAllGather: count too large for the emulation");
-        MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recvbuff, (int)bytes, MPI_BYTE, comm->mpi);
-    }
+        if (comm->nranks > 1)
+            MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recvbuff, (int)bytes, MPI_BYTE, comm->mpi);
 #endif
+    });
     return ncclSuccess;
 }
 
