@@ -1346,6 +1346,7 @@ static int load_into_trainer(const char *dir, struct olmo_trainer *tr, struct ol
     }
     manifest_free(&mf);
     rc = agree(tr->dist, rc, "loading the checkpoint");
+    if (rc && tr->fully_sharded) olmo_fsdp_master_updated(&tr->fsdp); /* partly written: nothing gathered holds */
     return rc ? rc : olmo_trainer_master_updated(tr);
 }
 
@@ -1397,6 +1398,7 @@ int olmo_ckpt_load_weights_file(const char *path, struct olmo_trainer *tr) {
     }
     manifest_free(&mf);
     rc = agree_message(tr->dist, rc);
+    if (rc && tr->fully_sharded) olmo_fsdp_master_updated(&tr->fsdp); /* partly written: nothing gathered holds */
     return rc ? rc : olmo_trainer_master_updated(tr);
 }
 

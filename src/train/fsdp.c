@@ -147,6 +147,7 @@ static int acquire(void *ctx, struct olmo_model *m, int unit, bool backward) {
     } else { /* not held: gather it now, on the main queue */
         s = fs->next_slot;
         TRY(settle(fs, s));
+        fs->slot[s].block = -1; /* until the gather is done: a failed one leaves it holding nothing */
         TRY(gather_region(fs, 1 + unit, fs->slot[s].w, fs->slot[s].c));
         fs->slot[s].block = unit;
         fs->slot[s].version = fs->version;
@@ -164,12 +165,14 @@ static int acquire(void *ctx, struct olmo_model *m, int unit, bool backward) {
     if (fs->n_slots == 2 && next >= 0 && next < L && slot_holding(fs, next) < 0) {
         const int t = fs->next_slot;
         TRY(settle(fs, t));
+        fs->slot[t].block = -1; /* until the gather is queued: a failed one leaves it holding nothing */
         TRY(be->side_begin(be));
+        fs->slot[t].pending = true; /* side work may be queued from here on, even if the gather fails */
         const int rc = gather_region(fs, 1 + next, fs->slot[t].w, fs->slot[t].c);
         TRY(be->side_end(be, t)); /* back on the main queue even when the gather failed */
         TRY(rc);
-        fs->slot[t] = (struct olmo_fsdp_slot){.w = fs->slot[t].w, .c = fs->slot[t].c, .block = next,
-                                              .version = fs->version, .pending = true};
+        fs->slot[t].block = next;
+        fs->slot[t].version = fs->version;
         fs->prefetches++;
     }
     return 0;

@@ -467,9 +467,11 @@ static void test_side_queue(void) {
     }
     /* misuse is an error, not a hang or a wrong stream */
     const int bad_end = dut->side_end(dut, 0); /* without side_begin */
-    const bool begun = dut->side_begin(dut) == 0;
-    const int bad_slot = dut->side_end(dut, 2), bad_wait = dut->side_wait(dut, 0); /* slot 2; a wait on the side */
-    const bool ended = begun && dut->side_end(dut, 0) == 0;
+    int begun = dut->side_begin(dut) == 0;
+    const int bad_wait = dut->side_wait(dut, 0); /* a wait while on the side queue */
+    const int bad_slot = dut->side_end(dut, 2);  /* refused, and back on the main queue */
+    begun += dut->side_begin(dut) == 0;          /* so this is no second side_begin */
+    const bool ended = begun == 2 && dut->side_end(dut, 0) == 0 && dut->side_wait(dut, 0) == 0;
     report("side queue: misuse refused", bad_end && bad_slot && bad_wait && ended ? 0.0 : 1.0, 0.0);
     ref->free(ref, c_r);
     dut->free(dut, c_d);

@@ -195,9 +195,14 @@ static int cu_side_begin(OLMO_BE) {
 
 static int cu_side_end(OLMO_BE, int slot) {
     struct olmo_cuda_state *st = CUDA_STATE(be);
-    if (!st->on_side || slot < 0 || slot > 1) return olmo_error("CUDA backend: side_end(%d) without side_begin", slot);
+    if (!st->on_side) return olmo_error("CUDA backend: side_end(%d) without side_begin", slot);
+    st->on_side = false; /* back on the default stream, whatever follows */
+    if (slot < 0 || slot > 1) {
+        /* nothing can wait for the side work now: finish it here */
+        OLMO_CUDA_CHECK(cudaStreamSynchronize(st->side));
+        return olmo_error("CUDA backend: side_end(%d): the slots are 0 and 1", slot);
+    }
     OLMO_CUDA_CHECK(cudaEventRecord(st->side_mark[slot], st->side));
-    st->on_side = false;
     return 0;
 }
 

@@ -6,9 +6,10 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <deque>
 #include <map>
-#include <set>
+#include <vector>
 
 #if !defined(__x86_64__)
 #include <ucontext.h>
@@ -353,7 +354,9 @@ struct emu_event {
 };
 
 namespace {
-std::set<cudaStream_t> streams;
+/* in creation order: every rank runs queued work (its MPI calls included) in the same order */
+std::vector<cudaStream_t> streams;
+bool is_stream(cudaStream_t s) { return std::find(streams.begin(), streams.end(), s) != streams.end(); }
 
 /* Runs s's queued work until `upto` items have run. */
 void run_until(cudaStream_t s, unsigned long long upto) {
@@ -375,7 +378,7 @@ void emu_stream_submit(cudaStream_t stream, std::function<void()> fn) {
         fn();
         return;
     }
-    if (!streams.count(stream)) emu_abort("work queued on a stream that does not exist");
+    if (!is_stream(stream)) emu_abort("work queued on a stream that does not exist");
     stream->queue.push_back(std::move(fn));
     stream->queued++;
 }
@@ -393,20 +396,20 @@ void emu_launch_on(cudaStream_t stream, const void *kernel, const char *name, di
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags) {
     if (flags != cudaStreamNonBlocking) return last_error = cudaErrorInvalidValue; /* only what the backend uses */
     *stream = new emu_stream;
-    streams.insert(*stream);
+    streams.push_back(*stream);
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-    if (!streams.count(stream)) return last_error = cudaErrorInvalidValue;
+    if (!is_stream(stream)) return last_error = cudaErrorInvalidValue;
     run_until(stream, stream->queued); /* CUDA finishes a destroyed stream's work */
-    streams.erase(stream);
+    streams.erase(std::find(streams.begin(), streams.end(), stream));
     delete stream;
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-    if (stream && !streams.count(stream)) return last_error = cudaErrorInvalidValue;
+    if (stream && !is_stream(stream)) return last_error = cudaErrorInvalidValue;
     if (stream) run_until(stream, stream->queued);
     return last_error;
 }
@@ -423,7 +426,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-    if (stream && !streams.count(stream)) return last_error = cudaErrorInvalidValue;
+    if (stream && !is_stream(stream)) return last_error = cudaErrorInvalidValue;
     event->stream = stream;
     event->upto = stream ? stream->queued : 0;
     return cudaSuccess;
@@ -431,10 +434,10 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
     if (flags) return last_error = cudaErrorInvalidValue;
-    if (stream && !streams.count(stream)) return last_error = cudaErrorInvalidValue;
+    if (stream && !is_stream(stream)) return last_error = cudaErrorInvalidValue;
     cudaStream_t from = event->stream;
     if (!from || from == stream) return cudaSuccess; /* the default stream's work is done; a stream is in order */
-    if (!streams.count(from)) return last_error = cudaErrorInvalidValue;
+    if (!is_stream(from)) return last_error = cudaErrorInvalidValue;
     if (!stream) {
         run_until(from, event->upto); /* the default stream waits: run the side work it waits for */
         return cudaSuccess;
