@@ -21,7 +21,8 @@
  * throughput on one head of the olmo3-20m shapes (T = 2048, D = 64 and 128,
  * full and window 256), in model FLOPs as OLMOC_PROFILE counts them, and as a share
  * of PEAK_GFLOPS (bench/peak_gemm's FMA peak for as many threads as
- * OMP_NUM_THREADS) when given. */
+ * OMP_NUM_THREADS) when given.  OLMOC_BENCH_SHAPE=B,T,H,D,WINDOW benches that one
+ * shape instead (a training micro-batch, e.g. 4,512,6,64,0). */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -309,16 +310,26 @@ static int cmp_double(const void *a, const void *b) {
 static int bench(double peak) {
     /* one head per call: short calls (~10 ms), many of them, so that the best finds the processor to itself */
     enum { REPS = 31 };
-    const int T = 2048, shapes[][3] = {{64, 1, 0}, {64, 1, 256}, {128, 1, 0}, {128, 1, 256}}; /* D, H, window */
+    int T = 2048, B = 1, n_shapes = 4, shapes[4][3] = {{64, 1, 0}, {64, 1, 256}, {128, 1, 0}, {128, 1, 256}}; /* D, H, window */
+    /* OLMOC_BENCH_SHAPE=B,T,H,D,WINDOW: that one shape instead (e.g. a training micro-batch: 4,512,6,64,0) */
+    const char *one = getenv("OLMOC_BENCH_SHAPE");
+    if (one && *one) {
+        if (sscanf(one, "%d,%d,%d,%d,%d", &B, &T, &shapes[0][1], &shapes[0][0], &shapes[0][2]) != 5 || B < 1 ||
+            T < 1 || shapes[0][1] < 1 || shapes[0][0] < 1 || shapes[0][2] < 0) {
+            fprintf(stderr, "OLMOC_BENCH_SHAPE: expected B,T,H,D,WINDOW (positive; window 0 = full), got '%s'\n", one);
+            return 2;
+        }
+        n_shapes = 1;
+    }
     const int threads = omp_get_max_threads();
-    printf("bench: %d thread(s), T=%d, batch 1, model FLOPs over CPU seconds / threads, median (best) of %d runs%s; "
+    printf("bench: %d thread(s), T=%d, batch %d, model FLOPs over CPU seconds / threads, median (best) of %d runs%s; "
            "[wall-clock median]\n",
-           threads, T, REPS, peak > 0 ? ", % of the given peak" : "");
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+           threads, T, B, REPS, peak > 0 ? ", % of the given peak" : "");
+    for (int i = 0; i < n_shapes; i++) {
         const int D = shapes[i][0], H = shapes[i][1], w = shapes[i][2], wv = w > 0 && w < T ? w : T;
-        const double pairs = (double)wv * (wv + 1) / 2.0 + (double)(T - wv) * wv;
+        const double pairs = B * ((double)wv * (wv + 1) / 2.0 + (double)(T - wv) * wv);
         struct problem p;
-        problem_init(&p, 1, T, H, H, D, w, 0);
+        problem_init(&p, B, T, H, H, D, w, 0);
         run(&p); /* warm-up: scratch buffers and the thread team exist */
         double tf[REPS], tb[REPS], wf[REPS], wb[REPS];
         for (int r = 0; r < REPS; r++) {
