@@ -114,6 +114,28 @@ static int weights_changed(struct olmo_fsdp *fs) {
     return 0;
 }
 
+/* Gathers `block` into buffer s: on the main queue, or (side) on the side queue, to be waited for by
+ * settle(s) before use.  The buffer holds nothing while the gather is under way, so a failed one leaves
+ * no stale claim. */
+static int fill_slot(struct olmo_fsdp *fs, int s, int block, bool side) {
+    const struct olmo_backend *be = fs->m->be;
+    struct olmo_fsdp_slot *sl = &fs->slot[s];
+    TRY(settle(fs, s));
+    sl->block = -1;
+    if (side) {
+        TRY(be->side_begin(be));
+        sl->pending = true; /* side work may be queued from here on, even if the gather fails */
+    }
+    const int rc = gather_region(fs, 1 + block, sl->w, sl->c);
+    if (side) TRY(be->side_end(be, s)); /* back on the main queue even when the gather failed */
+    TRY(rc);
+    sl->block = block;
+    sl->version = fs->version;
+    if (side) fs->prefetches++;
+    else fs->gathers++;
+    return 0;
+}
+
 static int acquire(void *ctx, struct olmo_model *m, int unit, bool backward) {
     struct olmo_fsdp *fs = ctx;
     const struct olmo_backend *be = m->be;
@@ -146,12 +168,7 @@ static int acquire(void *ctx, struct olmo_model *m, int unit, bool backward) {
         TRY(settle(fs, s));
     } else { /* not held: gather it now, on the main queue */
         s = fs->next_slot;
-        TRY(settle(fs, s));
-        fs->slot[s].block = -1; /* until the gather is done: a failed one leaves it holding nothing */
-        TRY(gather_region(fs, 1 + unit, fs->slot[s].w, fs->slot[s].c));
-        fs->slot[s].block = unit;
-        fs->slot[s].version = fs->version;
-        fs->gathers++;
+        TRY(fill_slot(fs, s, unit, false));
     }
     fs->next_slot = (s + 1) % fs->n_slots; /* the other buffer: the one not in use */
     struct olmo_fsdp_slot *sl = &fs->slot[s];
@@ -162,19 +179,8 @@ static int acquire(void *ctx, struct olmo_model *m, int unit, bool backward) {
      * this one computes (the side queue starts after everything queued so far, the last use of that
      * buffer included) */
     const int next = backward ? unit - 1 : unit + 1;
-    if (fs->n_slots == 2 && next >= 0 && next < L && slot_holding(fs, next) < 0) {
-        const int t = fs->next_slot;
-        TRY(settle(fs, t));
-        fs->slot[t].block = -1; /* until the gather is queued: a failed one leaves it holding nothing */
-        TRY(be->side_begin(be));
-        fs->slot[t].pending = true; /* side work may be queued from here on, even if the gather fails */
-        const int rc = gather_region(fs, 1 + next, fs->slot[t].w, fs->slot[t].c);
-        TRY(be->side_end(be, t)); /* back on the main queue even when the gather failed */
-        TRY(rc);
-        fs->slot[t].block = next;
-        fs->slot[t].version = fs->version;
-        fs->prefetches++;
-    }
+    if (fs->n_slots == 2 && next >= 0 && next < L && slot_holding(fs, next) < 0)
+        TRY(fill_slot(fs, fs->next_slot, next, true));
     return 0;
 }
 
@@ -283,17 +289,18 @@ int olmo_fsdp_create(struct olmo_fsdp *fs, struct olmo_model *m, struct olmo_opt
     fs->grad = be->alloc(be, n_alloc * sizeof(float));
     opt->m = be->alloc(be, n_alloc * sizeof(float));
     opt->v = be->alloc(be, n_alloc * sizeof(float));
+    if (!max_block) max_block = 1;
     fs->rs_out = be->alloc(be, max_shard * sizeof(float));
-    fs->blk_g = be->alloc(be, (max_block ? max_block : 1) * sizeof(float));
+    fs->blk_g = be->alloc(be, max_block * sizeof(float));
     if (!fs->master || !fs->grad || !opt->m || !opt->v || !fs->rs_out || !fs->blk_g)
         return olmo_error_context("fully sharded buffers");
     /* two block buffers where the backend can gather the next block on a side queue */
     fs->n_slots = be->side_begin && be->side_end && be->side_wait ? 2 : 1;
     for (int s = 0; s < fs->n_slots; s++) {
         fs->slot[s].block = -1;
-        if (!(fs->slot[s].w = be->alloc(be, (max_block ? max_block : 1) * sizeof(float))))
+        if (!(fs->slot[s].w = be->alloc(be, max_block * sizeof(float))))
             return olmo_error_context("gathered block");
-        if (has_compute_copy(be) && !(fs->slot[s].c = be->alloc(be, (max_block ? max_block : 1) * elem_size(be))))
+        if (has_compute_copy(be) && !(fs->slot[s].c = be->alloc(be, max_block * elem_size(be))))
             return olmo_error_context("gathered block (compute copy)");
     }
     if (be->zero(be, opt->m, n_alloc * sizeof(float)) || be->zero(be, opt->v, n_alloc * sizeof(float)) ||
