@@ -172,6 +172,14 @@ static int agree_message(const struct olmo_dist *d, int rc) {
     return rc ? rc : olmo_error("%s", msg);
 }
 
+/* After a load into tr's master weights (rc: the ranks' agreed result): the trainer picks them up; a
+ * failed load may have written part of them, so under fsdp nothing gathered still counts as current. */
+static int master_loaded(struct olmo_trainer *tr, int rc) {
+    if (!rc) return olmo_trainer_master_updated(tr);
+    if (tr->fully_sharded) olmo_fsdp_master_updated(&tr->fsdp);
+    return rc;
+}
+
 /* The quantities a checkpoint holds per flat parameter. */
 enum { Q_MASTER, Q_M, Q_V, N_Q };
 static const char *const q_shard_tensor[N_Q] = {"weights", "exp_avg", "exp_avg_sq"};
@@ -1346,8 +1354,7 @@ static int load_into_trainer(const char *dir, struct olmo_trainer *tr, struct ol
     }
     manifest_free(&mf);
     rc = agree(tr->dist, rc, "loading the checkpoint");
-    if (rc && tr->fully_sharded) olmo_fsdp_master_updated(&tr->fsdp); /* partly written: nothing gathered holds */
-    return rc ? rc : olmo_trainer_master_updated(tr);
+    return master_loaded(tr, rc);
 }
 
 int olmo_ckpt_load(const char *dir, struct olmo_trainer *tr, struct olmo_ckpt_state *st) {
@@ -1398,8 +1405,7 @@ int olmo_ckpt_load_weights_file(const char *path, struct olmo_trainer *tr) {
     }
     manifest_free(&mf);
     rc = agree_message(tr->dist, rc);
-    if (rc && tr->fully_sharded) olmo_fsdp_master_updated(&tr->fsdp); /* partly written: nothing gathered holds */
-    return rc ? rc : olmo_trainer_master_updated(tr);
+    return master_loaded(tr, rc);
 }
 
 /* state.json is not covered by a hash (it holds the others): its loader
