@@ -127,40 +127,42 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) {
     return ncclSuccess;
 }
 
+/* The collectives run on `stream` as cuda_emu.h's Streams say: at once on the default stream, when
+ * the stream's queue runs on a created one.  Every rank issues its collectives in the same order and
+ * runs a stream's queue at the same points of its program, so the MPI calls still match. */
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
     if (!known(comm)) return usage("ncclAllReduce on an unknown communicator");
     if (datatype != ncclFloat32 || op != ncclSum) return ncclInvalidArgument;
-    if (sendbuff != recvbuff && count) memcpy(recvbuff, sendbuff, count * sizeof(float));
+    emu_stream_submit(stream, [=]() {
+        if (sendbuff != recvbuff && count) memcpy(recvbuff, sendbuff, count * sizeof(float));
 #ifdef OLMOC_HAVE_MPI
-    for (size_t off = 0; comm->nranks > 1 && off < count; off += (size_t)1 << 30) {
-        size_t n = count - off < ((size_t)1 << 30) ? count - off : (size_t)1 << 30;
-        MPI_Allreduce(MPI_IN_PLACE, (float *)recvbuff + off, (int)n, MPI_FLOAT, MPI_SUM, comm->mpi);
-    }
+        for (size_t off = 0; comm->nranks > 1 && off < count; off += (size_t)1 << 30) {
+            size_t n = count - off < ((size_t)1 << 30) ? count - off : (size_t)1 << 30;
+            MPI_Allreduce(MPI_IN_PLACE, (float *)recvbuff + off, (int)n, MPI_FLOAT, MPI_SUM, comm->mpi);
+        }
 #endif
+    });
     return ncclSuccess;
 }
 
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
     if (!known(comm)) return usage("ncclBroadcast on an unknown communicator");
     if (datatype != ncclFloat32 || root < 0 || root >= comm->nranks) return ncclInvalidArgument;
-    if (comm->rank == root && sendbuff != recvbuff && count) memcpy(recvbuff, sendbuff, count * sizeof(float));
+    emu_stream_submit(stream, [=]() {
+        if (comm->rank == root && sendbuff != recvbuff && count) memcpy(recvbuff, sendbuff, count * sizeof(float));
 #ifdef OLMOC_HAVE_MPI
-    for (size_t off = 0; comm->nranks > 1 && off < count; off += (size_t)1 << 30) {
-        size_t n = count - off < ((size_t)1 << 30) ? count - off : (size_t)1 << 30;
-        MPI_Bcast((float *)recvbuff + off, (int)n, MPI_FLOAT, root, comm->mpi);
-    }
+        for (size_t off = 0; comm->nranks > 1 && off < count; off += (size_t)1 << 30) {
+            size_t n = count - off < ((size_t)1 << 30) ? count - off : (size_t)1 << 30;
+            MPI_Bcast((float *)recvbuff + off, (int)n, MPI_FLOAT, root, comm->mpi);
+        }
 #endif
+    });
     return ncclSuccess;
 }
 
 /* NCCL's in-place all-gather: sendbuff = recvbuff + rank * sendcount. */
-/* On a created stream the data moves when the stream's queue runs (cuda_emu.h: Streams); every rank
- * issues its collectives in the same order, and runs a stream's queue at the same points of its
- * program, so the MPI calls still match. */
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
     if (!known(comm)) return usage("ncclAllGather on an unknown communicator");
@@ -180,17 +182,19 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
 
 ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
     if (!known(comm)) return usage("ncclReduceScatter on an unknown communicator");
     if (datatype != ncclFloat32 || op != ncclSum) return ncclInvalidArgument;
-    if (comm->nranks == 1) {
-        if (sendbuff != recvbuff && recvcount) memmove(recvbuff, sendbuff, recvcount * sizeof(float));
-        return ncclSuccess;
-    }
+    if (comm->nranks > 1 && recvcount > ((size_t)1 << 30))
+        return usage("ncclReduceScatter: count too large for the emulation");
+    emu_stream_submit(stream, [=]() {
+        if (comm->nranks == 1) {
+            if (sendbuff != recvbuff && recvcount) memmove(recvbuff, sendbuff, recvcount * sizeof(float));
+            return;
+        }
 #ifdef OLMOC_HAVE_MPI
-    if (recvcount > ((size_t)1 << 30)) return usage("ncclReduceScatter: count too large for the emulation");
-    MPI_Reduce_scatter_block(sendbuff, recvbuff, (int)recvcount, MPI_FLOAT, MPI_SUM, comm->mpi);
+        MPI_Reduce_scatter_block(sendbuff, recvbuff, (int)recvcount, MPI_FLOAT, MPI_SUM, comm->mpi);
 #endif
+    });
     return ncclSuccess;
 }
 
