@@ -4,8 +4,8 @@ must train like one unsharded rank with the same global batch (losses, grad
 norms and the final weights), evaluate like it, and a fully sharded
 checkpoint must resume on another layout."""
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 
