@@ -7,9 +7,8 @@
  *     peak RSS growth during forward + backward must stay far below one
  *     T x T float matrix (64 MiB), i.e. no seq_len^2 buffers;
  *   - backward run twice gives bit-identical gradients; on 1 and on 3
- *     threads the output, lse, dk and dv are bit-identical to the default
- *     team's (dq is summed from per-thread partials in thread order: its
- *     bits depend on the thread count, README: CPU numerics).
+ *     threads the output, lse, dq, dk and dv are bit-identical to the
+ *     default team's (dq's copies follow the shape, not the threads).
  * test_attention [BACKEND]: the CPU backend by default; cpu-bf16 runs the
  * products on bf16 operands and is held to the bf16 tolerances of
  * test_backend_parity (OLMOC_CPU_BF16=convert: its bf16-rounding + fp32-GEMM
@@ -240,7 +239,7 @@ static void test_tiled(const char *what, int B, int T, int H, int HK, int D, int
         failures++;
         printf("FAIL %s: a rerun gives different gradients\n", what);
     }
-    /* any thread count: 1 and 3 threads give the default team's bits (but dq's) */
+    /* any thread count: 1 and 3 threads give the default team's bits, dq's included */
     float *out = malloc(nq * 4), *lse = malloc((size_t)B * H * T * 4);
     memcpy(out, p.out, nq * 4);
     memcpy(lse, p.lse, (size_t)B * H * T * 4);
@@ -249,10 +248,10 @@ static void test_tiled(const char *what, int B, int T, int H, int HK, int D, int
         omp_set_num_threads(threads);
         run(&p);
         checks++;
-        if (memcmp(out, p.out, nq * 4) || memcmp(lse, p.lse, (size_t)B * H * T * 4) || memcmp(dk, p.dk, nk * 4) ||
-            memcmp(dv, p.dv, nk * 4)) {
+        if (memcmp(out, p.out, nq * 4) || memcmp(lse, p.lse, (size_t)B * H * T * 4) || memcmp(dq, p.dq, nq * 4) ||
+            memcmp(dk, p.dk, nk * 4) || memcmp(dv, p.dv, nk * 4)) {
             failures++;
-            printf("FAIL %s: %d threads give other out/lse/dk/dv bits than %d\n", what, threads, team);
+            printf("FAIL %s: %d threads give other out/lse/dq/dk/dv bits than %d\n", what, threads, team);
         }
     }
     omp_set_num_threads(team);

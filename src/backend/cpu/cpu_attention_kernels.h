@@ -29,13 +29,14 @@
  * OpenMP region) and softmax in between:
  *   forward: a task per (batch, head, block of ATT_QB queries) walks the
  *     visible keys in chunks of ATT_KC with an online softmax;
- *   backward: a task per (batch, kv head, block of ATT_KB keys) walks the
- *     queries that see them in chunks of ATT_QC (FlashAttention-2 order).
+ *   backward: a task per (batch, kv head, run of blocks of ATT_KB keys)
+ *     walks the queries that see each block in chunks of ATT_QC
+ *     (FlashAttention-2 order).
  * K and V are first transposed per head ([D][T]) so every score tile is a
  * plain NN product.  Memory beyond inputs and outputs is O(seq_len) per head
- * (bounds, delta, the transposed K/V, dq partials) plus tiles of at most
- * ATT_QC x ATT_KC per thread (and, fp32 backward, the task's keys packed:
- * 3 x ATT_KB x head_dim): no seq_len^2 buffer.  The AVX2 backward computes
+ * (bounds, delta, the transposed K/V, dq copies: fewer than ATT_BWD_TASKS)
+ * plus tiles of at most ATT_QC x ATT_KC per thread (and, fp32 backward, the
+ * key block packed: 3 x ATT_KB x head_dim): no seq_len^2 buffer.  The AVX2 backward computes
  * P = exp(S - lse) and dS = P (dP - delta) scale in the S and dP tiles'
  * epilogues (the same operations as exp_visible and ds_row).
  * Query t sees keys lo[t]..t, lo[t] = max(t - window + 1, start of t's
@@ -655,24 +656,35 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
     return 0;
 }
 
-/* Backward: a task per (batch, kv head, key block) owns dk/dv of those keys
- * and walks every query chunk (of every query head in the GQA group) that
- * sees them; P and dS are recomputed per tile from lse.  dq gets
- * contributions from many key blocks: each thread adds into its own dq
- * copy, and the copies are summed in thread order.  Tasks go to threads by
- * a fixed (cost-balanced) assignment, so the sums do not depend on timing. */
+/* Backward: a task per (batch, kv head, run of consecutive key blocks) owns
+ * dk/dv of those keys and walks every query chunk (of every query head in
+ * the GQA group) that sees them; P and dS are recomputed per tile from lse.
+ * dq gets contributions from every key block: a (batch, kv head)'s key
+ * blocks are cut into ATT_SEGMENTS runs, the same for any thread count
+ * (they follow the shape and the masks only), and the task of run s adds
+ * its blocks' contributions, in key order, into dq copy s (copy 0 is dq
+ * itself); the copies are then summed in run order.  Each copy's region of
+ * a (batch, kv head) belongs to one task, so the tasks can run on any
+ * thread in any order: every result, dq included, has the same bits for any
+ * thread count.  A task's keys in order also keep its heads' Q, dO and dq
+ * rows in cache from one key block to the next. */
 struct attn_task {
-    int b, kh, kb;
+    int b, kh, kb0, kb1, seg; /* key blocks kb0 .. kb1-1, dq copy seg */
+    int r0, r1;               /* the rows of the copy it writes: queries r0 .. r1-1 (run 0: all, in dq) */
     double cost;
 };
+
+/* Tasks that a backward aims for: a shape with fewer (batch, kv head) pairs than this cuts each pair's
+ * key blocks into several runs (and dq copies), so that a few long sequences still fill several threads */
+enum { ATT_BWD_TASKS = 16 };
 
 static int task_cost_desc(const void *pa, const void *pb) {
     const struct attn_task *a = pa, *b = pb;
     if (a->cost != b->cost) return a->cost < b->cost ? 1 : -1;
-    /* ties: by position, so the order is total and the assignment fixed */
+    /* ties: by position, so the order is total */
     if (a->b != b->b) return a->b - b->b;
     if (a->kh != b->kh) return a->kh - b->kh;
-    return a->kb - b->kb;
+    return a->seg - b->seg;
 }
 
 /* What backward's tasks share: the shape's constants, and the inputs in the
@@ -715,41 +727,56 @@ static float *attn_delta(struct cpu_state *st, const float *out, const float *do
     return delta;
 }
 
-/* The tasks, longest first, and their fixed assignment to *nth threads (owner[i]):
- * each to the least-loaded thread. */
-static struct attn_task *attn_bwd_schedule(const struct olmo_attn_shape *s, const int *lo, int *n_tasks, int *nth,
-                                           int **owner) {
+/* Key blocks per (batch, kv head) run: as many runs as bring the tasks to ATT_BWD_TASKS (at most
+ * one per key block), the same for every pair of the shape. */
+static int attn_bwd_segments(const struct olmo_attn_shape *s) {
+    const int kblocks = (s->seq_len + ATT_KB - 1) / ATT_KB, pairs = s->batch * s->n_kv_heads;
+    int segs = pairs >= ATT_BWD_TASKS ? 1 : (ATT_BWD_TASKS + pairs - 1) / pairs;
+    return segs < kblocks ? segs : kblocks > 0 ? kblocks : 1;
+}
+
+/* The tasks, longest first: each (batch, kv head)'s key blocks cut into `segs` runs of about equal
+ * cost (queries that see a block x its keys), in key order.  rows[2 * ((b * HK + kh) * segs + g) + 0, 1]:
+ * the r0, r1 of run g of that pair. */
+static struct attn_task *attn_bwd_schedule(const struct olmo_attn_shape *s, const int *lo, int segs, int *n_tasks,
+                                           int *rows) {
     const int T = s->seq_len, kblocks = (T + ATT_KB - 1) / ATT_KB;
-    *n_tasks = s->batch * s->n_kv_heads * kblocks;
+    *n_tasks = s->batch * s->n_kv_heads * segs;
     struct attn_task *tasks = cpu_scratch(sizeof *tasks * (size_t)(*n_tasks > 0 ? *n_tasks : 1));
-    if (!tasks) return NULL;
-    for (int b = 0, i = 0; b < s->batch; b++)
-        for (int kh = 0; kh < s->n_kv_heads; kh++)
-            for (int kb = 0; kb < kblocks; kb++, i++) {
-                const int j0 = kb * ATT_KB, j1 = j0 + ATT_KB < T ? j0 + ATT_KB : T;
-                int rows = 0; /* queries that see a key of this block */
-                for (int t = j0; t < T && lo[(size_t)b * T + t] < j1; t++) rows++;
-                tasks[i] = (struct attn_task){b, kh, kb, (double)rows * (j1 - j0) + 1.0};
-            }
-    qsort(tasks, (size_t)*n_tasks, sizeof *tasks, task_cost_desc);
-    *nth = omp_get_max_threads();
-    if (*nth > *n_tasks) *nth = *n_tasks > 0 ? *n_tasks : 1;
-    *owner = cpu_scratch(sizeof(int) * (size_t)(*n_tasks > 0 ? *n_tasks : 1));
-    double *load = *owner ? cpu_scratch(sizeof(double) * (size_t)*nth) : NULL;
-    if (!load) {
-        free(*owner);
+    double *cost = tasks ? cpu_scratch(sizeof(double) * (size_t)(kblocks > 0 ? kblocks : 1)) : NULL;
+    if (!cost) {
         free(tasks);
         return NULL;
     }
-    for (int t = 0; t < *nth; t++) load[t] = 0.0;
-    for (int i = 0; i < *n_tasks; i++) {
-        int best = 0;
-        for (int t = 1; t < *nth; t++)
-            if (load[t] < load[best]) best = t;
-        (*owner)[i] = best;
-        load[best] += tasks[i].cost;
+    for (int b = 0, i = 0; b < s->batch; b++) {
+        double total = 0.0;
+        for (int kb = 0; kb < kblocks; kb++) {
+            const int j0 = kb * ATT_KB, j1 = j0 + ATT_KB < T ? j0 + ATT_KB : T;
+            int rows = 0; /* queries that see a key of this block */
+            for (int t = j0; t < T && lo[(size_t)b * T + t] < j1; t++) rows++;
+            cost[kb] = (double)rows * (j1 - j0) + 1.0;
+            total += cost[kb];
+        }
+        /* run g ends at the first block where the cost so far reaches (g + 1) / segs of the total */
+        for (int kh = 0; kh < s->n_kv_heads; kh++) {
+            double sum = 0.0;
+            for (int g = 0, kb = 0; g < segs; g++, i++) {
+                const int kb0 = kb;
+                double c = 0.0;
+                while (kb < kblocks && (g == segs - 1 || sum + cost[kb] / 2 <= total * (g + 1) / segs))
+                    sum += cost[kb], c += cost[kb], kb++;
+                /* queries kb0 * ATT_KB .. tend-1 see keys of the run (lo non-decreasing) */
+                const int j1 = kb * ATT_KB < T ? kb * ATT_KB : T;
+                int tend = kb0 * ATT_KB;
+                while (tend < T && lo[(size_t)b * T + tend] < j1) tend++;
+                const int r0 = g == 0 ? 0 : kb0 * ATT_KB, r1 = g == 0 ? T : kb > kb0 ? tend : r0;
+                rows[2 * i] = r0, rows[2 * i + 1] = r1;
+                tasks[i] = (struct attn_task){b, kh, kb0, kb, g, r0, r1, c};
+            }
+        }
     }
-    free(load);
+    free(cost);
+    qsort(tasks, (size_t)*n_tasks, sizeof *tasks, task_cost_desc);
     return tasks;
 }
 
@@ -780,7 +807,7 @@ static inline void ds_row(float *dr, const float *pr, int n, int a, int e, float
 #endif
 
 /* One tile: queries i0 .. i0+nq-1 of head h against keys j0 .. j0+nk-1 of sequence b
- * (kv head kh): dK, dV of the keys and this thread's dQ copy dqt. */
+ * (kv head kh): dK, dV of the keys and the task's dQ copy dqt. */
 static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles *w, int b, int kh, int h, int j0,
                           int nk, int i0, int nq, float *dkblk, float *dvblk, float *dqt) {
     const int T = c->T, D = c->D, q_stride = c->q_stride, kv_stride = c->kv_stride, wq = c->wq;
@@ -850,11 +877,12 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
     }
 }
 
-/* One task: the key block's dK and dV, over every query chunk of every head of the group that sees it. */
-static void attn_bwd_task(const struct attn_bwd *c, const struct attn_bwd_tiles *w, const struct attn_task *task,
-                          float *dqt) {
+/* One key block: its dK and dV, over every query chunk of every head of the group that sees it;
+ * its dQ contributions into dqt. */
+static void attn_bwd_block(const struct attn_bwd *c, const struct attn_bwd_tiles *w, int b, int kh, int kb,
+                           float *dqt) {
     const int T = c->T, D = c->D, kv_stride = c->kv_stride;
-    const int b = task->b, kh = task->kh, j0 = task->kb * ATT_KB;
+    const int j0 = kb * ATT_KB;
     const int nk = j0 + ATT_KB < T ? ATT_KB : T - j0;
     const int *lob = c->lo + (size_t)b * T;
     const size_t koff = ((size_t)b * T + j0) * kv_stride + (size_t)kh * D;
@@ -882,6 +910,16 @@ static void attn_bwd_task(const struct attn_bwd *c, const struct attn_bwd_tiles 
         }
 }
 
+/* One task: its run of key blocks in order, their dQ contributions into its dq copy, whose rows of
+ * this (batch, kv head) it first zeroes. */
+static void attn_bwd_task(const struct attn_bwd *c, const struct attn_bwd_tiles *w, const struct attn_task *task,
+                          float *dqt) {
+    const int width = c->group * c->D;
+    float *region = dqt + (size_t)task->b * c->T * c->q_stride + (size_t)task->kh * width;
+    for (int t = task->r0; t < task->r1; t++) memset(region + (size_t)t * c->q_stride, 0, sizeof(float) * (size_t)width);
+    for (int kb = task->kb0; kb < task->kb1; kb++) attn_bwd_block(c, w, task->b, task->kh, kb, dqt);
+}
+
 static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, float *dk, float *dv,
                          const float *dout, const float *out, const float *lse, const float *q, const float *k,
                          const float *v, const int32_t *doc_ids, const struct olmo_attn_shape *s) {
@@ -903,14 +941,17 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
     c.dop = bf16 ? bf16_position_pairs(st, SLOT_DOP, dout, B, T, c.q_stride) : NULL;
     c.kp = bf16 ? bf16_position_pairs(st, SLOT_KP, k, B, T, c.kv_stride) : NULL;
     c.delta = attn_delta(st, out, dout, s);
-    int n_tasks, nth, *owner = NULL;
+    const int segs = attn_bwd_segments(s);
+    int n_tasks = 0;
     struct attn_task *tasks = NULL;
     float **dq_part = NULL, *parts = NULL, *tiles = NULL;
+    int *rows = NULL;
     size_t stride = 0;
     const bool inputs = lo && c.kt && c.vt && c.qa && c.doa && c.delta && (!bf16 || (c.qp && c.dop && c.kp));
-    if (inputs && (tasks = attn_bwd_schedule(s, lo, &n_tasks, &nth, &owner)) &&
-        (dq_part = cpu_scratch(sizeof(float *) * (size_t)nth)) &&
-        (nth == 1 || (parts = cpu_cached_scratch(st, SLOT_DQ_PARTS, sizeof(float) * n_q * (size_t)(nth - 1)))))
+    if (inputs && (rows = cpu_scratch(sizeof(int) * 2 * (size_t)B * HK * segs)) &&
+        (tasks = attn_bwd_schedule(s, lo, segs, &n_tasks, rows)) &&
+        (dq_part = cpu_scratch(sizeof(float *) * (size_t)segs)) &&
+        (segs == 1 || (parts = cpu_cached_scratch(st, SLOT_DQ_PARTS, sizeof(float) * n_q * (size_t)(segs - 1)))))
         /* per thread: P, dS; bf16 only: P^T and dS^T as query pairs, dS as rows */
         tiles = thread_tiles(2 * (size_t)ATT_QC * ATT_KB + (bf16 ? 2 * (size_t)ATT_QC / 2 * ATT_KB +
                                                                      (size_t)ATT_QC * ATT_KB / 2
@@ -918,22 +959,17 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
                              &stride);
     if (!tiles) {
         free(dq_part);
-        free(owner);
         free(tasks);
+        free(rows);
         free(lo);
         return -1;
     }
-    /* dq copies: thread 0 writes dq itself, the others their own zeroed buffer */
+    /* dq copies: run 0 writes dq itself, run s > 0 copy s (each task zeroes its region) */
     dq_part[0] = dq;
-    memset(dq, 0, sizeof(float) * n_q);
-    for (int t = 1; t < nth; t++) {
-        dq_part[t] = parts + n_q * (size_t)(t - 1);
-        memset(dq_part[t], 0, sizeof(float) * n_q);
-    }
-#pragma omp parallel num_threads(nth) if (nth > 1)
+    for (int g = 1; g < segs; g++) dq_part[g] = parts + n_q * (size_t)(g - 1);
+#pragma omp parallel if (n_tasks > 1)
     {
-        const int tid = omp_get_thread_num(), team = omp_get_num_threads();
-        float *mine = tiles + stride * (size_t)tid;
+        float *mine = tiles + stride * (size_t)omp_get_thread_num();
         const size_t tile = (size_t)ATT_QC * ATT_KB;
         const struct attn_bwd_tiles w = {
             .p = mine,
@@ -945,22 +981,33 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
             .dst = bf16 ? (uint32_t *)(mine + 2 * tile + tile / 2) : NULL,
             .dsr = bf16 ? (uint16_t *)(mine + 3 * tile) : NULL,
         };
-        for (int i = 0; i < n_tasks; i++)
-            /* a smaller team than asked for (nested parallelism) still covers every task */
-            if (owner[i] % team == tid) attn_bwd_task(&c, &w, &tasks[i], dq_part[tid]);
+        /* the longest first; each task owns what it writes, so any thread may take it */
+#pragma omp for schedule(dynamic)
+        for (int i = 0; i < n_tasks; i++) attn_bwd_task(&c, &w, &tasks[i], dq_part[tasks[i].seg]);
     }
-    if (nth > 1) {
+    if (segs > 1) { /* dq += the copies, in run order, on the rows each wrote */
+        const int width = c.group * D, row_blocks = (T + 63) / 64;
 #pragma omp parallel for if (n_q >= PAR_MIN)
-        for (size_t i = 0; i < n_q; i++) {
-            float acc = dq[i];
-            for (int t = 1; t < nth; t++) acc += dq_part[t][i];
-            dq[i] = acc;
+        for (int job = 0; job < B * HK * row_blocks; job++) {
+            const int pair = job / row_blocks, b = pair / HK, kh = pair % HK, t0 = job % row_blocks * 64;
+            const int t1 = t0 + 64 < T ? t0 + 64 : T;
+            const int *run = rows + 2 * (size_t)pair * segs;
+            for (int t = t0; t < t1; t++) {
+                const size_t at = ((size_t)b * T + t) * c.q_stride + (size_t)kh * width;
+                float *out = dq + at;
+                for (int g = 1; g < segs; g++)
+                    if (t >= run[2 * g] && t < run[2 * g + 1]) {
+                        const float *part = dq_part[g] + at;
+#pragma omp simd
+                        for (int d = 0; d < width; d++) out[d] += part[d];
+                    }
+            }
         }
     }
     free(tiles);
     free(dq_part);
-    free(owner);
     free(tasks);
+    free(rows);
     free(lo);
     return 0;
 }
