@@ -415,6 +415,9 @@ int main(int argc, char **argv) {
     /* several key chunks per query block in the forward (ATT_KC = 320): the online softmax's rescaling */
     test_tiled("T=777 full, GQA 4/2, D=32", 1, 777, 4, 2, 32, 0, 0);
     test_tiled("T=700 window 400 + docs, MHA, D=16", 1, 700, 2, 2, 16, 400, 500);
+    /* backward's runs of key blocks: the cases above have fewer than 8 (sequence, kv head) pairs, so
+     * several runs (and dq copies) per pair; 8 pairs here, one run each and dq written directly */
+    test_tiled("T=150 window 40 + docs, MHA, batch 4, D=16", 4, 150, 2, 2, 16, 40, 60);
     printf("%d passed, %d failed\n", checks - failures, failures);
     olmo_backend_destroy(be);
     return failures ? 1 : 0;
