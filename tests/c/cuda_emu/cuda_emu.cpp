@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <deque>
 #include <map>
+#include <new>
 #include <vector>
 
 #if !defined(__x86_64__)
@@ -252,7 +253,30 @@ double bf16(double x) { return emu_bfloat162float(__float2bfloat16((float)x)); }
 
 enum OperandRounding { KEEP, TO_TF32, TO_BF16 };
 
-/* The column-major GEMM of the cuBLAS documentation: C = alpha op(A) op(B) + beta C. */
+/* op(X) of a column-major X as rows of k doubles, rounded as the compute type says:
+ * out[r * k + l] = op(X)(r, l) for r < rows (op(X) is rows x k, or k x rows with `by_column`). */
+bool operand_rows(std::vector<double> &out, const void *X, cudaDataType type, int ld, bool transposed, bool by_column,
+                  int rows, int k, OperandRounding rounding) {
+    try {
+        out.resize((size_t)rows * k);
+    } catch (const std::bad_alloc &) {
+        return false;
+    }
+    for (int r = 0; r < rows; r++)
+        for (int l = 0; l < k; l++) {
+            /* element (r, l) of op(A) (by_column false) or (l, r) of op(B) (by_column true) */
+            const bool at_rl = transposed == by_column; /* stored at r + l * ld, else at l + r * ld */
+            double x = load(X, type, at_rl ? r + (size_t)l * ld : l + (size_t)r * ld);
+            if (rounding == TO_TF32) x = tf32(x);
+            else if (rounding == TO_BF16) x = bf16(x);
+            out[(size_t)r * k + l] = x;
+        }
+    return true;
+}
+
+/* The column-major GEMM of the cuBLAS documentation: C = alpha op(A) op(B) + beta C.  Each element
+ * is a double sum over l in order; the operands are loaded and rounded once (operand_rows), not
+ * once per product. */
 cublasStatus_t gemm_reference(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
                               const void *A, cudaDataType at, int lda, const void *B, cudaDataType bt, int ldb,
                               float beta, float *C, int ldc, OperandRounding rounding) {
@@ -260,21 +284,16 @@ cublasStatus_t gemm_reference(cublasOperation_t ta, cublasOperation_t tb, int m,
     const int a_rows = ta == CUBLAS_OP_N ? m : k, b_rows = tb == CUBLAS_OP_N ? k : n;
     if (lda < (a_rows > 1 ? a_rows : 1) || ldb < (b_rows > 1 ? b_rows : 1) || ldc < (m > 1 ? m : 1))
         return CUBLAS_STATUS_INVALID_VALUE;
+    /* a[i * k + l] = op(A)(i, l); b[j * k + l] = op(B)(l, j) */
+    std::vector<double> a, b;
+    if (!operand_rows(a, A, at, lda, ta != CUBLAS_OP_N, false, m, k, rounding) ||
+        !operand_rows(b, B, bt, ldb, tb != CUBLAS_OP_N, true, n, k, rounding))
+        return CUBLAS_STATUS_ALLOC_FAILED;
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) {
+            const double *ar = a.data() + (size_t)i * k, *bc = b.data() + (size_t)j * k;
             double acc = 0.0;
-            for (int l = 0; l < k; l++) {
-                double a = ta == CUBLAS_OP_N ? load(A, at, i + (size_t)l * lda) : load(A, at, l + (size_t)i * lda);
-                double b = tb == CUBLAS_OP_N ? load(B, bt, l + (size_t)j * ldb) : load(B, bt, j + (size_t)l * ldb);
-                if (rounding == TO_TF32) {
-                    a = tf32(a);
-                    b = tf32(b);
-                } else if (rounding == TO_BF16) {
-                    a = bf16(a);
-                    b = bf16(b);
-                }
-                acc += a * b;
-            }
+            for (int l = 0; l < k; l++) acc += ar[l] * bc[l];
             float *c = C + i + (size_t)j * ldc;
             /* beta == 0: C is not read (it may hold NaNs), as in cuBLAS */
             *c = (float)(alpha * acc + (beta == 0.0f ? 0.0 : (double)beta * *c));
@@ -569,6 +588,7 @@ const char *cublasGetStatusString(cublasStatus_t status) {
     switch (status) {
     case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
     case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
     case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
     case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
     }

@@ -161,6 +161,7 @@ typedef struct emu_cublas *cublasHandle_t;
 typedef enum {
     CUBLAS_STATUS_SUCCESS = 0,
     CUBLAS_STATUS_NOT_INITIALIZED = 1,
+    CUBLAS_STATUS_ALLOC_FAILED = 3,
     CUBLAS_STATUS_INVALID_VALUE = 7,
     CUBLAS_STATUS_NOT_SUPPORTED = 15,
 } cublasStatus_t;
