@@ -228,8 +228,11 @@ inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, 
     for (int r = 0; r < 16; r++)
         for (int c = 0; c < 16; c++) (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.tile[r][c];
 }
+/* Not instrumented by the sanitizers (the emulation's time under ASan goes here): it reads and writes
+ * only the fragments, whole arrays of this lane; the loads and stores, which touch device memory,
+ * stay checked. */
 template <typename LA, typename LB>
-inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d,
+__attribute__((noinline, no_sanitize("address", "undefined"))) void mma_sync(fragment<accumulator, 16, 16, 16, float> &d,
                      const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, LA> &a,
                      const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, LB> &b,
                      const fragment<accumulator, 16, 16, 16, float> &c) {
