@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 
 cmake --build build -j"$(nproc)" >/dev/null
 cmake --build build-asan -j"$(nproc)" >/dev/null
+# two tests at a time: the emulated CUDA parity tests (the longest, 75-380 s) run on one thread
 echo "== C tests (Release)"
-ctest --test-dir build --output-on-failure
+ctest --test-dir build -j2 --output-on-failure
 if [ -d build-clang ]; then
   # clang's build (OpenBLAS only, scripts/setup.sh): the op checks, bitwise vector-vs-scalar ones included
   cmake --build build-clang -j"$(nproc)" >/dev/null
@@ -17,7 +18,7 @@ else
   echo "== C op tests (clang): SKIPPED, no build-clang/ (scripts/setup.sh makes it when clang is installed)"
 fi
 echo "== C tests (ASan + UBSan)"
-ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure
+ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan -j2 --output-on-failure
 echo "== Fuzzing (libFuzzer, ASan + UBSan; bounded: scripts/fuzz.sh --help)"
 # a fixed seed and input count: the same inputs every run (scripts/fuzz.sh --help)
 bash scripts/fuzz.sh --seed 1 --runs 20000 --seconds 60
