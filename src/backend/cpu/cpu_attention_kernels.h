@@ -660,7 +660,7 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
  * dk/dv of those keys and walks every query chunk (of every query head in
  * the GQA group) that sees them; P and dS are recomputed per tile from lse.
  * dq gets contributions from every key block: a (batch, kv head)'s key
- * blocks are cut into ATT_SEGMENTS runs, the same for any thread count
+ * blocks are cut into runs (attn_bwd_segments), the same for any thread count
  * (they follow the shape and the masks only), and the task of run s adds
  * its blocks' contributions, in key order, into dq copy s (copy 0 is dq
  * itself); the copies are then summed in run order.  Each copy's region of
@@ -670,7 +670,6 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
  * rows in cache from one key block to the next. */
 struct attn_task {
     int b, kh, kb0, kb1, seg; /* key blocks kb0 .. kb1-1, dq copy seg */
-    int r0, r1;               /* the rows of the copy it writes: queries r0 .. r1-1 (run 0: all, in dq) */
     double cost;
 };
 
@@ -698,6 +697,8 @@ struct attn_bwd {
     int T, H, HK, D, group, q_stride, kv_stride, wq, kt_rows, ldt, pairs;
     bool bf16;
     const int *lo;
+    int segs;
+    const int *dq_rows; /* each run's rows of its dq copy (attn_bwd_schedule's rows) */
     const float *q, *k, *dout, *lse, *delta;
     const void *kt, *vt, *qa, *doa;
     const uint32_t *qp, *dop, *kp;
@@ -740,7 +741,7 @@ static int attn_bwd_segments(const struct olmo_attn_shape *s) {
 
 /* The tasks, longest first: each (batch, kv head)'s key blocks cut into `segs` runs of about equal
  * cost (queries that see a block x its keys), in key order.  rows[2 * ((b * HK + kh) * segs + g) + 0, 1]:
- * the r0, r1 of run g of that pair. */
+ * the queries r0 .. r1-1 whose rows run g of that pair writes in its dq copy (run 0: all, in dq). */
 static struct attn_task *attn_bwd_schedule(const struct olmo_attn_shape *s, const int *lo, int segs, int *n_tasks,
                                            int *rows) {
     const int T = s->seq_len, kblocks = (T + ATT_KB - 1) / ATT_KB;
@@ -774,7 +775,7 @@ static struct attn_task *attn_bwd_schedule(const struct olmo_attn_shape *s, cons
                 while (tend < T && lo[(size_t)b * T + tend] < j1) tend++;
                 const int r0 = g == 0 ? 0 : kb0 * ATT_KB, r1 = g == 0 ? T : kb > kb0 ? tend : r0;
                 rows[2 * i] = r0, rows[2 * i + 1] = r1;
-                tasks[i] = (struct attn_task){b, kh, kb0, kb, g, r0, r1, c};
+                tasks[i] = (struct attn_task){b, kh, kb0, kb, g, c};
             }
         }
     }
@@ -918,8 +919,9 @@ static void attn_bwd_block(const struct attn_bwd *c, const struct attn_bwd_tiles
 static void attn_bwd_task(const struct attn_bwd *c, const struct attn_bwd_tiles *w, const struct attn_task *task,
                           float *dqt) {
     const int width = c->group * c->D;
+    const int *run = c->dq_rows + 2 * (((size_t)task->b * c->HK + task->kh) * c->segs + task->seg);
     float *region = dqt + (size_t)task->b * c->T * c->q_stride + (size_t)task->kh * width;
-    for (int t = task->r0; t < task->r1; t++) memset(region + (size_t)t * c->q_stride, 0, sizeof(float) * (size_t)width);
+    for (int t = run[0]; t < run[1]; t++) memset(region + (size_t)t * c->q_stride, 0, sizeof(float) * (size_t)width);
     for (int kb = task->kb0; kb < task->kb1; kb++) attn_bwd_block(c, w, task->b, task->kh, kb, dqt);
 }
 
@@ -944,14 +946,14 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
     c.dop = bf16 ? bf16_position_pairs(st, SLOT_DOP, dout, B, T, c.q_stride) : NULL;
     c.kp = bf16 ? bf16_position_pairs(st, SLOT_KP, k, B, T, c.kv_stride) : NULL;
     c.delta = attn_delta(st, out, dout, s);
-    const int segs = attn_bwd_segments(s);
+    const int segs = c.segs = attn_bwd_segments(s);
     int n_tasks = 0;
     struct attn_task *tasks = NULL;
     float **dq_part = NULL, *parts = NULL, *tiles = NULL;
     int *rows = NULL;
     size_t stride = 0;
     const bool inputs = lo && c.kt && c.vt && c.qa && c.doa && c.delta && (!bf16 || (c.qp && c.dop && c.kp));
-    if (inputs && (rows = cpu_scratch(sizeof(int) * 2 * (size_t)B * HK * segs)) &&
+    if (inputs && (c.dq_rows = rows = cpu_scratch(sizeof(int) * 2 * (size_t)B * HK * segs)) &&
         (tasks = attn_bwd_schedule(s, lo, segs, &n_tasks, rows)) &&
         (dq_part = cpu_scratch(sizeof(float *) * (size_t)segs)) &&
         (segs == 1 || (parts = cpu_cached_scratch(st, SLOT_DQ_PARTS, sizeof(float) * n_q * (size_t)(segs - 1)))))
