@@ -262,10 +262,11 @@ bool operand_rows(std::vector<double> &out, const void *X, cudaDataType type, in
     } catch (const std::bad_alloc &) {
         return false;
     }
+    /* element (r, l) of op(A) (by_column false) or (l, r) of op(B) (by_column true): stored at
+     * r + l * ld, or at l + r * ld */
+    const bool at_rl = transposed == by_column;
     for (int r = 0; r < rows; r++)
         for (int l = 0; l < k; l++) {
-            /* element (r, l) of op(A) (by_column false) or (l, r) of op(B) (by_column true) */
-            const bool at_rl = transposed == by_column; /* stored at r + l * ld, else at l + r * ld */
             double x = load(X, type, at_rl ? r + (size_t)l * ld : l + (size_t)r * ld);
             if (rounding == TO_TF32) x = tf32(x);
             else if (rounding == TO_BF16) x = bf16(x);
