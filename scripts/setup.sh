@@ -25,6 +25,14 @@ import torch, transformers, safetensors, pytest, matplotlib, olmo_core, olmo_eva
 assert torch.__version__.split('+')[0] == '$TORCH_PIN'" 2>/dev/null; then
   echo "setup: creating .venv with the PyTorch, OLMo-core and OLMo-eval references (first time: a few minutes)"
   rm -rf .venv
+  # The venv takes about 5.5 GiB (torch's wheels with their CUDA libraries), the builds and the
+  # tests' temporary files about 3 more: say so before pip fails half-way with "No space left".
+  free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
+  if [ -n "$free_kib" ] && [ "$free_kib" -lt $((9 * 1024 * 1024)) ]; then
+    echo "setup: only $((free_kib / 1024)) MiB free on $(df -P . | awk 'NR == 2 { print $6 }');" \
+      "the venv, builds and tests need about 9 GiB: free some space and run it again" >&2
+    exit 1
+  fi
   python3 -m venv .venv
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -r requirements-test.txt
