@@ -23,4 +23,5 @@ echo "== Fuzzing (libFuzzer, ASan + UBSan; bounded: scripts/fuzz.sh --help)"
 # a fixed seed and input count: the same inputs every run (scripts/fuzz.sh --help)
 bash scripts/fuzz.sh --seed 1 --runs 20000 --seconds 60
 echo "== Python fidelity tests"
-OLMOC_BUILD=build OLMOC_BUILD_ASAN=build-asan .venv/bin/python -m pytest -q tests/python -rs
+# one worker per core, each module's tests on one worker (module fixtures built once): 643 -> 462 s on 2 cores
+OLMOC_BUILD=build OLMOC_BUILD_ASAN=build-asan .venv/bin/python -m pytest -q tests/python -rs -n "$(nproc)" --dist loadscope
