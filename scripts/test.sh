@@ -3,12 +3,16 @@
 # PyTorch / transformers fidelity tests.  Run scripts/setup.sh first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# each step's wall-clock time (and the total so far), printed when it ends; pytest's summary stays the last line
+last=$SECONDS
+took() { echo "   (took $((SECONDS - last)) s; $SECONDS s so far)"; last=$SECONDS; }
 
 cmake --build build -j"$(nproc)" >/dev/null
 cmake --build build-asan -j"$(nproc)" >/dev/null
 # two tests at a time: the emulated CUDA parity tests (the longest, 75-380 s) run on one thread
 echo "== C tests (Release)"
 ctest --test-dir build -j2 --output-on-failure
+took
 if [ -d build-clang ]; then
   # clang's build (OpenBLAS only, scripts/setup.sh): the op checks, bitwise vector-vs-scalar ones included
   cmake --build build-clang -j"$(nproc)" >/dev/null
@@ -17,11 +21,14 @@ if [ -d build-clang ]; then
 else
   echo "== C op tests (clang): SKIPPED, no build-clang/ (scripts/setup.sh makes it when clang is installed)"
 fi
+took
 echo "== C tests (ASan + UBSan)"
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan -j2 --output-on-failure
+took
 echo "== Fuzzing (libFuzzer, ASan + UBSan; bounded: scripts/fuzz.sh --help)"
 # a fixed seed and input count: the same inputs every run (scripts/fuzz.sh --help)
 bash scripts/fuzz.sh --seed 1 --runs 20000 --seconds 60
+took
 echo "== Python fidelity tests"
 # one worker per core, each module's tests on one worker (module fixtures built once): 643 -> 462 s on 2 cores
 OLMOC_BUILD=build OLMOC_BUILD_ASAN=build-asan .venv/bin/python -m pytest -q tests/python -rs -n "$(nproc)" --dist loadscope
