@@ -197,13 +197,17 @@ static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k
  * loads and stores for a column tail.  Every element of C is, as in the
  * AVX-512 kernel, fma(a_k, b_k, acc) over k in order, times alpha, plus C. */
 #define TILE_ROWS 6
-/* Backward's epilogues (beta 0), on the visible columns va[r] .. ve[r] of row r, 0 on the others:
+/* Epilogues (beta 0), on the visible columns va[r] .. ve[r] of row r:
+ *   max8 set: C = alpha op(A) B, and max8[r][l] = the max of max8[r][l] and the visible values of C's
+ *             columns 8i + l (the forward's S and its row maxima; the other columns' values are kept);
+ *   else, 0 on the other columns, and on the visible ones
  *   p NULL: C = exp(alpha op(A) B - shift[r])           (S -> P, exp_visible's operations);
  *   p set:  C = p[r][c] * (alpha op(A) B - shift[r]) * scale  (dP -> dS with shift = delta, ds_row's). */
 struct tile_exp {
     const float *shift, *p;
     const int *va, *ve;
     float scale;
+    float *max8;
 };
 
 static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool ta, bool full, __m256i mask0,
@@ -237,16 +241,24 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool 
             const __m256 sh = _mm256_set1_ps(ex->shift[r0 + r]);
             const __m256i vis0 = _mm256_andnot_si256(lane_mask8(va), lane_mask8(ve + 1)),
                           vis1 = _mm256_andnot_si256(lane_mask8(va - 8), lane_mask8(ve - 7));
-            if (ex->p) {
+            if (ex->max8) {
+                float *mr = ex->max8 + (size_t)(r0 + r) * 8;
+                const __m256 none = _mm256_set1_ps(-INFINITY);
+                const __m256 m = _mm256_max_ps(_mm256_blendv_ps(none, v0, _mm256_castsi256_ps(vis0)),
+                                               _mm256_blendv_ps(none, v1, _mm256_castsi256_ps(vis1)));
+                _mm256_storeu_ps(mr, _mm256_max_ps(m, _mm256_loadu_ps(mr)));
+            } else if (ex->p) {
                 const float *pr = ex->p + (size_t)(r0 + r) * ldc + c0;
                 const __m256 vs = _mm256_set1_ps(ex->scale);
                 v0 = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(pr), _mm256_sub_ps(v0, sh)), vs);
                 v1 = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(pr + 8), _mm256_sub_ps(v1, sh)), vs);
             } else {
-                v0 = fast_exp8(_mm256_sub_ps(v0, sh)), v1 = fast_exp8(_mm256_sub_ps(v1, sh));
+                v0 = fast_exp8_softmax(_mm256_sub_ps(v0, sh)), v1 = fast_exp8_softmax(_mm256_sub_ps(v1, sh));
             }
-            v0 = _mm256_and_ps(_mm256_castsi256_ps(vis0), v0);
-            v1 = _mm256_and_ps(_mm256_castsi256_ps(vis1), v1);
+            if (!ex->max8) {
+                v0 = _mm256_and_ps(_mm256_castsi256_ps(vis0), v0);
+                v1 = _mm256_and_ps(_mm256_castsi256_ps(vis1), v1);
+            }
         }
         if (full) {
             if (beta != 0.0f) v0 = _mm256_add_ps(v0, _mm256_loadu_ps(cr)), v1 = _mm256_add_ps(v1, _mm256_loadu_ps(cr + 8));
@@ -272,7 +284,7 @@ static inline __attribute__((always_inline)) void tile_group_avx2(int rows, int 
     if (span) {
         const int first = span->first[r0], last = span->last[r0 + rows - 1];
         if (!span->over_k && (c0 + 16 <= first || c0 > last)) { /* columns nobody reads: P is 0 there */
-            if (ex)
+            if (ex && !ex->max8)
                 for (int r = 0; r < rows; r++) {
                     float *cr = c + (size_t)(r0 + r) * ldc;
                     _mm256_maskstore_ps(cr, full ? _mm256_set1_epi32(-1) : mask0, _mm256_setzero_ps());
@@ -323,11 +335,20 @@ static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k
     tile_gemm_avx2(span, ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, NULL);
 }
 
+/* S = alpha A B, and row r's maximum over its visible columns (span) into max8[r][0..7] (8 partial
+ * maxima, each raised from what it holds): S and its row maxima in one pass */
+#define ATT_FUSED_MAX 1
+static void tile_gemm_max(const struct tile_span *span, int m, int n, int k, float alpha, const float *a, int lda,
+                          const float *b, int ldb, float *max8, float *c, int ldc) {
+    const struct tile_exp ex = {NULL, NULL, span->first, span->last, 0.0f, max8};
+    tile_gemm_avx2(span, false, m, n, k, alpha, a, lda, b, ldb, 0.0f, c, ldc, &ex);
+}
+
 /* P = exp(alpha A B - shift[r]) on the visible columns (span), 0 elsewhere: S and exp_visible in one pass */
 #define ATT_FUSED_EXP 1
 static void tile_gemm_exp(const struct tile_span *span, int m, int n, int k, float alpha, const float *a, int lda,
                           const float *b, int ldb, const float *shift, float *c, int ldc) {
-    const struct tile_exp ex = {shift, NULL, span->first, span->last, 0.0f};
+    const struct tile_exp ex = {shift, NULL, span->first, span->last, 0.0f, NULL};
     tile_gemm_avx2(span, false, m, n, k, alpha, a, lda, b, ldb, 0.0f, c, ldc, &ex);
 }
 
@@ -335,7 +356,7 @@ static void tile_gemm_exp(const struct tile_span *span, int m, int n, int k, flo
  * (P has C's layout) */
 static void tile_gemm_ds(const struct tile_span *span, int m, int n, int k, const float *a, int lda, const float *b,
                          int ldb, const float *delta, const float *p, float scale, float *c, int ldc) {
-    const struct tile_exp ex = {delta, p, span->first, span->last, scale};
+    const struct tile_exp ex = {delta, p, span->first, span->last, scale, NULL};
     tile_gemm_avx2(span, false, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc, &ex);
 }
 #else
@@ -428,7 +449,8 @@ static inline void row_visible(const int *lo, int t, int j0, int nk, int *a, int
 }
 
 /* row[c] = exp(row[c] - shift) for a <= c <= e, 0 for the other c < n;
- * returns the sum of the row.  The masked columns are few (the tiles on the
+ * returns the sum of the row.  The shift is the row's maximum or its lse,
+ * so row[c] - shift <= 0 (the AVX2 exp has no overflow clamp).  The masked columns are few (the tiles on the
  * diagonal and at the window's edge), so the AVX-512 version handles them
  * with lane masks on 16 columns at a time rather than a test per column. */
 #if defined(__AVX512F__)
@@ -456,12 +478,12 @@ static float exp_visible(float *row, int n, int a, int e, float shift) {
     for (int c0 = 0; c0 < n; c0 += 8) {
         __m256 p = _mm256_setzero_ps();
         if (c0 >= a && c0 + 7 <= e) { /* every lane visible (and inside the row: e < n) */
-            p = fast_exp8(_mm256_sub_ps(_mm256_loadu_ps(row + c0), vshift));
+            p = fast_exp8_softmax(_mm256_sub_ps(_mm256_loadu_ps(row + c0), vshift));
         } else {
             const __m256i visible = _mm256_andnot_si256(lane_mask8(a - c0), lane_mask8(e - c0 + 1));
             if (!_mm256_testz_si256(visible, visible))
                 p = _mm256_and_ps(_mm256_castsi256_ps(visible),
-                                  fast_exp8(_mm256_sub_ps(_mm256_maskload_ps(row + c0, visible), vshift)));
+                                  fast_exp8_softmax(_mm256_sub_ps(_mm256_maskload_ps(row + c0, visible), vshift)));
         }
         if (c0 & 8)
             sum1 = _mm256_add_ps(sum1, p);
@@ -549,6 +571,22 @@ static void *transpose_heads(struct cpu_state *st, int slot, bool bf16, const fl
     return xt;
 }
 
+/* Each head of x [B*T][heads*D] as its own contiguous [T][D] rows (the forward's V for O += P V):
+ * xh[((b * heads + h) * T + t) * D + d] = x[(b * T + t) * heads * D + h * D + d].  Read at the row
+ * stride of x, the product's B rows (heads * D floats apart) each fall in another 64-byte line and,
+ * every few rows, another page; contiguous, a 320-key chunk of a head of 64 is 80 KiB in 20 pages
+ * (forward at T 2048, 6 heads of 64, one thread, Zen 3: 59 -> 62 GFLOP/s best of 21). */
+static float *heads_contiguous(struct cpu_state *st, int slot, const float *x, int B, int T, int heads, int D) {
+    float *xh = cpu_cached_scratch(st, slot, sizeof(float) * (size_t)B * T * heads * D);
+    if (!xh) return NULL;
+#pragma omp parallel for if ((size_t)B * T * heads * D >= PAR_MIN)
+    for (int bt = 0; bt < B * T; bt++)
+        for (int h = 0; h < heads; h++)
+            memcpy(xh + (((size_t)(bt / T) * heads + h) * T + bt % T) * D, x + ((size_t)bt * heads + h) * D,
+                   sizeof(float) * (size_t)D);
+    return xh;
+}
+
 /* &base[offset] for arrays of 4-byte elements (floats or bf16 pairs) */
 static inline const void *word_at(const void *base, size_t offset) { return (const char *)base + 4 * offset; }
 
@@ -572,9 +610,11 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
     const void *kt = lo ? transpose_heads(st, SLOT_KT, bf16, k, s->batch, T, HK, D) : NULL;
     const void *qa = !kt ? NULL : bf16 ? (const void *)bf16_rows(st, SLOT_Q16, q, s->batch, T, q_stride) : q;
     const uint32_t *vp = bf16 && qa ? bf16_position_pairs(st, SLOT_VP, v, s->batch, T, kv_stride) : NULL;
+    /* fp32: V per head, in the backward's V^T slot (the backward writes it anew) */
+    const float *vh = !bf16 && qa ? heads_contiguous(st, SLOT_VT, v, s->batch, T, HK, D) : NULL;
     /* per thread: scores, the output accumulator, and P as bf16 */
     size_t stride = 0;
-    float *tiles = qa && (vp || !bf16) ? thread_tiles((size_t)ATT_QB * ATT_KC + (size_t)ATT_QB * D +
+    float *tiles = qa && (bf16 ? vp != NULL : vh != NULL) ? thread_tiles((size_t)ATT_QB * ATT_KC + (size_t)ATT_QB * D +
                                                           (bf16 ? (size_t)ATT_QB * ATT_KC / 2 : 0),
                                                       &stride)
                                        : NULL;
@@ -589,7 +629,7 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
         float *sc = tiles + stride * (size_t)omp_get_thread_num();
         float *acc = sc + (size_t)ATT_QB * ATT_KC;
         uint16_t *pb = bf16 ? (uint16_t *)(acc + (size_t)ATT_QB * D) : NULL; /* P as bf16 */
-        float mrow[ATT_QB];
+        float mrow[ATT_QB], max8[8 * ATT_QB]; /* max8: 8 partial maxima of each row of a chunk */
         double lrow[ATT_QB];
         int vis_a[ATT_QB], vis_e[ATT_QB]; /* each row's visible columns of the chunk */
 #pragma omp for schedule(dynamic)
@@ -610,8 +650,18 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
                 nk = i1 - j0 < ATT_KC ? i1 - j0 : ATT_KC;
                 for (int r = 0; r < nq; r++) row_visible(lob, i0 + r, j0, nk, &vis_a[r], &vis_e[r]);
                 const struct tile_span cols = {vis_a, vis_e, false}, terms = {vis_a, vis_e, true};
-                tile_product(&cols, bf16, false, nq, nk, D, s->scale, word_at(qa, qoff / wq), q_stride / wq,
-                             word_at(kt, kth + j0), ldt, 0.0f, sc, ATT_KC);
+#ifdef ATT_FUSED_MAX
+                const bool fused = !bf16;
+                if (fused) { /* S and its rows' maxima */
+                    for (int r = 0; r < 8 * nq; r++) max8[r] = -INFINITY;
+                    tile_gemm_max(&cols, nq, nk, D, s->scale, q + qoff, q_stride, (const float *)kt + kth + j0, ldt,
+                                  max8, sc, ATT_KC);
+                } else
+#else
+                const bool fused = false;
+#endif
+                    tile_product(&cols, bf16, false, nq, nk, D, s->scale, word_at(qa, qoff / wq), q_stride / wq,
+                                 word_at(kt, kth + j0), ldt, 0.0f, sc, ATT_KC);
                 for (int r = 0; r < nq; r++) {
                     float *row = sc + (size_t)r * ATT_KC;
                     const int a = vis_a[r], e = vis_e[r];
@@ -619,7 +669,7 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
                         memset(row, 0, sizeof(float) * (size_t)nk);
                         continue;
                     }
-                    float mx = max_of(row + a, e - a + 1);
+                    float mx = fused ? max_of(max8 + (size_t)8 * r, 8) : max_of(row + a, e - a + 1);
                     mx = mx > mrow[r] ? mx : mrow[r];
                     const float alpha = fast_expf(mrow[r] - mx); /* exp(-inf) = 0 on the first chunk */
                     const float sum = exp_visible(row, nk, a, e, mx);
@@ -638,8 +688,8 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
                                  vp + ((size_t)b * pairs + j0 / 2) * kv_stride + (size_t)kh * D, kv_stride, 1.0f,
                                  acc, D);
                 } else {
-                    tile_gemm(&terms, false, nq, D, nk, 1.0f, sc, ATT_KC, v + ((size_t)b * T + j0) * kv_stride + (size_t)kh * D,
-                              kv_stride, 1.0f, acc, D);
+                    tile_gemm(&terms, false, nq, D, nk, 1.0f, sc, ATT_KC, vh + (((size_t)b * HK + kh) * T + j0) * D, D,
+                              1.0f, acc, D);
                 }
             }
             for (int r = 0; r < nq; r++) {
