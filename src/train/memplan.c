@@ -183,6 +183,8 @@ static double scratch(const struct backend_desc *d, const struct shapes *s, int 
     if (bf16)
         total += 2 * cpu_slot(2 * N * s->Q)                                     /* Q and dO as bf16 rows */
                  + 2 * cpu_slot(4 * B * pairs * s->Q) + 2 * cpu_slot(4 * B * pairs * s->K); /* position pairs */
+    else
+        total += 2 * cpu_slot(4 * N * s->Q); /* Q and dO per head (the backward's heads_contiguous) */
     /* cpu-bf16: oneDNN's bf16 matmul packs fp32 operands as bf16; the fallback rounds every
      * operand, the weights too, into fp32 scratch */
     return total + gemm_slots(d, a_max, b_max, b_weights);

@@ -750,6 +750,7 @@ struct attn_bwd {
     int segs;
     const int *dq_rows; /* each run's rows of its dq copy (attn_bwd_schedule's rows) */
     const float *q, *k, *dout, *lse, *delta;
+    const float *qh, *doh; /* fp32: Q and dO per head, contiguous [T][D] (heads_contiguous) */
     const void *kt, *vt, *qa, *doa;
     const uint32_t *qp, *dop, *kp;
     float *dk, *dv;
@@ -870,7 +871,9 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
     const float *lse_bh = c->lse + ((size_t)b * c->H + h) * T, *delta_bh = c->delta + ((size_t)b * c->H + h) * T;
     const size_t kth = ((size_t)b * c->HK + kh) * c->kt_rows * c->ldt + j0; /* of kt and vt */
     const size_t qoff = ((size_t)b * T + i0) * q_stride + (size_t)h * D;
-    const float *qblk = c->q + qoff, *doblk = c->dout + qoff;
+    /* fp32: the queries' Q and dO rows, contiguous (the dK and dV products' B operands) */
+    const size_t hoff = (((size_t)b * c->H + h) * T + i0) * D;
+    const float *qblk = bf16 ? NULL : c->qh + hoff, *doblk = bf16 ? NULL : c->doh + hoff;
     /* fp32: the task's packed K^T, V^T and K; bf16: the shared arrays */
     const void *ktile = bf16 ? word_at(c->kt, kth) : w->kt, *vtile = bf16 ? word_at(c->vt, kth) : w->vt;
     const int ldkt = bf16 ? c->ldt : ATT_KB;
@@ -886,7 +889,7 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
     const struct tile_span cols = {vis_a, vis_e, false}, terms = {vis_a, vis_e, true}, queries = {seen_a, seen_e, true};
 #ifdef ATT_FUSED_EXP
     if (!bf16)
-        tile_gemm_exp(&cols, nq, nk, D, c->s->scale, c->q + qoff, q_stride, ktile, ldkt, lse_bh + i0, p, ATT_KB);
+        tile_gemm_exp(&cols, nq, nk, D, c->s->scale, qblk, D, ktile, ldkt, lse_bh + i0, p, ATT_KB);
     else
 #endif
     {
@@ -901,13 +904,13 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
         tile_product(&queries, true, true, nk, D, nq, 1.0f, w->pt, ATT_KB, c->dop + qpairs, q_stride, 1.0f, dvblk,
                      kv_stride);
     } else {
-        tile_gemm(&queries, true, nk, D, nq, 1.0f, p, ATT_KB, doblk, q_stride, 1.0f, dvblk, kv_stride);
+        tile_gemm(&queries, true, nk, D, nq, 1.0f, p, ATT_KB, doblk, D, 1.0f, dvblk, kv_stride);
     }
     /* dP = dO V^T, then dS = P * (dP - delta) * scale */
     const float scale = c->s->scale;
 #ifdef ATT_FUSED_EXP
     if (!bf16) {
-        tile_gemm_ds(&cols, nq, nk, D, c->dout + qoff, q_stride, vtile, ldkt, delta_bh + i0, p, scale, ds, ATT_KB);
+        tile_gemm_ds(&cols, nq, nk, D, doblk, D, vtile, ldkt, delta_bh + i0, p, scale, ds, ATT_KB);
     } else
 #endif
     {
@@ -926,7 +929,7 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
                      c->kp + ((size_t)b * c->pairs + j0 / 2) * kv_stride + (size_t)kh * D, kv_stride, 1.0f, dqt + qoff,
                      q_stride);
     } else {
-        tile_gemm(&queries, true, nk, D, nq, 1.0f, ds, ATT_KB, qblk, q_stride, 1.0f, dkblk, kv_stride);
+        tile_gemm(&queries, true, nk, D, nq, 1.0f, ds, ATT_KB, qblk, D, 1.0f, dkblk, kv_stride);
         tile_gemm(&terms, false, nq, D, nk, 1.0f, ds, ATT_KB, w->kr, D, 1.0f, dqt + qoff, q_stride);
     }
 }
@@ -992,6 +995,9 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
     c.vt = transpose_heads(st, SLOT_VT, bf16, v, B, T, HK, D);
     c.qa = bf16 ? (const void *)bf16_rows(st, SLOT_Q16, q, B, T, c.q_stride) : q;
     c.doa = bf16 ? (const void *)bf16_rows(st, SLOT_DO16, dout, B, T, c.q_stride) : dout;
+    /* fp32: Q and dO per head in the slots of their bf16 rows (unused then) */
+    c.qh = bf16 ? NULL : heads_contiguous(st, SLOT_Q16, q, B, T, H, D);
+    c.doh = bf16 ? NULL : heads_contiguous(st, SLOT_DO16, dout, B, T, H, D);
     c.qp = bf16 ? bf16_position_pairs(st, SLOT_QP, q, B, T, c.q_stride) : NULL;
     c.dop = bf16 ? bf16_position_pairs(st, SLOT_DOP, dout, B, T, c.q_stride) : NULL;
     c.kp = bf16 ? bf16_position_pairs(st, SLOT_KP, k, B, T, c.kv_stride) : NULL;
@@ -1002,7 +1008,7 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
     float **dq_part = NULL, *parts = NULL, *tiles = NULL;
     int *rows = NULL;
     size_t stride = 0;
-    const bool inputs = lo && c.kt && c.vt && c.qa && c.doa && c.delta && (!bf16 || (c.qp && c.dop && c.kp));
+    const bool inputs = lo && c.kt && c.vt && c.qa && c.doa && c.delta && (bf16 ? c.qp && c.dop && c.kp : c.qh && c.doh);
     if (inputs && (c.dq_rows = rows = cpu_scratch(sizeof(int) * 2 * (size_t)B * HK * segs)) &&
         (tasks = attn_bwd_schedule(s, lo, segs, &n_tasks, rows)) &&
         (dq_part = cpu_scratch(sizeof(float *) * (size_t)segs)) &&
