@@ -177,7 +177,8 @@ static double scratch(const struct backend_desc *d, const struct shapes *s, int 
     const double pairs = floor((T + 1) / 2), kblocks = ceil(T / 64), tasks = B * HK * kblocks;
     double nth = threads > 1 ? threads : 1;
     if (nth > tasks) nth = tasks;
-    double total = 2 * cpu_slot(4 * B * ld * HK * (bf16 ? hd / 2 : hd)) /* K and V, transposed per head */
+    /* K transposed per head; V transposed per head (bf16 backward) or per head as rows (fp32 forward) */
+    double total = cpu_slot(4 * B * ld * HK * (bf16 ? hd / 2 : hd)) + cpu_slot(bf16 ? 4 * B * ld * HK * hd / 2 : 4 * N * s->K)
                    + cpu_slot(4 * B * H * T)                                  /* delta */
                    + (nth > 1 ? cpu_slot(4 * N * s->Q * (nth - 1)) : 0);      /* dq partials of the other threads */
     if (bf16)

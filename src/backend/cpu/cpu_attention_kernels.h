@@ -32,9 +32,12 @@
  *   backward: a task per (batch, kv head, run of blocks of ATT_KB keys)
  *     walks the queries that see each block in chunks of ATT_QC
  *     (FlashAttention-2 order).
- * K and V are first transposed per head ([D][T]) so every score tile is a
- * plain NN product.  Memory beyond inputs and outputs is O(seq_len) per head
- * (bounds, delta, the transposed K/V, dq copies: fewer than ATT_BWD_TASKS)
+ * K is first transposed per head ([D][T]; the fp32 backward transposes each
+ * key block as it packs it) so every score tile is a plain NN product; the
+ * fp32 products' other row operands (forward: V; backward: Q and dO) are
+ * copied per head, contiguous.  Memory beyond inputs and outputs is O(seq_len)
+ * per head (bounds, delta, the transposed K, the per-head copies, dq copies:
+ * fewer than ATT_BWD_TASKS)
  * plus tiles of at most ATT_QC x ATT_KC per thread (and, fp32 backward, the
  * key block packed: 3 x ATT_KB x head_dim): no seq_len^2 buffer.  The AVX2 backward computes
  * P = exp(S - lse) and dS = P (dP - delta) scale in the S and dP tiles'
@@ -749,7 +752,7 @@ struct attn_bwd {
     const int *lo;
     int segs;
     const int *dq_rows; /* each run's rows of its dq copy (attn_bwd_schedule's rows) */
-    const float *q, *k, *dout, *lse, *delta;
+    const float *q, *k, *v, *dout, *lse, *delta;
     const float *qh, *doh; /* fp32: Q and dO per head, contiguous [T][D] (heads_contiguous) */
     const void *kt, *vt, *qa, *doa;
     const uint32_t *qp, *dop, *kp;
@@ -757,8 +760,8 @@ struct attn_bwd {
 };
 
 /* A thread's tiles: P and dS; bf16 only: P^T and dS^T as query pairs, dS as rows; fp32 only:
- * the task's keys as K^T, V^T [D][ATT_KB] and K [ATT_KB][D], packed once per task so that the
- * products read them contiguous (not at the stride of the transposed heads, a TLB page a row). */
+ * the key block's K^T, V^T [D][ATT_KB] and K [ATT_KB][D], packed once per block (K^T and V^T
+ * transposed from K and V rows) so that the products read them contiguous. */
 struct attn_bwd_tiles {
     float *p, *ds, *kt, *vt, *kr;
     uint32_t *pt, *dst;
@@ -934,6 +937,19 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
     }
 }
 
+/* dst[d * ATT_KB + j] = src[j * lds + d] for j < nk, d < D: a key block's K^T or V^T [D][ATT_KB] */
+static void pack_transposed(float *dst, const float *src, int lds, int nk, int D) {
+    int j0 = 0;
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+    if (D % 8 == 0) /* 8 keys at a time, 8x8 blocks in registers */
+        for (; j0 + 8 <= nk; j0 += 8)
+            for (int d0 = 0; d0 < D; d0 += 8)
+                transpose8x8(dst + (size_t)d0 * ATT_KB + j0, ATT_KB, src + (size_t)j0 * lds + d0, (size_t)lds);
+#endif
+    for (int j = j0; j < nk; j++)
+        for (int d = 0; d < D; d++) dst[(size_t)d * ATT_KB + j] = src[(size_t)j * lds + d];
+}
+
 /* One key block: its dK and dV, over every query chunk of every head of the group that sees it;
  * its dQ contributions into dqt. */
 static void attn_bwd_block(const struct attn_bwd *c, const struct attn_bwd_tiles *w, int b, int kh, int kb,
@@ -951,13 +967,9 @@ static void attn_bwd_block(const struct attn_bwd *c, const struct attn_bwd_tiles
     /* queries j0 .. tend-1 see some of these keys (lo non-decreasing) */
     int tend = j0;
     while (tend < T && lob[tend] < j0 + nk) tend++;
-    if (!c->bf16) { /* the keys' K^T, V^T and K, contiguous */
-        const size_t kth = ((size_t)b * c->HK + kh) * c->kt_rows * c->ldt + j0;
-        const float *kt = (const float *)c->kt + kth, *vt = (const float *)c->vt + kth;
-        for (int d = 0; d < D; d++) {
-            memcpy(w->kt + (size_t)d * ATT_KB, kt + (size_t)d * c->ldt, sizeof(float) * (size_t)nk);
-            memcpy(w->vt + (size_t)d * ATT_KB, vt + (size_t)d * c->ldt, sizeof(float) * (size_t)nk);
-        }
+    if (!c->bf16) { /* the keys' K^T, V^T and K, contiguous: transposed here, from K and V */
+        pack_transposed(w->kt, c->k + koff, kv_stride, nk, D);
+        pack_transposed(w->vt, c->v + koff, kv_stride, nk, D);
         for (int j = 0; j < nk; j++) memcpy(w->kr + (size_t)j * D, c->k + koff + (size_t)j * kv_stride, sizeof(float) * (size_t)D);
     }
     for (int h = kh * c->group; h < (kh + 1) * c->group; h++)
@@ -985,14 +997,15 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
     const bool bf16 = attn_bf16(bf16_products, s);
     struct attn_bwd c = {.s = s, .T = T, .H = H, .HK = HK, .D = D, .group = H / HK, .q_stride = H * D,
                          .kv_stride = HK * D, .wq = bf16 ? 2 : 1, /* floats per element of the operands with k = D */
-                         .ldt = transposed_ld(T), .pairs = (T + 1) / 2, .bf16 = bf16, .q = q, .k = k, .dout = dout,
+                         .ldt = transposed_ld(T), .pairs = (T + 1) / 2, .bf16 = bf16, .q = q, .k = k, .v = v, .dout = dout,
                          .lse = lse, .dk = dk, .dv = dv};
     c.kt_rows = D / c.wq;
     const size_t n_q = (size_t)B * T * c.q_stride;
     int *lo = attn_bounds(s, doc_ids);
     c.lo = lo;
-    c.kt = transpose_heads(st, SLOT_KT, bf16, k, B, T, HK, D);
-    c.vt = transpose_heads(st, SLOT_VT, bf16, v, B, T, HK, D);
+    /* bf16: K and V transposed per head as pairs (fp32 transposes each key block as it packs it) */
+    c.kt = bf16 ? transpose_heads(st, SLOT_KT, bf16, k, B, T, HK, D) : k;
+    c.vt = bf16 ? transpose_heads(st, SLOT_VT, bf16, v, B, T, HK, D) : v;
     c.qa = bf16 ? (const void *)bf16_rows(st, SLOT_Q16, q, B, T, c.q_stride) : q;
     c.doa = bf16 ? (const void *)bf16_rows(st, SLOT_DO16, dout, B, T, c.q_stride) : dout;
     /* fp32: Q and dO per head in the slots of their bf16 rows (unused then) */
