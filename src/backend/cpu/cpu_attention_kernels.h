@@ -241,7 +241,7 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool 
         if (alpha != 1.0f) v0 = _mm256_mul_ps(v0, valpha), v1 = _mm256_mul_ps(v1, valpha); /* x * 1 is x */
         if (ex) {
             const int va = ex->va[r0 + r] - c0, ve = ex->ve[r0 + r] - c0;
-            const __m256 sh = _mm256_set1_ps(ex->shift[r0 + r]);
+            const __m256 sh = ex->max8 ? _mm256_setzero_ps() : _mm256_set1_ps(ex->shift[r0 + r]); /* no shift for max8 */
             const __m256i vis0 = _mm256_andnot_si256(lane_mask8(va), lane_mask8(ve + 1)),
                           vis1 = _mm256_andnot_si256(lane_mask8(va - 8), lane_mask8(ve - 7));
             if (ex->max8) {
