@@ -315,6 +315,41 @@ static void test_swiglu_bitwise(void) {
     be->free(be, g); be->free(be, u); be->free(be, ds); be->free(be, s); be->free(be, dg); be->free(be, du);
 }
 
+/* fast_exp8 (every x) and fast_exp8_softmax (x <= 88.37: attention's softmax) give bitwise fast_expf's
+ * values: a sweep over [-100, 100] and the edges (both clamps, +-0, +-inf, NaN). */
+static void test_exp8_bitwise(void) {
+#if defined(__AVX2__) && defined(__FMA__)
+    enum { N = 200008 };
+    static float x[N];
+    const float edges[] = {-87.3365478515625f, nextafterf(-87.3365478515625f, -INFINITY), 88.3762626647949f,
+                           nextafterf(88.3762626647949f, INFINITY), 0.0f, -0.0f, -INFINITY, INFINITY, NAN, -1e-30f};
+    const int n_edges = (int)(sizeof edges / sizeof edges[0]);
+    for (int i = 0; i < N; i++) x[i] = i < n_edges ? edges[i] : -100.0f + 200.0f * (float)i / N;
+    size_t bad = 0, checked = 0;
+    for (int i = 0; i + 8 <= N; i += 8) {
+        float all[8], soft[8];
+        _mm256_storeu_ps(all, fast_exp8(_mm256_loadu_ps(x + i)));
+        _mm256_storeu_ps(soft, fast_exp8_softmax(_mm256_loadu_ps(x + i)));
+        for (int l = 0; l < 8; l++) {
+            const float want = fast_expf(x[i + l]);
+            const bool soft_applies = !(x[i + l] > 88.3762626647949f); /* NaN included */
+            if (memcmp(&all[l], &want, 4) || (soft_applies && memcmp(&soft[l], &want, 4))) {
+                if (!bad) printf("  exp8 bitwise: x %a: fast_expf %a, fast_exp8 %a, fast_exp8_softmax %a\n", x[i + l], want,
+                                 all[l], soft[l]);
+                bad++;
+            }
+            checked++;
+        }
+    }
+    checks++;
+    if (bad) failures++;
+    printf("%s fast_exp8 / fast_exp8_softmax bitwise = fast_expf: %zu of %zu differ\n", bad ? "FAIL" : "ok  ", bad, checked);
+#else
+    printf("SKIP fast_exp8 bitwise: this build has no AVX2+FMA code (x86-64 builds with AVX2 run it)\n");
+    skips++;
+#endif
+}
+
 /* cross-entropy's vectorised exponentials give bitwise the scalar form's loss sums and gradients (a vocabulary
  * that is not a multiple of 8 or 16, rows above the parallel threshold, an ignored row). */
 static void test_cross_entropy_bitwise(void) {
@@ -450,6 +485,7 @@ int main(void) {
     test_attention(4, true, 1, "(window 4, docs, MQA)");
     test_swiglu();
     test_swiglu_bitwise();
+    test_exp8_bitwise();
     test_cross_entropy();
     test_cross_entropy_bitwise();
     test_embedding();

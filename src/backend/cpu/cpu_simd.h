@@ -116,34 +116,12 @@ static inline __m256i lane_mask8(int left) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-/* fast_expf on 8 lanes, the same operations in the same order: bitwise equal results. */
-static inline __m256 fast_exp8(__m256 x) {
-    const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365478515625f);
-    /* max/min return their second operand when one is NaN: a NaN x stays NaN, as in fast_expf */
-    const __m256 xc = _mm256_min_ps(hi, _mm256_max_ps(lo, x));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693145751953125f), xc);
-    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-1.428606765330187045e-06f), r);
-    __m256 p = _mm256_set1_ps(1.98412698e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.38888889e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.33333333e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.16666667e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.66666667e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
-    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
-    return _mm256_and_ps(y, _mm256_cmp_ps(x, lo, _CMP_NLT_UQ));
-}
-
-/* fast_exp8 for x <= 88.37 (softmax's x - max <= 0, attention's s - lse): the same bits there and for
- * NaN, without the overflow clamp and its select (3 of its 22 operations); a larger x gives garbage. */
+/* fast_expf on 8 lanes for x <= 88.37 (softmax's x - max <= 0, attention's s - lse): the same operations
+ * in the same order as fast_expf, bitwise equal results there and for NaN, without the overflow clamp
+ * and its select; a larger x gives garbage. */
 static inline __m256 fast_exp8_softmax(__m256 x) {
     const __m256 lo = _mm256_set1_ps(-87.3365478515625f);
-    const __m256 xc = _mm256_max_ps(lo, x); /* a NaN x stays NaN */
+    const __m256 xc = _mm256_max_ps(lo, x); /* max returns its second operand when one is NaN: NaN stays */
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693145751953125f), xc);
@@ -158,6 +136,14 @@ static inline __m256 fast_exp8_softmax(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), _mm256_cmp_ps(x, lo, _CMP_NLT_UQ));
+}
+
+/* fast_expf on 8 lanes, bitwise equal results: x clamped to 88.37 (min returns its second operand, a NaN
+ * x), then inf where x was above it. */
+static inline __m256 fast_exp8(__m256 x) {
+    const __m256 hi = _mm256_set1_ps(88.3762626647949f);
+    return _mm256_blendv_ps(fast_exp8_softmax(_mm256_min_ps(hi, x)), _mm256_set1_ps(INFINITY),
+                            _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
 }
 
 /* The sum of the 8 lanes: halves, then pairs (a fixed order). */
