@@ -256,6 +256,8 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool 
                 v0 = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(pr), _mm256_sub_ps(v0, sh)), vs);
                 v1 = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(pr + 8), _mm256_sub_ps(v1, sh)), vs);
             } else {
+                /* s - lse <= 0 on the visible lanes; a hidden lane may exceed the exp's range (garbage bits),
+                 * which the mask below clears */
                 v0 = fast_exp8_softmax(_mm256_sub_ps(v0, sh)), v1 = fast_exp8_softmax(_mm256_sub_ps(v1, sh));
             }
             if (!ex->max8) {
@@ -485,7 +487,7 @@ static float exp_visible(float *row, int n, int a, int e, float shift) {
         } else {
             const __m256i visible = _mm256_andnot_si256(lane_mask8(a - c0), lane_mask8(e - c0 + 1));
             if (!_mm256_testz_si256(visible, visible))
-                p = _mm256_and_ps(_mm256_castsi256_ps(visible),
+                p = _mm256_and_ps(_mm256_castsi256_ps(visible), /* clears the hidden lanes' exp(0 - shift) */
                                   fast_exp8_softmax(_mm256_sub_ps(_mm256_maskload_ps(row + c0, visible), vshift)));
         }
         if (c0 & 8)
