@@ -154,7 +154,7 @@ static double gemm_slots(const struct backend_desc *d, double a_max, double b_ma
 
 /* The backend's grow-only scratch after a training step (the ops' own size expressions); `probe`:
  * the peak FLOP/s probe ran first (its fp32 operands grow a bf16 backend's GEMM slots). */
-static double scratch(const struct backend_desc *d, const struct shapes *s, int threads, bool probe) {
+static double scratch(const struct backend_desc *d, const struct shapes *s, bool probe) {
     const double N = s->N, B = s->B, T = s->T, H = s->H, HK = s->HK, hd = s->hd;
     /* GEMM operands: A is [tokens x max(V, F, D, Q)] at most (the logits in the LM head's backward),
      * an activation B operand [tokens x max(D, F, Q)]; the weights are the bf16 compute copy. */
@@ -174,13 +174,16 @@ static double scratch(const struct backend_desc *d, const struct shapes *s, int 
     }
     const double ld = floor((T + 15) / 16) * 16 + 16; /* cpu_attention.c: transposed_ld */
     const bool bf16 = d->bf16_attention && (int)hd % 2 == 0;
-    const double pairs = floor((T + 1) / 2), kblocks = ceil(T / 64), tasks = B * HK * kblocks;
-    double nth = threads > 1 ? threads : 1;
-    if (nth > tasks) nth = tasks;
+    const double pairs = floor((T + 1) / 2), kblocks = ceil(T / 64);
+    /* the backward's dq copies: one per extra run of key blocks of a (sequence, kv head) pair, by
+     * shape alone (cpu_attention_kernels.h: attn_bwd_segments, ATT_BWD_TASKS = 8, ATT_KB = 64) */
+    const double kv_pairs = B * HK;
+    double segs = kv_pairs >= 8 ? 1 : ceil(8 / kv_pairs);
+    if (segs > kblocks) segs = kblocks > 0 ? kblocks : 1;
     /* K transposed per head; V transposed per head (bf16 backward) or per head as rows (fp32 forward) */
     double total = cpu_slot(4 * B * ld * HK * (bf16 ? hd / 2 : hd)) + cpu_slot(bf16 ? 4 * B * ld * HK * hd / 2 : 4 * N * s->K)
                    + cpu_slot(4 * B * H * T)                                  /* delta */
-                   + (nth > 1 ? cpu_slot(4 * N * s->Q * (nth - 1)) : 0);      /* dq partials of the other threads */
+                   + (segs > 1 ? cpu_slot(4 * N * s->Q * (segs - 1)) : 0);    /* dq copies of the runs after the first */
     if (bf16)
         total += 2 * cpu_slot(2 * N * s->Q)                                     /* Q and dO as bf16 rows */
                  + 2 * cpu_slot(4 * B * pairs * s->Q) + 2 * cpu_slot(4 * B * pairs * s->K); /* position pairs */
@@ -256,7 +259,7 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
     b[OLMO_MEM_LOGITS] = buf(&d, 4 * s.N * s.V);
     b[OLMO_MEM_WORK] = work(&d, &s, all16 && t->activation_checkpointing != ACT_CKPT_NONE);
     const bool probe = t->peak_flops <= 0;
-    b[OLMO_MEM_SCRATCH] = scratch(&d, &s, o->threads, probe);
+    b[OLMO_MEM_SCRATCH] = scratch(&d, &s, probe);
     for (int i = 0; i < OLMO_MEM_ITEMS; i++) p->total += b[i];
     if (probe) {
         /* after the model, the optimizer and the activations, before the first step: three

@@ -31,14 +31,14 @@ struct olmo_mem_plan_options {
     int ranks;           /* data-parallel ranks (>= 1) */
     int shard_degree;    /* -1: train.shard_degree; else overrides it (0 = all ranks) */
     const char *backend; /* cpu, cpu-openblas, cpu-onednn, cpu-bf16, cuda, cuda-tf32, cuda-bf16, cuda-bf16-cublas */
-    int threads;         /* OpenMP threads of a CPU rank (attention's dq partials); <= 0: 1 */
+    int threads;         /* OpenMP threads of a CPU rank (reported; the plan does not depend on it); <= 0: 1 */
 };
 
 struct olmo_mem_plan {
     char backend[32];
     bool device;      /* the backend's memory is a device's */
     int ranks, shard_degree, rank; /* the rank planned (the one holding the most) */
-    int threads;      /* CPU: the OpenMP threads planned for (attention's per-thread dq partials) */
+    int threads;      /* CPU: the OpenMP threads of the rank (reported only) */
     double bytes[OLMO_MEM_ITEMS];
     double total;     /* sum of bytes: the steady peak of the backend's counters during training */
     double probe;     /* the peak FLOP/s probe's three 2048^2 fp32 matrices at start-up (0: train.peak_flops set) */

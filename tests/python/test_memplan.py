@@ -160,6 +160,30 @@ def test_plan_matches_measured_peak_emulated_cuda(build_dir, tiny, tmp_path, bac
     check(build_dir, exe, backend, "tiny2", ranks, mode, tiny, tmp_path, TOLERANCE_EMULATED_CUDA)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "cpu-bf16"])
+@pytest.mark.parametrize("threads,micro_batch", [(1, 1), (4, 1), (4, 2)])
+def test_plan_dq_copies_by_shape_not_threads(build_dir, tiny, tmp_path, backend, threads, micro_batch):
+    """The CPU attention backward keeps one dq copy per extra run of key blocks, and its runs
+    depend on the shape alone (fewer than 8 sequence x kv-head pairs: 1m at micro-batch 1 has 4,
+    so 2 runs), not on the thread count.  The CPU's counters are exact, so the plan must equal the
+    measured peak to the byte (a plan by threads was one or three copies off: -131136 / +786496 B)."""
+    _, data = tiny
+    cfg = ROOT / "configs" / "olmo3-1m-8k.yaml"
+    sets = COMMON + ["--set", f"train.micro_batch={micro_batch}"]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OLMOC_MEMSTATS="1")
+    r = subprocess.run([str(build_dir / "olmoc"), "train", str(cfg), "--backend", backend, *sets,
+                        "--set", f"data.train_path={data}", "--set", f"data.out_dir={tmp_path / 'run'}"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    peak = measured_peaks(r.stderr, 1)[0]
+    p = subprocess.run([str(build_dir / "olmoc"), "info", str(cfg), "--ranks", "1", "--backend", backend, *sets],
+                       capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stderr
+    planned = int(re.search(r"# plan bytes: total \d+ peak (\d+)", p.stdout).group(1))
+    print(f"{backend} 1m micro_batch {micro_batch} threads {threads}: plan {planned} measured {peak}")
+    assert planned == peak, f"plan {planned}, measured {peak} ({planned - peak:+d} B)\n{p.stdout}"
+
+
 def test_info_plan_cli(build_dir):
     cfg = ROOT / "configs" / "olmo3-1m.yaml"
     run = lambda *a: subprocess.run([str(build_dir / "olmoc"), "info", str(cfg), *map(str, a)],  # noqa: E731
