@@ -154,11 +154,17 @@ static double gemm_slots(const struct backend_desc *d, double a_max, double b_ma
 
 /* The backend's grow-only scratch after a training step (the ops' own size expressions); `probe`:
  * the peak FLOP/s probe ran first (its fp32 operands grow a bf16 backend's GEMM slots). */
-static double scratch(const struct backend_desc *d, const struct shapes *s, bool probe) {
+static double scratch(const struct backend_desc *d, const struct shapes *s, enum olmo_act_ckpt mode, bool probe) {
     const double N = s->N, B = s->B, T = s->T, H = s->H, HK = s->HK, hd = s->hd;
-    /* GEMM operands: A is [tokens x max(V, F, D, Q)] at most (the logits in the LM head's backward),
-     * an activation B operand [tokens x max(D, F, Q)]; the weights are the bf16 compute copy. */
+    /* GEMM operands: A is [tokens x max(V, F, D, Q)] at most (the logits in the LM head's backward);
+     * an activation B operand is a weight gradient's (model.c's backward) and the weights are the bf16
+     * compute copy.  Rounding every operand (the CPU fallback), the widest B is [tokens x max(D, F, Q)];
+     * packing only the fp32 ones (oneDNN's bf16 matmul, cuda-bf16), the bf16 saved s, h and x are read
+     * as they are: the fp32 B operands are att [N x Q] always, and what a checkpointed layer
+     * recomputes into the shared fp32 set: s [N x F] (feed_forward, block), h and x [N x D] (block). */
     double a_max = N * max2(max2(s->V, s->F), max2(s->D, s->Q)), b_max = N * max2(s->F, max2(s->D, s->Q));
+    if (d->bf16_gemm_operands)
+        b_max = N * max2(s->Q, max2(mode == ACT_CKPT_BLOCK ? s->D : 0, mode != ACT_CKPT_NONE ? s->F : 0));
     if (probe) {
         a_max = max2(a_max, PROBE_N * PROBE_N);
         b_max = max2(b_max, PROBE_N * PROBE_N);
@@ -259,7 +265,7 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
     b[OLMO_MEM_LOGITS] = buf(&d, 4 * s.N * s.V);
     b[OLMO_MEM_WORK] = work(&d, &s, all16 && t->activation_checkpointing != ACT_CKPT_NONE);
     const bool probe = t->peak_flops <= 0;
-    b[OLMO_MEM_SCRATCH] = scratch(&d, &s, probe);
+    b[OLMO_MEM_SCRATCH] = scratch(&d, &s, t->activation_checkpointing, probe);
     for (int i = 0; i < OLMO_MEM_ITEMS; i++) p->total += b[i];
     if (probe) {
         /* after the model, the optimizer and the activations, before the first step: three
