@@ -136,11 +136,16 @@ def test_fully_sharded_bf16_backend(build_dir, tiny, tmp_path):  # noqa: F811
         else:
             # 3 ranks (every unit padded, its pieces gathered in bf16): the reduce-scatter adds three
             # ranks' gradients in another order than the all-reduce (~1e-10 in the grad norm), which bf16
-            # amplifies over 20 steps; the first steps' losses, which depend on the gathered bf16 weights,
-            # must agree to the last digits
-            t0, t1 = of_type(zero1, "train")[:3], of_type(fsdp, "train")[:3]
-            assert all(rel(a["loss"], b["loss"]) <= 1e-12 for a, b in zip(t0, t1)), (t0, t1)
-            assert all(rel(a["grad_norm"], b["grad_norm"]) <= 1e-8 for a, b in zip(t0, t1)), (t0, t1)
+            # amplifies over 20 steps.  Steps 1 and 2 must agree to the last digits: step 1 runs the
+            # gathered initial weights, and AdamW's first update (m / sqrt(v) = g / |g| elementwise) does
+            # not see a 1e-10 difference in g, so step 2's bf16 weights are the same too.  From the second
+            # update on the difference reaches the weights and a flipped bf16 rounding may show at once
+            # (how soon depends on the GEMM library's kernels: on an Intel AVX-512 machine with oneDNN's
+            # bf16 matmul, step 3's losses differed by 7.3e-7, every step's by at most 7.6e-5)
+            t0, t1 = of_type(zero1, "train"), of_type(fsdp, "train")
+            assert all(rel(a["loss"], b["loss"]) <= 1e-12 for a, b in zip(t0[:2], t1[:2])), (t0[:2], t1[:2])
+            assert all(rel(a["grad_norm"], b["grad_norm"]) <= 1e-8 for a, b in zip(t0[:2], t1[:2])), (t0[:2], t1[:2])
+            assert loss <= 1e-3, loss  # a wrong gathered piece moves the loss by far more
 
 
 def test_bad_shard_degree(build_dir, tiny, tmp_path):  # noqa: F811
