@@ -94,6 +94,25 @@ struct tile_span {
     bool over_k;
 };
 
+/* Partial row maxima of the fused QK^T epilogue: one per lane of the kernel's vectors. */
+#if defined(__AVX512F__)
+#define ATT_MAXP 16
+#else
+#define ATT_MAXP 8
+#endif
+/* Epilogues of the fp32 tile kernels (beta 0), on the visible columns va[r] .. ve[r] of row r:
+ *   maxp set: C = alpha op(A) B, and maxp[r][l] = the max of maxp[r][l] and the visible values of C's
+ *             columns ATT_MAXP i + l (the forward's S and its row maxima; the other columns' values are kept);
+ *   else, 0 on the other columns, and on the visible ones
+ *   p NULL: C = exp(alpha op(A) B - shift[r])           (S -> P, exp_visible's operations);
+ *   p set:  C = p[r][c] * (alpha op(A) B - shift[r]) * scale  (dP -> dS with shift = delta, ds_row's). */
+struct tile_exp {
+    const float *shift, *p;
+    const int *va, *ve;
+    float scale;
+    float *maxp;
+};
+
 #if defined(__AVX512F__)
 /* acc + a b on 16 lanes of fp32 values or of bf16 pairs (bf16 is a constant in each caller) */
 static inline __attribute__((always_inline)) __m512 tile_mac(bool bf16, __m512 acc, __m512i a, __m512i b) {
@@ -119,19 +138,66 @@ static inline bool span_rows(const struct tile_span *span, int r0, int r1, int c
     return true;
 }
 
+/* Row `row` of a tile, its 64 columns from c0 (acc[v]: columns c0 + 16v ..; masks: those inside C): alpha acc
+ * (+ C when beta is not 0), or with an epilogue (ex, beta 0) as tile_exp says; the same operations as
+ * the unfused exp_visible and ds_row, so the same bits. */
+static inline __attribute__((always_inline)) void tile_row_out(const __m512 acc[4], const __mmask16 masks[4],
+                                                               __m512 valpha, float beta, float *cr,
+                                                               const struct tile_exp *ex, int row, int c0, int ldc) {
+    if (!ex) {
+        for (int v = 0; v < 4; v++) {
+            __m512 val = _mm512_mul_ps(acc[v], valpha);
+            if (beta != 0.0f) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(masks[v], cr + 16 * v));
+            _mm512_mask_storeu_ps(cr + 16 * v, masks[v], val);
+        }
+        return;
+    }
+    const int va = ex->va[row] - c0, ve = ex->ve[row] - c0;
+    if (ex->maxp) {
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        for (int v = 0; v < 4; v++) {
+            const __m512 val = _mm512_mul_ps(acc[v], valpha);
+            const __mmask16 vis = col_mask(ve + 1 - 16 * v) & (__mmask16)~col_mask(va - 16 * v);
+            mx = _mm512_mask_max_ps(mx, vis, mx, val);
+            _mm512_mask_storeu_ps(cr + 16 * v, masks[v], val);
+        }
+        float *mr = ex->maxp + (size_t)row * ATT_MAXP;
+        _mm512_storeu_ps(mr, _mm512_max_ps(mx, _mm512_loadu_ps(mr)));
+        return;
+    }
+    const __m512 sh = _mm512_set1_ps(ex->shift[row]), vs = _mm512_set1_ps(ex->scale);
+    const float *pr = ex->p ? ex->p + (size_t)row * ldc + c0 : NULL;
+    for (int v = 0; v < 4; v++) {
+        const __mmask16 vis = col_mask(ve + 1 - 16 * v) & (__mmask16)~col_mask(va - 16 * v);
+        __m512 val = _mm512_setzero_ps();
+        if (vis) {
+            val = _mm512_sub_ps(_mm512_mul_ps(acc[v], valpha), sh);
+            val = pr ? _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(vis, pr + 16 * v), val), vs) : fast_exp16(val);
+            val = _mm512_maskz_mov_ps(vis, val);
+        }
+        _mm512_mask_storeu_ps(cr + 16 * v, masks[v], val);
+    }
+}
+
 static inline __attribute__((always_inline)) void tile_kernel(const struct tile_span *span, bool bf16, bool ta, int m,
                                                               int n, int k, float alpha, const tile_word *a, int lda,
                                                               const tile_word *b, int ldb, float beta, float *c,
-                                                              int ldc) {
+                                                              int ldc, const struct tile_exp *ex) {
     const __m512 valpha = _mm512_set1_ps(alpha);
     for (int c0 = 0; c0 < n; c0 += 64) {
         const __mmask16 m0 = col_mask(n - c0), m1 = col_mask(n - c0 - 16), m2 = col_mask(n - c0 - 32),
                         m3 = col_mask(n - c0 - 48);
+        const __mmask16 masks[4] = {m0, m1, m2, m3};
         const tile_word *bc = b + c0;
         int r0 = 0;
         for (; r0 + TILE_ROWS <= m; r0 += TILE_ROWS) {
             int k0, k1;
-            if (!span_rows(span, r0, r0 + TILE_ROWS, c0, k, &k0, &k1)) continue;
+            if (!span_rows(span, r0, r0 + TILE_ROWS, c0, k, &k0, &k1)) { /* columns nobody reads: P, dS are 0 there */
+                if (ex && !ex->maxp)
+                    for (int r = r0; r < r0 + TILE_ROWS; r++)
+                        for (int v = 0; v < 4; v++) _mm512_mask_storeu_ps(c + (size_t)r * ldc + c0 + 16 * v, masks[v], _mm512_setzero_ps());
+                continue;
+            }
             __m512 x00 = _mm512_setzero_ps(), x01 = x00, x02 = x00, x03 = x00, x10 = x00, x11 = x00, x12 = x00,
                    x13 = x00, x20 = x00, x21 = x00, x22 = x00, x23 = x00, x30 = x00, x31 = x00, x32 = x00, x33 = x00;
             for (int kk = k0; kk < k1; kk++) {
@@ -153,21 +219,18 @@ static inline __attribute__((always_inline)) void tile_kernel(const struct tile_
                 x30 = tile_mac(bf16, x30, av, b0), x31 = tile_mac(bf16, x31, av, b1);
                 x32 = tile_mac(bf16, x32, av, b2), x33 = tile_mac(bf16, x33, av, b3);
             }
-            __m512 rows[TILE_ROWS][4] = {{x00, x01, x02, x03}, {x10, x11, x12, x13}, {x20, x21, x22, x23},
-                                         {x30, x31, x32, x33}};
-            const __mmask16 masks[4] = {m0, m1, m2, m3};
-            for (int r = 0; r < TILE_ROWS; r++) {
-                float *cr = c + (size_t)(r0 + r) * ldc + c0;
-                for (int v = 0; v < 4; v++) {
-                    __m512 val = _mm512_mul_ps(rows[r][v], valpha);
-                    if (beta != 0.0f) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(masks[v], cr + 16 * v));
-                    _mm512_mask_storeu_ps(cr + 16 * v, masks[v], val);
-                }
-            }
+            const __m512 rows[TILE_ROWS][4] = {{x00, x01, x02, x03}, {x10, x11, x12, x13}, {x20, x21, x22, x23},
+                                               {x30, x31, x32, x33}};
+            for (int r = 0; r < TILE_ROWS; r++)
+                tile_row_out(rows[r], masks, valpha, beta, c + (size_t)(r0 + r) * ldc + c0, ex, r0 + r, c0, ldc);
         }
         for (; r0 < m; r0++) { /* leftover rows, one at a time */
             int k0, k1;
-            if (!span_rows(span, r0, r0 + 1, c0, k, &k0, &k1)) continue;
+            if (!span_rows(span, r0, r0 + 1, c0, k, &k0, &k1)) {
+                if (ex && !ex->maxp)
+                    for (int v = 0; v < 4; v++) _mm512_mask_storeu_ps(c + (size_t)r0 * ldc + c0 + 16 * v, masks[v], _mm512_setzero_ps());
+                continue;
+            }
             __m512 x0 = _mm512_setzero_ps(), x1 = x0, x2 = x0, x3 = x0;
             for (int kk = k0; kk < k1; kk++) {
                 const tile_word *br = bc + (size_t)kk * ldb;
@@ -178,20 +241,22 @@ static inline __attribute__((always_inline)) void tile_kernel(const struct tile_
                 x3 = tile_mac(bf16, x3, av, _mm512_maskz_loadu_epi32(m3, br + 48));
             }
             const __m512 xs[4] = {x0, x1, x2, x3};
-            const __mmask16 masks[4] = {m0, m1, m2, m3};
-            float *cr = c + (size_t)r0 * ldc + c0;
-            for (int v = 0; v < 4; v++) {
-                __m512 val = _mm512_mul_ps(xs[v], valpha);
-                if (beta != 0.0f) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(masks[v], cr + 16 * v));
-                _mm512_mask_storeu_ps(cr + 16 * v, masks[v], val);
-            }
+            tile_row_out(xs, masks, valpha, beta, c + (size_t)r0 * ldc + c0, ex, r0, c0, ldc);
         }
     }
 }
 
 static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k, float alpha, const float *a,
                       int lda, const float *b, int ldb, float beta, float *c, int ldc) {
-    tile_kernel(span, false, ta, m, n, k, alpha, (const tile_word *)a, lda, (const tile_word *)b, ldb, beta, c, ldc);
+    tile_kernel(span, false, ta, m, n, k, alpha, (const tile_word *)a, lda, (const tile_word *)b, ldb, beta, c, ldc,
+                NULL);
+}
+
+/* C = alpha A B (fp32, beta 0) with the epilogue ex */
+static void tile_gemm_ex(const struct tile_span *span, int m, int n, int k, float alpha, const float *a, int lda,
+                         const float *b, int ldb, float *c, int ldc, const struct tile_exp *ex) {
+    tile_kernel(span, false, false, m, n, k, alpha, (const tile_word *)a, lda, (const tile_word *)b, ldb, 0.0f, c, ldc,
+                ex);
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 /* AVX2+FMA: 6 rows x 16 columns of C in 12 of the 16 ymm registers, two B
@@ -200,18 +265,6 @@ static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k
  * loads and stores for a column tail.  Every element of C is, as in the
  * AVX-512 kernel, fma(a_k, b_k, acc) over k in order, times alpha, plus C. */
 #define TILE_ROWS 6
-/* Epilogues (beta 0), on the visible columns va[r] .. ve[r] of row r:
- *   max8 set: C = alpha op(A) B, and max8[r][l] = the max of max8[r][l] and the visible values of C's
- *             columns 8i + l (the forward's S and its row maxima; the other columns' values are kept);
- *   else, 0 on the other columns, and on the visible ones
- *   p NULL: C = exp(alpha op(A) B - shift[r])           (S -> P, exp_visible's operations);
- *   p set:  C = p[r][c] * (alpha op(A) B - shift[r]) * scale  (dP -> dS with shift = delta, ds_row's). */
-struct tile_exp {
-    const float *shift, *p;
-    const int *va, *ve;
-    float scale;
-    float *max8;
-};
 
 static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool ta, bool full, __m256i mask0,
                                                                  __m256i mask1, int k0, int k, float alpha, const float *a,
@@ -241,11 +294,11 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool 
         if (alpha != 1.0f) v0 = _mm256_mul_ps(v0, valpha), v1 = _mm256_mul_ps(v1, valpha); /* x * 1 is x */
         if (ex) {
             const int va = ex->va[r0 + r] - c0, ve = ex->ve[r0 + r] - c0;
-            const __m256 sh = ex->max8 ? _mm256_setzero_ps() : _mm256_set1_ps(ex->shift[r0 + r]); /* no shift for max8 */
+            const __m256 sh = ex->maxp ? _mm256_setzero_ps() : _mm256_set1_ps(ex->shift[r0 + r]); /* no shift for maxp */
             const __m256i vis0 = _mm256_andnot_si256(lane_mask8(va), lane_mask8(ve + 1)),
                           vis1 = _mm256_andnot_si256(lane_mask8(va - 8), lane_mask8(ve - 7));
-            if (ex->max8) {
-                float *mr = ex->max8 + (size_t)(r0 + r) * 8;
+            if (ex->maxp) {
+                float *mr = ex->maxp + (size_t)(r0 + r) * ATT_MAXP;
                 const __m256 none = _mm256_set1_ps(-INFINITY);
                 const __m256 m = _mm256_max_ps(_mm256_blendv_ps(none, v0, _mm256_castsi256_ps(vis0)),
                                                _mm256_blendv_ps(none, v1, _mm256_castsi256_ps(vis1)));
@@ -260,7 +313,7 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool 
                  * which the mask below clears */
                 v0 = fast_exp8_softmax(_mm256_sub_ps(v0, sh)), v1 = fast_exp8_softmax(_mm256_sub_ps(v1, sh));
             }
-            if (!ex->max8) {
+            if (!ex->maxp) {
                 v0 = _mm256_and_ps(_mm256_castsi256_ps(vis0), v0);
                 v1 = _mm256_and_ps(_mm256_castsi256_ps(vis1), v1);
             }
@@ -289,7 +342,7 @@ static inline __attribute__((always_inline)) void tile_group_avx2(int rows, int 
     if (span) {
         const int first = span->first[r0], last = span->last[r0 + rows - 1];
         if (!span->over_k && (c0 + 16 <= first || c0 > last)) { /* columns nobody reads: P is 0 there */
-            if (ex && !ex->max8)
+            if (ex && !ex->maxp)
                 for (int r = 0; r < rows; r++) {
                     float *cr = c + (size_t)(r0 + r) * ldc;
                     _mm256_maskstore_ps(cr, full ? _mm256_set1_epi32(-1) : mask0, _mm256_setzero_ps());
@@ -340,29 +393,10 @@ static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k
     tile_gemm_avx2(span, ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, NULL);
 }
 
-/* S = alpha A B, and row r's maximum over its visible columns (span) into max8[r][0..7] (8 partial
- * maxima, each raised from what it holds): S and its row maxima in one pass */
-#define ATT_FUSED_MAX 1
-static void tile_gemm_max(const struct tile_span *span, int m, int n, int k, float alpha, const float *a, int lda,
-                          const float *b, int ldb, float *max8, float *c, int ldc) {
-    const struct tile_exp ex = {NULL, NULL, span->first, span->last, 0.0f, max8};
-    tile_gemm_avx2(span, false, m, n, k, alpha, a, lda, b, ldb, 0.0f, c, ldc, &ex);
-}
-
-/* P = exp(alpha A B - shift[r]) on the visible columns (span), 0 elsewhere: S and exp_visible in one pass */
-#define ATT_FUSED_EXP 1
-static void tile_gemm_exp(const struct tile_span *span, int m, int n, int k, float alpha, const float *a, int lda,
-                          const float *b, int ldb, const float *shift, float *c, int ldc) {
-    const struct tile_exp ex = {shift, NULL, span->first, span->last, 0.0f, NULL};
-    tile_gemm_avx2(span, false, m, n, k, alpha, a, lda, b, ldb, 0.0f, c, ldc, &ex);
-}
-
-/* dS = P * (A B - delta[r]) * scale on the visible columns (span), 0 elsewhere: dP and ds_row in one pass
- * (P has C's layout) */
-static void tile_gemm_ds(const struct tile_span *span, int m, int n, int k, const float *a, int lda, const float *b,
-                         int ldb, const float *delta, const float *p, float scale, float *c, int ldc) {
-    const struct tile_exp ex = {delta, p, span->first, span->last, scale, NULL};
-    tile_gemm_avx2(span, false, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc, &ex);
+/* C = alpha A B (fp32, beta 0) with the epilogue ex */
+static void tile_gemm_ex(const struct tile_span *span, int m, int n, int k, float alpha, const float *a, int lda,
+                         const float *b, int ldb, float *c, int ldc, const struct tile_exp *ex) {
+    tile_gemm_avx2(span, false, m, n, k, alpha, a, lda, b, ldb, 0.0f, c, ldc, ex);
 }
 #else
 static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k, float alpha, const float *a,
@@ -370,6 +404,33 @@ static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k
     (void)span;
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
                 ldc);
+}
+#endif
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+/* S = alpha A B, and row r's maximum over its visible columns (span) into maxp[r][0 .. ATT_MAXP-1]
+ * (partial maxima, each raised from what it holds): S and its row maxima in one pass */
+#define ATT_FUSED_MAX 1
+static void tile_gemm_max(const struct tile_span *span, int m, int n, int k, float alpha, const float *a, int lda,
+                          const float *b, int ldb, float *maxp, float *c, int ldc) {
+    const struct tile_exp ex = {NULL, NULL, span->first, span->last, 0.0f, maxp};
+    tile_gemm_ex(span, m, n, k, alpha, a, lda, b, ldb, c, ldc, &ex);
+}
+
+/* P = exp(alpha A B - shift[r]) on the visible columns (span), 0 elsewhere: S and exp_visible in one pass */
+#define ATT_FUSED_EXP 1
+static void tile_gemm_exp(const struct tile_span *span, int m, int n, int k, float alpha, const float *a, int lda,
+                          const float *b, int ldb, const float *shift, float *c, int ldc) {
+    const struct tile_exp ex = {shift, NULL, span->first, span->last, 0.0f, NULL};
+    tile_gemm_ex(span, m, n, k, alpha, a, lda, b, ldb, c, ldc, &ex);
+}
+
+/* dS = P * (A B - delta[r]) * scale on the visible columns (span), 0 elsewhere: dP and ds_row in one pass
+ * (P has C's layout) */
+static void tile_gemm_ds(const struct tile_span *span, int m, int n, int k, const float *a, int lda, const float *b,
+                         int ldb, const float *delta, const float *p, float scale, float *c, int ldc) {
+    const struct tile_exp ex = {delta, p, span->first, span->last, scale, NULL};
+    tile_gemm_ex(span, m, n, k, 1.0f, a, lda, b, ldb, c, ldc, &ex);
 }
 #endif
 
@@ -389,7 +450,7 @@ static void tile_product(const struct tile_span *span, bool bf16, bool ta, int m
                          const void *a, int lda, const void *b, int ldb, float beta, float *c, int ldc) {
 #ifdef OLMOC_ATTN_BF16
     if (bf16) {
-        tile_kernel(NULL, true, ta, m, n, (k + 1) / 2, alpha, a, lda, b, ldb, beta, c, ldc);
+        tile_kernel(NULL, true, ta, m, n, (k + 1) / 2, alpha, a, lda, b, ldb, beta, c, ldc, NULL);
         return;
     }
 #endif
@@ -634,7 +695,7 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
         float *sc = tiles + stride * (size_t)omp_get_thread_num();
         float *acc = sc + (size_t)ATT_QB * ATT_KC;
         uint16_t *pb = bf16 ? (uint16_t *)(acc + (size_t)ATT_QB * D) : NULL; /* P as bf16 */
-        float mrow[ATT_QB], max8[8 * ATT_QB]; /* max8: 8 partial maxima of each row of a chunk */
+        float mrow[ATT_QB], maxp[ATT_MAXP * ATT_QB]; /* partial maxima of each row of a chunk */
         double lrow[ATT_QB];
         int vis_a[ATT_QB], vis_e[ATT_QB]; /* each row's visible columns of the chunk */
 #pragma omp for schedule(dynamic)
@@ -658,9 +719,9 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
 #ifdef ATT_FUSED_MAX
                 const bool fused = !bf16;
                 if (fused) { /* S and its rows' maxima */
-                    for (int r = 0; r < 8 * nq; r++) max8[r] = -INFINITY;
+                    for (int r = 0; r < ATT_MAXP * nq; r++) maxp[r] = -INFINITY;
                     tile_gemm_max(&cols, nq, nk, D, s->scale, q + qoff, q_stride, (const float *)kt + kth + j0, ldt,
-                                  max8, sc, ATT_KC);
+                                  maxp, sc, ATT_KC);
                 } else
 #else
                 const bool fused = false;
@@ -674,7 +735,7 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
                         memset(row, 0, sizeof(float) * (size_t)nk);
                         continue;
                     }
-                    float mx = fused ? max_of(max8 + (size_t)8 * r, 8) : max_of(row + a, e - a + 1);
+                    float mx = fused ? max_of(maxp + (size_t)ATT_MAXP * r, ATT_MAXP) : max_of(row + a, e - a + 1);
                     mx = mx > mrow[r] ? mx : mrow[r];
                     const float alpha = fast_expf(mrow[r] - mx); /* exp(-inf) = 0 on the first chunk */
                     const float sum = exp_visible(row, nk, a, e, mx);
