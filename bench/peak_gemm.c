@@ -3,7 +3,8 @@
  *           thread (the machine's real peak at its real clock, no memory);
  *           with AVX-512 also the same on 256-bit registers (fma_avx2: the
  *           peak of AVX2 kernels there), with AVX512-BF16 the same for bf16
- *           dot products (bf16_dot);
+ *           dot products (bf16_dot), with AMX-BF16 the tile unit's bf16
+ *           products (amx_bf16: what oneDNN's bf16 matmul runs there);
  *   sgemm - the GEMM of an olmoc CPU backend (--backend: cpu, the default,
  *           cpu-openblas or cpu-onednn; the same function olmoc trains
  *           with) on a large square problem and, with --shape, on the
@@ -22,6 +23,10 @@
 
 #if defined(__AVX512F__) || defined(__AVX2__) || defined(__FMA__)
 #include <immintrin.h>
+#endif
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 static double now(void) {
@@ -90,10 +95,61 @@ static double bf16_dot_loop(long iters, int *lanes) {
 }
 #endif
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+/* The AMX peak: tdpbf16ps multiplies a 16 x 32 bf16 tile by a 32 x 16 one (as 16 x 16 pairs) into a
+ * 16 x 16 fp32 tile, 32 products (64 FLOPs) per output lane; 4 independent accumulator tiles from 2 A
+ * and 2 B tiles, all in tile registers.  The operands' values do not matter (zeros). */
+enum { AMX_CHAINS = 4 };
+static double amx_bf16_loop(long iters, int *lanes) {
+    struct {
+        unsigned char palette, start_row, reserved[14];
+        unsigned short colsb[16];
+        unsigned char rows[16];
+    } cfg = {.palette = 1};
+    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    static _Alignas(64) unsigned char zeros[16 * 64];
+    static _Thread_local _Alignas(64) float out[16 * 16];
+    _tile_loadconfig(&cfg);
+    for (int t = 0; t < 4; t++) {
+        switch (t) { /* tile numbers are immediates */
+        case 0: _tile_zero(0); break;
+        case 1: _tile_zero(1); break;
+        case 2: _tile_zero(2); break;
+        default: _tile_zero(3); break;
+        }
+    }
+    _tile_loadd(4, zeros, 64);
+    _tile_loadd(5, zeros, 64);
+    _tile_loadd(6, zeros, 64);
+    _tile_loadd(7, zeros, 64);
+    for (long i = 0; i < iters; i++) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, out, 64);
+    _tile_release();
+    *lanes = 16 * 16;
+    return (double)out[0] + 1.0;
+}
+
+/* Linux gives a process the AMX tile state only when it asks (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA). */
+static int amx_permitted(void) {
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+}
+#endif
+
 /* FLOP/s of a register-only loop (flops_per_lane per lane, chain and
  * iteration): the best of many short rounds (a round that no other process
  * interrupted shows the real peak), on one thread and on all. */
+static void measure_loop_chains(const char *kind, double (*loop)(long, int *), double flops_per_lane, int chains,
+                                double seconds);
 static void measure_loop(const char *kind, double (*loop)(long, int *), double flops_per_lane, double seconds) {
+    measure_loop_chains(kind, loop, flops_per_lane, CHAINS, seconds);
+}
+static void measure_loop_chains(const char *kind, double (*loop)(long, int *), double flops_per_lane, int chains,
+                                double seconds) {
     long iters = 1 << 12;
     int lanes = 1;
     double sink = 0.0;
@@ -108,7 +164,7 @@ static void measure_loop(const char *kind, double (*loop)(long, int *), double f
     for (double start = now(); now() - start < seconds / 2;) {
         double t0 = now();
         sink += loop(iters, &lanes);
-        double f = flops_per_lane * lanes * CHAINS * (double)iters / (now() - t0);
+        double f = flops_per_lane * lanes * chains * (double)iters / (now() - t0);
         if (f > best1) best1 = f;
     }
     for (double start = now(); now() - start < seconds / 2;) {
@@ -118,7 +174,7 @@ static void measure_loop(const char *kind, double (*loop)(long, int *), double f
             int l;
             sink += loop(iters, &l);
         }
-        double f = flops_per_lane * lanes * CHAINS * (double)iters * threads / (now() - t0);
+        double f = flops_per_lane * lanes * chains * (double)iters * threads / (now() - t0);
         if (f > best_all) best_all = f;
     }
     printf("{\"kind\": \"%s\", \"threads\": %d, \"simd_lanes\": %d, \"gflops\": %.2f, \"gflops_one_thread\": %.2f, "
@@ -208,6 +264,9 @@ int main(int argc, char **argv) {
 #endif
 #if defined(__AVX512BF16__)
     measure_loop("bf16_dot", bf16_dot_loop, 4.0, seconds);
+#endif
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    if (amx_permitted()) measure_loop_chains("amx_bf16", amx_bf16_loop, 64.0, AMX_CHAINS, seconds);
 #endif
     if (size > 0) measure_sgemm(size, size, size, 0, 0, seconds * 2, "sgemm_square");
     for (int i = 0; i < n_shapes; i++)
