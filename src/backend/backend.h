@@ -250,6 +250,9 @@ struct olmo_backend *olmo_backend_cpu_create(enum olmo_cpu_gemm_library library)
 bool olmo_cpu_has_avx512(void);
 /* Whether the processor has AVX2 and FMA (attention's AVX2 kernels, forced with OLMOC_CPU_ISA=avx2). */
 bool olmo_cpu_has_avx2_fma(void);
+/* Whether cpu-bf16's attention multiplies bf16 pairs: a build with the AVX512-BF16 kernels, not forced
+ * to the AVX2 ones (OLMOC_CPU_ISA=avx2, whose products are fp32); for even head_dim (the memory plan). */
+bool olmo_cpu_attention_bf16_products(void);
 
 #ifdef OLMOC_HAVE_CUDA
 /* CUDA backend (src/backend/cuda/): device memory, cuBLAS GEMMs, deterministic

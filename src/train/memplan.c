@@ -55,9 +55,7 @@ static int describe_backend(const char *name, struct backend_desc *d) {
         if (!strcmp(name, cpu_fp32[i])) return 0;
     if (!strcmp(name, "cpu-bf16")) {
         d->bf16_compute = true;
-#if defined(__AVX512F__) && defined(__AVX512BF16__) /* cpu_simd.h's OLMOC_ATTN_BF16 */
-        d->bf16_attention = true;
-#endif
+        d->bf16_attention = olmo_cpu_attention_bf16_products();
         d->bf16_gemm_operands = cpu_bf16_uses_matmul();
         return 0;
     }
@@ -248,13 +246,34 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
          * the reduce-scatter's output is one unit's slice.  Each region buffer has S spare floats. */
         const double S = p->shard_degree, per_layer = (n - 2 * s.V * s.D - s.D) / s.L;
         const double emb = s.V * s.D + S, head = s.V * s.D + s.D + S, block = per_layer + S;
-        const double shard = ceil(s.V * s.D / S) + s.L * ceil(per_layer / S) + ceil((s.V * s.D + s.D) / S);
+        /* a region is cut into units, runs of its tensors of one kind (fsdp.c: on a bf16 backend the
+         * GEMM matrices, gathered in bf16, apart from the fp32 norm weights; the input embedding is
+         * fp32); rank 0 owns the first ceil(unit / S) of each, and the reduce-scatter's output holds
+         * the largest such slice */
+        double layer_units[4] = {per_layer, 0, 0, 0}, root_units[3] = {s.V * s.D, s.D + s.V * s.D, 0};
+        if (d.bf16_compute) {
+            layer_units[0] = s.D * (2 * s.Q + 2 * s.K); /* q, k, v, o projections */
+            layer_units[1] = s.Q + s.K;                 /* q and k norms */
+            layer_units[2] = 3 * s.D * s.F;             /* gate, up, down projections */
+            layer_units[3] = 2 * s.D;                   /* the two post-norms */
+            root_units[1] = s.D, root_units[2] = s.V * s.D; /* the final norm, the LM head */
+        }
+        double shard = 0, max_slice = 0, layer_shard = 0;
+        for (int u = 0; u < 4; u++) {
+            layer_shard += ceil(layer_units[u] / S);
+            max_slice = max2(max_slice, ceil(layer_units[u] / S));
+        }
+        for (int u = 0; u < 3; u++) {
+            shard += ceil(root_units[u] / S);
+            max_slice = max2(max_slice, ceil(root_units[u] / S));
+        }
+        shard += s.L * layer_shard;
         b[OLMO_MEM_WEIGHTS] = buf(&d, 4 * shard) + buf(&d, 4 * emb) + buf(&d, 4 * head);
         b[OLMO_MEM_GRADS] = buf(&d, 4 * shard) + buf(&d, 4 * emb) + buf(&d, 4 * head) + buf(&d, 4 * block);
         b[OLMO_MEM_OPTIM] = 2 * buf(&d, 4 * shard);
         b[OLMO_MEM_COMPUTE] = d.bf16_compute ? buf(&d, cbytes * emb) + buf(&d, cbytes * head) : 0;
         b[OLMO_MEM_GATHERED] = (d.device ? 2 : 1) * (buf(&d, 4 * block) + (d.bf16_compute ? buf(&d, cbytes * block) : 0));
-        b[OLMO_MEM_COMM] = buf(&d, 4 * ceil(s.V * s.D / S));
+        b[OLMO_MEM_COMM] = buf(&d, 4 * max_slice);
     }
     const bool all16 = t->saved_activations == SAVED_ACTS_BF16;
     if (all16 && !d.bf16_compute)

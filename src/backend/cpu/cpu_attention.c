@@ -16,6 +16,15 @@ bool olmo_cpu_has_avx2_fma(void) {
 #endif
 }
 
+bool olmo_cpu_attention_bf16_products(void) {
+#ifdef OLMOC_ATTN_BF16
+    const char *isa = getenv("OLMOC_CPU_ISA");
+    return !(isa && !strcmp(isa, "avx2")); /* cpu_attention_select: forced AVX2 kernels multiply fp32 */
+#else
+    return false;
+#endif
+}
+
 int cpu_attention_select(struct cpu_state *st, bool bf16_backend) {
     const char *isa = getenv("OLMOC_CPU_ISA");
     const char *kernels = NULL, *why = "";
