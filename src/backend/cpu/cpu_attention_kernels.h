@@ -179,6 +179,12 @@ static inline __attribute__((always_inline)) void tile_row_out(const __m512 acc[
     }
 }
 
+/* Rows r0 .. r0+rows-1 of C, 64 columns from c0 (those inside C: masks), set to 0. */
+static inline void tile_zero_rows(float *c, int ldc, int r0, int rows, int c0, const __mmask16 masks[4]) {
+    for (int r = r0; r < r0 + rows; r++)
+        for (int v = 0; v < 4; v++) _mm512_mask_storeu_ps(c + (size_t)r * ldc + c0 + 16 * v, masks[v], _mm512_setzero_ps());
+}
+
 static inline __attribute__((always_inline)) void tile_kernel(const struct tile_span *span, bool bf16, bool ta, int m,
                                                               int n, int k, float alpha, const tile_word *a, int lda,
                                                               const tile_word *b, int ldb, float beta, float *c,
@@ -193,9 +199,7 @@ static inline __attribute__((always_inline)) void tile_kernel(const struct tile_
         for (; r0 + TILE_ROWS <= m; r0 += TILE_ROWS) {
             int k0, k1;
             if (!span_rows(span, r0, r0 + TILE_ROWS, c0, k, &k0, &k1)) { /* columns nobody reads: P, dS are 0 there */
-                if (ex && !ex->maxp)
-                    for (int r = r0; r < r0 + TILE_ROWS; r++)
-                        for (int v = 0; v < 4; v++) _mm512_mask_storeu_ps(c + (size_t)r * ldc + c0 + 16 * v, masks[v], _mm512_setzero_ps());
+                if (ex && !ex->maxp) tile_zero_rows(c, ldc, r0, TILE_ROWS, c0, masks);
                 continue;
             }
             __m512 x00 = _mm512_setzero_ps(), x01 = x00, x02 = x00, x03 = x00, x10 = x00, x11 = x00, x12 = x00,
@@ -204,7 +208,8 @@ static inline __attribute__((always_inline)) void tile_kernel(const struct tile_
 #define TILE4_K_LOOP(LOAD)                                                                                  \
     for (int kk = k0; kk < k1; kk++) {                                                                      \
         const tile_word *br = bc + (size_t)kk * ldb;                                                        \
-        const __m512i b0 = LOAD(m0, br), b1 = LOAD(m1, br + 16), b2 = LOAD(m2, br + 32), b3 = LOAD(m3, br + 48); \
+        const __m512i b0 = LOAD(m0, br), b1 = LOAD(m1, br + 16);                                            \
+        const __m512i b2 = LOAD(m2, br + 32), b3 = LOAD(m3, br + 48);                                       \
         const tile_word *ar = ta ? a + (size_t)kk * lda + r0 : a + (size_t)r0 * lda + kk;                  \
         const size_t step = ta ? 1 : (size_t)lda;                                                           \
         __m512i av = _mm512_set1_epi32(ar[0]);                                                              \
@@ -236,8 +241,7 @@ static inline __attribute__((always_inline)) void tile_kernel(const struct tile_
         for (; r0 < m; r0++) { /* leftover rows, one at a time */
             int k0, k1;
             if (!span_rows(span, r0, r0 + 1, c0, k, &k0, &k1)) {
-                if (ex && !ex->maxp)
-                    for (int v = 0; v < 4; v++) _mm512_mask_storeu_ps(c + (size_t)r0 * ldc + c0 + 16 * v, masks[v], _mm512_setzero_ps());
+                if (ex && !ex->maxp) tile_zero_rows(c, ldc, r0, 1, c0, masks);
                 continue;
             }
             __m512 x0 = _mm512_setzero_ps(), x1 = x0, x2 = x0, x3 = x0;
