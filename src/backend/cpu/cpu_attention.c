@@ -55,12 +55,8 @@ int cpu_attention_select(struct cpu_state *st, bool bf16_backend) {
         if (!kernels) kernels = "OpenBLAS tile", why = " (no AVX2+FMA in this build's -march or this processor)";
 #endif
     }
-    /* bf16 products where cpu-bf16 asks for them and these kernels have them */
-#ifdef OLMOC_ATTN_BF16
-    const bool bf16 = bf16_backend && !st->attn_avx2;
-#else
-    const bool bf16 = false;
-#endif
+    /* bf16 products where cpu-bf16 asks for them and these kernels have them (the memory plan asks the same) */
+    const bool bf16 = bf16_backend && olmo_cpu_attention_bf16_products();
     snprintf(st->attn_text, sizeof st->attn_text, "attention: %s kernels%s, %s", kernels, why,
              bf16 ? "bf16 products (AVX512-BF16) for even head_dim"
                   : bf16_backend ? "fp32 products (bf16 ones need AVX512-BF16 kernels)" : "fp32 products");
