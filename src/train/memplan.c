@@ -207,6 +207,16 @@ const char *olmo_mem_item_name(enum olmo_mem_item item) {
     return (unsigned)item < OLMO_MEM_ITEMS ? names[item] : "?";
 }
 
+/* fsdp: rank 0's slices of n units, ceil(unit / S) each, summed; *max_slice raised to the largest. */
+static double unit_slices(const double *units, int n, double S, double *max_slice) {
+    double sum = 0;
+    for (int u = 0; u < n; u++) {
+        sum += ceil(units[u] / S);
+        *max_slice = max2(*max_slice, ceil(units[u] / S));
+    }
+    return sum;
+}
+
 int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_options *o, struct olmo_mem_plan *p) {
     memset(p, 0, sizeof *p);
     struct backend_desc d;
@@ -258,16 +268,9 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
             layer_units[3] = 2 * s.D;                   /* the two post-norms */
             root_units[1] = s.D, root_units[2] = s.V * s.D; /* the final norm, the LM head */
         }
-        double shard = 0, max_slice = 0, layer_shard = 0;
-        for (int u = 0; u < 4; u++) {
-            layer_shard += ceil(layer_units[u] / S);
-            max_slice = max2(max_slice, ceil(layer_units[u] / S));
-        }
-        for (int u = 0; u < 3; u++) {
-            shard += ceil(root_units[u] / S);
-            max_slice = max2(max_slice, ceil(root_units[u] / S));
-        }
-        shard += s.L * layer_shard;
+        double max_slice = 0;
+        const double shard =
+            s.L * unit_slices(layer_units, 4, S, &max_slice) + unit_slices(root_units, 3, S, &max_slice);
         b[OLMO_MEM_WEIGHTS] = buf(&d, 4 * shard) + buf(&d, 4 * emb) + buf(&d, 4 * head);
         b[OLMO_MEM_GRADS] = buf(&d, 4 * shard) + buf(&d, 4 * emb) + buf(&d, 4 * head) + buf(&d, 4 * block);
         b[OLMO_MEM_OPTIM] = 2 * buf(&d, 4 * shard);
