@@ -110,14 +110,10 @@ static double amx_bf16_loop(long iters, int *lanes) {
     static _Alignas(64) unsigned char zeros[16 * 64];
     static _Thread_local _Alignas(64) float out[16 * 16];
     _tile_loadconfig(&cfg);
-    for (int t = 0; t < 4; t++) {
-        switch (t) { /* tile numbers are immediates */
-        case 0: _tile_zero(0); break;
-        case 1: _tile_zero(1); break;
-        case 2: _tile_zero(2); break;
-        default: _tile_zero(3); break;
-        }
-    }
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
     _tile_loadd(4, zeros, 64);
     _tile_loadd(5, zeros, 64);
     _tile_loadd(6, zeros, 64);
@@ -141,15 +137,11 @@ static int amx_permitted(void) {
 #endif
 
 /* FLOP/s of a register-only loop (flops_per_lane per lane, chain and
- * iteration): the best of many short rounds (a round that no other process
- * interrupted shows the real peak), on one thread and on all. */
-static void measure_loop_chains(const char *kind, double (*loop)(long, int *), double flops_per_lane, int chains,
-                                double seconds);
-static void measure_loop(const char *kind, double (*loop)(long, int *), double flops_per_lane, double seconds) {
-    measure_loop_chains(kind, loop, flops_per_lane, CHAINS, seconds);
-}
-static void measure_loop_chains(const char *kind, double (*loop)(long, int *), double flops_per_lane, int chains,
-                                double seconds) {
+ * iteration; `chains` independent accumulators): the best of many short rounds
+ * (a round that no other process interrupted shows the real peak), on one
+ * thread and on all. */
+static void measure_loop(const char *kind, double (*loop)(long, int *), double flops_per_lane, int chains,
+                         double seconds) {
     long iters = 1 << 12;
     int lanes = 1;
     double sink = 0.0;
@@ -258,15 +250,15 @@ int main(int argc, char **argv) {
     const char *coretype = getenv("OPENBLAS_CORETYPE");
     printf("{\"kind\": \"blas\", \"backend\": \"%s\", \"gemm\": \"%s\", \"openblas_coretype\": \"%s\"}\n", be->name,
            be->describe(be), coretype ? coretype : "");
-    measure_loop("fma", fma_loop, 2.0, seconds);
+    measure_loop("fma", fma_loop, 2.0, CHAINS, seconds);
 #if defined(__AVX512F__) && defined(__FMA__)
-    measure_loop("fma_avx2", fma256_loop, 2.0, seconds);
+    measure_loop("fma_avx2", fma256_loop, 2.0, CHAINS, seconds);
 #endif
 #if defined(__AVX512BF16__)
-    measure_loop("bf16_dot", bf16_dot_loop, 4.0, seconds);
+    measure_loop("bf16_dot", bf16_dot_loop, 4.0, CHAINS, seconds);
 #endif
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-    if (amx_permitted()) measure_loop_chains("amx_bf16", amx_bf16_loop, 64.0, AMX_CHAINS, seconds);
+    if (amx_permitted()) measure_loop("amx_bf16", amx_bf16_loop, 64.0, AMX_CHAINS, seconds);
 #endif
     if (size > 0) measure_sgemm(size, size, size, 0, 0, seconds * 2, "sgemm_square");
     for (int i = 0; i < n_shapes; i++)
