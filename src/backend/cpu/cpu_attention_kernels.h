@@ -796,7 +796,10 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
  * a (batch, kv head) belongs to one task, so the tasks can run on any
  * thread in any order: every result, dq included, has the same bits for any
  * thread count.  A task's keys in order also keep its heads' Q, dO and dq
- * rows in cache from one key block to the next. */
+ * rows in cache from one key block to the next.  Nothing is zeroed ahead:
+ * the first product into a dK, dV or dQ row sets it (beta 0), the later
+ * ones add to it; zeroing them first (separate passes over cold rows) cost
+ * the backward 7-9% at window 256 (one thread, head_dim 64, 6 heads). */
 struct attn_task {
     int b, kh, kb0, kb1, seg; /* key blocks kb0 .. kb1-1, dq copy seg */
     double cost;
@@ -941,9 +944,11 @@ static inline void ds_row(float *dr, const float *pr, int n, int a, int e, float
 #endif
 
 /* One tile: queries i0 .. i0+nq-1 of head h against keys j0 .. j0+nk-1 of sequence b
- * (kv head kh): dK, dV of the keys and the task's dQ copy dqt. */
+ * (kv head kh): dK, dV of the keys and the task's dQ copy dqt.  No buffer is zeroed first: the key
+ * block's first tile (kv_first) sets dK and dV (beta 0), the others add to them; dQ rows from
+ * `fresh` on have not been written yet and are set, the earlier ones added to. */
 static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles *w, int b, int kh, int h, int j0,
-                          int nk, int i0, int nq, float *dkblk, float *dvblk, float *dqt) {
+                          int nk, int i0, int nq, bool kv_first, int fresh, float *dkblk, float *dvblk, float *dqt) {
     const int T = c->T, D = c->D, q_stride = c->q_stride, kv_stride = c->kv_stride, wq = c->wq;
     const bool bf16 = c->bf16;
     const int *lob = c->lo + (size_t)b * T;
@@ -965,7 +970,8 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
         seen_a[col] = j0 + col - i0 > 0 ? j0 + col - i0 : 0;
         seen_e[col] = t - 1 - i0;
     }
-    const struct tile_span cols = {vis_a, vis_e, false}, terms = {vis_a, vis_e, true}, queries = {seen_a, seen_e, true};
+    const struct tile_span cols = {vis_a, vis_e, false}, queries = {seen_a, seen_e, true};
+    const float kv_beta = kv_first ? 0.0f : 1.0f;
 #ifdef ATT_FUSED_EXP
     if (!bf16)
         tile_gemm_exp(&cols, nq, nk, D, c->s->scale, qblk, D, ktile, ldkt, lse_bh + i0, p, ATT_KB);
@@ -980,10 +986,10 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
     const size_t qpairs = ((size_t)b * c->pairs + i0 / 2) * q_stride + (size_t)h * D;
     if (bf16) {
         pack_bf16_pairs(w->pt, ATT_KB, p, ATT_KB, nq, nk);
-        tile_product(&queries, true, true, nk, D, nq, 1.0f, w->pt, ATT_KB, c->dop + qpairs, q_stride, 1.0f, dvblk,
+        tile_product(&queries, true, true, nk, D, nq, 1.0f, w->pt, ATT_KB, c->dop + qpairs, q_stride, kv_beta, dvblk,
                      kv_stride);
     } else {
-        tile_gemm(&queries, true, nk, D, nq, 1.0f, p, ATT_KB, doblk, D, 1.0f, dvblk, kv_stride);
+        tile_gemm(&queries, true, nk, D, nq, 1.0f, p, ATT_KB, doblk, D, kv_beta, dvblk, kv_stride);
     }
     /* dP = dO V^T, then dS = P * (dP - delta) * scale */
     const float scale = c->s->scale;
@@ -1001,15 +1007,26 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
     /* dK += dS^T Q;  dQ += dS K (j0 is even: K's pairs start at j0 / 2) */
     if (bf16) {
         pack_bf16_pairs(w->dst, ATT_KB, ds, ATT_KB, nq, nk);
-        tile_product(&queries, true, true, nk, D, nq, 1.0f, w->dst, ATT_KB, c->qp + qpairs, q_stride, 1.0f, dkblk,
+        tile_product(&queries, true, true, nk, D, nq, 1.0f, w->dst, ATT_KB, c->qp + qpairs, q_stride, kv_beta, dkblk,
                      kv_stride);
         pack_bf16_rows(w->dsr, ATT_KB, ds, ATT_KB, nq, nk);
-        tile_product(&terms, true, false, nq, D, nk, 1.0f, w->dsr, ATT_KB / 2,
-                     c->kp + ((size_t)b * c->pairs + j0 / 2) * kv_stride + (size_t)kh * D, kv_stride, 1.0f, dqt + qoff,
-                     q_stride);
     } else {
-        tile_gemm(&queries, true, nk, D, nq, 1.0f, ds, ATT_KB, qblk, D, 1.0f, dkblk, kv_stride);
-        tile_gemm(&terms, false, nq, D, nk, 1.0f, ds, ATT_KB, w->kr, D, 1.0f, dqt + qoff, q_stride);
+        tile_gemm(&queries, true, nk, D, nq, 1.0f, ds, ATT_KB, qblk, D, kv_beta, dkblk, kv_stride);
+    }
+    /* rows r0 .. r0+m-1 of the dQ product: added (rows before `fresh`), then set (the rest) */
+    const int split = fresh - i0 < 0 ? 0 : fresh - i0 > nq ? nq : fresh - i0;
+    for (int part = 0; part < 2; part++) {
+        const int r0 = part ? split : 0, m = part ? nq - split : split;
+        if (m == 0) continue;
+        const struct tile_span terms = {vis_a + r0, vis_e + r0, true};
+        float *dqr = dqt + qoff + (size_t)r0 * q_stride;
+        const float beta = part ? 0.0f : 1.0f;
+        if (bf16)
+            tile_product(&terms, true, false, m, D, nk, 1.0f, w->dsr + (size_t)r0 * ATT_KB, ATT_KB / 2,
+                         c->kp + ((size_t)b * c->pairs + j0 / 2) * kv_stride + (size_t)kh * D, kv_stride, beta, dqr,
+                         q_stride);
+        else
+            tile_gemm(&terms, false, m, D, nk, 1.0f, ds + (size_t)r0 * ATT_KB, ATT_KB, w->kr, D, beta, dqr, q_stride);
     }
 }
 
@@ -1027,20 +1044,18 @@ static void pack_transposed(float *dst, const float *src, int lds, int nk, int D
 }
 
 /* One key block: its dK and dV, over every query chunk of every head of the group that sees it;
- * its dQ contributions into dqt. */
-static void attn_bwd_block(const struct attn_bwd *c, const struct attn_bwd_tiles *w, int b, int kh, int kb,
-                           float *dqt) {
+ * its dQ contributions into dqt, whose rows from `fresh` on are not written yet.  Returns the end of
+ * the queries that see the block: the rows of dqt written so far, from the run's first block's on. */
+static int attn_bwd_block(const struct attn_bwd *c, const struct attn_bwd_tiles *w, int b, int kh, int kb,
+                          int fresh, float *dqt) {
     const int T = c->T, D = c->D, kv_stride = c->kv_stride;
     const int j0 = kb * ATT_KB;
     const int nk = j0 + ATT_KB < T ? ATT_KB : T - j0;
     const int *lob = c->lo + (size_t)b * T;
     const size_t koff = ((size_t)b * T + j0) * kv_stride + (size_t)kh * D;
     float *dkblk = c->dk + koff, *dvblk = c->dv + koff;
-    for (int j = 0; j < nk; j++) {
-        memset(dkblk + (size_t)j * kv_stride, 0, sizeof(float) * (size_t)D);
-        memset(dvblk + (size_t)j * kv_stride, 0, sizeof(float) * (size_t)D);
-    }
-    /* queries j0 .. tend-1 see some of these keys (lo non-decreasing) */
+    /* queries j0 .. tend-1 see some of these keys (lo non-decreasing); tend >= j0 + nk (a query sees itself),
+     * so the first chunk (i0 = j0) sees every key of the block: its tile sets every row of dK and dV */
     int tend = j0;
     while (tend < T && lob[tend] < j0 + nk) tend++;
     if (!c->bf16) { /* the keys' K^T, V^T and K, contiguous: transposed here, from K and V */
@@ -1051,19 +1066,25 @@ static void attn_bwd_block(const struct attn_bwd *c, const struct attn_bwd_tiles
     for (int h = kh * c->group; h < (kh + 1) * c->group; h++)
         for (int i0 = j0; i0 < tend; i0 += ATT_QC) {
             const int nq = i0 + ATT_QC < tend ? ATT_QC : tend - i0;
-            attn_bwd_tile(c, w, b, kh, h, j0, nk, i0, nq, dkblk, dvblk, dqt);
+            attn_bwd_tile(c, w, b, kh, h, j0, nk, i0, nq, h == kh * c->group && i0 == j0, fresh, dkblk, dvblk,
+                          dqt);
         }
+    return tend > fresh ? tend : fresh;
 }
 
 /* One task: its run of key blocks in order, their dQ contributions into its dq copy, whose rows of
- * this (batch, kv head) it first zeroes. */
+ * this (batch, kv head) it owns: rows kb0 * ATT_KB .. of the queries that see the run are set by their
+ * first tile and added to by the later ones (the queries that see a block are a contiguous range from
+ * its first key, so those of the run's blocks in order are too); its other rows it zeroes. */
 static void attn_bwd_task(const struct attn_bwd *c, const struct attn_bwd_tiles *w, const struct attn_task *task,
                           float *dqt) {
-    const int width = c->group * c->D;
+    const int width = c->group * c->D, first = task->kb0 * ATT_KB;
     const int *run = c->dq_rows + 2 * (((size_t)task->b * c->HK + task->kh) * c->segs + task->seg);
+    int written = first;
+    for (int kb = task->kb0; kb < task->kb1; kb++) written = attn_bwd_block(c, w, task->b, task->kh, kb, written, dqt);
     float *region = dqt + (size_t)task->b * c->T * c->q_stride + (size_t)task->kh * width;
-    for (int t = run[0]; t < run[1]; t++) memset(region + (size_t)t * c->q_stride, 0, sizeof(float) * (size_t)width);
-    for (int kb = task->kb0; kb < task->kb1; kb++) attn_bwd_block(c, w, task->b, task->kh, kb, dqt);
+    for (int t = run[0]; t < run[1]; t++)
+        if (t < first || t >= written) memset(region + (size_t)t * c->q_stride, 0, sizeof(float) * (size_t)width);
 }
 
 static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, float *dk, float *dv,
@@ -1114,7 +1135,7 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
         free(lo);
         return -1;
     }
-    /* dq copies: run 0 writes dq itself, run s > 0 copy s (each task zeroes its region) */
+    /* dq copies: run 0 writes dq itself, run s > 0 copy s (each task writes every row of its region) */
     dq_part[0] = dq;
     for (int g = 1; g < segs; g++) dq_part[g] = parts + n_q * (size_t)(g - 1);
 #pragma omp parallel if (n_tasks > 1)
