@@ -58,17 +58,37 @@ int cpu_rmsnorm_bwd(OLMO_BE, float *dx, float *dw, const float *dy, const float 
                             const float *rstd, int n, int dim) {
     (void)be;
     const bool par = (size_t)n * dim >= PAR_MIN;
-    /* dw first (dx may alias dy): parallel over columns, rows summed in order. */
+    /* dw first (dx may alias dy): parallel over columns, rows summed in order: in fp32 within runs of
+     * ROW_RUN rows, the runs' sums in double.  (Every term converted to double, as before, the conversions
+     * bound the loop: this backward on 2048 x 384, 2 threads, 0.44 ms, with runs 0.35.  The dot below
+     * done the same way was faster still, but test_fidelity's parameters after 3 AdamW steps moved from
+     * 9.3e-5 to 1.02e-4 of PyTorch's float64, past its 1e-4: it stays in double.) */
+    enum { ROW_RUN = 8 };
     const int blocks = (dim + COL_BLOCK - 1) / COL_BLOCK;
 #pragma omp parallel for schedule(static) if (par)
     for (int cb = 0; cb < blocks; cb++) {
         const int j0 = cb * COL_BLOCK, nj = j0 + COL_BLOCK < dim ? COL_BLOCK : dim - j0;
         double acc[COL_BLOCK] = {0};
-        for (int i = 0; i < n; i++) {
-            const float *xi = x + (size_t)i * dim + j0, *dyi = dy + (size_t)i * dim + j0;
-            const float r = rstd[i];
+        for (int i0 = 0; i0 < n; i0 += ROW_RUN) {
+            const int i1 = i0 + ROW_RUN < n ? i0 + ROW_RUN : n;
+            float run[COL_BLOCK] = {0};
+            if (nj == COL_BLOCK) { /* a constant trip count: the run's sums stay in registers */
+                for (int i = i0; i < i1; i++) {
+                    const float *xi = x + (size_t)i * dim + j0, *dyi = dy + (size_t)i * dim + j0;
+                    const float r = rstd[i];
 #pragma omp simd
-            for (int j = 0; j < nj; j++) acc[j] += (double)dyi[j] * (xi[j] * r);
+                    for (int j = 0; j < COL_BLOCK; j++) run[j] += dyi[j] * (xi[j] * r);
+                }
+            } else {
+                for (int i = i0; i < i1; i++) {
+                    const float *xi = x + (size_t)i * dim + j0, *dyi = dy + (size_t)i * dim + j0;
+                    const float r = rstd[i];
+#pragma omp simd
+                    for (int j = 0; j < nj; j++) run[j] += dyi[j] * (xi[j] * r);
+                }
+            }
+#pragma omp simd
+            for (int j = 0; j < COL_BLOCK; j++) acc[j] += run[j];
         }
         for (int j = 0; j < nj; j++) dw[j0 + j] += (float)acc[j];
     }
