@@ -807,9 +807,9 @@ struct attn_task {
 
 /* Tasks that a backward aims for: a shape with fewer (batch, kv head) pairs than this cuts each pair's
  * key blocks into several runs (and dq copies), so that a few long sequences still fill several threads.
- * Each copy costs its rows' zeroing and sum: on one head of T = 2048 (one thread, Zen 3) 16 runs cost
+ * Each copy costs the sum of its rows into dq: on one head of T = 2048 (one thread, Zen 3) 16 runs cost
  * the backward about 6%, 8 runs 1-2% (backward over forward time, against one task per pair's whole
- * sequence).  A machine with more threads than tasks leaves some idle in the backward. */
+ * sequence; measured when each copy's rows were also zeroed first).  A machine with more threads than tasks leaves some idle in the backward. */
 enum { ATT_BWD_TASKS = 8 };
 
 static int task_cost_desc(const void *pa, const void *pb) {
