@@ -809,7 +809,8 @@ struct attn_task {
  * key blocks into several runs (and dq copies), so that a few long sequences still fill several threads.
  * Each copy costs the sum of its rows into dq: on one head of T = 2048 (one thread, Zen 3) 16 runs cost
  * the backward about 6%, 8 runs 1-2% (backward over forward time, against one task per pair's whole
- * sequence; measured when each copy's rows were also zeroed first).  A machine with more threads than tasks leaves some idle in the backward. */
+ * sequence; measured when each copy's rows were also zeroed first).  A machine with more threads than
+ * tasks leaves some idle in the backward. */
 enum { ATT_BWD_TASKS = 8 };
 
 static int task_cost_desc(const void *pa, const void *pb) {
