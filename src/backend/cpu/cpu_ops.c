@@ -54,6 +54,17 @@ int cpu_rmsnorm_fwd(OLMO_BE, float *y, float *rstd, const float *x, const float 
     return 0;
 }
 
+/* run[j] += dy[i][j] * (x[i][j] * rstd[i]) for rows i0 .. i1-1, columns j < nj (rows dim apart) */
+static inline __attribute__((always_inline)) void dw_run(float *run, int nj, const float *x, const float *dy,
+                                                         const float *rstd, int i0, int i1, int dim) {
+    for (int i = i0; i < i1; i++) {
+        const float *xi = x + (size_t)i * dim, *dyi = dy + (size_t)i * dim;
+        const float r = rstd[i];
+#pragma omp simd
+        for (int j = 0; j < nj; j++) run[j] += dyi[j] * (xi[j] * r);
+    }
+}
+
 int cpu_rmsnorm_bwd(OLMO_BE, float *dx, float *dw, const float *dy, const float *x, const float *w,
                             const float *rstd, int n, int dim) {
     (void)be;
@@ -72,21 +83,10 @@ int cpu_rmsnorm_bwd(OLMO_BE, float *dx, float *dw, const float *dy, const float 
         for (int i0 = 0; i0 < n; i0 += ROW_RUN) {
             const int i1 = i0 + ROW_RUN < n ? i0 + ROW_RUN : n;
             float run[COL_BLOCK] = {0};
-            if (nj == COL_BLOCK) { /* a constant trip count: the run's sums stay in registers */
-                for (int i = i0; i < i1; i++) {
-                    const float *xi = x + (size_t)i * dim + j0, *dyi = dy + (size_t)i * dim + j0;
-                    const float r = rstd[i];
-#pragma omp simd
-                    for (int j = 0; j < COL_BLOCK; j++) run[j] += dyi[j] * (xi[j] * r);
-                }
-            } else {
-                for (int i = i0; i < i1; i++) {
-                    const float *xi = x + (size_t)i * dim + j0, *dyi = dy + (size_t)i * dim + j0;
-                    const float r = rstd[i];
-#pragma omp simd
-                    for (int j = 0; j < nj; j++) run[j] += dyi[j] * (xi[j] * r);
-                }
-            }
+            if (nj == COL_BLOCK) /* a constant trip count: the run's sums stay in registers */
+                dw_run(run, COL_BLOCK, x + j0, dy + j0, rstd, i0, i1, dim);
+            else
+                dw_run(run, nj, x + j0, dy + j0, rstd, i0, i1, dim);
 #pragma omp simd
             for (int j = 0; j < COL_BLOCK; j++) acc[j] += run[j];
         }
