@@ -308,13 +308,16 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool 
         if (ex) {
             const int va = ex->va[r0 + r] - c0, ve = ex->ve[r0 + r] - c0;
             const __m256 sh = ex->maxp ? _mm256_setzero_ps() : _mm256_set1_ps(ex->shift[r0 + r]); /* no shift for maxp */
-            const __m256i vis0 = _mm256_andnot_si256(lane_mask8(va), lane_mask8(ve + 1)),
-                          vis1 = _mm256_andnot_si256(lane_mask8(va - 8), lane_mask8(ve - 7));
+            /* every column of the row visible (the tiles inside the mask's band): no lane masks */
+            const bool every = va <= 0 && ve >= 15;
+            const __m256i vis0 = every ? _mm256_set1_epi32(-1) : _mm256_andnot_si256(lane_mask8(va), lane_mask8(ve + 1)),
+                          vis1 = every ? _mm256_set1_epi32(-1) : _mm256_andnot_si256(lane_mask8(va - 8), lane_mask8(ve - 7));
             if (ex->maxp) {
                 float *mr = ex->maxp + (size_t)(r0 + r) * ATT_MAXP;
                 const __m256 none = _mm256_set1_ps(-INFINITY);
-                const __m256 m = _mm256_max_ps(_mm256_blendv_ps(none, v0, _mm256_castsi256_ps(vis0)),
-                                               _mm256_blendv_ps(none, v1, _mm256_castsi256_ps(vis1)));
+                const __m256 m = every ? _mm256_max_ps(v0, v1)
+                                       : _mm256_max_ps(_mm256_blendv_ps(none, v0, _mm256_castsi256_ps(vis0)),
+                                                       _mm256_blendv_ps(none, v1, _mm256_castsi256_ps(vis1)));
                 _mm256_storeu_ps(mr, _mm256_max_ps(m, _mm256_loadu_ps(mr)));
             } else if (ex->p) {
                 const float *pr = ex->p + (size_t)(r0 + r) * ldc + c0;
@@ -326,7 +329,7 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool 
                  * which the mask below clears */
                 v0 = fast_exp8_softmax(_mm256_sub_ps(v0, sh)), v1 = fast_exp8_softmax(_mm256_sub_ps(v1, sh));
             }
-            if (!ex->maxp) {
+            if (!ex->maxp && !every) {
                 v0 = _mm256_and_ps(_mm256_castsi256_ps(vis0), v0);
                 v1 = _mm256_and_ps(_mm256_castsi256_ps(vis1), v1);
             }
