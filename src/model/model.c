@@ -726,7 +726,6 @@ int olmo_model_block_backward(struct olmo_model *m, int l) {
     const struct olmo_backend *be = m->be;
     const struct olmo_model_config *c = &m->cfg;
     const int N = m->batch * m->seq_len, D = c->d_model, Q = m->q_dim, K = m->kv_dim, F = c->mlp_hidden;
-    const size_t ND = (size_t)N * D;
     const struct olmo_layer_acts acts = olmo_model_layer_acts(m, l), *a = &acts;
     const struct olmo_layer_tensors *w = &m->lw[l];
     struct olmo_layer_tensors *g = &m->lg[l];
@@ -735,18 +734,20 @@ int olmo_model_block_backward(struct olmo_model *m, int l) {
     TRY(all16_convert(m, a, ALL16_RESTORE));
     TRY(block_recompute(m, l, a));
     TRY(all16_round_recomputed(m, l, a));
+    /* m->dx holds the gradient of the layer's output; the input-gradient GEMMs add into it in place, so that
+     * it becomes that of h (the residual's term plus the MLP's), then that of the layer's input (a copy to
+     * m->dh and back before each block's GEMMs gave the same values: the copies were exact) */
     /* MLP block */
     TRY(be->rmsnorm_bwd(be, m->dtmp, g->ff_norm, m->dx, a->m, w->ff_norm, a->rstd_m, N, D));
     TRY(be->gemm(be, false, false, N, F, D, 1.0f, m->dtmp, OLMO_F32, D, WEIGHT(w->down), F, 0.0f, m->ds, F));
     TRY(be->gemm(be, true, false, D, F, N, 1.0f, m->dtmp, OLMO_F32, D, SAVED(a, s), F, 1.0f, g->down, F));
     TRY(be->swiglu_bwd(be, m->dg, m->du, m->ds, a->g, a->u, (size_t)N * F));
-    TRY(be->copy(be, m->dh, m->dx, ND * sizeof(float)));
-    TRY(be->gemm(be, false, false, N, D, F, 1.0f, m->dg, OLMO_F32, F, WEIGHT(w->gate), D, 1.0f, m->dh, D));
-    TRY(be->gemm(be, false, false, N, D, F, 1.0f, m->du, OLMO_F32, F, WEIGHT(w->up), D, 1.0f, m->dh, D));
+    TRY(be->gemm(be, false, false, N, D, F, 1.0f, m->dg, OLMO_F32, F, WEIGHT(w->gate), D, 1.0f, m->dx, D));
+    TRY(be->gemm(be, false, false, N, D, F, 1.0f, m->du, OLMO_F32, F, WEIGHT(w->up), D, 1.0f, m->dx, D));
     TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->dg, OLMO_F32, F, SAVED(a, h), D, 1.0f, g->gate, D));
     TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->du, OLMO_F32, F, SAVED(a, h), D, 1.0f, g->up, D));
     /* attention block */
-    TRY(be->rmsnorm_bwd(be, m->dtmp, g->attn_norm, m->dh, a->o, w->attn_norm, a->rstd_o, N, D));
+    TRY(be->rmsnorm_bwd(be, m->dtmp, g->attn_norm, m->dx, a->o, w->attn_norm, a->rstd_o, N, D));
     TRY(be->gemm(be, false, false, N, Q, D, 1.0f, m->dtmp, OLMO_F32, D, WEIGHT(w->wo), Q, 0.0f, m->datt, Q));
     TRY(be->gemm(be, true, false, D, Q, N, 1.0f, m->dtmp, OLMO_F32, D, a->att, OLMO_F32, Q, 1.0f, g->wo, Q));
     TRY(be->attention_bwd(be, m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v,
@@ -755,7 +756,6 @@ int olmo_model_block_backward(struct olmo_model *m, int l) {
     TRY(be->rope_bwd(be, m->dk, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_kv_heads, m->head_dim));
     TRY(be->rmsnorm_bwd(be, m->dq, g->q_norm, m->dq, a->q_raw, w->q_norm, a->rstd_q, N, Q));
     TRY(be->rmsnorm_bwd(be, m->dk, g->k_norm, m->dk, a->k_raw, w->k_norm, a->rstd_k, N, K));
-    TRY(be->copy(be, m->dx, m->dh, ND * sizeof(float)));
     TRY(be->gemm(be, false, false, N, D, Q, 1.0f, m->dq, OLMO_F32, Q, WEIGHT(w->wq), D, 1.0f, m->dx, D));
     TRY(be->gemm(be, false, false, N, D, K, 1.0f, m->dk, OLMO_F32, K, WEIGHT(w->wk), D, 1.0f, m->dx, D));
     TRY(be->gemm(be, false, false, N, D, K, 1.0f, m->dv, OLMO_F32, K, WEIGHT(w->wv), D, 1.0f, m->dx, D));
