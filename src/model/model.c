@@ -715,7 +715,7 @@ static int block_recompute(struct olmo_model *m, int l, const struct olmo_layer_
     if (m->ckpt_mode == ACT_CKPT_FEED_FORWARD) /* from h (its bf16 copy: the GEMM rounds h to bf16 anyway) */
         return ffn_inner_forward(m, &m->lw[l], a, SAVED(a, h), m->batch * m->seq_len);
     /* block: the whole layer from its input; its output (already the next layer's input) goes to m->dh,
-     * which the backward overwrites before reading, and m->dtmp is the forward's scratch */
+     * which nothing reads (the backward accumulates in m->dx), and m->dtmp is the forward's scratch */
     struct olmo_attn_shape shape;
     attn_shape(m, l, &shape);
     return olmo_layer_forward(m, l, a, m->dh, m->dtmp, m->rope_cos, m->rope_sin, &shape,
