@@ -62,6 +62,7 @@ static void check_tile(const char *name, const int *lo, int i0, int m, int j0, i
     for (int i = 0; i < m * n; i++) got[i] = NAN;
     tile_gemm_max(&cols, m, n, k, alpha, a, k, b, n, maxp, got, n);
     for (int r = 0; r < m; r++) {
+        shift[r] = delta[r] = 0.0f;
         if (ve[r] < va[r]) continue; /* nothing visible: the forward skips the row */
         float mx = -INFINITY;
         for (int c = va[r]; c <= ve[r]; c++) {
@@ -75,8 +76,6 @@ static void check_tile(const char *name, const int *lo, int i0, int m, int j0, i
         shift[r] = mx;
         delta[r] = 0.25f * (float)olmo_rng_normal(&rng);
     }
-    for (int r = 0; r < m; r++)
-        if (ve[r] < va[r]) shift[r] = 0.0f, delta[r] = 0.0f;
 
     /* P = exp(S - shift) */
     for (int i = 0; i < m * n; i++) got[i] = NAN, p[i] = ref[i];
@@ -100,15 +99,6 @@ static void check_tile(const char *name, const int *lo, int i0, int m, int j0, i
     }
 }
 
-/* lo for a sequence of T positions: causal within documents of doc_len (0: one document), window w (0: none) */
-static void bounds(int *lo, int T, int w, int doc_len) {
-    for (int t = 0; t < T; t++) {
-        int first = w > 0 && t - w + 1 > 0 ? t - w + 1 : 0;
-        const int doc = doc_len > 0 ? t / doc_len * doc_len : 0;
-        lo[t] = first > doc ? first : doc;
-    }
-}
-
 int main(void) {
 #if !defined(__AVX512F__)
     __builtin_cpu_init();
@@ -118,7 +108,7 @@ int main(void) {
     }
 #endif
     olmo_rng_seed(&rng, 2026);
-    static int lo[4096];
+    static int32_t docs[4096];
     /* name, T, window, document length, query block i0 / rows, key chunk j0 / columns, k */
     const struct {
         const char *name;
@@ -137,9 +127,17 @@ int main(void) {
         {"window 1024, chunk 4 of 4", 2048, 1024, 0, 1984, 64, 1920, 128, 64, 0.125f},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        bounds(lo, cases[i].T, cases[i].w, cases[i].doc);
+        /* the bounds as attention builds them: causal, the window, documents of doc tokens (0: one) */
+        const struct olmo_attn_shape shape = {.batch = 1, .seq_len = cases[i].T, .window = cases[i].w};
+        for (int t = 0; t < cases[i].T; t++) docs[t] = cases[i].doc > 0 ? t / cases[i].doc : 0;
+        int *lo = attn_bounds(&shape, docs);
+        if (!lo) {
+            printf("FAIL: out of memory\n");
+            return 1;
+        }
         const int before = failures;
         check_tile(cases[i].name, lo, cases[i].i0, cases[i].m, cases[i].j0, cases[i].n, cases[i].k, cases[i].alpha);
+        free(lo);
         printf("%s  %s\n", failures == before ? "ok  " : "FAIL", cases[i].name);
     }
     printf("%s kernels: %d checks, %d failed\n",
