@@ -184,8 +184,10 @@ static double scratch(const struct backend_desc *d, const struct shapes *s, enum
     const double kv_pairs = B * HK;
     double segs = kv_pairs >= 8 ? 1 : ceil(8 / kv_pairs);
     if (segs > kblocks) segs = kblocks > 0 ? kblocks : 1;
-    /* K transposed per head; V transposed per head (bf16 backward) or per head as rows (fp32 forward) */
-    double total = cpu_slot(4 * B * ld * HK * (bf16 ? hd / 2 : hd)) + cpu_slot(bf16 ? 4 * B * ld * HK * hd / 2 : 4 * N * s->K)
+    /* K transposed per head (fp32: in blocks of 64 keys, cpu_attention_kernels.h: ATT_KTB); V transposed
+     * per head (bf16 backward) or per head as rows (fp32 forward) */
+    double total = cpu_slot(bf16 ? 4 * B * ld * HK * hd / 2 : 4 * B * HK * kblocks * 64 * hd) +
+                   cpu_slot(bf16 ? 4 * B * ld * HK * hd / 2 : 4 * N * s->K)
                    + cpu_slot(4 * B * H * T)                                  /* delta */
                    + (segs > 1 ? cpu_slot(4 * N * s->Q * (segs - 1)) : 0);    /* dq copies of the runs after the first */
     if (bf16)

@@ -32,8 +32,9 @@
  *   backward: a task per (batch, kv head, run of blocks of ATT_KB keys)
  *     walks the queries that see each block in chunks of ATT_QC
  *     (FlashAttention-2 order).
- * K is first transposed per head ([D][T]; the fp32 backward transposes each
- * key block as it packs it) so every score tile is a plain NN product; the
+ * K is first transposed per head (fp32 forward: [D][64] per block of 64 keys,
+ * bf16: [D/2][T] pairs; the fp32 backward transposes each key block as it
+ * packs it) so every score tile is a plain NN product; the
  * fp32 products' other row operands (forward: V; backward: Q and dO) are
  * copied per head, contiguous.  Memory beyond inputs and outputs is O(seq_len)
  * per head (bounds, delta, the transposed K, the per-head copies, dq copies:
@@ -56,7 +57,8 @@
 /* ATT_KC = 320: a block of 64 queries under a 256-key window sees 319 keys, one chunk (256 cut it in
  * two, the second of 63 keys with the whole per-chunk softmax cost: windowed forward 58% -> 60% of
  * the one-thread FMA peak at head_dim 64 on Zen 3, full attention unchanged) */
-enum { ATT_QB = 64, ATT_KC = 320, ATT_KB = 64, ATT_QC = 64 };
+/* ATT_KTB: keys per block of the fp32 forward's K^T (transpose_heads_blocked) */
+enum { ATT_QB = 64, ATT_KC = 320, ATT_KB = 64, ATT_QC = 64, ATT_KTB = 64 };
 
 /* lo[b * T + t]: first key visible from query t of sequence b. */
 static int *attn_bounds(const struct olmo_attn_shape *s, const int32_t *doc_ids) {
@@ -669,6 +671,34 @@ static float *heads_contiguous(struct cpu_state *st, int slot, const float *x, i
     return xh;
 }
 
+/* The fp32 forward's K^T in blocks of ATT_KTB keys (B operands of S = Q K^T, k = head_dim):
+ * kb[(((b * heads + h) * nblk + j / ATT_KTB) * D + d) * ATT_KTB + j % ATT_KTB] = x[(b * T + j) * heads * D + h * D + d],
+ * nblk = ceil(T / ATT_KTB) (a last block's columns past T are never read).  A 16-key column of a score
+ * tile is then 64-byte pieces 256 bytes apart in one 16 KiB block (head_dim 64), where the [D][T] layout
+ * put each in another page; and each transpose job writes one contiguous block. */
+static float *transpose_heads_blocked(struct cpu_state *st, int slot, const float *x, int B, int T, int heads, int D) {
+    const int nblk = (T + ATT_KTB - 1) / ATT_KTB;
+    float *kb = cpu_cached_scratch(st, slot, sizeof(float) * (size_t)B * heads * nblk * D * ATT_KTB);
+    if (!kb) return NULL;
+#pragma omp parallel for if ((size_t)B * T * heads * D >= PAR_MIN)
+    for (int job = 0; job < B * heads * nblk; job++) {
+        const int blk = job % nblk, h = (job / nblk) % heads, b = job / (nblk * heads);
+        const int t0 = blk * ATT_KTB, t1 = t0 + ATT_KTB < T ? t0 + ATT_KTB : T;
+        float *dst = kb + (size_t)job * D * ATT_KTB;
+        int t = t0;
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+        if (D % 8 == 0) /* 8 positions at a time, 8x8 blocks in registers */
+            for (; t + 8 <= t1; t += 8)
+                for (int d0 = 0; d0 < D; d0 += 8)
+                    transpose8x8(dst + (size_t)d0 * ATT_KTB + (t - t0), ATT_KTB,
+                                 x + ((size_t)b * T + t) * heads * D + (size_t)h * D + d0, (size_t)heads * D);
+#endif
+        for (; t < t1; t++)
+            for (int d = 0; d < D; d++) dst[(size_t)d * ATT_KTB + (t - t0)] = x[((size_t)b * T + t) * heads * D + (size_t)h * D + d];
+    }
+    return kb;
+}
+
 /* &base[offset] for arrays of 4-byte elements (floats or bf16 pairs) */
 static inline const void *word_at(const void *base, size_t offset) { return (const char *)base + 4 * offset; }
 
@@ -689,14 +719,20 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
     const int wq = bf16 ? 2 : 1; /* floats per element of Q's operand (a bf16 pair holds two) */
     const int kt_rows = D / wq, ldt = transposed_ld(T), pairs = (T + 1) / 2;
     int *lo = attn_bounds(s, doc_ids);
-    const void *kt = lo ? transpose_heads(st, SLOT_KT, bf16, k, s->batch, T, HK, D) : NULL;
+    /* fp32: K^T in blocks of ATT_KTB keys; bf16: [D/2][T] pairs */
+    const int nkb = (T + ATT_KTB - 1) / ATT_KTB;
+    const void *kt = !lo ? NULL
+                     : bf16 ? transpose_heads(st, SLOT_KT, bf16, k, s->batch, T, HK, D)
+                            : transpose_heads_blocked(st, SLOT_KT, k, s->batch, T, HK, D);
     const void *qa = !kt ? NULL : bf16 ? (const void *)bf16_rows(st, SLOT_Q16, q, s->batch, T, q_stride) : q;
     const uint32_t *vp = bf16 && qa ? bf16_position_pairs(st, SLOT_VP, v, s->batch, T, kv_stride) : NULL;
     /* fp32: V per head, in the backward's V^T slot (the backward writes it anew) */
     const float *vh = !bf16 && qa ? heads_contiguous(st, SLOT_VT, v, s->batch, T, HK, D) : NULL;
-    /* per thread: scores, the output accumulator, and P as bf16 */
+    /* per thread: scores (rows of ldsc, after ATT_KTB floats that the fused S product may write before
+     * them), the output accumulator, and P as bf16 */
+    const int ldsc = ATT_KC + ATT_KTB;
     size_t stride = 0;
-    float *tiles = qa && (bf16 ? vp != NULL : vh != NULL) ? thread_tiles((size_t)ATT_QB * ATT_KC + (size_t)ATT_QB * D +
+    float *tiles = qa && (bf16 ? vp != NULL : vh != NULL) ? thread_tiles(ATT_KTB + (size_t)ATT_QB * ldsc + (size_t)ATT_QB * D +
                                                           (bf16 ? (size_t)ATT_QB * ATT_KC / 2 : 0),
                                                       &stride)
                                        : NULL;
@@ -708,8 +744,8 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
     /* Each task owns its output rows, so any schedule gives the same result. */
 #pragma omp parallel if (tasks > 1)
     {
-        float *sc = tiles + stride * (size_t)omp_get_thread_num();
-        float *acc = sc + (size_t)ATT_QB * ATT_KC;
+        float *sc = tiles + stride * (size_t)omp_get_thread_num() + ATT_KTB;
+        float *acc = sc + (size_t)ATT_QB * ldsc;
         uint16_t *pb = bf16 ? (uint16_t *)(acc + (size_t)ATT_QB * D) : NULL; /* P as bf16 */
         float mrow[ATT_QB], maxp[ATT_MAXP * ATT_QB]; /* partial maxima of each row of a chunk */
         double lrow[ATT_QB];
@@ -733,19 +769,37 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
                 for (int r = 0; r < nq; r++) row_visible(lob, i0 + r, j0, nk, &vis_a[r], &vis_e[r]);
                 const struct tile_span cols = {vis_a, vis_e, false}, terms = {vis_a, vis_e, true};
 #ifdef ATT_FUSED_MAX
-                const bool fused = !bf16;
-                if (fused) { /* S and its rows' maxima */
-                    for (int r = 0; r < ATT_MAXP * nq; r++) maxp[r] = -INFINITY;
-                    tile_gemm_max(&cols, nq, nk, D, s->scale, q + qoff, q_stride, (const float *)kt + kth + j0, ldt,
-                                  maxp, sc, ATT_KC);
-                } else
+                const bool fused = !bf16; /* S and its rows' maxima in one pass */
 #else
                 const bool fused = false;
 #endif
-                    tile_product(&cols, bf16, false, nq, nk, D, s->scale, word_at(qa, qoff / wq), q_stride / wq,
-                                 word_at(kt, kth + j0), ldt, 0.0f, sc, ATT_KC);
+                if (!bf16) { /* S, a block of K^T at a time */
+                    if (fused)
+                        for (int r = 0; r < ATT_MAXP * nq; r++) maxp[r] = -INFINITY;
+                    /* from key j0a, the block's first: its columns before j0 land in the ATT_KTB floats before
+                     * each row (not visible, never read) */
+                    const int j0a = j0 / ATT_KTB * ATT_KTB, off = j0 - j0a;
+                    int pa[ATT_QB], pe[ATT_QB];
+                    const struct tile_span piece = {pa, pe, false};
+                    for (int c = 0; c < off + nk; c += ATT_KTB) { /* columns c .. of S from key j0a */
+                        const int w = off + nk - c < ATT_KTB ? off + nk - c : ATT_KTB;
+                        const float *kblk =
+                            (const float *)kt + (((size_t)b * HK + kh) * nkb + (j0a + c) / ATT_KTB) * D * ATT_KTB;
+                        for (int r = 0; r < nq; r++) pa[r] = vis_a[r] + off - c, pe[r] = vis_e[r] + off - c;
+#ifdef ATT_FUSED_MAX
+                        tile_gemm_max(&piece, nq, w, D, s->scale, q + qoff, q_stride, kblk, ATT_KTB, maxp,
+                                      sc - off + c, ldsc);
+#else
+                        tile_product(&piece, false, false, nq, w, D, s->scale, q + qoff, q_stride, kblk, ATT_KTB,
+                                     0.0f, sc - off + c, ldsc);
+#endif
+                    }
+                } else {
+                    tile_product(&cols, true, false, nq, nk, D, s->scale, word_at(qa, qoff / wq), q_stride / wq,
+                                 word_at(kt, kth + j0), ldt, 0.0f, sc, ldsc);
+                }
                 for (int r = 0; r < nq; r++) {
-                    float *row = sc + (size_t)r * ATT_KC;
+                    float *row = sc + (size_t)r * ldsc;
                     const int a = vis_a[r], e = vis_e[r];
                     if (e < a) {
                         memset(row, 0, sizeof(float) * (size_t)nk);
@@ -765,12 +819,12 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
                     mrow[r] = mx;
                 }
                 if (bf16) { /* O += P V: P's rows and V's position pairs (j0 is even) */
-                    pack_bf16_rows(pb, ATT_KC, sc, ATT_KC, nq, nk);
+                    pack_bf16_rows(pb, ATT_KC, sc, ldsc, nq, nk);
                     tile_product(&terms, true, false, nq, D, nk, 1.0f, pb, ATT_KC / 2,
                                  vp + ((size_t)b * pairs + j0 / 2) * kv_stride + (size_t)kh * D, kv_stride, 1.0f,
                                  acc, D);
                 } else {
-                    tile_gemm(&terms, false, nq, D, nk, 1.0f, sc, ATT_KC, vh + (((size_t)b * HK + kh) * T + j0) * D, D,
+                    tile_gemm(&terms, false, nq, D, nk, 1.0f, sc, ldsc, vh + (((size_t)b * HK + kh) * T + j0) * D, D,
                               1.0f, acc, D);
                 }
             }
