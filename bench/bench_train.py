@@ -9,7 +9,10 @@ alternating the two (--repeats) so that load from other processes hits both,
 and prints the median tokens/s of each, the ratio, MFU and peak RSS.
 
 Peak FLOP/s (bench/peak_gemm, built by CMake next to olmoc):
-  * measured: a register-only FMA loop on every thread (real clock, real SIMD);
+  * measured: a register-only FMA loop on every thread (real clock, real SIMD),
+    before the runs and again after each case: a case's MFU and shares of peak
+    are against the higher of the two around it (a VM's clock can move by 8%
+    between minutes: 236 and 255 GFLOP/s on one 2-vCPU Intel machine);
   * SGEMM: the GEMM of olmoc's backend (--olmoc-backend: cpu = oneDNN when
     built with it, cpu-openblas, cpu-onednn, cpu-bf16) on a large square problem, and
     on every GEMM shape one olmoc training step runs (the "GEMM % of peak");
@@ -309,22 +312,53 @@ def flops_per_token(args, cfg_path, T, window):
         int(re.search(r"# parameters: (\d+) total, (\d+)", out).group(2))
 
 
-def measure_peak(args, env, shape_sets):
-    shapes = sorted({s for counts in shape_sets for s in counts})
-    cmd = [str(args.build / "peak_gemm"), "--backend", args.olmoc_backend, "--size", "2048",
-           "--seconds", str(args.gemm_seconds)]
-    for s in shapes:
-        cmd += ["--shape", ",".join(map(str, s))]
+def run_peak_gemm(args, env, extra):
+    cmd = [str(args.build / "peak_gemm"), "--backend", args.olmoc_backend] + extra
     rc, out, err, _ = run_measured(cmd, env)
     if rc:
         raise SystemExit(f"peak_gemm failed: {err}")
-    rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    return [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+
+
+def loops_of(rows, args):
+    """peak_gemm's register-only loops: the FMA loop MFU is taken against (the 256-bit one with
+    --force-avx2), with the bf16 ones and the GEMM library's line beside it."""
     fma = next(r for r in rows if r["kind"] == "fma")
     if args.force_avx2:  # the 256-bit FMA loop on an AVX-512 processor (the same loop elsewhere)
         fma = next((r for r in rows if r["kind"] == "fma_avx2"), fma)
     fma["blas"] = next(r for r in rows if r["kind"] == "blas")
     fma["bf16_dot"] = next((r for r in rows if r["kind"] == "bf16_dot"), None)
     fma["amx_bf16"] = next((r for r in rows if r["kind"] == "amx_bf16"), None)
+    return fma
+
+
+def peak_of(fma, args, theo):
+    """The peak MFU is taken against, from loops_of's rows: the FMA loop's (cpu-bf16: the bf16 dot-product
+    loop's, or the AMX tile loop's where oneDNN's bf16 matmul runs AMX).  Other processes can hold cores
+    during the all-thread rounds; one thread finds an uncontended core more easily, and every core runs the
+    same clock: so the larger of the all-thread figure and cores x the one-thread one."""
+    loop = fma
+    if args.olmoc_backend == "cpu-bf16":
+        loop = fma["bf16_dot"]
+        if loop is None:
+            raise SystemExit("cpu-bf16: peak_gemm has no bf16_dot peak (built without AVX512-BF16)")
+        if fma["amx_bf16"] is not None and "amx" in fma["blas"]["gemm"].lower():
+            loop = fma["amx_bf16"]
+    return max(loop["gflops"], loop["gflops_one_thread"] * min(loop["threads"], theo["cores"]))
+
+
+def measure_loops(args, env, theo):
+    """The peak again (the loops only, about 2-4 s): these VMs' clock moves between minutes."""
+    return peak_of(loops_of(run_peak_gemm(args, env, ["--size", "0", "--seconds", "1"]), args), args, theo)
+
+
+def measure_peak(args, env, shape_sets):
+    shapes = sorted({s for counts in shape_sets for s in counts})
+    extra = ["--size", "2048", "--seconds", str(args.gemm_seconds)]
+    for s in shapes:
+        extra += ["--shape", ",".join(map(str, s))]
+    rows = run_peak_gemm(args, env, extra)
+    fma = loops_of(rows, args)
     square = next(r for r in rows if r["kind"] == "sgemm_square")
     per_shape = {(r["m"], r["n"], r["k"], r["ta"], r["tb"]): r for r in rows if r["kind"] == "sgemm_shape"}
     return fma, square, per_shape
@@ -386,9 +420,8 @@ def main():
     print(f"# load average before: {load_avg()}  ({os.cpu_count()} CPUs; threads {args.threads})", flush=True)
     theo = theoretical_peak(args.threads, args.force_avx2)
     fma, square, per_shape = measure_peak(args, env, [c["shapes"] for c in cases])
-    # Other processes can hold cores during the all-thread rounds; one thread
-    # finds an uncontended core more easily, and every core runs the same clock.
-    peak = max(fma["gflops"], fma["gflops_one_thread"] * min(fma["threads"], theo["cores"]))
+    peak_fma = max(fma["gflops"], fma["gflops_one_thread"] * min(fma["threads"], theo["cores"]))
+    peak = peak_of(fma, args, theo)
     print(f"# CPU: {theo['model']}")
     flags = set(lscpu().get("Flags", "").split())
     has = [name for name, need in (("AVX2", {"avx2"}), ("FMA", {"fma"}),
@@ -400,23 +433,18 @@ def main():
               "not forced: each library's best for this processor")
     print(f"# instruction sets: the processor has {', '.join(has) or 'none of AVX2/FMA/AVX-512'}; {forced}")
     print(f"# peak, measured FMA loop ({fma['simd_lanes']} lanes, best round): {fma['gflops']:.1f} GFLOP/s on "
-          f"{fma['threads']} threads, {fma['gflops_one_thread']:.1f} on one -> peak {peak:.1f} GFLOP/s "
-          f"(implies {peak / (theo['cores'] * theo['fma_pipes'] * theo['datapath_bits'] / 32 * 2):.2f} GHz)")
+          f"{fma['threads']} threads, {fma['gflops_one_thread']:.1f} on one -> peak {peak_fma:.1f} GFLOP/s "
+          f"(implies {peak_fma / (theo['cores'] * theo['fma_pipes'] * theo['datapath_bits'] / 32 * 2):.2f} GHz)")
     print(f"# peak, theoretical: {theo['cores']} cores x {theo['mhz'] / 1000:.2f} GHz ({theo['mhz_source']}) x "
           f"{theo['fma_pipes']} FMA pipes x {theo['datapath_bits'] // 32} lanes x 2 = {theo['gflops']:.1f} GFLOP/s")
     if args.olmoc_backend == "cpu-bf16":
         # bf16 GEMMs: MFU against the bf16 dot-product peak (twice the fp32 FMA peak where it runs at full width)
-        dot = fma["bf16_dot"]
-        if dot is None:
-            raise SystemExit("cpu-bf16: peak_gemm has no bf16_dot peak (built without AVX512-BF16)")
-        peak = max(dot["gflops"], dot["gflops_one_thread"] * min(dot["threads"], theo["cores"]))
-        amx = fma["amx_bf16"]
+        dot, amx = fma["bf16_dot"], fma["amx_bf16"]
         if amx is not None and "amx" in fma["blas"]["gemm"].lower():
             # oneDNN's bf16 matmul runs on the AMX tile unit: the processor's bf16 peak is the tile unit's
             # (measured 7.6 TFLOP/s on 2 Intel vCPUs, 31x the vdpbf16ps loop), not vdpbf16ps's
             print(f"# bf16 dot-product loop (vdpbf16ps): {dot['gflops']:.1f} GFLOP/s on {dot['threads']} threads "
                   f"(cpu-bf16's attention products)")
-            peak = max(amx["gflops"], amx["gflops_one_thread"] * min(amx["threads"], theo["cores"]))
             print(f"# peak for cpu-bf16, measured AMX tile loop (tdpbf16ps, what the GEMMs run): {amx['gflops']:.1f} "
                   f"GFLOP/s on {amx['threads']} threads, {amx['gflops_one_thread']:.1f} on one -> MFU and GEMM "
                   f"shares below against {peak:.1f} GFLOP/s")
@@ -446,6 +474,7 @@ def main():
         vocab = max(c["model"]["vocab_size"] for c in cases)
         need = max(c["B"] * c["T"] for c in cases) * (args.steps + args.warmup) * 2
         np.save(token_file, np.random.default_rng(0).integers(2, vocab, size=need).astype(np.uint16))
+        before = peak
         for c in cases:
             c["olmoc"], c["torch"] = [], []
             for _ in range(args.repeats):
@@ -455,6 +484,11 @@ def main():
                 if not args.skip_torch:
                     c["torch"].append(run_torch(args, c["model"], c["T"], c["B"], c["accum"], c["window"], env))
                 c["load_after"] = load_avg()
+            # each case against the higher of the peaks measured just before and just after it
+            after = measure_loops(args, env, theo)
+            c["peak_before"], c["peak_after"] = before, after
+            cp = c["peak"] = max(before, after)
+            before = after
             o = statistics.median(r["tok_s"] for r in c["olmoc"])
             ob = max(max(r["steps_tok_s"][args.warmup:]) for r in c["olmoc"])
             g = statistics.median(r["gemm_gflops"] for r in c["olmoc"])
@@ -463,28 +497,31 @@ def main():
             ab = statistics.median(r["attention_bwd_gflops"] for r in c["olmoc"])
             share = c["olmoc"][0]["time_share"]
             line = (f"{c['cfg'].stem:12s} T={c['T']:5d} B={c['B']:2d} | olmoc {o:7.1f} ({ob:7.1f}) tok/s "
-                    f"MFU {100 * c['fpt'] * o / (peak * 1e9):4.1f}% RSS {max(r['rss_mib'] for r in c['olmoc']):6.0f} MiB "
-                    f"GEMM {100 * g / peak:3.0f}% of peak ({share.get('gemm', 0):.0f}% of op time; attention "
-                    f"{share.get('attention fwd', 0) + share.get('attention bwd', 0):.0f}% at {100 * a / peak:.0f}% "
+                    f"MFU {100 * c['fpt'] * o / (cp * 1e9):4.1f}% RSS {max(r['rss_mib'] for r in c['olmoc']):6.0f} MiB "
+                    f"GEMM {100 * g / cp:3.0f}% of peak ({share.get('gemm', 0):.0f}% of op time; attention "
+                    f"{share.get('attention fwd', 0) + share.get('attention bwd', 0):.0f}% at {100 * a / cp:.0f}% "
                     "of peak)")
             if c["torch"]:
                 t = statistics.median(r["tok_s"] for r in c["torch"])
                 tb = max(max(r["steps_tok_s"][args.warmup:]) for r in c["torch"])
                 line += (f" | PyTorch({args.torch_mode},{args.torch_attn}) {t:7.1f} ({tb:7.1f}) tok/s "
-                         f"MFU {100 * c['fpt'] * t / (peak * 1e9):4.1f}% RSS {max(r['rss_mib'] for r in c['torch']):6.0f} MiB"
+                         f"MFU {100 * c['fpt'] * t / (cp * 1e9):4.1f}% RSS {max(r['rss_mib'] for r in c['torch']):6.0f} MiB"
                          f" | ratio {o / t:5.2f}x ({ob / tb:5.2f}x)")
             line += f" | load {c['load_before']} -> {c['load_after']}"
             print(line, flush=True)
             # where the time went (first repeat's OLMOC_PROFILE) and each kernel's share of the peak
             ops = ", ".join(f"{k} {v:.0f}%" for k, v in sorted(share.items(), key=lambda kv: -kv[1]) if v >= 0.5)
-            print(f"{'':12s}   kernels: GEMM {g:.1f} GFLOP/s = {100 * g / peak:.0f}% of peak, attention fwd "
-                  f"{af:.1f} = {100 * af / peak:.0f}%, bwd {ab:.1f} = {100 * ab / peak:.0f}% | op time: {ops}",
-                  flush=True)
+            print(f"{'':12s}   kernels: GEMM {g:.1f} GFLOP/s = {100 * g / cp:.0f}% of peak, attention fwd "
+                  f"{af:.1f} = {100 * af / cp:.0f}%, bwd {ab:.1f} = {100 * ab / cp:.0f}% | op time: {ops} | peak "
+                  f"{cp:.1f} GFLOP/s (measured before / after this case: {c['peak_before']:.1f} / "
+                  f"{c['peak_after']:.1f})", flush=True)
 
     print(f"# load average after: {load_avg()}")
     print("# tok/s: median over the timed steps (first --warmup steps dropped) and over --repeats, in brackets the "
-          "best timed step (other processes only ever slow a step down); MFU (of the median) against the measured "
-          f"peak {peak:.1f} GFLOP/s; GEMM: in-training GEMM GFLOP/s (OLMOC_PROFILE) / peak; attention: its model "
+          "best timed step (other processes only ever slow a step down); MFU (of the median) against each case's "
+          "peak: the higher of the peaks measured just before and just after it (the same loops again: these VMs' "
+          "clock moves between minutes), the first before it "
+          f"{peak:.1f} GFLOP/s; GEMM: in-training GEMM GFLOP/s (OLMOC_PROFILE) / peak; attention: its model "
           "FLOPs (as MFU counts them) over its time / peak; RSS: peak resident set of each process")
     if args.json:
         for c in cases:
