@@ -348,8 +348,9 @@ def peak_of(fma, args, theo):
 
 
 def measure_loops(args, env, theo):
-    """The peak again (the loops only, about 2-4 s): these VMs' clock moves between minutes."""
-    return peak_of(loops_of(run_peak_gemm(args, env, ["--size", "0", "--seconds", "1"]), args), args, theo)
+    """The peak again (the loops only, as long as the first time): these VMs' clock moves between minutes."""
+    return peak_of(loops_of(run_peak_gemm(args, env, ["--size", "0", "--seconds", str(args.gemm_seconds)]), args),
+                   args, theo)
 
 
 def measure_peak(args, env, shape_sets):

@@ -415,8 +415,9 @@ int main(int argc, char **argv) {
     /* several key chunks per query block in the forward (ATT_KC = 320): the online softmax's rescaling */
     test_tiled("T=777 full, GQA 4/2, D=32", 1, 777, 4, 2, 32, 0, 0);
     test_tiled("T=700 window 400 + docs, MHA, D=16", 1, 700, 2, 2, 16, 400, 500);
-    /* the forward's K^T in blocks of 64 keys (ATT_KTB): fewer keys than a block, head_dim not a multiple
-     * of 8 (the transpose's scalar path), chunks that start inside a block and cross several */
+    /* the forward's K^T in blocks of 64 keys (ATT_KTB): fewer keys than a block (and positions past the
+     * last 8 through the transpose's scalar tail), head_dim not a multiple of 8 (its scalar path, D=20),
+     * chunks that start inside a block and cross several */
     test_tiled("T=37 window 5 + docs, GQA 4/2, D=24", 2, 37, 4, 2, 24, 5, 9);
     test_tiled("T=389 window 300 + docs, MHA, D=20", 1, 389, 2, 2, 20, 300, 170);
     /* backward's runs of key blocks: the cases above have fewer than 8 (sequence, kv head) pairs, so

@@ -33,14 +33,15 @@
  *     walks the queries that see each block in chunks of ATT_QC
  *     (FlashAttention-2 order).
  * K is first transposed per head (fp32 forward: [D][64] per block of 64 keys,
- * bf16: [D/2][T] pairs; the fp32 backward transposes each key block as it
- * packs it) so every score tile is a plain NN product; the
+ * bf16: [D/2][ld] pairs, ld = T rounded up; the fp32 backward transposes each
+ * key block as it packs it) so every score tile is a plain NN product; the
  * fp32 products' other row operands (forward: V; backward: Q and dO) are
  * copied per head, contiguous.  Memory beyond inputs and outputs is O(seq_len)
  * per head (bounds, delta, the transposed K, the per-head copies, dq copies:
  * fewer than ATT_BWD_TASKS)
- * plus tiles of at most ATT_QC x ATT_KC per thread (and, fp32 backward, the
- * key block packed: 3 x ATT_KB x head_dim): no seq_len^2 buffer.  The AVX2 backward computes
+ * plus tiles per thread (forward: ATT_QB x (ATT_KC + ATT_KTB) scores and ATT_QB x
+ * head_dim; backward: ATT_QC x ATT_KB, and in fp32 the key block packed: 3 x
+ * ATT_KB x head_dim): no seq_len^2 buffer.  The AVX2 backward computes
  * P = exp(S - lse) and dS = P (dP - delta) scale in the S and dP tiles'
  * epilogues (the same operations as exp_visible and ds_row).
  * Query t sees keys lo[t]..t, lo[t] = max(t - window + 1, start of t's
@@ -376,9 +377,10 @@ static inline __attribute__((always_inline)) void tile_group_avx2(int rows, int 
                    c + (size_t)r0 * ldc, ldc, ex, r0, c0, pf);
 }
 
-/* the rows of one 16-column block: whole groups of 6, then the rest; the first group also prefetches
- * the next block's B rows (next, or NULL) into L1 for the groups that follow (in training, 20m forced
- * AVX2, two alternating runs: attention forward +1-5%, backward +2-3%) */
+/* the rows of one 16-column block: whole groups of 6, then the rest; the first group of 6 also
+ * prefetches the next block's B rows (next, or NULL; over its own k range) into L1 for the groups that
+ * follow, none when it is skipped by the span or m < 6 (in training, 20m forced AVX2, two alternating
+ * runs: attention's GFLOP/s forward +1-5%, backward +2-3%; tok/s within the noise) */
 static inline __attribute__((always_inline)) void tile_cols_avx2(int c0, const struct tile_span *span, bool full,
                                                                  __m256i mask0, __m256i mask1, bool ta, int m, int k,
                                                                  float alpha, const float *a, int lda, const float *b,
@@ -623,39 +625,24 @@ static inline void transpose8x8(float *dst, size_t ldd, const float *src, size_t
 }
 #endif
 
-/* Each head of x [B*T][heads*D] transposed, ld = transposed_ld(T):
- *   fp32: xt[((b * heads + h) * D + d) * ld + t] = x[(b * T + t) * heads * D + h * D + d];
- *   bf16: xt[((b * heads + h) * D/2 + p) * ld + t] = the pair (d = 2p, 2p + 1) of the same row
- *   (B operands whose k is head_dim). */
-static void *transpose_heads(struct cpu_state *st, int slot, bool bf16, const float *x, int B, int T, int heads,
-                             int D) {
+/* Each head of x [B*T][heads*D] transposed as bf16 pairs, ld = transposed_ld(T) (D even):
+ *   xt[((b * heads + h) * D/2 + p) * ld + t] = the pair (d = 2p, 2p + 1) of x[(b * T + t) * heads * D + h * D + d]
+ *   (B operands whose k is head_dim; the fp32 forward's K^T: transpose_heads_blocked). */
+static uint32_t *transpose_heads_pairs(struct cpu_state *st, int slot, const float *x, int B, int T, int heads, int D) {
     const size_t ld = (size_t)transposed_ld(T);
-    const int rows = bf16 ? D / 2 : D; /* per head */
-    void *xt = cpu_cached_scratch(st, slot, sizeof(float) * (size_t)B * ld * heads * rows);
+    const int rows = D / 2; /* per head */
+    uint32_t *xt = cpu_cached_scratch(st, slot, sizeof(uint32_t) * (size_t)B * ld * heads * rows);
     if (!xt) return NULL;
     const int tiles = (T + 63) / 64;
 #pragma omp parallel for if ((size_t)B * T * heads * D >= PAR_MIN)
     for (int job = 0; job < B * heads * tiles; job++) {
         const int tt = job % tiles, h = (job / tiles) % heads, b = job / (tiles * heads);
         const int t0 = tt * 64, t1 = t0 + 64 < T ? t0 + 64 : T;
-        const size_t head = ((size_t)b * heads + h) * rows * ld;
+        uint32_t *dst = xt + ((size_t)b * heads + h) * rows * ld;
         for (int t = t0; t < t1; t++) {
             const float *src = x + ((size_t)b * T + t) * heads * D + (size_t)h * D;
-            if (bf16) {
-                uint32_t *dst = (uint32_t *)xt + head;
-                for (int p = 0; p < rows; p++)
-                    dst[(size_t)p * ld + t] = (uint32_t)to_bf16(src[2 * p]) | (uint32_t)to_bf16(src[2 * p + 1]) << 16;
-            } else {
-                float *dst = (float *)xt + head;
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-                if (t + 8 <= t1 && D % 8 == 0) { /* 8 positions at a time, 8x8 blocks in registers */
-                    for (int d0 = 0; d0 < D; d0 += 8) transpose8x8(dst + (size_t)d0 * ld + t, ld, src + d0, (size_t)heads * D);
-                    t += 7;
-                    continue;
-                }
-#endif
-                for (int d = 0; d < D; d++) dst[(size_t)d * ld + t] = src[d];
-            }
+            for (int p = 0; p < rows; p++)
+                dst[(size_t)p * ld + t] = (uint32_t)to_bf16(src[2 * p]) | (uint32_t)to_bf16(src[2 * p + 1]) << 16;
         }
     }
     return xt;
@@ -728,13 +715,13 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
     /* fp32: K^T in blocks of ATT_KTB keys; bf16: [D/2][T] pairs */
     const int nkb = (T + ATT_KTB - 1) / ATT_KTB;
     const void *kt = !lo ? NULL
-                     : bf16 ? transpose_heads(st, SLOT_KT, bf16, k, s->batch, T, HK, D)
+                     : bf16 ? (const void *)transpose_heads_pairs(st, SLOT_KT, k, s->batch, T, HK, D)
                             : transpose_heads_blocked(st, SLOT_KT, k, s->batch, T, HK, D);
     const void *qa = !kt ? NULL : bf16 ? (const void *)bf16_rows(st, SLOT_Q16, q, s->batch, T, q_stride) : q;
     const uint32_t *vp = bf16 && qa ? bf16_position_pairs(st, SLOT_VP, v, s->batch, T, kv_stride) : NULL;
     /* fp32: V per head, in the backward's V^T slot (the backward writes it anew) */
     const float *vh = !bf16 && qa ? heads_contiguous(st, SLOT_VT, v, s->batch, T, HK, D) : NULL;
-    /* per thread: scores (rows of ldsc, after ATT_KTB floats that the fused S product may write before
+    /* per thread: scores (rows of ldsc, after ATT_KTB floats that the fp32 S product may write before
      * them), the output accumulator, and P as bf16 */
     const int ldsc = ATT_KC + ATT_KTB;
     size_t stride = 0;
@@ -1165,8 +1152,8 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
     int *lo = attn_bounds(s, doc_ids);
     c.lo = lo;
     /* bf16: K and V transposed per head as pairs (fp32 transposes each key block as it packs it) */
-    c.kt = bf16 ? transpose_heads(st, SLOT_KT, bf16, k, B, T, HK, D) : k;
-    c.vt = bf16 ? transpose_heads(st, SLOT_VT, bf16, v, B, T, HK, D) : v;
+    c.kt = bf16 ? (const void *)transpose_heads_pairs(st, SLOT_KT, k, B, T, HK, D) : k;
+    c.vt = bf16 ? (const void *)transpose_heads_pairs(st, SLOT_VT, v, B, T, HK, D) : v;
     c.qa = bf16 ? (const void *)bf16_rows(st, SLOT_Q16, q, B, T, c.q_stride) : q;
     c.doa = bf16 ? (const void *)bf16_rows(st, SLOT_DO16, dout, B, T, c.q_stride) : dout;
     /* fp32: Q and dO per head in the slots of their bf16 rows (unused then) */
