@@ -344,6 +344,11 @@ def peak_of(fma, args, theo):
             raise SystemExit("cpu-bf16: peak_gemm has no bf16_dot peak (built without AVX512-BF16)")
         if fma["amx_bf16"] is not None and "amx" in fma["blas"]["gemm"].lower():
             loop = fma["amx_bf16"]
+    return loop_peak(loop, theo)
+
+
+def loop_peak(loop, theo):
+    """One loop's peak: the larger of its all-thread figure and cores x its one-thread one."""
     return max(loop["gflops"], loop["gflops_one_thread"] * min(loop["threads"], theo["cores"]))
 
 
@@ -421,7 +426,7 @@ def main():
     print(f"# load average before: {load_avg()}  ({os.cpu_count()} CPUs; threads {args.threads})", flush=True)
     theo = theoretical_peak(args.threads, args.force_avx2)
     fma, square, per_shape = measure_peak(args, env, [c["shapes"] for c in cases])
-    peak_fma = max(fma["gflops"], fma["gflops_one_thread"] * min(fma["threads"], theo["cores"]))
+    peak_fma = loop_peak(fma, theo)
     peak = peak_of(fma, args, theo)
     print(f"# CPU: {theo['model']}")
     flags = set(lscpu().get("Flags", "").split())

@@ -664,6 +664,19 @@ static float *heads_contiguous(struct cpu_state *st, int slot, const float *x, i
     return xh;
 }
 
+/* dst[d * ldd + j] = src[j * lds + d] for j < nk, d < D: a block of keys' K^T or V^T [D][ldd] */
+static void pack_transposed(float *dst, int ldd, const float *src, int lds, int nk, int D) {
+    int j0 = 0;
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+    if (D % 8 == 0) /* 8 keys at a time, 8x8 blocks in registers */
+        for (; j0 + 8 <= nk; j0 += 8)
+            for (int d0 = 0; d0 < D; d0 += 8)
+                transpose8x8(dst + (size_t)d0 * ldd + j0, (size_t)ldd, src + (size_t)j0 * lds + d0, (size_t)lds);
+#endif
+    for (int j = j0; j < nk; j++)
+        for (int d = 0; d < D; d++) dst[(size_t)d * ldd + j] = src[(size_t)j * lds + d];
+}
+
 /* The fp32 forward's K^T in blocks of ATT_KTB keys (B operands of S = Q K^T, k = head_dim):
  * kb[(((b * heads + h) * nblk + j / ATT_KTB) * D + d) * ATT_KTB + j % ATT_KTB] = x[(b * T + j) * heads * D + h * D + d],
  * nblk = ceil(T / ATT_KTB) (a last block's columns past T are never read).  A 16-key column of a score
@@ -677,17 +690,8 @@ static float *transpose_heads_blocked(struct cpu_state *st, int slot, const floa
     for (int job = 0; job < B * heads * nblk; job++) {
         const int blk = job % nblk, h = (job / nblk) % heads, b = job / (nblk * heads);
         const int t0 = blk * ATT_KTB, t1 = t0 + ATT_KTB < T ? t0 + ATT_KTB : T;
-        float *dst = kb + (size_t)job * D * ATT_KTB;
-        int t = t0;
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-        if (D % 8 == 0) /* 8 positions at a time, 8x8 blocks in registers */
-            for (; t + 8 <= t1; t += 8)
-                for (int d0 = 0; d0 < D; d0 += 8)
-                    transpose8x8(dst + (size_t)d0 * ATT_KTB + (t - t0), ATT_KTB,
-                                 x + ((size_t)b * T + t) * heads * D + (size_t)h * D + d0, (size_t)heads * D);
-#endif
-        for (; t < t1; t++)
-            for (int d = 0; d < D; d++) dst[(size_t)d * ATT_KTB + (t - t0)] = x[((size_t)b * T + t) * heads * D + (size_t)h * D + d];
+        pack_transposed(kb + (size_t)job * D * ATT_KTB, ATT_KTB, x + ((size_t)b * T + t0) * heads * D + (size_t)h * D,
+                        heads * D, t1 - t0, D);
     }
     return kb;
 }
@@ -712,7 +716,7 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
     const int wq = bf16 ? 2 : 1; /* floats per element of Q's operand (a bf16 pair holds two) */
     const int kt_rows = D / wq, ldt = transposed_ld(T), pairs = (T + 1) / 2;
     int *lo = attn_bounds(s, doc_ids);
-    /* fp32: K^T in blocks of ATT_KTB keys; bf16: [D/2][T] pairs */
+    /* fp32: K^T in blocks of ATT_KTB keys; bf16: [D/2][ld] pairs */
     const int nkb = (T + ATT_KTB - 1) / ATT_KTB;
     const void *kt = !lo ? NULL
                      : bf16 ? (const void *)transpose_heads_pairs(st, SLOT_KT, k, s->batch, T, HK, D)
@@ -1081,19 +1085,6 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
     }
 }
 
-/* dst[d * ATT_KB + j] = src[j * lds + d] for j < nk, d < D: a key block's K^T or V^T [D][ATT_KB] */
-static void pack_transposed(float *dst, const float *src, int lds, int nk, int D) {
-    int j0 = 0;
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-    if (D % 8 == 0) /* 8 keys at a time, 8x8 blocks in registers */
-        for (; j0 + 8 <= nk; j0 += 8)
-            for (int d0 = 0; d0 < D; d0 += 8)
-                transpose8x8(dst + (size_t)d0 * ATT_KB + j0, ATT_KB, src + (size_t)j0 * lds + d0, (size_t)lds);
-#endif
-    for (int j = j0; j < nk; j++)
-        for (int d = 0; d < D; d++) dst[(size_t)d * ATT_KB + j] = src[(size_t)j * lds + d];
-}
-
 /* One key block: its dK and dV, over every query chunk of every head of the group that sees it;
  * its dQ contributions into dqt, whose rows from `fresh` on are not written yet.  Returns the end of
  * the queries that see the block: the rows of dqt written so far, from the run's first block's on. */
@@ -1110,8 +1101,8 @@ static int attn_bwd_block(const struct attn_bwd *c, const struct attn_bwd_tiles 
     int tend = j0;
     while (tend < T && lob[tend] < j0 + nk) tend++;
     if (!c->bf16) { /* the keys' K^T, V^T and K, contiguous: transposed here, from K and V */
-        pack_transposed(w->kt, c->k + koff, kv_stride, nk, D);
-        pack_transposed(w->vt, c->v + koff, kv_stride, nk, D);
+        pack_transposed(w->kt, ATT_KB, c->k + koff, kv_stride, nk, D);
+        pack_transposed(w->vt, ATT_KB, c->v + koff, kv_stride, nk, D);
         for (int j = 0; j < nk; j++) memcpy(w->kr + (size_t)j * D, c->k + koff + (size_t)j * kv_stride, sizeof(float) * (size_t)D);
     }
     for (int h = kh * c->group; h < (kh + 1) * c->group; h++)
