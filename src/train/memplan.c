@@ -152,7 +152,8 @@ static double gemm_slots(const struct backend_desc *d, double a_max, double b_ma
 
 /* The backend's grow-only scratch after a training step (the ops' own size expressions); `probe`:
  * the peak FLOP/s probe ran first (its fp32 operands grow a bf16 backend's GEMM slots). */
-static double scratch(const struct backend_desc *d, const struct shapes *s, enum olmo_act_ckpt mode, bool probe) {
+static double scratch(const struct backend_desc *d, const struct shapes *s, enum olmo_act_ckpt mode, bool probe,
+                      int threads) {
     const double N = s->N, B = s->B, T = s->T, H = s->H, HK = s->HK, hd = s->hd;
     /* GEMM operands: A is [tokens x max(V, F, D, Q)] at most (the logits in the LM head's backward);
      * an activation B operand is a weight gradient's (model.c's backward) and the weights are the bf16
@@ -184,17 +185,17 @@ static double scratch(const struct backend_desc *d, const struct shapes *s, enum
     const double kv_pairs = B * HK;
     double segs = kv_pairs >= 8 ? 1 : ceil(8 / kv_pairs);
     if (segs > kblocks) segs = kblocks > 0 ? kblocks : 1;
-    /* K transposed per head (fp32: in blocks of 64 keys, cpu_attention_kernels.h: ATT_KTB); V transposed
-     * per head (bf16 backward) or per head as rows (fp32 forward) */
-    double total = cpu_slot(bf16 ? 4 * B * ld * HK * hd / 2 : 4 * B * HK * kblocks * 64 * hd) +
-                   cpu_slot(bf16 ? 4 * B * ld * HK * hd / 2 : 4 * N * s->K)
+    /* bf16: K and V transposed per head as pairs; fp32: each OpenMP thread's K^T blocks and V rows of a
+     * sequence (the forward's, cpu_attention_kernels.h: ATT_KTB = 64 keys a block) */
+    double total = (bf16 ? 2 * cpu_slot(4 * B * ld * HK * hd / 2) : cpu_slot(4 * threads * 2 * kblocks * 64 * hd))
                    + cpu_slot(4 * B * H * T)                                  /* delta */
                    + (segs > 1 ? cpu_slot(4 * N * s->Q * (segs - 1)) : 0);    /* dq copies of the runs after the first */
     if (bf16)
         total += 2 * cpu_slot(2 * N * s->Q)                                     /* Q and dO as bf16 rows */
                  + 2 * cpu_slot(4 * B * pairs * s->Q) + 2 * cpu_slot(4 * B * pairs * s->K); /* position pairs */
     else
-        total += 2 * cpu_slot(4 * N * s->Q); /* Q and dO per head (the backward's heads_contiguous) */
+        total += cpu_slot(4 * threads * 2 * (H / HK) * T * hd); /* each thread's Q and dO rows of a sequence, per
+                                                                   * head of a group (the backward's) */
     /* cpu-bf16: oneDNN's bf16 matmul packs fp32 operands as bf16; the fallback rounds every
      * operand, the weights too, into fp32 scratch */
     return total + gemm_slots(d, a_max, b_max, b_weights);
@@ -289,7 +290,7 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
     b[OLMO_MEM_LOGITS] = buf(&d, 4 * s.N * s.V);
     b[OLMO_MEM_WORK] = work(&d, &s, all16 && t->activation_checkpointing != ACT_CKPT_NONE);
     const bool probe = t->peak_flops <= 0;
-    b[OLMO_MEM_SCRATCH] = scratch(&d, &s, t->activation_checkpointing, probe);
+    b[OLMO_MEM_SCRATCH] = scratch(&d, &s, t->activation_checkpointing, probe, p->threads);
     for (int i = 0; i < OLMO_MEM_ITEMS; i++) p->total += b[i];
     if (probe) {
         /* after the model, the optimizer and the activations, before the first step: three
