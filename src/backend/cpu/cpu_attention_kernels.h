@@ -798,6 +798,10 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
                 for (int h = kh * group; h < (kh + 1) * group; h++) {
                     const size_t qoff = ((size_t)b * T + i0) * q_stride + (size_t)h * D;
                     const size_t kth = ((size_t)b * HK + kh) * kt_rows * ldt;
+                    if (qb + 1 < tasks[t].qb1) /* the next block's Q rows of this head, into L2 ahead of it */
+                        for (int r = i1; r < i1 + ATT_QB && r < T; r++)
+                            for (int d = 0; d < D; d += 16)
+                                __builtin_prefetch(q + ((size_t)b * T + r) * q_stride + (size_t)h * D + d, 0, 2);
                     memset(acc, 0, sizeof(float) * (size_t)nq * D);
                     for (int r = 0; r < nq; r++) {
                         mrow[r] = -INFINITY;
