@@ -663,6 +663,11 @@ static void pack_transposed(float *dst, int ldd, const float *src, int lds, int 
         for (int d = 0; d < D; d++) dst[(size_t)d * ldd + j] = src[(size_t)j * lds + d];
 }
 
+/* dst[j * D + d] = src[j * lds + d] for j < n, d < D: n rows of one head, contiguous */
+static void pack_rows(float *dst, const float *src, int lds, int n, int D) {
+    for (int j = 0; j < n; j++) memcpy(dst + (size_t)j * D, src + (size_t)j * lds, sizeof(float) * (size_t)D);
+}
+
 /* &base[offset] for arrays of 4-byte elements (floats or bf16 pairs) */
 static inline const void *word_at(const void *base, size_t offset) { return (const char *)base + 4 * offset; }
 
@@ -692,6 +697,13 @@ static int fwd_task_cost_desc(const void *pa, const void *pb) {
     return a->qb0 - b->qb0;
 }
 
+/* A forward query block's cost for the schedule: its queries times the keys from its first one's first
+ * visible key, plus a block's fixed work (lob: the sequence's bounds) */
+static double fwd_block_cost(const int *lob, int qb, int T) {
+    const int i0 = qb * ATT_QB, i1 = i0 + ATT_QB < T ? i0 + ATT_QB : T;
+    return (double)(i1 - i0) * (i1 - lob[i0] + ATT_QB);
+}
+
 /* The forward's tasks, longest first: a (batch, kv head) pair's query blocks in `segs` runs of about
  * equal cost (keys seen, plus a block's fixed work); runs never change a result (each row is computed
  * whole by one task, the same way), so they may follow the thread count. */
@@ -707,14 +719,10 @@ static struct attn_fwd_task *attn_fwd_schedule(const struct olmo_attn_shape *s, 
         const int b = pair / HK, kh = pair % HK;
         const int *lob = lo + (size_t)b * T;
         double total = 0;
-        for (int qb = 0; qb < qblocks; qb++) {
-            const int i0 = qb * ATT_QB, i1 = i0 + ATT_QB < T ? i0 + ATT_QB : T;
-            total += (double)(i1 - i0) * (i1 - lob[i0] + ATT_QB);
-        }
+        for (int qb = 0; qb < qblocks; qb++) total += fwd_block_cost(lob, qb, T);
         double sum = 0;
         for (int qb = 0, g = 0, qb0 = 0; qb < qblocks; qb++) {
-            const int i0 = qb * ATT_QB, i1 = i0 + ATT_QB < T ? i0 + ATT_QB : T;
-            sum += (double)(i1 - i0) * (i1 - lob[i0] + ATT_QB);
+            sum += fwd_block_cost(lob, qb, T);
             if (qb == qblocks - 1 || sum >= total * (g + 1) / segs) { /* run g ends with block qb */
                 tasks[n++] = (struct attn_fwd_task){b, kh, qb0, qb + 1, sum};
                 g++, qb0 = qb + 1, sum = 0;
@@ -791,9 +799,7 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
                     const float *kr = k + ((size_t)b * T + j0) * kv_stride + (size_t)kh * D,
                                 *vr = v + ((size_t)b * T + j0) * kv_stride + (size_t)kh * D;
                     pack_transposed(ktb + (size_t)(filled - base) * D * ATT_KTB, ATT_KTB, kr, kv_stride, nk, D);
-                    float *vdst = vrows + (size_t)(filled - base) * ATT_KTB * D;
-                    for (int j = 0; j < nk; j++)
-                        memcpy(vdst + (size_t)j * D, vr + (size_t)j * kv_stride, sizeof(float) * (size_t)D);
+                    pack_rows(vrows + (size_t)(filled - base) * ATT_KTB * D, vr, kv_stride, nk, D);
                 }
                 for (int h = kh * group; h < (kh + 1) * group; h++) {
                     const size_t qoff = ((size_t)b * T + i0) * q_stride + (size_t)h * D;
@@ -1154,15 +1160,14 @@ static int attn_bwd_block(const struct attn_bwd *c, const struct attn_bwd_tiles 
     if (!c->bf16) { /* the keys' K^T, V^T and K, contiguous: transposed here, from K and V */
         pack_transposed(w->kt, ATT_KB, c->k + koff, kv_stride, nk, D);
         pack_transposed(w->vt, ATT_KB, c->v + koff, kv_stride, nk, D);
-        for (int j = 0; j < nk; j++) memcpy(w->kr + (size_t)j * D, c->k + koff + (size_t)j * kv_stride, sizeof(float) * (size_t)D);
+        pack_rows(w->kr, c->k + koff, kv_stride, nk, D);
         /* the Q and dO rows of the queries that no earlier block of the task saw (fresh .. tend-1) */
-        for (int t = fresh; t < tend; t++)
-            for (int g = 0; g < c->group; g++) {
-                const size_t from = ((size_t)b * T + t) * c->q_stride + (size_t)(kh * c->group + g) * D;
-                const size_t to = ((size_t)g * T + t - w->qbase) * D;
-                memcpy(w->qr + to, c->q + from, sizeof(float) * (size_t)D);
-                memcpy(w->dor + to, c->dout + from, sizeof(float) * (size_t)D);
-            }
+        for (int g = 0; g < c->group && fresh < tend; g++) {
+            const size_t from = ((size_t)b * T + fresh) * c->q_stride + (size_t)(kh * c->group + g) * D;
+            const size_t to = ((size_t)g * T + fresh - w->qbase) * D;
+            pack_rows(w->qr + to, c->q + from, c->q_stride, tend - fresh, D);
+            pack_rows(w->dor + to, c->dout + from, c->q_stride, tend - fresh, D);
+        }
     }
     for (int h = kh * c->group; h < (kh + 1) * c->group; h++)
         for (int i0 = j0; i0 < tend; i0 += ATT_QC) {
