@@ -37,13 +37,15 @@
  * fp32: each key block as a task comes to it, the forward's as [D][64] per
  * block of 64 keys with the block's V rows beside it, the backward's as it
  * packs the block) so every score tile is a plain NN product; the fp32
- * backward's other row operands (Q and dO) are copied per head, contiguous.
- * Memory beyond inputs and outputs is O(seq_len) per head (bounds, delta, the
- * transposed K, the per-head copies, dq copies: fewer than ATT_BWD_TASKS)
- * plus per thread: tiles (forward: ATT_QB x (ATT_KC + ATT_KTB) scores and
- * ATT_QB x head_dim; backward: ATT_QC x ATT_KB, and in fp32 the key block
- * packed: 3 x ATT_KB x head_dim) and the fp32 forward's K^T blocks and V rows
- * of one sequence (2 x seq_len x head_dim): no seq_len^2 buffer.  The AVX2 backward computes
+ * backward's other row operands (Q and dO) are copied, contiguous per head of
+ * the group, as its tasks come to them.  Memory beyond inputs and outputs is
+ * O(seq_len) per head (bounds, delta, bf16: the transposed K and V and the
+ * bf16 copies; dq copies: fewer than ATT_BWD_TASKS) plus per thread: tiles
+ * (forward: ATT_QB x (ATT_KC + ATT_KTB) scores and ATT_QB x head_dim;
+ * backward: ATT_QC x ATT_KB, and in fp32 the key block packed: 3 x ATT_KB x
+ * head_dim) and, fp32, the forward's K^T blocks and V rows of one sequence
+ * (2 x seq_len x head_dim) and the backward's Q and dO rows of one sequence
+ * per head of a group (2 x group x seq_len x head_dim): no seq_len^2 buffer.  The AVX2 backward computes
  * P = exp(S - lse) and dS = P (dP - delta) scale in the S and dP tiles'
  * epilogues (the same operations as exp_visible and ds_row).
  * Query t sees keys lo[t]..t, lo[t] = max(t - window + 1, start of t's
