@@ -336,7 +336,7 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool 
             } else {
                 /* s - lse <= 0 on the visible lanes; a hidden lane may exceed the exp's range (garbage bits),
                  * which the mask below clears */
-                v0 = fast_exp8_softmax(_mm256_sub_ps(v0, sh)), v1 = fast_exp8_softmax(_mm256_sub_ps(v1, sh));
+                v0 = attn_exp8(_mm256_sub_ps(v0, sh)), v1 = attn_exp8(_mm256_sub_ps(v1, sh));
             }
             if (!ex->maxp && !every) {
                 v0 = _mm256_and_ps(_mm256_castsi256_ps(vis0), v0);
@@ -548,7 +548,11 @@ static inline void row_visible(const int *lo, int t, int j0, int nk, int *a, int
  * returns the sum of the row.  The shift is the row's maximum or its lse,
  * so row[c] - shift <= 0 (the AVX2 exp has no overflow clamp).  The masked columns are few (the tiles on the
  * diagonal and at the window's edge), so the AVX-512 version handles them
- * with lane masks on 16 columns at a time rather than a test per column. */
+ * with lane masks on 16 columns at a time rather than a test per column; the
+ * AVX2 one walks the runs (zeros, a first vector in part, whole vectors two at a
+ * time, the last in part, zeros) instead of testing each vector, with attn_exp8
+ * (one thread, 64 rows of 320 columns with 256 visible, warm: 287-319 -> 200-204
+ * TSC ticks a row, against the loop of a test per vector with fast_exp8_softmax). */
 #if defined(__AVX512F__)
 static float exp_visible(float *row, int n, int a, int e, float shift) {
     const __m512 vshift = _mm512_set1_ps(shift);
@@ -569,27 +573,45 @@ static float exp_visible(float *row, int n, int a, int e, float shift) {
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 static float exp_visible(float *row, int n, int a, int e, float shift) {
-    const __m256 vshift = _mm256_set1_ps(shift);
-    __m256 sum0 = _mm256_setzero_ps(), sum1 = sum0; /* lanes 0-7 and 8-15 of each 16 columns */
-    for (int c0 = 0; c0 < n; c0 += 8) {
-        __m256 p = _mm256_setzero_ps();
-        if (c0 >= a && c0 + 7 <= e) { /* every lane visible (and inside the row: e < n) */
-            p = fast_exp8_softmax(_mm256_sub_ps(_mm256_loadu_ps(row + c0), vshift));
-        } else {
+    const __m256 vshift = _mm256_set1_ps(shift), zero = _mm256_setzero_ps();
+    __m256 sum0 = zero, sum1 = zero;
+    int c0 = 0;
+    if (e >= a) {
+        for (; c0 + 8 <= a; c0 += 8) _mm256_storeu_ps(row + c0, zero); /* wholly before the visible columns */
+        if (c0 < a || c0 + 7 > e) { /* the first visible vector, in part */
             const __m256i visible = _mm256_andnot_si256(lane_mask8(a - c0), lane_mask8(e - c0 + 1));
-            if (!_mm256_testz_si256(visible, visible))
-                p = _mm256_and_ps(_mm256_castsi256_ps(visible), /* clears the hidden lanes' exp(0 - shift) */
-                                  fast_exp8_softmax(_mm256_sub_ps(_mm256_maskload_ps(row + c0, visible), vshift)));
+            const __m256 p = _mm256_and_ps(_mm256_castsi256_ps(visible),
+                                           attn_exp8(_mm256_sub_ps(_mm256_maskload_ps(row + c0, visible), vshift)));
+            sum0 = p;
+            if (c0 + 8 <= n)
+                _mm256_storeu_ps(row + c0, p);
+            else
+                _mm256_maskstore_ps(row + c0, lane_mask8(n - c0), p);
+            c0 += 8;
         }
-        if (c0 & 8)
-            sum1 = _mm256_add_ps(sum1, p);
-        else
+        for (; c0 + 15 <= e; c0 += 16) { /* two whole vectors */
+            const __m256 p0 = attn_exp8(_mm256_sub_ps(_mm256_loadu_ps(row + c0), vshift));
+            const __m256 p1 = attn_exp8(_mm256_sub_ps(_mm256_loadu_ps(row + c0 + 8), vshift));
+            sum0 = _mm256_add_ps(sum0, p0), sum1 = _mm256_add_ps(sum1, p1);
+            _mm256_storeu_ps(row + c0, p0);
+            _mm256_storeu_ps(row + c0 + 8, p1);
+        }
+        for (; c0 <= e; c0 += 8) { /* the last visible vectors (the last maybe in part) */
+            const __m256i visible = lane_mask8(e - c0 + 1);
+            const __m256 p = _mm256_and_ps(_mm256_castsi256_ps(visible),
+                                           attn_exp8(_mm256_sub_ps(_mm256_maskload_ps(row + c0, visible), vshift)));
             sum0 = _mm256_add_ps(sum0, p);
-        if (c0 + 8 <= n)
-            _mm256_storeu_ps(row + c0, p);
-        else
-            _mm256_maskstore_ps(row + c0, lane_mask8(n - c0), p);
+            if (c0 + 8 <= n)
+                _mm256_storeu_ps(row + c0, p);
+            else
+                _mm256_maskstore_ps(row + c0, lane_mask8(n - c0), p);
+        }
     }
+    for (; c0 < n; c0 += 8) /* after them */
+        if (c0 + 8 <= n)
+            _mm256_storeu_ps(row + c0, zero);
+        else
+            _mm256_maskstore_ps(row + c0, lane_mask8(n - c0), zero);
     return hsum8(_mm256_add_ps(sum0, sum1));
 }
 #else
@@ -849,7 +871,14 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
                             tile_product(&cols, true, false, nq, nk, D, s->scale, word_at(qa, qoff / wq),
                                          q_stride / wq, word_at(kt, kth + j0), ldt, 0.0f, sc, ldsc);
                         }
+                        /* the last chunk: the output rows, which the block's last step writes, into L2 a row at a
+                         * time among the softmax's work (one thread, T 2048, 6 heads of 64, window 256, forced
+                         * AVX2: their stores had taken 5-6% of the forward, waiting for the lines) */
+                        const bool last = j0 + nk == i1;
                         for (int r = 0; r < nq; r++) {
+                            if (last)
+                                for (int d = 0; d < D; d += 16)
+                                    __builtin_prefetch(out + ((size_t)b * T + i0 + r) * q_stride + (size_t)h * D + d, 1, 2);
                             float *row = sc + (size_t)r * ldsc;
                             const int a = vis_a[r], e = vis_e[r];
                             if (e < a) {
