@@ -116,9 +116,9 @@ static inline __m256i lane_mask8(int left) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-/* fast_expf on 8 lanes for x <= 88.37 (softmax's x - max <= 0, attention's s - lse): the same operations
- * in the same order as fast_expf, bitwise equal results there and for NaN, without the overflow clamp
- * and its select; a larger x gives garbage. */
+/* fast_expf on 8 lanes for x <= 88.37: the same operations in the same order as fast_expf, bitwise equal
+ * results there and for NaN, without the overflow clamp and its select; a larger x gives garbage (fast_exp8
+ * adds the clamp; the AVX2 attention kernels use the cheaper attn_exp8 below). */
 static inline __m256 fast_exp8_softmax(__m256 x) {
     const __m256 lo = _mm256_set1_ps(-87.3365478515625f);
     const __m256 xc = _mm256_max_ps(lo, x); /* max returns its second operand when one is NaN: NaN stays */
