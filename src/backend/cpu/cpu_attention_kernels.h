@@ -295,6 +295,10 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int rows, bool 
 #pragma GCC unroll 6
     for (int r = 0; r < rows; r++) x[r][0] = x[r][1] = _mm256_setzero_ps();
     const size_t step = ta ? 1 : (size_t)lda;
+    /* two steps of k an iteration: half the loop's pointer and counter work, which shares the FMA ports on
+     * Intel (one thread, forced AVX2, T=2048 and 4 x 512, head_dim 64 and 128, windowed and full, 15 rounds
+     * alternating with one step: backward faster in 13, +2.4% on average; forward +1.8%) */
+#pragma GCC unroll 2
     for (int kk = k0; kk < k; kk++) {
         const float *br = b + (size_t)kk * ldb;
         if (pf) _mm_prefetch((const char *)(pf + (size_t)kk * ldb), _MM_HINT_T0); /* the next block's row kk */
