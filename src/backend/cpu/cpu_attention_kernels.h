@@ -877,7 +877,7 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
                         }
                         /* the last chunk: the output rows, which the block's last step writes, into L2 a row at a
                          * time among the softmax's work (one thread, T 2048, 6 heads of 64, window 256, forced
-                         * AVX2: their stores had taken 5-6% of the forward, waiting for the lines) */
+                         * AVX2: their stores had taken 5-7% of the forward, waiting for the lines) */
                         const bool last = j0 + nk == i1;
                         for (int r = 0; r < nq; r++) {
                             if (last)
