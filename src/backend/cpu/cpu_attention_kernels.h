@@ -24,6 +24,109 @@
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_simd.h"
 
+/* ---- time by part, for studying the kernels ---------------------------------
+ * Only where OLMOC_ATTN_PARTS is defined: tests/c/test_attention_parts.c includes this header so (its
+ * --bench prints each part's share); the library's kernels are built without it, and every ATTN_ macro
+ * below is then empty.  With it, a call adds to *attn_parts (when set) each thread's seconds in each
+ * part (thread-seconds: summed over threads) and the FLOPs its tile products compute (whole kernel
+ * vectors, masked column tails included; the column blocks and k ranges the kernels skip are not). */
+#ifdef OLMOC_ATTN_PARTS
+#include <time.h>
+enum attn_part {
+    ATTN_FWD_PACK,    /* fp32: K^T blocks and V rows copied for the task's products */
+    ATTN_FWD_S,       /* S = scale Q K^T (fp32: with the rows' partial maxima) */
+    ATTN_FWD_SOFTMAX, /* the rows' online softmax: maxima, exp, the output rows rescaled */
+    ATTN_FWD_PV,      /* O += P V (bf16: P packed first) */
+    ATTN_FWD_OUT,     /* the output rows and lse */
+    ATTN_BWD_PREP,    /* before the tasks: bounds, delta, schedule (bf16: the operands' copies) */
+    ATTN_BWD_PACK,    /* fp32: a key block's K^T, V^T and K, and its new queries' Q and dO rows */
+    ATTN_BWD_S,       /* P = exp(scale Q K^T - lse) */
+    ATTN_BWD_DV,      /* dV += P^T dO */
+    ATTN_BWD_DS,      /* dP = dO V^T, dS = P (dP - delta) scale */
+    ATTN_BWD_DK,      /* dK += dS^T Q */
+    ATTN_BWD_DQ,      /* dQ += dS K */
+    ATTN_BWD_DQSUM,   /* dq += its copies */
+    ATTN_PARTS
+};
+struct attn_parts {
+    double seconds[ATTN_PARTS], flops[ATTN_PARTS];
+    double total[2]; /* forward, backward: the calls' wall time x omp_get_max_threads() */
+    double model[2]; /* their model FLOPs: 4 (forward) or 8 x visible pairs x heads x head_dim */
+    long calls[2];
+};
+static struct attn_parts *attn_parts; /* where calls add their counts; NULL: they do not count */
+struct attn_timer {
+    double s[ATTN_PARTS], f[ATTN_PARTS], t0;
+    int part; /* the part running */
+};
+static _Thread_local struct attn_timer *attn_tm; /* this thread's, inside a counted call; else NULL */
+
+static inline double attn_clock(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static inline void attn_begin(int part) {
+    if (!attn_tm) return;
+    attn_tm->part = part;
+    attn_tm->t0 = attn_clock();
+}
+
+static inline void attn_end(void) {
+    if (attn_tm) attn_tm->s[attn_tm->part] += attn_clock() - attn_tm->t0;
+}
+
+/* the thread's counts into *attn_parts */
+static inline void attn_thread_end(void) {
+    if (!attn_tm) return;
+    for (int i = 0; i < ATTN_PARTS; i++) {
+#pragma omp atomic
+        attn_parts->seconds[i] += attn_tm->s[i];
+#pragma omp atomic
+        attn_parts->flops[i] += attn_tm->f[i];
+    }
+    attn_tm = NULL;
+}
+
+/* a call of pass 0 (forward) or 1 (backward) that began at t0 */
+static void attn_call_end(int pass, double t0, const int *lo, const struct olmo_attn_shape *s) {
+    if (!attn_parts) return;
+    attn_parts->total[pass] += (attn_clock() - t0) * omp_get_max_threads();
+    attn_parts->calls[pass]++;
+    double pairs = 0.0;
+    for (size_t t = 0; t < (size_t)s->batch * s->seq_len; t++) pairs += (double)(t % s->seq_len) - lo[t] + 1;
+    attn_parts->model[pass] += (pass ? 8.0 : 4.0) * pairs * s->n_heads * s->head_dim;
+}
+
+/* a part outside the tasks (one thread, the others wait: its wall time x the team's threads) */
+static inline void attn_serial(int part, double t0) {
+    if (attn_parts) attn_parts->seconds[part] += (attn_clock() - t0) * omp_get_max_threads();
+}
+
+#define ATTN_BEGIN(part) attn_begin(part)
+#define ATTN_END() attn_end()
+#define ATTN_FLOPS(x) ((void)(attn_tm ? attn_tm->f[attn_tm->part] += (x) : 0.0))
+#define ATTN_THREAD_BEGIN()                                                                                 \
+    struct attn_timer attn_mine = {{0}, {0}, 0.0, 0};                                                       \
+    attn_tm = attn_parts ? &attn_mine : NULL
+#define ATTN_THREAD_END() attn_thread_end()
+#define ATTN_CALL_BEGIN() const double attn_t_call = attn_clock()
+#define ATTN_CALL_END(pass, lo, s) attn_call_end(pass, attn_t_call, lo, s)
+#define ATTN_MARK(name) const double name = attn_clock()
+#define ATTN_SERIAL(part, t0) attn_serial(part, t0)
+#else
+#define ATTN_BEGIN(part) ((void)0)
+#define ATTN_END() ((void)0)
+#define ATTN_FLOPS(x) ((void)0)
+#define ATTN_THREAD_BEGIN() ((void)0)
+#define ATTN_THREAD_END() ((void)0)
+#define ATTN_CALL_BEGIN() ((void)0)
+#define ATTN_CALL_END(pass, lo, s) ((void)0)
+#define ATTN_MARK(name) ((void)0)
+#define ATTN_SERIAL(part, t0) ((void)0)
+#endif
+
 /* ---- attention -------------------------------------------------------------
  * Flash-style, with tile products (tile_gemm, single-threaded inside the
  * OpenMP region) and softmax in between:
@@ -209,6 +312,7 @@ static inline __attribute__((always_inline)) void tile_kernel(const struct tile_
                 if (ex && !ex->maxp) tile_zero_rows(c, ldc, r0, TILE_ROWS, c0, masks);
                 continue;
             }
+            ATTN_FLOPS((bf16 ? 4.0 : 2.0) * TILE_ROWS * (k1 - k0) * 64);
             __m512 x00 = _mm512_setzero_ps(), x01 = x00, x02 = x00, x03 = x00, x10 = x00, x11 = x00, x12 = x00,
                    x13 = x00, x20 = x00, x21 = x00, x22 = x00, x23 = x00, x30 = x00, x31 = x00, x32 = x00, x33 = x00;
             /* whole 64-column blocks load B unmasked (a masked load costs an ALU uop beside the FMAs') */
@@ -251,6 +355,7 @@ static inline __attribute__((always_inline)) void tile_kernel(const struct tile_
                 if (ex && !ex->maxp) tile_zero_rows(c, ldc, r0, 1, c0, masks);
                 continue;
             }
+            ATTN_FLOPS((bf16 ? 4.0 : 2.0) * (k1 - k0) * 64);
             __m512 x0 = _mm512_setzero_ps(), x1 = x0, x2 = x0, x3 = x0;
             for (int kk = k0; kk < k1; kk++) {
                 const tile_word *br = bc + (size_t)kk * ldb;
@@ -381,6 +486,7 @@ static inline __attribute__((always_inline)) void tile_group_avx2(int rows, int 
         }
         if (span->over_k) k0 = first > 0 ? first : 0, k1 = last + 1 < k ? last + 1 : k;
     }
+    ATTN_FLOPS(2.0 * rows * (k1 - k0) * 16);
     tile_rows_avx2(rows, ta, full, mask0, mask1, k0, k1, alpha, ta ? a + r0 : a + (size_t)r0 * lda, lda, b, ldb, beta,
                    c + (size_t)r0 * ldc, ldc, ex, r0, c0, pf);
 }
@@ -436,6 +542,7 @@ static void tile_gemm_ex(const struct tile_span *span, int m, int n, int k, floa
 static void tile_gemm(const struct tile_span *span, bool ta, int m, int n, int k, float alpha, const float *a,
                       int lda, const float *b, int ldb, float beta, float *c, int ldc) {
     (void)span;
+    ATTN_FLOPS(2.0 * m * n * k);
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
                 ldc);
 }
@@ -770,6 +877,7 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
     const bool bf16 = attn_bf16(bf16_products, s);
     const int wq = bf16 ? 2 : 1; /* floats per element of Q's operand (a bf16 pair holds two) */
     const int kt_rows = D / wq, ldt = transposed_ld(T), pairs = (T + 1) / 2;
+    ATTN_CALL_BEGIN();
     int *lo = attn_bounds(s, doc_ids);
     int n_tasks = 0;
     struct attn_fwd_task *tasks = lo ? attn_fwd_schedule(s, lo, &n_tasks) : NULL;
@@ -812,6 +920,7 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
         float mrow[ATT_QB], maxp[ATT_MAXP * ATT_QB]; /* partial maxima of each row of a chunk */
         double lrow[ATT_QB];
         int vis_a[ATT_QB], vis_e[ATT_QB]; /* each row's visible columns of the chunk */
+        ATTN_THREAD_BEGIN();
 #pragma omp for schedule(dynamic)
         for (int t = 0; t < n_tasks; t++) {
             const int b = tasks[t].b, kh = tasks[t].kh;
@@ -822,6 +931,7 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
             int filled = base;
             for (int qb = tasks[t].qb0; qb < tasks[t].qb1; qb++) {
                 const int i0 = qb * ATT_QB, nq = i0 + ATT_QB < T ? ATT_QB : T - i0, i1 = i0 + nq;
+                ATTN_BEGIN(ATTN_FWD_PACK);
                 for (; !bf16 && filled * ATT_KTB < i1; filled++) { /* the blocks up to key i1-1 */
                     const int j0 = filled * ATT_KTB, nk = j0 + ATT_KTB < T ? ATT_KTB : T - j0;
                     const float *kr = k + ((size_t)b * T + j0) * kv_stride + (size_t)kh * D,
@@ -829,6 +939,7 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
                     pack_transposed(ktb + (size_t)(filled - base) * D * ATT_KTB, ATT_KTB, kr, kv_stride, nk, D);
                     pack_rows(vrows + (size_t)(filled - base) * ATT_KTB * D, vr, kv_stride, nk, D);
                 }
+                ATTN_END();
                 for (int h = kh * group; h < (kh + 1) * group; h++) {
                     const size_t qoff = ((size_t)b * T + i0) * q_stride + (size_t)h * D;
                     const size_t kth = ((size_t)b * HK + kh) * kt_rows * ldt;
@@ -851,6 +962,7 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
 #else
                         const bool fused = false;
 #endif
+                        ATTN_BEGIN(ATTN_FWD_S);
                         if (!bf16) { /* S, a block of K^T at a time */
                             if (fused)
                                 for (int r = 0; r < ATT_MAXP * nq; r++) maxp[r] = -INFINITY;
@@ -875,6 +987,8 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
                             tile_product(&cols, true, false, nq, nk, D, s->scale, word_at(qa, qoff / wq),
                                          q_stride / wq, word_at(kt, kth + j0), ldt, 0.0f, sc, ldsc);
                         }
+                        ATTN_END();
+                        ATTN_BEGIN(ATTN_FWD_SOFTMAX);
                         /* the last chunk: the output rows, which the block's last step writes, into L2 a row at a
                          * time among the softmax's work (one thread, T 2048, 6 heads of 64, window 256, forced
                          * AVX2: their stores had taken 5-7% of the forward, waiting for the lines) */
@@ -902,6 +1016,8 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
                             lrow[r] += sum;
                             mrow[r] = mx;
                         }
+                        ATTN_END();
+                        ATTN_BEGIN(ATTN_FWD_PV);
                         if (bf16) { /* O += P V: P's rows and V's position pairs (j0 is even) */
                             pack_bf16_rows(pb, ATT_KC, sc, ldsc, nq, nk);
                             tile_product(&terms, true, false, nq, D, nk, 1.0f, pb, ATT_KC / 2,
@@ -911,7 +1027,9 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
                             tile_gemm(&terms, false, nq, D, nk, 1.0f, sc, ldsc,
                                       vrows + (size_t)(j0 - base * ATT_KTB) * D, D, 1.0f, acc, D);
                         }
+                        ATTN_END();
                     }
+                    ATTN_BEGIN(ATTN_FWD_OUT);
                     for (int r = 0; r < nq; r++) {
                         float *orow = out + ((size_t)b * T + i0 + r) * q_stride + (size_t)h * D;
                         const float *ar = acc + (size_t)r * D, inv = (float)(1.0 / lrow[r]);
@@ -919,10 +1037,13 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
                         for (int d = 0; d < D; d++) orow[d] = ar[d] * inv;
                         lse[((size_t)b * H + h) * T + i0 + r] = mrow[r] + (float)log(lrow[r]);
                     }
+                    ATTN_END();
                 }
             }
         }
+        ATTN_THREAD_END();
     }
+    ATTN_CALL_END(0, lo, s);
     free(tiles);
     free(tasks);
     free(lo);
@@ -1119,6 +1240,7 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
     }
     const struct tile_span cols = {vis_a, vis_e, false}, queries = {seen_a, seen_e, true};
     const float kv_beta = kv_first ? 0.0f : 1.0f;
+    ATTN_BEGIN(ATTN_BWD_S);
 #ifdef ATT_FUSED_EXP
     if (!bf16)
         tile_gemm_exp(&cols, nq, nk, D, c->s->scale, qblk, D, ktile, ldkt, lse_bh + i0, p, ATT_KB);
@@ -1129,6 +1251,8 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
                      0.0f, p, ATT_KB);
         for (int r = 0; r < nq; r++) exp_visible(p + (size_t)r * ATT_KB, nk, vis_a[r], vis_e[r], lse_bh[i0 + r]);
     }
+    ATTN_END();
+    ATTN_BEGIN(ATTN_BWD_DV);
     /* dV += P^T dO (i0 is even: dO's pairs start at i0 / 2) */
     const size_t qpairs = ((size_t)b * c->pairs + i0 / 2) * q_stride + (size_t)h * D;
     if (bf16) {
@@ -1138,6 +1262,8 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
     } else {
         tile_gemm(&queries, true, nk, D, nq, 1.0f, p, ATT_KB, doblk, D, kv_beta, dvblk, kv_stride);
     }
+    ATTN_END();
+    ATTN_BEGIN(ATTN_BWD_DS);
     /* dP = dO V^T, then dS = P * (dP - delta) * scale */
     const float scale = c->s->scale;
 #ifdef ATT_FUSED_EXP
@@ -1151,6 +1277,8 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
         for (int r = 0; r < nq; r++) /* dP is not computed (nor read) outside the visible columns: dS is 0 there */
             ds_row(ds + (size_t)r * ATT_KB, p + (size_t)r * ATT_KB, nk, vis_a[r], vis_e[r], delta_bh[i0 + r], scale);
     }
+    ATTN_END();
+    ATTN_BEGIN(ATTN_BWD_DK);
     /* dK += dS^T Q;  dQ += dS K (j0 is even: K's pairs start at j0 / 2) */
     if (bf16) {
         pack_bf16_pairs(w->dst, ATT_KB, ds, ATT_KB, nq, nk);
@@ -1160,6 +1288,8 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
     } else {
         tile_gemm(&queries, true, nk, D, nq, 1.0f, ds, ATT_KB, qblk, D, kv_beta, dkblk, kv_stride);
     }
+    ATTN_END(); /* bf16: dS's rows, packed above, count with dK */
+    ATTN_BEGIN(ATTN_BWD_DQ);
     /* rows r0 .. r0+m-1 of the dQ product: added (rows before `fresh`), then set (the rest) */
     const int split = fresh - i0 < 0 ? 0 : fresh - i0 > nq ? nq : fresh - i0;
     for (int part = 0; part < 2; part++) {
@@ -1175,6 +1305,7 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
         else
             tile_gemm(&terms, false, m, D, nk, 1.0f, ds + (size_t)r0 * ATT_KB, ATT_KB, w->kr, D, beta, dqr, q_stride);
     }
+    ATTN_END();
 }
 
 /* One key block: its dK and dV, over every query chunk of every head of the group that sees it;
@@ -1192,6 +1323,7 @@ static int attn_bwd_block(const struct attn_bwd *c, const struct attn_bwd_tiles 
      * so the first chunk (i0 = j0) sees every key of the block: its tile sets every row of dK and dV */
     int tend = j0;
     while (tend < T && lob[tend] < j0 + nk) tend++;
+    ATTN_BEGIN(ATTN_BWD_PACK);
     if (!c->bf16) { /* the keys' K^T, V^T and K, contiguous: transposed here, from K and V */
         pack_transposed(w->kt, ATT_KB, c->k + koff, kv_stride, nk, D);
         pack_transposed(w->vt, ATT_KB, c->v + koff, kv_stride, nk, D);
@@ -1204,6 +1336,7 @@ static int attn_bwd_block(const struct attn_bwd *c, const struct attn_bwd_tiles 
             pack_rows(w->dor + to, c->dout + from, c->q_stride, tend - fresh, D);
         }
     }
+    ATTN_END();
     for (int h = kh * c->group; h < (kh + 1) * c->group; h++)
         for (int i0 = j0; i0 < tend; i0 += ATT_QC) {
             const int nq = i0 + ATT_QC < tend ? ATT_QC : tend - i0;
@@ -1235,6 +1368,7 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
                          const float *v, const int32_t *doc_ids, const struct olmo_attn_shape *s) {
     const int T = s->seq_len, H = s->n_heads, HK = s->n_kv_heads, D = s->head_dim, B = s->batch;
     const bool bf16 = attn_bf16(bf16_products, s);
+    ATTN_CALL_BEGIN();
     struct attn_bwd c = {.s = s, .T = T, .H = H, .HK = HK, .D = D, .group = H / HK, .q_stride = H * D,
                          .kv_stride = HK * D, .wq = bf16 ? 2 : 1, /* floats per element of the operands with k = D */
                          .ldt = transposed_ld(T), .pairs = (T + 1) / 2, .bf16 = bf16, .q = q, .k = k, .v = v, .dout = dout,
@@ -1284,8 +1418,10 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
     /* dq copies: run 0 writes dq itself, run s > 0 copy s (each task writes every row of its region) */
     dq_part[0] = dq;
     for (int g = 1; g < segs; g++) dq_part[g] = parts + n_q * (size_t)(g - 1);
+    ATTN_SERIAL(ATTN_BWD_PREP, attn_t_call);
 #pragma omp parallel if (n_tasks > 1)
     {
+        ATTN_THREAD_BEGIN();
         float *mine = tiles + stride * (size_t)omp_get_thread_num();
         const size_t tile = (size_t)ATT_QC * ATT_KB;
         const struct attn_bwd_tiles w = {
@@ -1303,7 +1439,9 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
         /* the longest first; each task owns what it writes, so any thread may take it */
 #pragma omp for schedule(dynamic)
         for (int i = 0; i < n_tasks; i++) attn_bwd_task(&c, &w, &tasks[i], dq_part[tasks[i].seg]);
+        ATTN_THREAD_END();
     }
+    ATTN_MARK(attn_t_sum);
     if (segs > 1) { /* dq += the copies, in run order, on the rows each wrote */
         const int width = c.group * D, row_blocks = (T + 63) / 64;
 #pragma omp parallel for if (n_q >= PAR_MIN)
@@ -1323,6 +1461,8 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
             }
         }
     }
+    ATTN_SERIAL(ATTN_BWD_DQSUM, attn_t_sum);
+    ATTN_CALL_END(1, lo, s);
     free(tiles);
     free(dq_part);
     free(tasks);
