@@ -30,6 +30,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "attention_bench.h"
 #include "backend/backend.h"
 #include "util/error.h"
 #include "util/rng.h"
@@ -291,59 +292,39 @@ static void test_long(int T, int window, int doc_len) {
     problem_free(&p);
 }
 
-static double now(clockid_t clock) {
-    struct timespec ts;
-    clock_gettime(clock, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* --bench: GFLOP/s of forward and backward (median and best of `reps`), model FLOPs as
  * src/backend/profile.c counts them: 4 (forward) or 8 (backward) x visible pairs x heads x head_dim.
  * Over the process's CPU time divided by the thread count, so that other processes on a shared
  * machine (which take the processor away, not CPU time) hardly change the figures; wall-clock
  * figures beside them. */
 static int bench(double peak) {
-    /* one head per call: short calls (~10 ms), many of them, so that the best finds the processor to itself */
-    enum { REPS = 31 };
-    int T = 2048, B = 1, n_shapes = 4, shapes[4][3] = {{64, 1, 0}, {64, 1, 256}, {128, 1, 0}, {128, 1, 256}}; /* D, H, window */
-    /* OLMOC_BENCH_SHAPE=B,T,H,D,WINDOW: that one shape instead (e.g. a training micro-batch: 4,512,6,64,0) */
-    const char *one = getenv("OLMOC_BENCH_SHAPE");
-    if (one && *one) {
-        if (sscanf(one, "%d,%d,%d,%d,%d", &B, &T, &shapes[0][1], &shapes[0][0], &shapes[0][2]) != 5 || B < 1 ||
-            T < 1 || shapes[0][1] < 1 || shapes[0][0] < 1 || shapes[0][2] < 0) {
-            fprintf(stderr, "OLMOC_BENCH_SHAPE: expected B,T,H,D,WINDOW (positive; window 0 = full), got '%s'\n", one);
-            return 2;
-        }
-        n_shapes = 1;
-    }
+    enum { REPS = ATTN_BENCH_REPS };
+    struct attn_bench shapes;
+    if (attn_bench_shapes(&shapes) != 0) return 2;
+    const int T = shapes.T, B = shapes.B;
     const int threads = omp_get_max_threads();
     printf("bench: %d thread(s), T=%d, batch %d, model FLOPs over CPU seconds / threads, median (best) of %d runs%s; "
            "[wall-clock median]\n",
            threads, T, B, REPS, peak > 0 ? ", % of the given peak" : "");
-    for (int i = 0; i < n_shapes; i++) {
-        const int D = shapes[i][0], H = shapes[i][1], w = shapes[i][2], wv = w > 0 && w < T ? w : T;
-        const double pairs = B * ((double)wv * (wv + 1) / 2.0 + (double)(T - wv) * wv);
+    for (int i = 0; i < shapes.n; i++) {
+        const int D = shapes.shape[i][0], H = shapes.shape[i][1], w = shapes.shape[i][2];
+        const double pairs = attn_bench_pairs(&shapes, i);
         struct problem p;
         problem_init(&p, B, T, H, H, D, w, 0);
         run(&p); /* warm-up: scratch buffers and the thread team exist */
         double tf[REPS], tb[REPS], wf[REPS], wb[REPS];
         for (int r = 0; r < REPS; r++) {
-            const double c0 = now(CLOCK_PROCESS_CPUTIME_ID), w0 = now(CLOCK_MONOTONIC);
+            const double c0 = attn_bench_now(CLOCK_PROCESS_CPUTIME_ID), w0 = attn_bench_now(CLOCK_MONOTONIC);
             be->attention_fwd(be, p.out, p.lse, p.q, p.k, p.v, NULL, &p.s);
-            const double c1 = now(CLOCK_PROCESS_CPUTIME_ID), w1 = now(CLOCK_MONOTONIC);
+            const double c1 = attn_bench_now(CLOCK_PROCESS_CPUTIME_ID), w1 = attn_bench_now(CLOCK_MONOTONIC);
             be->attention_bwd(be, p.dq, p.dk, p.dv, p.dout, p.out, p.lse, p.q, p.k, p.v, NULL, &p.s);
-            tf[r] = (c1 - c0) / threads, tb[r] = (now(CLOCK_PROCESS_CPUTIME_ID) - c1) / threads;
-            wf[r] = w1 - w0, wb[r] = now(CLOCK_MONOTONIC) - w1;
+            tf[r] = (c1 - c0) / threads, tb[r] = (attn_bench_now(CLOCK_PROCESS_CPUTIME_ID) - c1) / threads;
+            wf[r] = w1 - w0, wb[r] = attn_bench_now(CLOCK_MONOTONIC) - w1;
         }
-        qsort(tf, REPS, sizeof tf[0], cmp_double);
-        qsort(tb, REPS, sizeof tb[0], cmp_double);
-        qsort(wf, REPS, sizeof wf[0], cmp_double);
-        qsort(wb, REPS, sizeof wb[0], cmp_double);
+        qsort(tf, REPS, sizeof tf[0], attn_bench_cmp);
+        qsort(tb, REPS, sizeof tb[0], attn_bench_cmp);
+        qsort(wf, REPS, sizeof wf[0], attn_bench_cmp);
+        qsort(wb, REPS, sizeof wb[0], attn_bench_cmp);
         const double ff = 4.0 * pairs * H * D * 1e-9, fb = 2.0 * ff;
         printf("bench D=%3d H=%d window %4d:", D, H, w);
         const char *pass[2] = {"fwd", "bwd"};

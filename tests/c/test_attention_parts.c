@@ -23,6 +23,7 @@
 
 #include <stdio.h>
 
+#include "attention_bench.h"
 #include "util/error.h"
 #include "util/rng.h"
 
@@ -141,36 +142,20 @@ static void check(const char *what, bool bf16, bool bounded, int B, int T, int H
     olmo_backend_destroy(be);
 }
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* --bench: test_attention --bench's shapes through this copy, then where the time went */
+/* --bench: test_attention --bench's shapes through this copy (its figures: model FLOPs over CPU seconds /
+ * threads), then where the time went */
 static int bench(double peak) {
-    enum { REPS = 31 };
-    int T = 2048, B = 1, n_shapes = 4, shapes[4][3] = {{64, 1, 0}, {64, 1, 256}, {128, 1, 0}, {128, 1, 256}};
-    const char *one = getenv("OLMOC_BENCH_SHAPE");
-    if (one && *one) {
-        if (sscanf(one, "%d,%d,%d,%d,%d", &B, &T, &shapes[0][1], &shapes[0][0], &shapes[0][2]) != 5 || B < 1 ||
-            T < 1 || shapes[0][1] < 1 || shapes[0][0] < 1 || shapes[0][2] < 0) {
-            fprintf(stderr, "OLMOC_BENCH_SHAPE: expected B,T,H,D,WINDOW (positive; window 0 = full), got '%s'\n", one);
-            return 2;
-        }
-        n_shapes = 1;
-    }
-    printf("bench (time by part): %d thread(s), T=%d, batch %d, fp32 products; model GFLOP/s a thread, median of "
-           "%d runs%s; after each shape its parts' share of the pass and the products' computed GFLOP/s a thread\n",
-           omp_get_max_threads(), T, B, REPS, peak > 0 ? ", % of the given peak" : "");
-    for (int i = 0; i < n_shapes; i++) {
-        const int D = shapes[i][0], H = shapes[i][1], w = shapes[i][2], wv = w > 0 && w < T ? w : T;
-        const double pairs = B * ((double)wv * (wv + 1) / 2.0 + (double)(T - wv) * wv);
+    enum { REPS = ATTN_BENCH_REPS };
+    struct attn_bench shapes;
+    if (attn_bench_shapes(&shapes) != 0) return 2;
+    const int T = shapes.T, B = shapes.B, threads = omp_get_max_threads();
+    printf("bench (time by part): %d thread(s), T=%d, batch %d, fp32 products; model FLOPs over CPU seconds / "
+           "threads, median of %d runs%s; after each shape its parts' share of the pass and (in brackets) the "
+           "products' computed GFLOP/s a thread\n",
+           threads, T, B, REPS, peak > 0 ? ", % of the given peak" : "");
+    for (int i = 0; i < shapes.n; i++) {
+        const int D = shapes.shape[i][0], H = shapes.shape[i][1], w = shapes.shape[i][2];
+        const double pairs = attn_bench_pairs(&shapes, i);
         struct problem p;
         problem_init(&p, B, T, H, H, D, w, 0);
         if (run_counting(&p, false) != 0) { /* warm-up: scratch and the thread team exist */
@@ -181,20 +166,20 @@ static int bench(double peak) {
         attn_parts = &parts;
         double tf[REPS], tb[REPS];
         for (int r = 0; r < REPS; r++) {
-            const double t0 = now();
+            const double t0 = attn_bench_now(CLOCK_PROCESS_CPUTIME_ID);
             attention_fwd(st, false, p.out, p.lse, p.q, p.k, p.v, NULL, &p.s);
-            const double t1 = now();
+            const double t1 = attn_bench_now(CLOCK_PROCESS_CPUTIME_ID);
             attention_bwd(st, false, p.dq, p.dk, p.dv, p.dout, p.out, p.lse, p.q, p.k, p.v, NULL, &p.s);
-            tf[r] = t1 - t0, tb[r] = now() - t1;
+            tf[r] = (t1 - t0) / threads, tb[r] = (attn_bench_now(CLOCK_PROCESS_CPUTIME_ID) - t1) / threads;
         }
         attn_parts = NULL;
-        qsort(tf, REPS, sizeof tf[0], cmp_double);
-        qsort(tb, REPS, sizeof tb[0], cmp_double);
-        const double ff = 4.0 * pairs * H * D * 1e-9 / omp_get_max_threads(), fb = 2.0 * ff;
+        qsort(tf, REPS, sizeof tf[0], attn_bench_cmp);
+        qsort(tb, REPS, sizeof tb[0], attn_bench_cmp);
+        const double ff = 4.0 * pairs * H * D * 1e-9, fb = 2.0 * ff;
         printf("bench D=%3d H=%d window %4d: fwd %6.1f GFLOP/s", D, H, w, ff / tf[REPS / 2]);
-        if (peak > 0) printf(" = %3.0f%%", 100 * ff / tf[REPS / 2] / peak * omp_get_max_threads());
+        if (peak > 0) printf(" = %3.0f%%", 100 * ff / tf[REPS / 2] / peak);
         printf("  bwd %6.1f GFLOP/s", fb / tb[REPS / 2]);
-        if (peak > 0) printf(" = %3.0f%%", 100 * fb / tb[REPS / 2] / peak * omp_get_max_threads());
+        if (peak > 0) printf(" = %3.0f%%", 100 * fb / tb[REPS / 2] / peak);
         printf("\n");
         parts_print(&parts, stdout);
         problem_free(&p);
