@@ -116,8 +116,7 @@ static int p_rope_bwd(OLMO_BE, float *x, const float *c, const float *s, int row
     TIMED(P_ROPE, in->rope_bwd(in, x, c, s, rows, seq, heads, hd));
     return rc;
 }
-/* Query-key pairs that attention computes: sum over positions t of the keys t sees, min(t + 1, window). */
-static double visible_pairs(const struct olmo_attn_shape *s) {
+double olmo_attention_visible_pairs(const struct olmo_attn_shape *s) {
     const double T = s->seq_len, w = s->window > 0 && s->window < s->seq_len ? s->window : s->seq_len;
     return (double)s->batch * (w * (w + 1) / 2.0 + (T - w) * w);
 }
@@ -131,7 +130,7 @@ static void count_attention(struct prof *p, int pass, const int32_t *doc_ids, co
         p->attn_uncounted++;
         return;
     }
-    p->attn_flops[pass] += (pass ? 8.0 : 4.0) * visible_pairs(s) * s->n_heads * s->head_dim;
+    p->attn_flops[pass] += (pass ? 8.0 : 4.0) * olmo_attention_visible_pairs(s) * s->n_heads * s->head_dim;
     p->attn_counted_seconds[pass] += t;
 }
 

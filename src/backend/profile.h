@@ -21,5 +21,9 @@ void olmo_profile_enable(const struct olmo_backend *profiled, bool on);
 void olmo_profile_reset(const struct olmo_backend *profiled);
 /* Prints time per op and GEMM throughput since the last reset. */
 void olmo_profile_report(const struct olmo_backend *profiled, FILE *out);
+/* Query-key pairs that attention of this shape computes without document masking: the sum over
+ * positions t of the keys t sees, min(t + 1, window), per sequence.  Attention's model FLOPs are 4
+ * (forward) or 8 (backward) x these pairs x heads x head_dim. */
+double olmo_attention_visible_pairs(const struct olmo_attn_shape *s);
 
 #endif

@@ -32,12 +32,6 @@ static int attn_bench_shapes(struct attn_bench *b) {
     return 0;
 }
 
-/* shape i's visible (query, key) pairs, causal within its window */
-static double attn_bench_pairs(const struct attn_bench *b, int i) {
-    const int w = b->shape[i][2], wv = w > 0 && w < b->T ? w : b->T;
-    return b->B * ((double)wv * (wv + 1) / 2.0 + (double)(b->T - wv) * wv);
-}
-
 static double attn_bench_now(clockid_t clock) {
     struct timespec ts;
     clock_gettime(clock, &ts);
