@@ -26,24 +26,16 @@ import json
 import os
 import pathlib
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
+
+from bench_train import lscpu  # this directory's: the processor's flags and name, as bench_train reads them
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BENCH_LINE = re.compile(r"bench D=\s*(\d+) H=(\d+) window\s+(\d+):\s+fwd\s+([\d.]+) \(\s*([\d.]+)\) GFLOP/s.*?"
                         r"bwd\s+([\d.]+) \(\s*([\d.]+)\) GFLOP/s")
 ATTN_TARGET, MFU_TARGETS, RATIO_TARGETS = 60.0, {512: 75.0, 2048: 65.0}, {512: 1.7, 2048: 3.0}
-
-
-def cpu_flags():
-    try:
-        text = pathlib.Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    m = re.search(r"^flags\s*:(.*)$", text, re.M)
-    return set(m.group(1).split()) if m else set()
 
 
 def run(cmd, env, what):
@@ -112,15 +104,15 @@ def main():
         if not exe.exists():
             sys.exit(f"avx2_check: {exe} is missing: cmake --build {args.build} --target olmoc peak_gemm test_attention")
 
-    flags = cpu_flags()
+    cpu = lscpu()
+    flags = set(cpu.get("Flags", "").split())
     if not {"avx2", "fma"} <= flags:
         sys.exit("avx2_check: this processor has no AVX2+FMA: nothing to check")
     forced = "avx512f" in flags
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if forced:
         env["OLMOC_CPU_ISA"] = "avx2"
-    model = re.search(r"^model name\s*:\s*(.*)$", pathlib.Path("/proc/cpuinfo").read_text(), re.M)
-    where = (f"{model.group(1) if model else 'unknown processor'}, {os.cpu_count()} CPUs; "
+    where = (f"{cpu.get('Model name', 'unknown processor')}, {os.cpu_count()} CPUs; "
              + ("AVX-512 processor, AVX2 paths FORCED (OLMOC_CPU_ISA=avx2, bench_train.py --force-avx2): "
                 "a stand-in for an AVX2-only processor" if forced else "AVX2-only processor"))
     print(f"# {where}", flush=True)
@@ -151,18 +143,13 @@ def main():
             vals = [x[i] for x in xs]
             print(f"| attention {pas} >= {ATTN_TARGET:.0f}% of peak, {name} | {span(vals)} | "
                   f"{verdict(vals, ATTN_TARGET)} |")
-    for c in cases:
-        t = int(c["T"])
-        o = statistics.median(r["tok_s"] for r in c["olmoc"])
-        mfu = 100 * c["fpt"] * o / (c["peak"] * 1e9)
-        rss = max(r["rss_mib"] for r in c["olmoc"])
-        print(f"| MFU >= {MFU_TARGETS[t]:.0f}% at T={t} | {mfu:.1f}% ({o:.1f} tok/s, peak {c['peak']:.1f} GFLOP/s, "
-              f"RSS {rss:.0f} MiB) | {verdict([mfu], MFU_TARGETS[t])} |")
-        if c["torch"]:
-            pt = statistics.median(r["tok_s"] for r in c["torch"])
-            trss = max(r["rss_mib"] for r in c["torch"])
-            print(f"| >= {RATIO_TARGETS[t]}x PyTorch eager+SDPA at T={t} | {o / pt:.2f}x ({pt:.1f} tok/s, RSS "
-                  f"{trss:.0f} MiB) | {verdict([o / pt], RATIO_TARGETS[t])} |")
+    for c in cases:  # bench_train.py's own figures for each case (its "summary")
+        t, m = int(c["T"]), c["summary"]
+        print(f"| MFU >= {MFU_TARGETS[t]:.0f}% at T={t} | {m['mfu']:.1f}% ({m['olmoc_tok_s']:.1f} tok/s, peak "
+              f"{c['peak']:.1f} GFLOP/s, RSS {m['olmoc_rss_mib']:.0f} MiB) | {verdict([m['mfu']], MFU_TARGETS[t])} |")
+        if "ratio" in m:
+            print(f"| >= {RATIO_TARGETS[t]}x PyTorch eager+SDPA at T={t} | {m['ratio']:.2f}x ({m['torch_tok_s']:.1f} "
+                  f"tok/s, RSS {m['torch_rss_mib']:.0f} MiB) | {verdict([m['ratio']], RATIO_TARGETS[t])} |")
     if forced:
         print("\nAVX2 forced on an AVX-512 processor: these say how the AVX2 paths run here, not on an AVX2-only one.")
 

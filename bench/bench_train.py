@@ -497,22 +497,26 @@ def main():
             before = after
             o = statistics.median(r["tok_s"] for r in c["olmoc"])
             ob = max(max(r["steps_tok_s"][args.warmup:]) for r in c["olmoc"])
+            # the figures each line prints, kept in the case (--json; bench/avx2_check.py reads them)
+            summ = c["summary"] = {"olmoc_tok_s": o, "mfu": 100 * c["fpt"] * o / (cp * 1e9),
+                                   "olmoc_rss_mib": max(r["rss_mib"] for r in c["olmoc"])}
             g = statistics.median(r["gemm_gflops"] for r in c["olmoc"])
             a = statistics.median(r["attention_gflops"] for r in c["olmoc"])
             af = statistics.median(r["attention_fwd_gflops"] for r in c["olmoc"])
             ab = statistics.median(r["attention_bwd_gflops"] for r in c["olmoc"])
             share = c["olmoc"][0]["time_share"]
             line = (f"{c['cfg'].stem:12s} T={c['T']:5d} B={c['B']:2d} | olmoc {o:7.1f} ({ob:7.1f}) tok/s "
-                    f"MFU {100 * c['fpt'] * o / (cp * 1e9):4.1f}% RSS {max(r['rss_mib'] for r in c['olmoc']):6.0f} MiB "
+                    f"MFU {summ['mfu']:4.1f}% RSS {summ['olmoc_rss_mib']:6.0f} MiB "
                     f"GEMM {100 * g / cp:3.0f}% of peak ({share.get('gemm', 0):.0f}% of op time; attention "
                     f"{share.get('attention fwd', 0) + share.get('attention bwd', 0):.0f}% at {100 * a / cp:.0f}% "
                     "of peak)")
             if c["torch"]:
                 t = statistics.median(r["tok_s"] for r in c["torch"])
                 tb = max(max(r["steps_tok_s"][args.warmup:]) for r in c["torch"])
+                summ.update(torch_tok_s=t, torch_rss_mib=max(r["rss_mib"] for r in c["torch"]), ratio=o / t)
                 line += (f" | PyTorch({args.torch_mode},{args.torch_attn}) {t:7.1f} ({tb:7.1f}) tok/s "
-                         f"MFU {100 * c['fpt'] * t / (cp * 1e9):4.1f}% RSS {max(r['rss_mib'] for r in c['torch']):6.0f} MiB"
-                         f" | ratio {o / t:5.2f}x ({ob / tb:5.2f}x)")
+                         f"MFU {100 * c['fpt'] * t / (cp * 1e9):4.1f}% RSS {summ['torch_rss_mib']:6.0f} MiB"
+                         f" | ratio {summ['ratio']:5.2f}x ({ob / tb:5.2f}x)")
             line += f" | load {c['load_before']} -> {c['load_after']}"
             print(line, flush=True)
             # where the time went (first repeat's OLMOC_PROFILE) and each kernel's share of the peak

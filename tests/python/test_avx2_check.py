@@ -14,13 +14,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "avx2_check.py"
 
 
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_train import lscpu  # noqa: E402  (the flags as the script reads them)
+
+FLAGS = set(lscpu().get("Flags", "").split())
+
+
 def cpu_has(flag):
-    try:
-        text = pathlib.Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    m = re.search(r"^flags\s*:(.*)$", text, re.M)
-    return bool(m) and flag in m.group(1).split()
+    return flag in FLAGS
 
 
 def run(args, env_extra=None):
