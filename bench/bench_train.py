@@ -498,7 +498,9 @@ def main():
             o = statistics.median(r["tok_s"] for r in c["olmoc"])
             ob = max(max(r["steps_tok_s"][args.warmup:]) for r in c["olmoc"])
             # the figures each line prints, kept in the case (--json; bench/avx2_check.py reads them)
-            summ = c["summary"] = {"olmoc_tok_s": o, "mfu": 100 * c["fpt"] * o / (cp * 1e9),
+            def mfu(tok_s):  # % of this case's peak
+                return 100 * c["fpt"] * tok_s / (cp * 1e9)
+            summ = c["summary"] = {"olmoc_tok_s": o, "mfu": mfu(o),
                                    "olmoc_rss_mib": max(r["rss_mib"] for r in c["olmoc"])}
             g = statistics.median(r["gemm_gflops"] for r in c["olmoc"])
             a = statistics.median(r["attention_gflops"] for r in c["olmoc"])
@@ -513,9 +515,10 @@ def main():
             if c["torch"]:
                 t = statistics.median(r["tok_s"] for r in c["torch"])
                 tb = max(max(r["steps_tok_s"][args.warmup:]) for r in c["torch"])
-                summ.update(torch_tok_s=t, torch_rss_mib=max(r["rss_mib"] for r in c["torch"]), ratio=o / t)
+                summ.update(torch_tok_s=t, torch_mfu=mfu(t), torch_rss_mib=max(r["rss_mib"] for r in c["torch"]),
+                            ratio=o / t)
                 line += (f" | PyTorch({args.torch_mode},{args.torch_attn}) {t:7.1f} ({tb:7.1f}) tok/s "
-                         f"MFU {100 * c['fpt'] * t / (cp * 1e9):4.1f}% RSS {summ['torch_rss_mib']:6.0f} MiB"
+                         f"MFU {summ['torch_mfu']:4.1f}% RSS {summ['torch_rss_mib']:6.0f} MiB"
                          f" | ratio {summ['ratio']:5.2f}x ({ob / tb:5.2f}x)")
             line += f" | load {c['load_before']} -> {c['load_after']}"
             print(line, flush=True)
