@@ -1056,11 +1056,12 @@ static int attention_fwd(struct cpu_state *st, bool bf16_products, float *out, f
  * dq gets contributions from every key block: a (batch, kv head)'s key
  * blocks are cut into runs (attn_bwd_segments), the same for any thread count
  * (they follow the shape and the masks only), and the task of run s adds
- * its blocks' contributions, in key order, into dq copy s (copy 0 is dq
- * itself); the copies are then summed in run order.  Each copy's region of
- * a (batch, kv head) belongs to one task, so the tasks can run on any
- * thread in any order: every result, dq included, has the same bits for any
- * thread count.  A task's keys in order also keep its heads' Q, dO and dq
+ * its blocks' contributions, in key order, into dq itself for the queries
+ * that no earlier run sees, and into dq copy s for the others (under a
+ * window, only the queries near the run's first key); the copies are then
+ * added to dq in run order.  Each region of dq and of a copy belongs to one
+ * task, so the tasks can run on any thread in any order: every result, dq
+ * included, has the same bits for any thread count.  A task's keys in order also keep its heads' Q, dO and dq
  * rows in cache from one key block to the next.  Nothing is zeroed ahead:
  * the first product into a dK, dV or dQ row sets it (beta 0), the later
  * ones add to it; zeroing them first (separate passes over cold rows) cost
@@ -1096,7 +1097,8 @@ struct attn_bwd {
     bool bf16;
     const int *lo;
     int segs;
-    const int *dq_rows; /* each run's rows of its dq copy (attn_bwd_schedule's rows) */
+    const int *dq_rows; /* each run's rows in its dq copy and in dq (attn_bwd_schedule's rows) */
+    float *dq;
     const float *q, *k, *v, *dout, *lse, *delta;
     const void *kt, *vt, *qa, *doa;
     const uint32_t *qp, *dop, *kp;
@@ -1141,8 +1143,10 @@ static int attn_bwd_segments(const struct olmo_attn_shape *s) {
 }
 
 /* The tasks, longest first: each (batch, kv head)'s key blocks cut into `segs` runs of about equal
- * cost (queries that see a block x its keys), in key order.  rows[2 * ((b * HK + kh) * segs + g) + 0, 1]:
- * the queries r0 .. r1-1 whose rows run g of that pair writes in its dq copy (run 0: all, in dq). */
+ * cost (queries that see a block x its keys), in key order.  rows[3 * ((b * HK + kh) * segs + g) + 0, 1, 2]
+ * = r0, r1, r2: run g of that pair writes the rows of queries r0 .. r1-1 in its dq copy (an earlier run
+ * sees them too) and those of r1 .. r2-1 in dq itself (it is the first run they see).  Each query sees
+ * itself, so every row of dq is one run's to set; run 0 has no copy (r0 = r1 = 0). */
 static struct attn_task *attn_bwd_schedule(const struct olmo_attn_shape *s, const int *lo, int segs, int *n_tasks,
                                            int *rows) {
     const int T = s->seq_len, kblocks = (T + ATT_KB - 1) / ATT_KB;
@@ -1165,6 +1169,7 @@ static struct attn_task *attn_bwd_schedule(const struct olmo_attn_shape *s, cons
         /* run g ends at the first block where the cost so far reaches (g + 1) / segs of the total */
         for (int kh = 0; kh < s->n_kv_heads; kh++) {
             double sum = 0.0;
+            int seen = 0; /* the end of the queries that the runs so far see (lo non-decreasing: a prefix) */
             for (int g = 0, kb = 0; g < segs; g++, i++) {
                 const int kb0 = kb;
                 double c = 0.0;
@@ -1174,8 +1179,9 @@ static struct attn_task *attn_bwd_schedule(const struct olmo_attn_shape *s, cons
                 const int j1 = kb * ATT_KB < T ? kb * ATT_KB : T;
                 int tend = kb0 * ATT_KB;
                 while (tend < T && lo[(size_t)b * T + tend] < j1) tend++;
-                const int r0 = g == 0 ? 0 : kb0 * ATT_KB, r1 = g == 0 ? T : kb > kb0 ? tend : r0;
-                rows[2 * i] = r0, rows[2 * i + 1] = r1;
+                const int r0 = kb0 * ATT_KB, r2 = kb > kb0 ? tend : r0, r1 = seen < r0 ? r0 : seen > r2 ? r2 : seen;
+                rows[3 * i] = r0, rows[3 * i + 1] = r1, rows[3 * i + 2] = r2;
+                if (r2 > seen) seen = r2;
                 tasks[i] = (struct attn_task){b, kh, kb0, kb, g, c};
             }
         }
@@ -1212,11 +1218,13 @@ static inline void ds_row(float *dr, const float *pr, int n, int a, int e, float
 #endif
 
 /* One tile: queries i0 .. i0+nq-1 of head h against keys j0 .. j0+nk-1 of sequence b
- * (kv head kh): dK, dV of the keys and the task's dQ copy dqt.  No buffer is zeroed first: the key
- * block's first tile (kv_first) sets dK and dV (beta 0), the others add to them; dQ rows from
- * `fresh` on have not been written yet and are set, the earlier ones added to. */
+ * (kv head kh): dK, dV of the keys, and dQ: the rows of queries before `own` in the task's dq copy dqt,
+ * the others in dq.  No buffer is zeroed first: the key block's first tile (kv_first) sets dK and dV
+ * (beta 0), the others add to them; dQ rows from `fresh` on have not been written yet and are set,
+ * the earlier ones added to. */
 static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles *w, int b, int kh, int h, int j0,
-                          int nk, int i0, int nq, bool kv_first, int fresh, float *dkblk, float *dvblk, float *dqt) {
+                          int nk, int i0, int nq, bool kv_first, int fresh, int own, float *dkblk, float *dvblk,
+                          float *dqt) {
     const int T = c->T, D = c->D, q_stride = c->q_stride, kv_stride = c->kv_stride, wq = c->wq;
     const bool bf16 = c->bf16;
     const int *lob = c->lo + (size_t)b * T;
@@ -1290,14 +1298,17 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
     }
     ATTN_END(); /* bf16: dS's rows, packed above, count with dK */
     ATTN_BEGIN(ATTN_BWD_DQ);
-    /* rows r0 .. r0+m-1 of the dQ product: added (rows before `fresh`), then set (the rest) */
+    /* the dQ product's rows in up to three parts, cut where they go from added to (rows before `fresh`)
+     * to set, and from the dq copy to dq (rows before `own` / from it) */
     const int split = fresh - i0 < 0 ? 0 : fresh - i0 > nq ? nq : fresh - i0;
-    for (int part = 0; part < 2; part++) {
-        const int r0 = part ? split : 0, m = part ? nq - split : split;
+    const int mine = own - i0 < 0 ? 0 : own - i0 > nq ? nq : own - i0;
+    const int cut[4] = {0, split < mine ? split : mine, split < mine ? mine : split, nq};
+    for (int part = 0; part < 3; part++) {
+        const int r0 = cut[part], m = cut[part + 1] - r0;
         if (m == 0) continue;
         const struct tile_span terms = {vis_a + r0, vis_e + r0, true};
-        float *dqr = dqt + qoff + (size_t)r0 * q_stride;
-        const float beta = part ? 0.0f : 1.0f;
+        float *dqr = (r0 < mine ? dqt : c->dq) + qoff + (size_t)r0 * q_stride;
+        const float beta = r0 < split ? 1.0f : 0.0f;
         if (bf16)
             tile_product(&terms, true, false, m, D, nk, 1.0f, w->dsr + (size_t)r0 * ATT_KB, ATT_KB / 2,
                          c->kp + ((size_t)b * c->pairs + j0 / 2) * kv_stride + (size_t)kh * D, kv_stride, beta, dqr,
@@ -1309,10 +1320,11 @@ static void attn_bwd_tile(const struct attn_bwd *c, const struct attn_bwd_tiles 
 }
 
 /* One key block: its dK and dV, over every query chunk of every head of the group that sees it;
- * its dQ contributions into dqt, whose rows from `fresh` on are not written yet.  Returns the end of
- * the queries that see the block: the rows of dqt written so far, from the run's first block's on. */
+ * its dQ contributions into dqt (queries before `own`) and dq, whose rows from `fresh` on are not
+ * written yet.  Returns the end of the queries that see the block: the rows written so far, from the
+ * run's first block's on. */
 static int attn_bwd_block(const struct attn_bwd *c, const struct attn_bwd_tiles *w, int b, int kh, int kb,
-                          int fresh, float *dqt) {
+                          int fresh, int own, float *dqt) {
     const int T = c->T, D = c->D, kv_stride = c->kv_stride;
     const int j0 = kb * ATT_KB;
     const int nk = j0 + ATT_KB < T ? ATT_KB : T - j0;
@@ -1340,27 +1352,26 @@ static int attn_bwd_block(const struct attn_bwd *c, const struct attn_bwd_tiles 
     for (int h = kh * c->group; h < (kh + 1) * c->group; h++)
         for (int i0 = j0; i0 < tend; i0 += ATT_QC) {
             const int nq = i0 + ATT_QC < tend ? ATT_QC : tend - i0;
-            attn_bwd_tile(c, w, b, kh, h, j0, nk, i0, nq, h == kh * c->group && i0 == j0, fresh, dkblk, dvblk,
-                          dqt);
+            attn_bwd_tile(c, w, b, kh, h, j0, nk, i0, nq, h == kh * c->group && i0 == j0, fresh, own, dkblk,
+                          dvblk, dqt);
         }
     return tend > fresh ? tend : fresh;
 }
 
-/* One task: its run of key blocks in order, their dQ contributions into its dq copy, whose rows of
- * this (batch, kv head) it owns: rows kb0 * ATT_KB .. of the queries that see the run are set by their
- * first tile and added to by the later ones (the queries that see a block are a contiguous range from
- * its first key, so those of the run's blocks in order are too); its other rows it zeroes. */
+/* One task: its run of key blocks in order, their dQ contributions into the rows of this (batch, kv
+ * head) that it owns (attn_bwd_schedule's rows: r0 .. r1-1 of its dq copy, r1 .. r2-1 of dq): the
+ * queries that see the run, kb0 * ATT_KB .. r2-1, each row set by its first tile and added to by the later
+ * ones (the queries that see a block are a contiguous range from its first key, so those of the run's
+ * blocks in order are too).  Every query sees itself: nothing is left to zero. */
 static void attn_bwd_task(const struct attn_bwd *c, const struct attn_bwd_tiles *w, const struct attn_task *task,
                           float *dqt) {
-    const int width = c->group * c->D, first = task->kb0 * ATT_KB;
-    const int *run = c->dq_rows + 2 * (((size_t)task->b * c->HK + task->kh) * c->segs + task->seg);
+    const int first = task->kb0 * ATT_KB;
+    const int *run = c->dq_rows + 3 * (((size_t)task->b * c->HK + task->kh) * c->segs + task->seg);
     struct attn_bwd_tiles mine = *w;
     mine.qbase = first;
     int written = first; /* also the end of the Q and dO rows packed so far */
-    for (int kb = task->kb0; kb < task->kb1; kb++) written = attn_bwd_block(c, &mine, task->b, task->kh, kb, written, dqt);
-    float *region = dqt + (size_t)task->b * c->T * c->q_stride + (size_t)task->kh * width;
-    for (int t = run[0]; t < run[1]; t++)
-        if (t < first || t >= written) memset(region + (size_t)t * c->q_stride, 0, sizeof(float) * (size_t)width);
+    for (int kb = task->kb0; kb < task->kb1; kb++)
+        written = attn_bwd_block(c, &mine, task->b, task->kh, kb, written, run[1], dqt);
 }
 
 static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, float *dk, float *dv,
@@ -1399,7 +1410,7 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
     int *rows = NULL;
     size_t stride = 0;
     const bool inputs = lo && c.kt && c.vt && c.qa && c.doa && c.delta && (bf16 ? c.qp && c.dop && c.kp : qd_mine != NULL);
-    if (inputs && (c.dq_rows = rows = cpu_scratch(sizeof(int) * 2 * (size_t)B * HK * segs)) &&
+    if (inputs && (c.dq_rows = rows = cpu_scratch(sizeof(int) * 3 * (size_t)B * HK * segs)) &&
         (tasks = attn_bwd_schedule(s, lo, segs, &n_tasks, rows)) &&
         (dq_part = cpu_scratch(sizeof(float *) * (size_t)segs)) &&
         (segs == 1 || (parts = cpu_cached_scratch(st, SLOT_DQ_PARTS, sizeof(float) * n_q * (size_t)(segs - 1)))))
@@ -1415,7 +1426,8 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
         free(lo);
         return -1;
     }
-    /* dq copies: run 0 writes dq itself, run s > 0 copy s (each task writes every row of its region) */
+    /* dq copies: run s > 0 writes copy s where an earlier run sees the queries too (run 0 has none) */
+    c.dq = dq;
     dq_part[0] = dq;
     for (int g = 1; g < segs; g++) dq_part[g] = parts + n_q * (size_t)(g - 1);
     ATTN_SERIAL(ATTN_BWD_PREP, attn_t_call);
@@ -1442,18 +1454,18 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
         ATTN_THREAD_END();
     }
     ATTN_MARK(attn_t_sum);
-    if (segs > 1) { /* dq += the copies, in run order, on the rows each wrote */
+    if (segs > 1) { /* dq += the copies, in run order, on the rows each wrote there */
         const int width = c.group * D, row_blocks = (T + 63) / 64;
 #pragma omp parallel for if (n_q >= PAR_MIN)
         for (int job = 0; job < B * HK * row_blocks; job++) {
             const int pair = job / row_blocks, b = pair / HK, kh = pair % HK, t0 = job % row_blocks * 64;
             const int t1 = t0 + 64 < T ? t0 + 64 : T;
-            const int *run = rows + 2 * (size_t)pair * segs;
+            const int *run = rows + 3 * (size_t)pair * segs;
             for (int t = t0; t < t1; t++) {
                 const size_t at = ((size_t)b * T + t) * c.q_stride + (size_t)kh * width;
                 float *out = dq + at;
                 for (int g = 1; g < segs; g++)
-                    if (t >= run[2 * g] && t < run[2 * g + 1]) {
+                    if (t >= run[3 * g] && t < run[3 * g + 1]) {
                         const float *part = dq_part[g] + at;
 #pragma omp simd
                         for (int d = 0; d < width; d++) out[d] += part[d];
