@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 
-from bench_train import lscpu  # this directory's: the processor's flags and name, as bench_train reads them
+from bench_train import fma_loop, lscpu  # this directory's: the peak loop and the processor, as bench_train reads them
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BENCH_LINE = re.compile(r"bench D=\s*(\d+) H=(\d+) window\s+(\d+):\s+fwd\s+([\d.]+) \(\s*([\d.]+)\) GFLOP/s.*?"
@@ -49,8 +49,7 @@ def one_thread_peak(build, env, seconds):
     """the 256-bit FMA loop on one thread (peak_gemm's fma_avx2 on an AVX-512 build, its fma elsewhere)"""
     out = run([build / "peak_gemm", "--size", "0", "--seconds", str(seconds)], env, "peak_gemm")
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    loops = {r["kind"]: r for r in rows if r["kind"] in ("fma", "fma_avx2")}
-    row = loops.get("fma_avx2") or loops.get("fma")
+    row = fma_loop(rows, avx2=True)
     if row is None or (row["kind"] == "fma" and row["simd_lanes"] != 8):
         sys.exit(f"avx2_check: no 256-bit FMA loop in peak_gemm's output:\n{out}")
     return row["gflops_one_thread"]

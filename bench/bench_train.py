@@ -320,12 +320,19 @@ def run_peak_gemm(args, env, extra):
     return [json.loads(l) for l in out.splitlines() if l.startswith("{")]
 
 
+def fma_loop(rows, avx2):
+    """peak_gemm's FMA loop row (None if it printed none): its widest, or where avx2 the 256-bit one
+    (fma_avx2 on an AVX-512 processor; elsewhere the same loop, fma)"""
+    fma = next((r for r in rows if r["kind"] == "fma"), None)
+    return next((r for r in rows if r["kind"] == "fma_avx2"), fma) if avx2 else fma
+
+
 def loops_of(rows, args):
     """peak_gemm's register-only loops: the FMA loop MFU is taken against (the 256-bit one with
     --force-avx2), with the bf16 ones and the GEMM library's line beside it."""
-    fma = next(r for r in rows if r["kind"] == "fma")
-    if args.force_avx2:  # the 256-bit FMA loop on an AVX-512 processor (the same loop elsewhere)
-        fma = next((r for r in rows if r["kind"] == "fma_avx2"), fma)
+    fma = fma_loop(rows, args.force_avx2)
+    if fma is None:
+        raise SystemExit(f"peak_gemm printed no FMA loop: {rows}")
     fma["blas"] = next(r for r in rows if r["kind"] == "blas")
     fma["bf16_dot"] = next((r for r in rows if r["kind"] == "bf16_dot"), None)
     fma["amx_bf16"] = next((r for r in rows if r["kind"] == "amx_bf16"), None)
