@@ -15,8 +15,10 @@
  * test_attention_parts --bench [PEAK_GFLOPS]: test_attention --bench's shapes (one head, T = 2048,
  *   head_dim 64 and 128, full and window 256; OLMOC_BENCH_SHAPE=B,T,H,D,WINDOW for one other), each
  *   pass's model GFLOP/s (and share of PEAK_GFLOPS) and each part's share of its time, with the
- *   products' computed GFLOP/s: where the time goes, on the processor it runs on.  The clock reads
- *   cost a few hundred nanoseconds a tile: test_attention --bench gives the kernels' speed. */
+ *   products' computed GFLOP/s: where the time goes, on the processor it runs on; then the tile kernel
+ *   alone at the backward's product shapes on operands that stay in cache, for each head_dim (to 128).
+ *   The clock reads cost a few hundred nanoseconds a tile: test_attention --bench gives the kernels'
+ *   speed. */
 #define OLMOC_ATTN_PARTS 1
 #pragma GCC diagnostic ignored "-Wunused-function" /* the header's helpers not called here */
 #include "backend/cpu/cpu_attention_kernels.h"
@@ -143,6 +145,43 @@ static void check(const char *what, bool bf16, bool bounded, int B, int T, int H
     olmo_backend_destroy(be);
 }
 
+/* The tile kernel alone, at the backward's product shapes (64 queries x 64 keys: S and dP as A B with
+ * k = head_dim; dV and dK as A^T B, dQ as A B, with k = 64 and C added to), called over and over on the
+ * same arrays, which stay in cache (in a 48 KiB L1 at head_dim 64; L1 and L2 at 128): what the products
+ * would run at with nothing else in the cache, beside what they do in the passes.  The arrays start at
+ * different offsets in a 4 KiB page (three 16 KiB arrays at one offset, which fill the L1's sets together,
+ * ran 10-20% slower). */
+static void bench_hot_tiles(const int *dims, int n_dims, double peak) {
+    float *buf = malloc(sizeof(float) * (3 * 64 * 128 + 3 * 272));
+    if (!buf) return;
+    float *a = buf, *b = a + 64 * 128 + 272, *c = b + 64 * 128 + 272;
+    for (int i = 0; i < 64 * 128; i++) a[i] = 0.01f * (float)(i % 7), b[i] = 0.01f * (float)(i % 5), c[i] = 0.0f;
+    for (int i = 0; i < n_dims; i++) {
+        const int D = dims[i];
+        /* m, n, k, A transposed, beta */
+        const int prods[3][5] = {{64, 64, D, 0, 0}, {64, D, 64, 1, 1}, {64, D, 64, 0, 1}};
+        static const char *names[3] = {"S, dP (A B, k = head_dim)", "dV, dK (A^T B + C)", "dQ (A B + C)"};
+        printf("tile kernel, operands in cache, head_dim %d:", D);
+        for (int j = 0; j < 3; j++) {
+            const int m = prods[j][0], n = prods[j][1], k = prods[j][2];
+            const bool ta = prods[j][3];
+            double best = 0.0;
+            for (int rep = 0; rep < 5; rep++) {
+                const int calls = 2000;
+                const double t0 = attn_bench_now(CLOCK_THREAD_CPUTIME_ID);
+                for (int r = 0; r < calls; r++)
+                    tile_gemm(NULL, ta, m, n, k, 1.0f, a, ta ? m : k, b, n, (float)prods[j][4], c, n);
+                const double g = 2.0 * m * n * k * calls / (attn_bench_now(CLOCK_THREAD_CPUTIME_ID) - t0) * 1e-9;
+                best = g > best ? g : best;
+            }
+            printf("%s %s %.1f GFLOP/s", j ? "," : "", names[j], best);
+            if (peak > 0) printf(" = %.0f%%", 100.0 * best / peak);
+        }
+        printf(" (best of 5)\n");
+    }
+    free(buf);
+}
+
 /* --bench: test_attention --bench's shapes through this copy (its figures: model FLOPs over CPU seconds /
  * threads), then where the time went */
 static int bench(double peak) {
@@ -185,6 +224,13 @@ static int bench(double peak) {
         parts_print(&parts, stdout);
         problem_free(&p);
     }
+    int dims[8], n_dims = 0; /* the shapes' head_dims, each once */
+    for (int i = 0; i < shapes.n; i++) {
+        bool seen = false;
+        for (int j = 0; j < n_dims; j++) seen = seen || dims[j] == shapes.shape[i][0];
+        if (!seen && n_dims < 8 && shapes.shape[i][0] <= 128) dims[n_dims++] = shapes.shape[i][0];
+    }
+    bench_hot_tiles(dims, n_dims, peak);
     return 0;
 }
 
