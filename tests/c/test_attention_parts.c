@@ -152,10 +152,11 @@ static void check(const char *what, bool bf16, bool bounded, int B, int T, int H
  * different offsets in a 4 KiB page (three 16 KiB arrays at one offset, which fill the L1's sets together,
  * ran 10-20% slower). */
 static void bench_hot_tiles(const int *dims, int n_dims, double peak) {
-    float *buf = malloc(sizeof(float) * (3 * 64 * 128 + 3 * 272));
+    enum { OPERAND = 64 * 128, SKEW = 272 }; /* floats: the largest operand; 1088 bytes, not a multiple of 4 KiB */
+    float *buf = malloc(sizeof(float) * 3 * (OPERAND + SKEW));
     if (!buf) return;
-    float *a = buf, *b = a + 64 * 128 + 272, *c = b + 64 * 128 + 272;
-    for (int i = 0; i < 64 * 128; i++) a[i] = 0.01f * (float)(i % 7), b[i] = 0.01f * (float)(i % 5), c[i] = 0.0f;
+    float *a = buf, *b = a + OPERAND + SKEW, *c = b + OPERAND + SKEW;
+    for (int i = 0; i < OPERAND; i++) a[i] = 0.01f * (float)(i % 7), b[i] = 0.01f * (float)(i % 5), c[i] = 0.0f;
     for (int i = 0; i < n_dims; i++) {
         const int D = dims[i];
         /* m, n, k, A transposed, beta */

@@ -1097,7 +1097,7 @@ struct attn_bwd {
     bool bf16;
     const int *lo;
     int segs;
-    const int *dq_rows; /* each run's rows in its dq copy and in dq (attn_bwd_schedule's rows) */
+    const int *dq_rows; /* each run's rows in its dq copy (attn_bwd_schedule's rows) */
     float *dq;
     const float *q, *k, *v, *dout, *lse, *delta;
     const void *kt, *vt, *qa, *doa;
@@ -1143,10 +1143,10 @@ static int attn_bwd_segments(const struct olmo_attn_shape *s) {
 }
 
 /* The tasks, longest first: each (batch, kv head)'s key blocks cut into `segs` runs of about equal
- * cost (queries that see a block x its keys), in key order.  rows[3 * ((b * HK + kh) * segs + g) + 0, 1, 2]
- * = r0, r1, r2: run g of that pair writes the rows of queries r0 .. r1-1 in its dq copy (an earlier run
- * sees them too) and those of r1 .. r2-1 in dq itself (it is the first run they see).  Each query sees
- * itself, so every row of dq is one run's to set; run 0 has no copy (r0 = r1 = 0). */
+ * cost (queries that see a block x its keys), in key order.  rows[2 * ((b * HK + kh) * segs + g) + 0, 1]
+ * = r0, r1: run g of that pair writes the rows of queries r0 .. r1-1 in its dq copy (an earlier run sees
+ * them too), and those of the later queries it sees in dq itself (it is the first run they see).  Each
+ * query sees itself, so every row of dq is one run's to set; run 0 has no copy (r0 = r1 = 0). */
 static struct attn_task *attn_bwd_schedule(const struct olmo_attn_shape *s, const int *lo, int segs, int *n_tasks,
                                            int *rows) {
     const int T = s->seq_len, kblocks = (T + ATT_KB - 1) / ATT_KB;
@@ -1179,9 +1179,10 @@ static struct attn_task *attn_bwd_schedule(const struct olmo_attn_shape *s, cons
                 const int j1 = kb * ATT_KB < T ? kb * ATT_KB : T;
                 int tend = kb0 * ATT_KB;
                 while (tend < T && lo[(size_t)b * T + tend] < j1) tend++;
-                const int r0 = kb0 * ATT_KB, r2 = kb > kb0 ? tend : r0, r1 = seen < r0 ? r0 : seen > r2 ? r2 : seen;
-                rows[3 * i] = r0, rows[3 * i + 1] = r1, rows[3 * i + 2] = r2;
-                if (r2 > seen) seen = r2;
+                /* the run sees queries r0 .. end-1; those before `seen` an earlier run sees too */
+                const int r0 = kb0 * ATT_KB, end = kb > kb0 ? tend : r0, r1 = seen < r0 ? r0 : seen > end ? end : seen;
+                rows[2 * i] = r0, rows[2 * i + 1] = r1;
+                if (end > seen) seen = end;
                 tasks[i] = (struct attn_task){b, kh, kb0, kb, g, c};
             }
         }
@@ -1359,14 +1360,14 @@ static int attn_bwd_block(const struct attn_bwd *c, const struct attn_bwd_tiles 
 }
 
 /* One task: its run of key blocks in order, their dQ contributions into the rows of this (batch, kv
- * head) that it owns (attn_bwd_schedule's rows: r0 .. r1-1 of its dq copy, r1 .. r2-1 of dq): the
- * queries that see the run, kb0 * ATT_KB .. r2-1, each row set by its first tile and added to by the later
+ * head) that it owns (attn_bwd_schedule's rows: r0 .. r1-1 of its dq copy, the later ones of dq): the
+ * queries that see the run, from kb0 * ATT_KB, each row set by its first tile and added to by the later
  * ones (the queries that see a block are a contiguous range from its first key, so those of the run's
  * blocks in order are too).  Every query sees itself: nothing is left to zero. */
 static void attn_bwd_task(const struct attn_bwd *c, const struct attn_bwd_tiles *w, const struct attn_task *task,
                           float *dqt) {
     const int first = task->kb0 * ATT_KB;
-    const int *run = c->dq_rows + 3 * (((size_t)task->b * c->HK + task->kh) * c->segs + task->seg);
+    const int *run = c->dq_rows + 2 * (((size_t)task->b * c->HK + task->kh) * c->segs + task->seg);
     struct attn_bwd_tiles mine = *w;
     mine.qbase = first;
     int written = first; /* also the end of the Q and dO rows packed so far */
@@ -1410,7 +1411,7 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
     int *rows = NULL;
     size_t stride = 0;
     const bool inputs = lo && c.kt && c.vt && c.qa && c.doa && c.delta && (bf16 ? c.qp && c.dop && c.kp : qd_mine != NULL);
-    if (inputs && (c.dq_rows = rows = cpu_scratch(sizeof(int) * 3 * (size_t)B * HK * segs)) &&
+    if (inputs && (c.dq_rows = rows = cpu_scratch(sizeof(int) * 2 * (size_t)B * HK * segs)) &&
         (tasks = attn_bwd_schedule(s, lo, segs, &n_tasks, rows)) &&
         (dq_part = cpu_scratch(sizeof(float *) * (size_t)segs)) &&
         (segs == 1 || (parts = cpu_cached_scratch(st, SLOT_DQ_PARTS, sizeof(float) * n_q * (size_t)(segs - 1)))))
@@ -1460,12 +1461,12 @@ static int attention_bwd(struct cpu_state *st, bool bf16_products, float *dq, fl
         for (int job = 0; job < B * HK * row_blocks; job++) {
             const int pair = job / row_blocks, b = pair / HK, kh = pair % HK, t0 = job % row_blocks * 64;
             const int t1 = t0 + 64 < T ? t0 + 64 : T;
-            const int *run = rows + 3 * (size_t)pair * segs;
+            const int *run = rows + 2 * (size_t)pair * segs;
             for (int t = t0; t < t1; t++) {
                 const size_t at = ((size_t)b * T + t) * c.q_stride + (size_t)kh * width;
                 float *out = dq + at;
                 for (int g = 1; g < segs; g++)
-                    if (t >= run[3 * g] && t < run[3 * g + 1]) {
+                    if (t >= run[2 * g] && t < run[2 * g + 1]) {
                         const float *part = dq_part[g] + at;
 #pragma omp simd
                         for (int d = 0; d < width; d++) out[d] += part[d];
