@@ -7,10 +7,13 @@
 #include "util/error.h"
 
 enum {
-    P_GEMM, P_EMBED, P_RMSNORM, P_ROPE, P_ATTN_FWD, P_ATTN_BWD, P_SWIGLU, P_ADD, P_CE, P_OPTIM, P_COPY, P_COUNT
+    P_GEMM, P_EMBED, P_RMSNORM_FWD, P_RMSNORM_BWD, P_ROPE, P_ATTN_FWD, P_ATTN_BWD, P_SWIGLU_FWD, P_SWIGLU_BWD, P_ADD, P_CE,
+    P_OPTIM, P_COPY, P_COUNT
 };
-static const char *const names[P_COUNT] = {"gemm", "embedding", "rmsnorm", "rope", "attention fwd", "attention bwd",
-                                           "swiglu", "add", "cross-entropy", "optimizer + norm", "copy/zero/convert"};
+static const char *const names[P_COUNT] = {"gemm",          "embedding",     "rmsnorm fwd",   "rmsnorm bwd",
+                                           "rope",          "attention fwd", "attention bwd", "swiglu fwd",
+                                           "swiglu bwd",    "add",           "cross-entropy", "optimizer + norm",
+                                           "copy/zero/convert"};
 /* per GEMM shape: the first MAX_SHAPES distinct (m, n, k, ta, tb, beta != 0) */
 enum { MAX_SHAPES = 64 };
 struct shape_stat {
@@ -100,12 +103,12 @@ static int p_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int3
     return rc;
 }
 static int p_rmsnorm_fwd(OLMO_BE, float *y, float *rstd, const float *x, const float *w, int n, int dim, float eps) {
-    TIMED(P_RMSNORM, in->rmsnorm_fwd(in, y, rstd, x, w, n, dim, eps));
+    TIMED(P_RMSNORM_FWD, in->rmsnorm_fwd(in, y, rstd, x, w, n, dim, eps));
     return rc;
 }
 static int p_rmsnorm_bwd(OLMO_BE, float *dx, float *dw, const float *dy, const float *x, const float *w,
                          const float *rstd, int n, int dim) {
-    TIMED(P_RMSNORM, in->rmsnorm_bwd(in, dx, dw, dy, x, w, rstd, n, dim));
+    TIMED(P_RMSNORM_BWD, in->rmsnorm_bwd(in, dx, dw, dy, x, w, rstd, n, dim));
     return rc;
 }
 static int p_rope_fwd(OLMO_BE, float *x, const float *c, const float *s, int rows, int seq, int heads, int hd) {
@@ -150,11 +153,11 @@ static int p_attention_bwd(OLMO_BE, float *dq, float *dk, float *dv, const float
     return rc;
 }
 static int p_swiglu_fwd(OLMO_BE, float *s, const float *g, const float *u, size_t n) {
-    TIMED(P_SWIGLU, in->swiglu_fwd(in, s, g, u, n));
+    TIMED(P_SWIGLU_FWD, in->swiglu_fwd(in, s, g, u, n));
     return rc;
 }
 static int p_swiglu_bwd(OLMO_BE, float *dg, float *du, const float *ds, const float *g, const float *u, size_t n) {
-    TIMED(P_SWIGLU, in->swiglu_bwd(in, dg, du, ds, g, u, n));
+    TIMED(P_SWIGLU_BWD, in->swiglu_bwd(in, dg, du, ds, g, u, n));
     return rc;
 }
 static int p_add(OLMO_BE, float *y, const float *a, const float *b, size_t n) {
