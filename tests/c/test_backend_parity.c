@@ -731,6 +731,7 @@ int main(int argc, char **argv) {
     test_embedding();
     test_rmsnorm(33, 300);
     test_rmsnorm(600, 2048);
+    test_rmsnorm(1100, 4096); /* the CPU backend's dw run sums in two panels (128 runs of 8 rows, then 10) */
     test_rope();
     test_attention(2, 7, 4, 4, 6, 0, false);
     test_attention(2, 7, 4, 2, 6, 3, false);

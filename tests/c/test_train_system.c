@@ -36,8 +36,9 @@ static float *rand_buf(size_t n, double scale) {
 /* The same reductions with 1 and with 3 threads must agree bit for bit.  The
  * sizes put every op above the CPU backend's parallel threshold (PAR_MIN
  * elements; below it a loop runs on the calling thread and the comparison
- * proves nothing), and rmsnorm's dim spans several of the column blocks its
- * dw is split into, so each reduction really is divided among threads. */
+ * proves nothing); rmsnorm's rows span many of the 8-row runs its backward
+ * divides among threads and its dim several of the 64-column blocks its dw's
+ * sums are divided into, so each reduction really is divided among threads. */
 enum { DET_ROWS = 301, DET_DIM = 200, DET_VOCAB = 97, DET_BIG = 300000 };
 _Static_assert(DET_ROWS * DET_DIM >= 3 * PAR_MIN, "rmsnorm determinism test below the parallel threshold");
 _Static_assert(DET_DIM > 3 * 64, "rmsnorm dw in fewer column blocks than threads");

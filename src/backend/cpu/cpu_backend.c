@@ -10,10 +10,10 @@
  * thread count.  No floating-point reduction depends on OpenMP's reduction
  * clause (whose combination order is unspecified) or on which thread ran
  * what under dynamic scheduling: partial sums live in per-row, per-chunk or
- * per-column slots that are combined in a fixed order.  Except for
- * attention's dq (per-thread partials under a fixed task-to-thread
- * assignment, summed in thread order), results do not even depend on the
- * thread count. */
+ * per-column slots that are combined in a fixed order, so results do not
+ * even depend on the thread count (attention's dq included: its copies
+ * follow the shape's key runs, not the threads; test_attention checks 1 and
+ * 3 threads against the default team). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -38,6 +38,7 @@ void *cpu_scratch(size_t bytes);
 enum cpu_scratch_slot {
     SLOT_KT, SLOT_VT, SLOT_DELTA, SLOT_DQ_PARTS, SLOT_BF16_A, SLOT_BF16_B,
     SLOT_Q16, SLOT_DO16, SLOT_QP, SLOT_DOP, SLOT_KP, SLOT_VP, /* cpu-bf16 attention's operands */
+    SLOT_NORM_RUNS, /* rmsnorm_bwd's run sums */
     N_SLOTS
 };
 

@@ -54,56 +54,65 @@ int cpu_rmsnorm_fwd(OLMO_BE, float *y, float *rstd, const float *x, const float 
     return 0;
 }
 
-/* run[j] += dy[i][j] * (x[i][j] * rstd[i]) for rows i0 .. i1-1, columns j < nj (rows dim apart) */
-static inline __attribute__((always_inline)) void dw_run(float *run, int nj, const float *x, const float *dy,
-                                                         const float *rstd, int i0, int i1, int dim) {
-    for (int i = i0; i < i1; i++) {
-        const float *xi = x + (size_t)i * dim, *dyi = dy + (size_t)i * dim;
-        const float r = rstd[i];
-#pragma omp simd
-        for (int j = 0; j < nj; j++) run[j] += dyi[j] * (xi[j] * r);
-    }
-}
+/* rmsnorm_bwd's dw: each column's rows summed in order, in fp32 within runs of NORM_RUN rows, the runs' sums
+ * in double (every term in double, the conversions bound the loop); the run sums of at most NORM_PANEL_BYTES
+ * are kept at a time. */
+enum { NORM_RUN = 8, NORM_PANEL_BYTES = 2 << 20 };
 
 int cpu_rmsnorm_bwd(OLMO_BE, float *dx, float *dw, const float *dy, const float *x, const float *w,
                             const float *rstd, int n, int dim) {
-    (void)be;
     const bool par = (size_t)n * dim >= PAR_MIN;
-    /* dw first (dx may alias dy): parallel over columns, rows summed in order: in fp32 within runs of
-     * ROW_RUN rows, the runs' sums in double.  (Every term converted to double, as before, the conversions
-     * bound the loop: this backward on 2048 x 384, 2 threads, 0.44 ms, with runs 0.35.  The dot below
-     * done the same way was faster still, but test_fidelity's parameters after 3 AdamW steps moved from
-     * 9.3e-5 to 1.02e-4 of PyTorch's float64, past its 1e-4: it stays in double.) */
-    enum { ROW_RUN = 8 };
+    /* One pass over the rows, parallel over runs: a run adds its rows' dy * xhat into its own row of run
+     * sums and sets their dx (dx may alias dy: a row's dy is read before its dx is written); then the run
+     * sums are added into dw's double sums in run order, parallel over columns.  The same sums in the same
+     * order for any thread count, and the same bits as when each column's rows were summed by a loop of its
+     * own, which read x and dy by 64-column blocks and then again by rows for dx (the 20m step at T=512,
+     * 2 threads, forced AVX2, three runs alternating: rmsnorm 4.0-4.7% -> 3.1-3.3% of the op time).  The dot
+     * stays in double: in fp32 it was faster, but test_fidelity's parameters after 3 AdamW steps moved from
+     * 9.3e-5 to 1.02e-4 of PyTorch's float64, past its 1e-4. */
+    const int runs = (n + NORM_RUN - 1) / NORM_RUN, ld = (dim + 15) / 16 * 16; /* run-sum rows 64-byte aligned */
+    int panel = (int)(NORM_PANEL_BYTES / (sizeof(float) * (size_t)ld));
+    panel = panel < 1 ? 1 : panel > runs ? runs : panel;
+    float *sums = cpu_cached_scratch(CPU_STATE(be), SLOT_NORM_RUNS, sizeof(float) * (size_t)ld * (size_t)(panel > 0 ? panel : 1));
+    double *acc = sums ? cpu_scratch(sizeof(double) * (size_t)(dim > 0 ? dim : 1)) : NULL;
+    if (!acc) return -1;
+    for (int j = 0; j < dim; j++) acc[j] = 0.0;
     const int blocks = (dim + COL_BLOCK - 1) / COL_BLOCK;
+    for (int g0 = 0; g0 < runs; g0 += panel) {
+        const int g1 = g0 + panel < runs ? g0 + panel : runs;
 #pragma omp parallel for schedule(static) if (par)
-    for (int cb = 0; cb < blocks; cb++) {
-        const int j0 = cb * COL_BLOCK, nj = j0 + COL_BLOCK < dim ? COL_BLOCK : dim - j0;
-        double acc[COL_BLOCK] = {0};
-        for (int i0 = 0; i0 < n; i0 += ROW_RUN) {
-            const int i1 = i0 + ROW_RUN < n ? i0 + ROW_RUN : n;
-            float run[COL_BLOCK] = {0};
-            if (nj == COL_BLOCK) /* a constant trip count: the run's sums stay in registers */
-                dw_run(run, COL_BLOCK, x + j0, dy + j0, rstd, i0, i1, dim);
-            else
-                dw_run(run, nj, x + j0, dy + j0, rstd, i0, i1, dim);
-#pragma omp simd
-            for (int j = 0; j < COL_BLOCK; j++) acc[j] += run[j];
-        }
-        for (int j = 0; j < nj; j++) dw[j0 + j] += (float)acc[j];
-    }
-#pragma omp parallel for if (par)
-    for (int i = 0; i < n; i++) {
-        const float *xi = x + (size_t)i * dim, *dyi = dy + (size_t)i * dim;
-        float *dxi = dx + (size_t)i * dim;
-        const float r = rstd[i];
-        double dot = 0.0; /* sum_j (dy_j * w_j) * xhat_j */
+        for (int g = g0; g < g1; g++) {
+            float *run = sums + (size_t)(g - g0) * ld;
+            for (int j = 0; j < dim; j++) run[j] = 0.0f;
+            const int i0 = g * NORM_RUN, i1 = n - i0 < NORM_RUN ? n : i0 + NORM_RUN;
+            for (int i = i0; i < i1; i++) {
+                const float *xi = x + (size_t)i * dim, *dyi = dy + (size_t)i * dim;
+                float *dxi = dx + (size_t)i * dim;
+                const float r = rstd[i];
+                double dot = 0.0; /* sum_j (dy_j * w_j) * xhat_j */
 #pragma omp simd reduction(+ : dot)
-        for (int j = 0; j < dim; j++) dot += (double)dyi[j] * w[j] * (xi[j] * r);
-        const float mean = (float)(dot / dim);
+                for (int j = 0; j < dim; j++) {
+                    const float xr = xi[j] * r;
+                    run[j] += dyi[j] * xr;
+                    dot += (double)dyi[j] * w[j] * xr;
+                }
+                const float mean = (float)(dot / dim);
 #pragma omp simd
-        for (int j = 0; j < dim; j++) dxi[j] = r * (dyi[j] * w[j] - xi[j] * r * mean);
+                for (int j = 0; j < dim; j++) dxi[j] = r * (dyi[j] * w[j] - xi[j] * r * mean);
+            }
+        }
+#pragma omp parallel for schedule(static) if (par && blocks > 1)
+        for (int cb = 0; cb < blocks; cb++) {
+            const int j0 = cb * COL_BLOCK, j1 = j0 + COL_BLOCK < dim ? j0 + COL_BLOCK : dim;
+            for (int g = 0; g < g1 - g0; g++) {
+                const float *run = sums + (size_t)g * ld;
+#pragma omp simd
+                for (int j = j0; j < j1; j++) acc[j] += run[j];
+            }
+        }
     }
+    for (int j = 0; j < dim; j++) dw[j] += (float)acc[j];
+    free(acc);
     return 0;
 }
 
