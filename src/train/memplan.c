@@ -147,6 +147,16 @@ static double gemm_slots(const struct backend_desc *d, double a_max, double b_ma
     return cpu_slot(4 * a_max) + cpu_slot(4 * max2(b_max, b_weights)); /* every operand rounded, fp32 */
 }
 
+/* The bytes of cpu_rmsnorm_bwd's run sums over n rows of `dim`: rows of dim rounded up to 16 floats, one a run
+ * of 8 rows, as many as 2 MiB holds (at least one, at most the runs). */
+static double cpu_norm_runs(double n, double dim) {
+    const double ld = ceil(dim / 16) * 16, runs = ceil(n / 8);
+    double panel = floor((double)(2 << 20) / (4 * ld));
+    if (panel < 1) panel = 1;
+    if (panel > runs) panel = runs;
+    return 4 * ld * panel;
+}
+
 /* The peak FLOP/s probe's GEMM: 2048 x 2048 fp32 operands (run.c: olmo_measure_peak_flops). */
 #define PROBE_N 2048.0
 
@@ -187,7 +197,11 @@ static double scratch(const struct backend_desc *d, const struct shapes *s, enum
     if (segs > kblocks) segs = kblocks > 0 ? kblocks : 1;
     /* bf16: K and V transposed per head as pairs; fp32: each OpenMP thread's K^T blocks and V rows of a
      * sequence (the forward's, cpu_attention_kernels.h: ATT_KTB = 64 keys a block) */
-    double total = (bf16 ? 2 * cpu_slot(4 * B * ld * HK * hd / 2) : cpu_slot(4 * threads * 2 * kblocks * 64 * hd))
+    /* rmsnorm_bwd's run sums (cpu_ops.c: 8-row runs, at most NORM_PANEL_BYTES = 2 MiB of them), the widest of
+     * its three dims */
+    const double norm_runs = max2(cpu_norm_runs(N, s->D), max2(cpu_norm_runs(N, s->Q), cpu_norm_runs(N, s->K)));
+    double total = cpu_slot(norm_runs) +
+                   (bf16 ? 2 * cpu_slot(4 * B * ld * HK * hd / 2) : cpu_slot(4 * threads * 2 * kblocks * 64 * hd))
                    + cpu_slot(4 * B * H * T)                                  /* delta */
                    + (segs > 1 ? cpu_slot(4 * N * s->Q * (segs - 1)) : 0);    /* dq copies of the runs after the first */
     if (bf16)
