@@ -147,13 +147,13 @@ static double gemm_slots(const struct backend_desc *d, double a_max, double b_ma
     return cpu_slot(4 * a_max) + cpu_slot(4 * max2(b_max, b_weights)); /* every operand rounded, fp32 */
 }
 
-/* The bytes of cpu_rmsnorm_bwd's run sums over n rows of `dim`: rows of dim rounded up to 16 floats, one a run
- * of 8 rows, as many as 2 MiB holds (at least one, at most the runs). */
+/* The bytes of cpu_rmsnorm_bwd's run sums over n rows of `dim` (cpu_ops.c: NORM_RUN, NORM_PANEL_BYTES): rows
+ * of dim rounded up to 16 floats, one a run of 8 rows, as many as 2 MiB holds, at most the runs, at least one. */
 static double cpu_norm_runs(double n, double dim) {
-    const double ld = ceil(dim / 16) * 16, runs = ceil(n / 8);
+    const double ld = dim > 0 ? ceil(dim / 16) * 16 : 16, runs = ceil(n / 8);
     double panel = floor((double)(2 << 20) / (4 * ld));
-    if (panel < 1) panel = 1;
     if (panel > runs) panel = runs;
+    if (panel < 1) panel = 1;
     return 4 * ld * panel;
 }
 

@@ -76,6 +76,13 @@ static void test_determinism(void) {
           "rmsnorm backward: 1 vs 3 threads bit-identical", 0.0);
     check(ce[0] == ce[1] && zz[0] == zz[1], "cross-entropy sums: 1 vs 3 threads bit-identical", fabs(ce[0] - ce[1]));
     check(ss[0] == ss[1], "sum of squares: 1 vs 3 threads bit-identical", fabs(ss[0] - ss[1]));
+    /* empty rows (dim 0) and no rows: nothing to do, no error, nothing written (the backward's run sums once
+     * divided 2 MiB by a 0-wide row) */
+    const float before = dw[0][0];
+    check(be->rmsnorm_bwd(be, dx[0], dw[0], dy, x, w, rstd, n, 0) == 0 &&
+              be->rmsnorm_bwd(be, dx[0], dw[0], dy, x, w, rstd, 0, dim) == 0 && dw[0][0] == before &&
+              !memcmp(dx[0], dx[1], (size_t)n * dim * 4),
+          "rmsnorm backward: dim 0 and 0 rows are no-ops", 0.0);
     float *bufs[] = {x, w, dy, y, rstd, logits0, big, logits, dw[0], dw[1], dx[0], dx[1], yk[0], yk[1]};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
     be->free(be, targets);

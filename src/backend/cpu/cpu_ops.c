@@ -70,10 +70,12 @@ int cpu_rmsnorm_bwd(OLMO_BE, float *dx, float *dw, const float *dy, const float 
      * 2 threads, forced AVX2, three runs alternating: rmsnorm 4.0-4.7% -> 3.1-3.3% of the op time).  The dot
      * stays in double: in fp32 it was faster, but test_fidelity's parameters after 3 AdamW steps moved from
      * 9.3e-5 to 1.02e-4 of PyTorch's float64, past its 1e-4. */
-    const int runs = (n + NORM_RUN - 1) / NORM_RUN, ld = (dim + 15) / 16 * 16; /* run-sum rows 64-byte aligned */
-    int panel = (int)(NORM_PANEL_BYTES / (sizeof(float) * (size_t)ld));
-    panel = panel < 1 ? 1 : panel > runs ? runs : panel;
-    float *sums = cpu_cached_scratch(CPU_STATE(be), SLOT_NORM_RUNS, sizeof(float) * (size_t)ld * (size_t)(panel > 0 ? panel : 1));
+    /* run-sum rows 64-byte aligned (and not 0 wide: dim 0 leaves dx and dw as they are) */
+    const int runs = (n + NORM_RUN - 1) / NORM_RUN, ld = dim > 0 ? (dim + 15) / 16 * 16 : 16;
+    int panel = (int)(NORM_PANEL_BYTES / (sizeof(float) * (size_t)ld)); /* runs whose sums are kept at a time */
+    panel = panel > runs ? runs : panel;
+    panel = panel < 1 ? 1 : panel;
+    float *sums = cpu_cached_scratch(CPU_STATE(be), SLOT_NORM_RUNS, sizeof(float) * (size_t)ld * (size_t)panel);
     double *acc = sums ? cpu_scratch(sizeof(double) * (size_t)(dim > 0 ? dim : 1)) : NULL;
     if (!acc) return -1;
     for (int j = 0; j < dim; j++) acc[j] = 0.0;
