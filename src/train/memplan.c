@@ -195,15 +195,14 @@ static double scratch(const struct backend_desc *d, const struct shapes *s, enum
     const double kv_pairs = B * HK;
     double segs = kv_pairs >= 8 ? 1 : ceil(8 / kv_pairs);
     if (segs > kblocks) segs = kblocks > 0 ? kblocks : 1;
+    /* rmsnorm_bwd's run sums: the slot grows to the largest of its three dims' */
+    const double norm_runs = max2(cpu_norm_runs(N, s->D), max2(cpu_norm_runs(N, s->Q), cpu_norm_runs(N, s->K)));
     /* bf16: K and V transposed per head as pairs; fp32: each OpenMP thread's K^T blocks and V rows of a
      * sequence (the forward's, cpu_attention_kernels.h: ATT_KTB = 64 keys a block) */
-    /* rmsnorm_bwd's run sums (cpu_ops.c: 8-row runs, at most NORM_PANEL_BYTES = 2 MiB of them), the widest of
-     * its three dims */
-    const double norm_runs = max2(cpu_norm_runs(N, s->D), max2(cpu_norm_runs(N, s->Q), cpu_norm_runs(N, s->K)));
-    double total = cpu_slot(norm_runs) +
-                   (bf16 ? 2 * cpu_slot(4 * B * ld * HK * hd / 2) : cpu_slot(4 * threads * 2 * kblocks * 64 * hd))
+    double total = (bf16 ? 2 * cpu_slot(4 * B * ld * HK * hd / 2) : cpu_slot(4 * threads * 2 * kblocks * 64 * hd))
                    + cpu_slot(4 * B * H * T)                                  /* delta */
-                   + (segs > 1 ? cpu_slot(4 * N * s->Q * (segs - 1)) : 0);    /* dq copies of the runs after the first */
+                   + (segs > 1 ? cpu_slot(4 * N * s->Q * (segs - 1)) : 0)     /* dq copies of the runs after the first */
+                   + cpu_slot(norm_runs);                                     /* rmsnorm_bwd's run sums */
     if (bf16)
         total += 2 * cpu_slot(2 * N * s->Q)                                     /* Q and dO as bf16 rows */
                  + 2 * cpu_slot(4 * B * pairs * s->Q) + 2 * cpu_slot(4 * B * pairs * s->K); /* position pairs */
