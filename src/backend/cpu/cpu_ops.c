@@ -67,7 +67,7 @@ int cpu_rmsnorm_bwd(OLMO_BE, float *dx, float *dw, const float *dy, const float 
      * sums are added into dw's double sums in run order, parallel over columns.  The same sums in the same
      * order for any thread count, and the same bits as when each column's rows were summed by a loop of its
      * own, which read x and dy by 64-column blocks and then again by rows for dx (the 20m step at T=512,
-     * 2 threads, forced AVX2, three runs alternating: rmsnorm 4.0-4.7% -> 3.1-3.3% of the op time).  The dot
+     * 2 threads, forced AVX2, three runs alternating: rmsnorm 3.9-4.7% -> 3.1-3.3% of the op time).  The dot
      * stays in double: in fp32 it was faster, but test_fidelity's parameters after 3 AdamW steps moved from
      * 9.3e-5 to 1.02e-4 of PyTorch's float64, past its 1e-4. */
     /* run-sum rows 64-byte aligned (and not 0 wide: dim 0 leaves dx and dw as they are) */
