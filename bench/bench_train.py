@@ -15,7 +15,10 @@ Peak FLOP/s (bench/peak_gemm, built by CMake next to olmoc):
     between minutes: 236 and 255 GFLOP/s on one 2-vCPU Intel machine);
   * SGEMM: the GEMM of olmoc's backend (--olmoc-backend: cpu = oneDNN when
     built with it, cpu-openblas, cpu-onednn, cpu-bf16) on a large square problem, and
-    on every GEMM shape one olmoc training step runs (the "GEMM % of peak");
+    on every GEMM shape one olmoc training step runs (the "GEMM % of peak"),
+    each shape called over and over, then again with 64 MiB written before
+    each call (peak_gemm --cold): the step finds its operands out of the L2s,
+    so that second rate, not the first, is what its GEMMs can reach;
   * theoretical: cores x GHz (lscpu / /proc/cpuinfo) x FMA pipes x SIMD lanes x 2
     (FMA pipes and datapath width are not in lscpu; see theoretical_peak()).
 MFU = training FLOPs per token (olmoc info: 6 x matmul params + causal attention)
@@ -367,14 +370,16 @@ def measure_loops(args, env, theo):
 
 def measure_peak(args, env, shape_sets):
     shapes = sorted({s for counts in shape_sets for s in counts})
-    extra = ["--size", "2048", "--seconds", str(args.gemm_seconds)]
+    extra = ["--size", "2048", "--seconds", str(args.gemm_seconds), "--cold"]
     for s in shapes:
         extra += ["--shape", ",".join(map(str, s))]
     rows = run_peak_gemm(args, env, extra)
     fma = loops_of(rows, args)
     square = next(r for r in rows if r["kind"] == "sgemm_square")
     per_shape = {(r["m"], r["n"], r["k"], r["ta"], r["tb"]): r for r in rows if r["kind"] == "sgemm_shape"}
-    return fma, square, per_shape
+    # the same shapes with operands out of the caches (peak_gemm --cold), as the step's GEMMs find them
+    cold = {(r["m"], r["n"], r["k"], r["ta"], r["tb"]): r for r in rows if r["kind"] == "sgemm_shape_cold"}
+    return fma, square, per_shape, cold
 
 
 def main():
@@ -432,7 +437,7 @@ def main():
 
     print(f"# load average before: {load_avg()}  ({os.cpu_count()} CPUs; threads {args.threads})", flush=True)
     theo = theoretical_peak(args.threads, args.force_avx2)
-    fma, square, per_shape = measure_peak(args, env, [c["shapes"] for c in cases])
+    fma, square, per_shape, cold = measure_peak(args, env, [c["shapes"] for c in cases])
     peak_fma = loop_peak(fma, theo)
     peak = peak_of(fma, args, theo)
     print(f"# CPU: {theo['model']}")
@@ -470,16 +475,24 @@ def main():
           "in the environment)" if blas["openblas_coretype"] else ""))
     print(f"# {blas['backend']} SGEMM 2048^3: median {square['gflops']:.1f}, best {square['gflops_best']:.1f} GFLOP/s "
           f"= {100 * square['gflops'] / peak:.0f}% / {100 * square['gflops_best'] / peak:.0f}% of measured peak")
+    def weighted(c, table, key):
+        """the step's GEMM rate if each shape ran at table's rate: its FLOPs over the sum of their times"""
+        tot_f = sum(2.0 * m * n * k * cnt for (m, n, k, _, _), cnt in c["shapes"].items())
+        tot_t = sum(2.0 * s[0] * s[1] * s[2] * cnt / (table[s][key] * 1e9) for s, cnt in c["shapes"].items())
+        return tot_f / tot_t / 1e9
+
     for c in cases:
         for key in ("gflops", "gflops_best"):
-            tot_f = sum(2.0 * m * n * k * cnt for (m, n, k, _, _), cnt in c["shapes"].items())
-            tot_t = sum(2.0 * s[0] * s[1] * s[2] * cnt / (per_shape[s][key] * 1e9) for s, cnt in c["shapes"].items())
-            c["gemm_" + key] = tot_f / tot_t / 1e9
+            c["gemm_" + key] = weighted(c, per_shape, key)
         worst = min(c["shapes"], key=lambda s: per_shape[s]["gflops_best"])
         print(f"# {blas['backend']} SGEMM at the {c['cfg'].stem} T={c['T']} B={c['B']} step's shapes (FLOP-weighted): "
               f"median {c['gemm_gflops']:.1f}, best {c['gemm_gflops_best']:.1f} GFLOP/s = "
               f"{100 * c['gemm_gflops'] / peak:.0f}% / {100 * c['gemm_gflops_best'] / peak:.0f}% of measured peak "
               f"(slowest: {worst} at {per_shape[worst]['gflops_best']:.0f})", flush=True)
+        if all(s in cold for s in c["shapes"]):
+            g = weighted(c, cold, "gflops")
+            print(f"#   the same, each call after 64 MiB written (operands out of the L2s, as in the step): "
+                  f"median {g:.1f} GFLOP/s = {100 * g / peak:.0f}% of measured peak", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="olmoc-bench-") as tmp:
         import numpy as np

@@ -8,10 +8,12 @@
  *   sgemm - the GEMM of an olmoc CPU backend (--backend: cpu, the default,
  *           cpu-openblas or cpu-onednn; the same function olmoc trains
  *           with) on a large square problem and, with --shape, on the
- *           model's own shapes.
+ *           model's own shapes; with --cold, each call after a 64 MiB
+ *           buffer is written (the caches then hold none of the operands,
+ *           as in a training step, where the last op touched other arrays).
  * Prints one JSON object per line; bench/bench_train.py reads them.
  *
- * usage: peak_gemm [--backend NAME] [--size N] [--seconds S] [--shape M,N,K,TA,TB ...] */
+ * usage: peak_gemm [--backend NAME] [--size N] [--seconds S] [--cold] [--shape M,N,K,TA,TB ...] */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -176,6 +178,22 @@ static void measure_loop(const char *kind, double (*loop)(long, int *), double f
 
 static struct olmo_backend *be; /* the process's: freed at exit */
 
+/* --cold: larger than this machine's caches together (L2s and the L3 share 2 vCPUs see) */
+enum { EVICT_BYTES = 64 << 20 };
+static float *evict_buf;
+static double evict_sink;
+
+static void evict_caches(void) {
+    const size_t n = EVICT_BYTES / sizeof(float);
+    double s = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : s)
+    for (size_t i = 0; i < n; i++) {
+        evict_buf[i] += 1.0f;
+        if ((i & 4095) == 0) s += evict_buf[i];
+    }
+    evict_sink += s;
+}
+
 static void measure_sgemm(int m, int n, int k, int ta, int tb, double seconds, const char *kind) {
     /* Row-major op(A) m x k, op(B) k x n. */
     size_t sa = (size_t)m * k, sb = (size_t)k * n, sc = (size_t)m * n;
@@ -193,8 +211,13 @@ static void measure_sgemm(int m, int n, int k, int ta, int tb, double seconds, c
     be->gemm(be, ta, tb, m, n, k, 1.0f, a, OLMO_F32, lda, b, OLMO_F32, ldb, 0.0f, c, n);
     double times[256];
     int reps = 0;
-    double start = now();
-    while (reps < 256 && (reps < 3 || now() - start < seconds)) {
+    double start = now(), evicting = 0.0;
+    while (reps < 256 && (reps < 3 || now() - start - evicting < seconds)) {
+        if (evict_buf) {
+            double e0 = now();
+            evict_caches();
+            evicting += now() - e0;
+        }
         double t0 = now();
         be->gemm(be, ta, tb, m, n, k, 1.0f, a, OLMO_F32, lda, b, OLMO_F32, ldb, 0.0f, c, n);
         times[reps++] = now() - t0;
@@ -217,7 +240,7 @@ static void measure_sgemm(int m, int n, int k, int ta, int tb, double seconds, c
 int main(int argc, char **argv) {
     int size = 2048;
     double seconds = 1.0;
-    int n_shapes = 0;
+    int n_shapes = 0, cold = 0;
     int shapes[64][5];
     const char *backend = "cpu";
     for (int i = 1; i < argc; i++) {
@@ -227,6 +250,8 @@ int main(int argc, char **argv) {
             size = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) {
             seconds = atof(argv[++i]);
+        } else if (!strcmp(argv[i], "--cold")) {
+            cold = 1;
         } else if (!strcmp(argv[i], "--shape") && i + 1 < argc && n_shapes < 64) {
             int *s = shapes[n_shapes];
             if (sscanf(argv[++i], "%d,%d,%d,%d,%d", &s[0], &s[1], &s[2], &s[3], &s[4]) != 5 || s[0] <= 0 ||
@@ -236,7 +261,7 @@ int main(int argc, char **argv) {
             }
             n_shapes++;
         } else {
-            fprintf(stderr, "usage: peak_gemm [--backend cpu|cpu-openblas|cpu-onednn] [--size N] [--seconds S] "
+            fprintf(stderr, "usage: peak_gemm [--backend cpu|cpu-openblas|cpu-onednn] [--size N] [--seconds S] [--cold] "
                             "[--shape M,N,K,TA,TB ...]\n");
             return 2;
         }
@@ -263,5 +288,17 @@ int main(int argc, char **argv) {
     if (size > 0) measure_sgemm(size, size, size, 0, 0, seconds * 2, "sgemm_square");
     for (int i = 0; i < n_shapes; i++)
         measure_sgemm(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4], seconds, "sgemm_shape");
+    if (cold && n_shapes > 0) {
+        evict_buf = calloc(EVICT_BYTES / sizeof(float), sizeof(float));
+        if (!evict_buf) {
+            fprintf(stderr, "peak_gemm: out of memory\n");
+            return 1;
+        }
+        for (int i = 0; i < n_shapes; i++)
+            measure_sgemm(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4], seconds,
+                          "sgemm_shape_cold");
+        if (evict_sink < 0) printf("%g\n", evict_sink);
+        free(evict_buf);
+    }
     return 0;
 }
