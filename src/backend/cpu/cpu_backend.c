@@ -14,6 +14,7 @@
  * even depend on the thread count (attention's dq included: its copies
  * follow the shape's key runs, not the threads; test_attention checks 1 and
  * 3 threads against the default team). */
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,14 +71,43 @@ static void cpu_mem_stats(OLMO_BE, struct olmo_mem_stats *out) {
     const struct olmo_memcount *c = &CPU_STATE(be)->mem;
     *out = (struct olmo_mem_stats){.live = c->live, .peak = c->peak, .scratch = c->scratch, .n_live = c->n_live};
 }
+/* Copies and fills of at least this many bytes are split among the threads: one thread moves about
+ * 10 GB/s here, two about 18 (the step's gradient zeroing, 110 MB at the 20m config: 11.6 -> 6.4 ms) */
+enum { PAR_BYTES = 1 << 20 };
+
+/* Thread `t` of `n`'s part of `bytes`: [*a, *b), cut at multiples of 4 KiB. */
+static void thread_part(size_t bytes, int t, int n, size_t *a, size_t *b) {
+    const size_t chunk = (bytes / (size_t)n + 4095) & ~(size_t)4095;
+    *a = chunk * (size_t)t < bytes ? chunk * (size_t)t : bytes;
+    *b = *a + chunk < bytes ? *a + chunk : bytes;
+}
+
 static int cpu_copy(OLMO_BE, void *dst, const void *src, size_t bytes) {
     (void)be;
-    memcpy(dst, src, bytes);
+    if (bytes < PAR_BYTES) {
+        memcpy(dst, src, bytes);
+        return 0;
+    }
+#pragma omp parallel
+    {
+        size_t a, b;
+        thread_part(bytes, omp_get_thread_num(), omp_get_num_threads(), &a, &b);
+        if (b > a) memcpy((char *)dst + a, (const char *)src + a, b - a);
+    }
     return 0;
 }
 static int cpu_zero(OLMO_BE, void *p, size_t bytes) {
     (void)be;
-    memset(p, 0, bytes);
+    if (bytes < PAR_BYTES) {
+        memset(p, 0, bytes);
+        return 0;
+    }
+#pragma omp parallel
+    {
+        size_t a, b;
+        thread_part(bytes, omp_get_thread_num(), omp_get_num_threads(), &a, &b);
+        if (b > a) memset((char *)p + a, 0, b - a);
+    }
     return 0;
 }
 
