@@ -731,6 +731,14 @@ int olmo_model_block_backward(struct olmo_model *m, int l) {
     struct olmo_layer_tensors *g = &m->lg[l];
     struct olmo_attn_shape shape;
     attn_shape(m, l, &shape);
+    /* overwrite_grads: the weight GEMMs set their gradients (beta 0); the norms' are zeroed, then added to */
+    const float gb = m->overwrite_grads ? 0.0f : 1.0f;
+    if (m->overwrite_grads) {
+        TRY(be->zero(be, g->ff_norm, sizeof(float) * (size_t)D));
+        TRY(be->zero(be, g->attn_norm, sizeof(float) * (size_t)D));
+        TRY(be->zero(be, g->q_norm, sizeof(float) * (size_t)Q));
+        TRY(be->zero(be, g->k_norm, sizeof(float) * (size_t)K));
+    }
     TRY(all16_convert(m, a, ALL16_RESTORE));
     TRY(block_recompute(m, l, a));
     TRY(all16_round_recomputed(m, l, a));
@@ -740,16 +748,16 @@ int olmo_model_block_backward(struct olmo_model *m, int l) {
     /* MLP block */
     TRY(be->rmsnorm_bwd(be, m->dtmp, g->ff_norm, m->dx, a->m, w->ff_norm, a->rstd_m, N, D));
     TRY(be->gemm(be, false, false, N, F, D, 1.0f, m->dtmp, OLMO_F32, D, WEIGHT(w->down), F, 0.0f, m->ds, F));
-    TRY(be->gemm(be, true, false, D, F, N, 1.0f, m->dtmp, OLMO_F32, D, SAVED(a, s), F, 1.0f, g->down, F));
+    TRY(be->gemm(be, true, false, D, F, N, 1.0f, m->dtmp, OLMO_F32, D, SAVED(a, s), F, gb, g->down, F));
     TRY(be->swiglu_bwd(be, m->dg, m->du, m->ds, a->g, a->u, (size_t)N * F));
     TRY(be->gemm(be, false, false, N, D, F, 1.0f, m->dg, OLMO_F32, F, WEIGHT(w->gate), D, 1.0f, m->dx, D));
     TRY(be->gemm(be, false, false, N, D, F, 1.0f, m->du, OLMO_F32, F, WEIGHT(w->up), D, 1.0f, m->dx, D));
-    TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->dg, OLMO_F32, F, SAVED(a, h), D, 1.0f, g->gate, D));
-    TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->du, OLMO_F32, F, SAVED(a, h), D, 1.0f, g->up, D));
+    TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->dg, OLMO_F32, F, SAVED(a, h), D, gb, g->gate, D));
+    TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->du, OLMO_F32, F, SAVED(a, h), D, gb, g->up, D));
     /* attention block */
     TRY(be->rmsnorm_bwd(be, m->dtmp, g->attn_norm, m->dx, a->o, w->attn_norm, a->rstd_o, N, D));
     TRY(be->gemm(be, false, false, N, Q, D, 1.0f, m->dtmp, OLMO_F32, D, WEIGHT(w->wo), Q, 0.0f, m->datt, Q));
-    TRY(be->gemm(be, true, false, D, Q, N, 1.0f, m->dtmp, OLMO_F32, D, a->att, OLMO_F32, Q, 1.0f, g->wo, Q));
+    TRY(be->gemm(be, true, false, D, Q, N, 1.0f, m->dtmp, OLMO_F32, D, a->att, OLMO_F32, Q, gb, g->wo, Q));
     TRY(be->attention_bwd(be, m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v,
                       m->use_doc_ids ? m->doc_ids : NULL, &shape));
     TRY(be->rope_bwd(be, m->dq, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_heads, m->head_dim));
@@ -759,9 +767,9 @@ int olmo_model_block_backward(struct olmo_model *m, int l) {
     TRY(be->gemm(be, false, false, N, D, Q, 1.0f, m->dq, OLMO_F32, Q, WEIGHT(w->wq), D, 1.0f, m->dx, D));
     TRY(be->gemm(be, false, false, N, D, K, 1.0f, m->dk, OLMO_F32, K, WEIGHT(w->wk), D, 1.0f, m->dx, D));
     TRY(be->gemm(be, false, false, N, D, K, 1.0f, m->dv, OLMO_F32, K, WEIGHT(w->wv), D, 1.0f, m->dx, D));
-    TRY(be->gemm(be, true, false, Q, D, N, 1.0f, m->dq, OLMO_F32, Q, SAVED(a, x), D, 1.0f, g->wq, D));
-    TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dk, OLMO_F32, K, SAVED(a, x), D, 1.0f, g->wk, D));
-    TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dv, OLMO_F32, K, SAVED(a, x), D, 1.0f, g->wv, D));
+    TRY(be->gemm(be, true, false, Q, D, N, 1.0f, m->dq, OLMO_F32, Q, SAVED(a, x), D, gb, g->wq, D));
+    TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dk, OLMO_F32, K, SAVED(a, x), D, gb, g->wk, D));
+    TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dv, OLMO_F32, K, SAVED(a, x), D, gb, g->wv, D));
     return 0;
 }
 
@@ -770,10 +778,15 @@ int olmo_model_backward(struct olmo_model *m) {
     const struct olmo_model_config *c = &m->cfg;
     const int N = m->batch * m->seq_len, D = c->d_model, V = c->vocab_size;
     HOOK(acquire, OLMO_UNIT_ROOT, true);
+    const bool set = m->overwrite_grads;
+    if (set) { /* the embedding's and the final norm's gradients are sums of parts: from zero */
+        TRY(be->zero(be, m->d_embed, sizeof(float) * (size_t)V * D));
+        TRY(be->zero(be, m->d_final_norm, sizeof(float) * (size_t)D));
+    }
     /* LM head and final norm; m->logits holds dL/dlogits. */
     TRY(be->gemm(be, false, false, N, D, V, 1.0f, m->logits, OLMO_F32, V, WEIGHT(m->lm_head), D, 0.0f, m->dtmp, D));
     TRY(be->gemm(be, true, false, V, D, N, 1.0f, m->logits, OLMO_F32, V, m->xn16 ? (const void *)m->xn16 : m->xn_final,
-                 m->xn16 ? OLMO_BF16 : OLMO_F32, D, 1.0f, m->d_lm_head, D));
+                 m->xn16 ? OLMO_BF16 : OLMO_F32, D, set ? 0.0f : 1.0f, m->d_lm_head, D));
     TRY(be->rmsnorm_bwd(be, m->dx, m->d_final_norm, m->dtmp, m->x_final, m->final_norm, m->rstd_final, N, D));
     /* m->dx: gradient w.r.t. the current layer's output. */
     for (int l = c->n_layers - 1; l >= 0; l--) {
@@ -783,6 +796,7 @@ int olmo_model_backward(struct olmo_model *m) {
     }
     TRY(be->embedding_bwd(be, m->d_embed, m->dx, m->tokens, N, D));
     HOOK(release, OLMO_UNIT_ROOT, true);
+    m->overwrite_grads = false;
     return 0;
 }
 

@@ -90,8 +90,9 @@ int olmo_trainer_accumulate(struct olmo_trainer *tr, const int32_t *instances, s
     /* this rank's slice of the global batch */
     const int32_t *mine = instances + (size_t)(tr->dist ? tr->dist->rank : 0) * t->grad_accum * micro * T;
     double sums[2] = {0.0, 0.0}; /* cross-entropy, lse^2 */
-    if (tr->fully_sharded ? olmo_fsdp_zero_grads(&tr->fsdp) : m->be->zero(m->be, m->grads, m->n_floats * sizeof(float)))
-        return -1;
+    /* replicated: the first micro-batch's backward sets the gradients (no memset of them all first) */
+    if (tr->fully_sharded && olmo_fsdp_zero_grads(&tr->fsdp)) return -1;
+    m->overwrite_grads = !tr->fully_sharded;
     for (int a = 0; a < t->grad_accum; a++) {
         stage_micro_batch(tr, mine + (size_t)a * micro * T, micro);
         if (olmo_model_forward(m, tr->inputs, t->intra_doc_masking)) return -1;

@@ -507,6 +507,67 @@ static void test_model(void) {
     olmo_model_destroy(&m);
 }
 
+/* overwrite_grads: the first micro-batch's backward sets the gradients, with the bits that zeroing them and
+ * adding gives, over gradients full of NaN (any element it did not write would show); the second adds. */
+static void test_model_overwrite_grads(void) {
+    struct olmo_model_config cfg = {.vocab_size = 300, .d_model = 128, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+                                    .mlp_hidden = 256, .rope_theta = 10000, .sliding_window = 32,
+                                    .full_attention_every = 2, .full_attention_last = true, .rms_norm_eps = 1e-6,
+                                    .init_std = 0.05, .eos_token_id = 1};
+    enum { B = 2, T = 128, N = B * T };
+    struct olmo_model m;
+    if (olmo_model_create(&m, &cfg, be) || olmo_model_reserve(&m, B, T)) {
+        failures++;
+        printf("FAIL model create (overwrite_grads)\n");
+        return;
+    }
+    olmo_model_init_weights(&m, 11);
+    int32_t tokens[2][N], targets[2][N];
+    for (int mb = 0; mb < 2; mb++)
+        for (int i = 0; i < N; i++) {
+            tokens[mb][i] = (int32_t)((i * 37 + mb * 101 + 5) % cfg.vocab_size);
+            targets[mb][i] = i % T == T - 1 ? -100 : (int32_t)((i * 53 + mb * 7 + 3) % cfg.vocab_size);
+        }
+    const size_t bytes = m.n_floats * sizeof(float);
+    float *added = malloc(bytes), *first = malloc(bytes);
+    bool ok = added && first, flag_cleared = true;
+    for (int mode = 0; ok && mode < 2; mode++) {
+        if (mode == 0) memset(m.grads, 0, bytes);
+        else
+            for (size_t i = 0; i < m.n_floats; i++) m.grads[i] = NAN;
+        m.overwrite_grads = mode == 1;
+        for (int mb = 0; ok && mb < 2; mb++) {
+            struct model_ctx c = {&m, tokens[mb], targets[mb]};
+            model_loss(&c);
+            ok = olmo_model_backward(&m) == 0;
+            if (mode == 1 && mb == 0) {
+                memcpy(first, m.grads, bytes);
+                flag_cleared = !m.overwrite_grads;
+            }
+        }
+        if (mode == 0) memcpy(added, m.grads, bytes);
+    }
+    size_t nan_first = 0, differ = 0;
+    for (size_t i = 0; ok && i < m.n_floats; i++) {
+        nan_first += isnan(first[i]) != 0;
+        differ += memcmp(&added[i], &m.grads[i], sizeof(float)) != 0;
+    }
+    checks++;
+    if (!ok || nan_first || differ || !flag_cleared) {
+        failures++;
+        printf("FAIL overwrite_grads: %zu of %zu gradients unwritten by the first backward, %zu differ from zeroed + "
+               "added after two micro-batches%s%s\n",
+               nan_first, m.n_floats, differ, flag_cleared ? "" : ", flag not cleared", ok ? "" : ", a pass failed");
+    } else {
+        printf("ok   overwrite_grads: the first backward writes all %zu gradients; after two micro-batches bitwise "
+               "those of zeroed + added\n",
+               m.n_floats);
+    }
+    free(added);
+    free(first);
+    olmo_model_destroy(&m);
+}
+
 int main(void) {
     be = olmo_backend_create("cpu");
     if (!be) {
@@ -531,6 +592,7 @@ int main(void) {
     test_cross_entropy_bitwise();
     test_embedding();
     test_model();
+    test_model_overwrite_grads();
     /* last, so the random inputs of the tests above stay those they were tuned on */
     test_gemm_library(OLMO_CPU_GEMM_BF16_CONVERT, 1e-2);
     test_bf16_rounding(OLMO_CPU_GEMM_BF16_CONVERT);
