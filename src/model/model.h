@@ -131,7 +131,7 @@ struct olmo_model {
      * micro-batch of a step): that pass writes the gradients instead of adding to them (the weight
      * GEMMs with beta 0; the embedding's and the norms' gradients, sums of parts, are zeroed first),
      * with the same bits, and clears it.  One memset of every gradient less a step, and the GEMMs do
-     * not read C (20m config, T=512, forced AVX2: the weight-gradient GEMMs 184-186 -> 190-191 GFLOP/s). */
+     * not read C (20m config, T=512, forced AVX2: the larger weight-gradient GEMMs 183-186 -> 190-191 GFLOP/s). */
     bool overwrite_grads;
     /* Sharded (olmo_model_create_sharded): weights, grads and compute are not allocated; the hooks
      * make each unit resident when it is used, and olmo_model_weight looks pointers up in win. */
