@@ -9,8 +9,8 @@
  *           cpu-openblas or cpu-onednn; the same function olmoc trains
  *           with) on a large square problem and, with --shape, on the
  *           model's own shapes; with --cold, each call after a 64 MiB
- *           buffer is written (the caches then hold none of the operands,
- *           as in a training step, where the last op touched other arrays).
+ *           buffer is written (the L2s then hold none of the operands, as
+ *           in a training step, where the last ops touched other arrays).
  * Prints one JSON object per line; bench/bench_train.py reads them.
  *
  * usage: peak_gemm [--backend NAME] [--size N] [--seconds S] [--cold] [--shape M,N,K,TA,TB ...] */
@@ -178,7 +178,8 @@ static void measure_loop(const char *kind, double (*loop)(long, int *), double f
 
 static struct olmo_backend *be; /* the process's: freed at exit */
 
-/* --cold: larger than this machine's caches together (L2s and the L3 share 2 vCPUs see) */
+/* --cold: many times the L2s (2 MiB a core on the Intel VMs); how much of the L3 (480 MiB reported, the
+ * host's) 2 vCPUs get is not known, so the operands may still come from there rather than from memory */
 enum { EVICT_BYTES = 64 << 20 };
 static float *evict_buf;
 static double evict_sink;

@@ -778,15 +778,17 @@ int olmo_model_backward(struct olmo_model *m) {
     const struct olmo_model_config *c = &m->cfg;
     const int N = m->batch * m->seq_len, D = c->d_model, V = c->vocab_size;
     HOOK(acquire, OLMO_UNIT_ROOT, true);
-    const bool set = m->overwrite_grads;
-    if (set) { /* the embedding's and the final norm's gradients are sums of parts: from zero */
+    /* overwrite_grads: the LM head's GEMM sets its gradient (beta 0); the embedding's and the final norm's
+     * are sums of parts: zeroed, then added to */
+    const float gb = m->overwrite_grads ? 0.0f : 1.0f;
+    if (m->overwrite_grads) {
         TRY(be->zero(be, m->d_embed, sizeof(float) * (size_t)V * D));
         TRY(be->zero(be, m->d_final_norm, sizeof(float) * (size_t)D));
     }
     /* LM head and final norm; m->logits holds dL/dlogits. */
     TRY(be->gemm(be, false, false, N, D, V, 1.0f, m->logits, OLMO_F32, V, WEIGHT(m->lm_head), D, 0.0f, m->dtmp, D));
     TRY(be->gemm(be, true, false, V, D, N, 1.0f, m->logits, OLMO_F32, V, m->xn16 ? (const void *)m->xn16 : m->xn_final,
-                 m->xn16 ? OLMO_BF16 : OLMO_F32, D, set ? 0.0f : 1.0f, m->d_lm_head, D));
+                 m->xn16 ? OLMO_BF16 : OLMO_F32, D, gb, m->d_lm_head, D));
     TRY(be->rmsnorm_bwd(be, m->dx, m->d_final_norm, m->dtmp, m->x_final, m->final_norm, m->rstd_final, N, D));
     /* m->dx: gradient w.r.t. the current layer's output. */
     for (int l = c->n_layers - 1; l >= 0; l--) {
