@@ -568,6 +568,42 @@ static void test_model_overwrite_grads(void) {
     olmo_model_destroy(&m);
 }
 
+/* copy, zero and convert between equal types: the bytes memcpy and memset give, none past the end, below
+ * and above the size from which the threads split them (1 MiB), at sizes not a multiple of their 4 KiB parts */
+static void test_copy_zero(void) {
+    const size_t sizes[] = {0, 5, 4096, (1u << 20) - 3, 1u << 20, (3u << 20) + 7, (9u << 20) + 4093};
+    enum { GUARD = 64 };
+    for (size_t t = 0; t < sizeof sizes / sizeof sizes[0]; t++) {
+        const size_t n = sizes[t];
+        unsigned char *src = malloc(n + GUARD), *dst = malloc(n + GUARD), *cvt = malloc(n + GUARD);
+        if (!src || !dst || !cvt) {
+            checks++, failures++;
+            printf("FAIL copy/zero: out of memory at %zu bytes\n", n);
+            free(src), free(dst), free(cvt);
+            return;
+        }
+        for (size_t i = 0; i < n + GUARD; i++) src[i] = (unsigned char)(i * 131 + 7);
+        memset(dst, 0xAB, n + GUARD);
+        memset(cvt, 0xAB, n + GUARD);
+        const int rc_copy = be->copy(be, dst, src, n);
+        const int rc_cvt = be->convert(be, cvt, OLMO_F32, src, OLMO_F32, n / 4);
+        bool copied = rc_copy == 0 && !memcmp(dst, src, n), converted = rc_cvt == 0 && !memcmp(cvt, src, n / 4 * 4);
+        for (size_t i = n; i < n + GUARD; i++) copied = copied && dst[i] == 0xAB;
+        for (size_t i = n / 4 * 4; i < n + GUARD; i++) converted = converted && cvt[i] == 0xAB;
+        bool zeroed = be->zero(be, dst, n) == 0;
+        for (size_t i = 0; i < n + GUARD; i++) zeroed = zeroed && dst[i] == (i < n ? 0 : 0xAB);
+        checks++;
+        if (copied && converted && zeroed) {
+            printf("ok   copy/zero/convert f32->f32 of %zu bytes\n", n);
+        } else {
+            failures++;
+            printf("FAIL copy/zero/convert f32->f32 of %zu bytes: copy %s, convert %s, zero %s\n", n,
+                   copied ? "ok" : "wrong", converted ? "ok" : "wrong", zeroed ? "ok" : "wrong");
+        }
+        free(src), free(dst), free(cvt);
+    }
+}
+
 int main(void) {
     be = olmo_backend_create("cpu");
     if (!be) {
@@ -593,6 +629,7 @@ int main(void) {
     test_embedding();
     test_model();
     test_model_overwrite_grads();
+    test_copy_zero();
     /* last, so the random inputs of the tests above stay those they were tuned on */
     test_gemm_library(OLMO_CPU_GEMM_BF16_CONVERT, 1e-2);
     test_bf16_rounding(OLMO_CPU_GEMM_BF16_CONVERT);

@@ -75,9 +75,7 @@ static void cpu_mem_stats(OLMO_BE, struct olmo_mem_stats *out) {
  * 10 GB/s here, two about 18 (the step's gradient zeroing, 110 MB at the 20m config: 11.6 -> 6.4 ms) */
 enum { PAR_BYTES = 1 << 20 };
 
-/* dst = src's bytes, or zeros where src is NULL; each thread its part, cut at multiples of 4 KiB (one
- * thread, the whole, below PAR_BYTES) */
-static void move_bytes(void *dst, const void *src, size_t bytes) {
+void cpu_move_bytes(void *dst, const void *src, size_t bytes) {
 #pragma omp parallel if (bytes >= PAR_BYTES)
     {
         const size_t chunk = (bytes / (size_t)omp_get_num_threads() + 4095) & ~(size_t)4095;
@@ -90,12 +88,12 @@ static void move_bytes(void *dst, const void *src, size_t bytes) {
 
 static int cpu_copy(OLMO_BE, void *dst, const void *src, size_t bytes) {
     (void)be;
-    move_bytes(dst, src, bytes);
+    cpu_move_bytes(dst, src, bytes);
     return 0;
 }
 static int cpu_zero(OLMO_BE, void *p, size_t bytes) {
     (void)be;
-    move_bytes(p, NULL, bytes);
+    cpu_move_bytes(p, NULL, bytes);
     return 0;
 }
 

@@ -33,6 +33,9 @@
  * the error set when memory runs out, and the op returns -1.  Parallel
  * regions have no error path: their per-thread buffers are allocated before. */
 void *cpu_scratch(size_t bytes);
+/* dst = src's bytes, or zeros where src is NULL: split among the threads from 1 MiB on, each thread's part
+ * cut at multiples of 4 KiB (cpu_copy, cpu_zero and cpu_convert between equal types) */
+void cpu_move_bytes(void *dst, const void *src, size_t bytes);
 
 /* Large per-call buffers kept between calls, per instance. */
 enum cpu_scratch_slot {

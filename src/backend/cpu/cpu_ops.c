@@ -319,7 +319,7 @@ int cpu_adamw(OLMO_BE, float *param, const float *grad, float *m, float *v, size
 int cpu_convert(OLMO_BE, void *dst, enum olmo_float_type dst_type, const void *src, enum olmo_float_type src_type, size_t n) {
     (void)be;
     if (dst_type == src_type) {
-        memcpy(dst, src, n * olmo_float_type_size(dst_type));
+        cpu_move_bytes(dst, src, n * olmo_float_type_size(dst_type));
     } else if (dst_type == OLMO_BF16) {
         uint16_t *d = dst;
         const float *x = src;
