@@ -23,8 +23,9 @@ struct olmo_attn_shape {
     float scale; /* softmax scale, 1/sqrt(head_dim) */
 };
 
-/* Element types of backend buffers and GEMM operands. */
-enum olmo_float_type { OLMO_F32, OLMO_BF16 };
+/* Element types of backend buffers and GEMM operands (OLMO_I32: token and document ids, a buffer type
+ * only, never a GEMM or convert operand). */
+enum olmo_float_type { OLMO_F32, OLMO_BF16, OLMO_I32 };
 size_t olmo_float_type_size(enum olmo_float_type dtype);
 
 /* What a buffer holds.  Master weights, their gradients and the optimizer

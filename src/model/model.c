@@ -184,48 +184,12 @@ void olmo_model_bind_layer(struct olmo_model *m, int l, float *w, float *g) {
     }
 }
 
-static void free_layer_acts(const struct olmo_backend *be, struct olmo_layer_acts *a) {
-    void *bufs[] = {a->x,   a->q_raw, a->k_raw,  a->q, a->k, a->v, a->rstd_q, a->rstd_k, a->att, a->lse, a->o,
-                    a->rstd_o, a->h, a->g, a->u, a->s,      a->m,      a->rstd_m, a->x16,   a->h16, a->s16,
-                    a->q_raw16, a->k_raw16, a->q16, a->k16, a->v16, a->att16, a->o16, a->m16, a->g16, a->u16};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
-    memset(a, 0, sizeof *a);
-}
-
-static void free_acts(struct olmo_model *m) {
-    const struct olmo_backend *be = m->be;
-    if (m->acts) {
-        for (int l = 0; l < m->cfg.n_layers; l++) free_layer_acts(be, &m->acts[l]);
-        free(m->acts);
-        m->acts = NULL;
-    }
-    free_layer_acts(be, &m->recompute);
-    float *bufs[] = {m->x_final, m->xn_final, m->rstd_final, m->logits, m->rope_cos, m->rope_sin, m->dx,
-                     m->dh,      m->dtmp,     m->dq,         m->dk,     m->dv,       m->datt,     m->dg,
-                     m->du,      m->ds};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
-    m->x_final = m->xn_final = m->rstd_final = m->logits = m->rope_cos = m->rope_sin = NULL;
-    m->dx = m->dh = m->dtmp = m->dq = m->dk = m->dv = m->datt = m->dg = m->du = m->ds = NULL;
-    be->free(be, m->resid);
-    be->free(be, m->xn16);
-    be->free(be, m->round16);
-    m->resid = NULL;
-    m->xn16 = NULL;
-    m->round16 = NULL;
-    be->free(be, m->tokens);
-    be->free(be, m->targets);
-    be->free(be, m->doc_ids);
-    m->tokens = m->targets = m->doc_ids = NULL;
-    m->batch = m->seq_len = 0;
-    m->act_bytes = 0;
-}
-
 int olmo_model_set_checkpointing(struct olmo_model *m, enum olmo_act_ckpt mode, int every) {
     if (mode != ACT_CKPT_NONE && mode != ACT_CKPT_FEED_FORWARD && mode != ACT_CKPT_BLOCK)
         return olmo_error("activation checkpointing mode %d is not none, feed_forward or block", (int)mode);
     if (every < 1) return olmo_error("activation checkpointing: block_every must be >= 1, got %d", every);
     if (mode == m->ckpt_mode && every == m->ckpt_every) return 0;
-    free_acts(m); /* sized for the old mode: the next olmo_model_reserve allocates for the new one */
+    olmo_model_free_acts(m); /* sized for the old mode: the next olmo_model_reserve allocates for the new one */
     m->ckpt_mode = mode;
     m->ckpt_every = every;
     return 0;
@@ -237,7 +201,7 @@ int olmo_model_set_saved_type(struct olmo_model *m, enum olmo_float_type type) {
         return olmo_error("saved activations in bf16 need a backend that multiplies in bf16 (cpu-bf16, cuda-bf16); "
                           "backend '%s' computes in fp32", m->be->name);
     if (type == m->saved_type) return 0;
-    free_acts(m); /* the next olmo_model_reserve allocates them in the new type */
+    olmo_model_free_acts(m); /* the next olmo_model_reserve allocates them in the new type */
     m->saved_type = type;
     m->saved_all_bf16 = false; /* every saved activation in bf16 implies the GEMM operands in bf16 */
     return 0;
@@ -249,7 +213,7 @@ int olmo_model_set_saved_all_bf16(struct olmo_model *m, bool on) {
                           "cuda-bf16); backend '%s' computes in fp32",
                           m->be->name);
     if (on == m->saved_all_bf16) return 0;
-    free_acts(m);
+    olmo_model_free_acts(m);
     m->saved_all_bf16 = on;
     if (on) m->saved_type = OLMO_BF16;
     return 0;
@@ -259,43 +223,9 @@ bool olmo_model_layer_checkpointed(const struct olmo_model *m, int l) {
     return m->ckpt_mode != ACT_CKPT_NONE && m->ckpt_every > 0 && l % m->ckpt_every == 0;
 }
 
-struct olmo_layer_acts olmo_model_layer_acts(const struct olmo_model *m, int l) {
-    struct olmo_layer_acts a = m->acts[l];
-    const struct olmo_layer_acts *r = &m->recompute;
-    if (olmo_model_layer_checkpointed(m, l) && m->ckpt_mode == ACT_CKPT_BLOCK) {
-        float *x = a.x;
-        a = *r;
-        a.x = x;
-    } else if (olmo_model_layer_checkpointed(m, l)) {
-        a.g = r->g;
-        a.u = r->u;
-        a.s = r->s;
-    }
-    /* what is saved as bf16 is computed in fp32 working buffers: the input in resid, h and s in the
-     * backward's dh and ds (free during the forward pass; the backward reads only the bf16 copies) */
-    if (a.x16) a.x = m->resid;
-    if (a.h16) a.h = m->dh;
-    if (a.s16) a.s = m->ds;
-    /* saved_all_bf16: the fp32 values live in the shared set (during the forward, and again in the
-     * backward once olmo_model_block_backward has converted the bf16 copies back) */
-    if (m->saved_all_bf16 && !(olmo_model_layer_checkpointed(m, l) && m->ckpt_mode == ACT_CKPT_BLOCK)) {
-        a.q_raw = r->q_raw;
-        a.k_raw = r->k_raw;
-        a.q = r->q;
-        a.k = r->k;
-        a.v = r->v;
-        a.att = r->att;
-        a.o = r->o;
-        a.m = r->m;
-        a.g = r->g;
-        a.u = r->u;
-    }
-    return a;
-}
-
 void olmo_model_destroy(struct olmo_model *m) {
     if (!m->be) return;
-    free_acts(m);
+    olmo_model_free_acts(m);
     olmo_buf_free(m->be, &m->compute);
     m->be->free(m->be, m->weights);
     m->be->free(m->be, m->grads);
@@ -386,9 +316,14 @@ void olmo_rope_tables(float *cos_t, float *sin_t, int n_positions, int head_dim,
     rope_tables(cos_t, sin_t, n_positions, head_dim, theta);
 }
 
+void olmo_model_act_layout(const struct olmo_model *m, int batch, int seq_len, struct olmo_act_layout *lo) {
+    olmo_act_layout_init(lo, &m->cfg, batch, seq_len, m->ckpt_mode, m->ckpt_every, m->saved_type == OLMO_BF16,
+                         m->saved_all_bf16);
+}
+
 int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len) {
     if (m->batch == batch && m->seq_len == seq_len) return 0;
-    free_acts(m);
+    olmo_model_free_acts(m);
     m->batch = batch;
     m->seq_len = seq_len;
     if (check_attention(m)) {
@@ -396,133 +331,39 @@ int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len) {
         return -1;
     }
     const struct olmo_backend *be = m->be;
-    const struct olmo_model_config *c = &m->cfg;
-    const size_t N = (size_t)batch * seq_len, D = (size_t)c->d_model, Q = (size_t)m->q_dim,
-                 K = (size_t)m->kv_dim, F = (size_t)c->mlp_hidden, V = (size_t)c->vocab_size;
-    int failed = 0;
-    /* Two passes over one list: the first (host memory) adds up the bytes and refuses what cannot
-     * fit, the second allocates. */
-    double need = 3.0 * N * sizeof(int32_t); /* tokens, targets, doc_ids */
-    const double before_acts = need;
-    double act_bytes = 0;
-    bool counting = true; /* the first pass also measures the saved activations (m->act_bytes) */
-    struct olmo_layer_acts counted;
-#define ALLOC_TYPED(ptr, count, size)                                                     \
-    do {                                                                                  \
-        if (counting) need += (double)(count) * (size);                                   \
-        else if (!((ptr) = be->alloc(be, (count) * (size)))) failed = 1;                  \
-    } while (0)
-#define ALLOC(ptr, count) ALLOC_TYPED(ptr, count, sizeof(float))
-#define ALLOC16(ptr, count) ALLOC_TYPED(ptr, count, sizeof(uint16_t))
-pass:
-    if (!counting && !(m->acts = olmo_calloc((size_t)c->n_layers, sizeof *m->acts, "activation table"))) return -1;
-    /* Layer l keeps x always; the attention part (q_raw .. h, m, rstd_m) unless block-checkpointed; the
-     * MLP's inner g, u, s unless checkpointed.  The recompute set holds the rest, once. */
-    bool any_checkpointed = false, any_x16 = false;
-    const bool bf16 = m->saved_type == OLMO_BF16, all16 = m->saved_all_bf16;
-    for (int l = 0; l <= c->n_layers; l++) {
-        const bool shared = l == c->n_layers; /* the last pass: the recompute set (all16: the fp32 working set) */
-        if (shared && !any_checkpointed && !all16) break;
-        const bool ck = !shared && olmo_model_layer_checkpointed(m, l);
-        any_checkpointed |= ck;
-        struct olmo_layer_acts *a = counting ? &counted : shared ? &m->recompute : &m->acts[l];
-        const bool keep_x = !shared,
-                   keep_attn = shared ? m->ckpt_mode == ACT_CKPT_BLOCK || all16 : !(ck && m->ckpt_mode == ACT_CKPT_BLOCK),
-                   keep_mlp = shared || !ck, half = all16 && !shared; /* every large one as bf16 */
-        /* a block-checkpointed layer reruns its forward from x: fp32 there */
-        const bool x16 = keep_x && bf16 && !(ck && m->ckpt_mode == ACT_CKPT_BLOCK);
-        any_x16 |= x16;
-        if (x16) ALLOC16(a->x16, N * D);
-        else if (keep_x) ALLOC(a->x, N * D);
-#define ALLOC_SAVED(f, count)               \
-    do {                                    \
-        if (half) ALLOC16(a->f##16, count); \
-        else ALLOC(a->f, count);            \
-    } while (0)
-        if (keep_attn) {
-            ALLOC_SAVED(q_raw, N * Q);
-            ALLOC_SAVED(k_raw, N * K);
-            ALLOC_SAVED(q, N * Q);
-            ALLOC_SAVED(k, N * K);
-            ALLOC_SAVED(v, N * K);
-            ALLOC(a->rstd_q, N);
-            ALLOC(a->rstd_k, N);
-            ALLOC_SAVED(att, N * Q);
-            ALLOC(a->lse, N * (size_t)c->n_heads);
-            ALLOC_SAVED(o, N * D);
-            ALLOC(a->rstd_o, N);
-            if (bf16 && !shared) ALLOC16(a->h16, N * D);
-            else ALLOC(a->h, N * D);
-            ALLOC_SAVED(m, N * D);
-            ALLOC(a->rstd_m, N);
-        }
-        if (keep_mlp) {
-            ALLOC_SAVED(g, N * F);
-            ALLOC_SAVED(u, N * F);
-            if (bf16 && !shared) ALLOC16(a->s16, N * F);
-            else ALLOC(a->s, N * F);
-        }
-#undef ALLOC_SAVED
-        if (failed) break;
-    }
-    if (any_x16) ALLOC(m->resid, N * D);
-    ALLOC(m->x_final, N * D);
-    if (bf16) ALLOC16(m->xn16, N * D);
-    else ALLOC(m->xn_final, N * D);
-    ALLOC(m->rstd_final, N);
-    if (counting) act_bytes = need - before_acts;
-    /* all16 with checkpointing: rounds what the backward recomputes as the kept ones are rounded */
-    if (all16 && any_checkpointed) ALLOC16(m->round16, N * (F > Q ? (F > D ? F : D) : (Q > D ? Q : D)));
-    ALLOC(m->logits, N * V);
-    ALLOC(m->rope_cos, (size_t)seq_len * m->head_dim / 2);
-    ALLOC(m->rope_sin, (size_t)seq_len * m->head_dim / 2);
-    ALLOC(m->dx, N * D);
-    ALLOC(m->dh, N * D);
-    ALLOC(m->dtmp, N * D);
-    ALLOC(m->dq, N * Q);
-    ALLOC(m->dk, N * K);
-    ALLOC(m->dv, N * K);
-    ALLOC(m->datt, N * Q);
-    ALLOC(m->dg, N * F);
-    ALLOC(m->du, N * F);
-    ALLOC(m->ds, N * F);
-#undef ALLOC
-#undef ALLOC16
-#undef ALLOC_TYPED
-    if (counting) {
-        const size_t limit = olmo_memory_limit();
+    struct olmo_act_layout lo;
+    olmo_model_act_layout(m, batch, seq_len, &lo);
+    const double need = olmo_act_group_bytes(&lo, OLMO_ACT_SAVED, NULL, NULL) +
+                        olmo_act_group_bytes(&lo, OLMO_ACT_OUTPUT, NULL, NULL) +
+                        olmo_act_group_bytes(&lo, OLMO_ACT_WORK, NULL, NULL);
+    const size_t limit = olmo_memory_limit();
+    if (be->host_memory && need > (double)limit) { /* refuse what cannot fit before allocating */
         char a[32], b[32];
-        if (be->host_memory && need > (double)limit) {
-            m->batch = m->seq_len = 0;
-            return olmo_error("activations for train.micro_batch %d x train.seq_len %d need %s, more than this "
-                              "process may use (%s: physical memory or ulimit); reduce train.micro_batch or "
-                              "train.seq_len (train.grad_accum keeps the batch)",
-                              batch, seq_len, olmo_format_gib(a, sizeof a, need), olmo_format_gib(b, sizeof b, (double)limit));
-        }
-        counting = false;
-        goto pass;
+        m->batch = m->seq_len = 0;
+        return olmo_error("activations for train.micro_batch %d x train.seq_len %d need %s, more than this "
+                          "process may use (%s: physical memory or ulimit); reduce train.micro_batch or "
+                          "train.seq_len (train.grad_accum keeps the batch)",
+                          batch, seq_len, olmo_format_gib(a, sizeof a, need), olmo_format_gib(b, sizeof b, (double)limit));
     }
-    if (!failed && !(m->tokens = be->alloc(be, N * sizeof(int32_t)))) failed = 1;
-    if (!failed && !(m->targets = be->alloc(be, N * sizeof(int32_t)))) failed = 1;
-    if (!failed && !(m->doc_ids = be->alloc(be, N * sizeof(int32_t)))) failed = 1;
-    m->batch = batch;
-    m->seq_len = seq_len;
-    m->act_bytes = (size_t)act_bytes;
-    if (failed) {
-        free_acts(m);
+    if (olmo_model_alloc_acts(m, &lo)) {
+        olmo_model_free_acts(m);
         return olmo_error_context("activations for batch %d x seq_len %d", batch, seq_len);
     }
-    float *cos_t = malloc(sizeof(float) * (size_t)seq_len * m->head_dim / 2);
-    float *sin_t = malloc(sizeof(float) * (size_t)seq_len * m->head_dim / 2);
+    m->batch = batch;
+    m->seq_len = seq_len;
+    m->act_bytes = (size_t)olmo_act_group_bytes(&lo, OLMO_ACT_SAVED, NULL, NULL);
+    const size_t half = (size_t)m->head_dim / 2;
+    float *cos_t = malloc(sizeof(float) * (size_t)seq_len * half);
+    float *sin_t = malloc(sizeof(float) * (size_t)seq_len * half);
     if (!cos_t || !sin_t) {
         free(cos_t);
         free(sin_t);
-        free_acts(m);
+        olmo_model_free_acts(m);
         return olmo_error("out of memory for RoPE tables");
     }
-    rope_tables(cos_t, sin_t, seq_len, m->head_dim, c->rope_theta);
-    const int rc = be->to_device(be, m->rope_cos, cos_t, sizeof(float) * (size_t)seq_len * m->head_dim / 2) ||
-                   be->to_device(be, m->rope_sin, sin_t, sizeof(float) * (size_t)seq_len * m->head_dim / 2);
+    rope_tables(cos_t, sin_t, seq_len, m->head_dim, m->cfg.rope_theta);
+    const int rc = be->to_device(be, m->rope_cos, cos_t, sizeof(float) * (size_t)seq_len * half) ||
+                   be->to_device(be, m->rope_sin, sin_t, sizeof(float) * (size_t)seq_len * half);
     free(cos_t);
     free(sin_t);
     return rc ? -1 : 0;
@@ -534,7 +375,8 @@ pass:
 
 /* Layer l's fp32 input: its saved x, or resid where it saves x as bf16. */
 static float *layer_input(struct olmo_model *m, int l) {
-    return m->acts[l].x16 ? m->resid : m->acts[l].x;
+    const struct olmo_buf *x = &m->saved[l][OLMO_ACT_X];
+    return x->dtype == OLMO_BF16 ? m->resid : x->data;
 }
 
 /* Where layer l writes its output: the next layer's input, or the final norm's. */
@@ -542,8 +384,15 @@ static float *layer_output(struct olmo_model *m, int l) {
     return l == m->cfg.n_layers - 1 ? m->x_final : layer_input(m, l + 1);
 }
 
+/* Whether a layer keeps slot `slot` as bf16 (its saved buffer, typed). */
+static bool kept_bf16(const struct olmo_layer_acts *a, enum olmo_act_slot slot) {
+    return a->saved && a->saved[slot].data && a->saved[slot].dtype == OLMO_BF16;
+}
+
 /* A saved activation as a GEMM operand (two arguments, pointer and type): its bf16 copy where it has one. */
-#define SAVED(a, f) ((a)->f##16 ? (const void *)(a)->f##16 : (const void *)(a)->f), ((a)->f##16 ? OLMO_BF16 : OLMO_F32)
+#define SAVED(a, slot, f)                                                                          \
+    (kept_bf16((a), (slot)) ? (const void *)(a)->saved[slot].data : (const void *)(a)->f),          \
+        (kept_bf16((a), (slot)) ? OLMO_BF16 : OLMO_F32)
 
 /* Copies n rows of a [n, width] buffer into a ring of cap rows starting at position p0. */
 static int cache_store(const struct olmo_backend *be, float *cache, const float *rows, int n, int p0, int cap,
@@ -602,48 +451,36 @@ int olmo_layer_forward(const struct olmo_model *m, int layer, const struct olmo_
     return 0;
 }
 
-/* saved_all_bf16: the activations a layer saves as bf16 besides x, h and s (read by the backward as GEMM
- * operands, in bf16), each with its fp32 working buffer (the shared set), its width and whether it
- * belongs to the feed-forward part (what feed_forward checkpointing recomputes). */
-#define ALL16_SLOTS(X)                                                                              \
-    X(q_raw, Q, false) X(k_raw, K, false) X(q, Q, false) X(k, K, false) X(v, K, false) X(att, Q, false) \
-    X(o, D, false) X(m, D, false) X(g, F, true) X(u, F, true)
-
-enum all16_dir { ALL16_SAVE, ALL16_RESTORE };
-
-/* Converts every slot that has a bf16 copy: fp32 -> bf16 after the forward, bf16 -> fp32 before the
- * backward. */
-static int all16_convert(const struct olmo_model *m, const struct olmo_layer_acts *a, enum all16_dir dir) {
+/* Converts between each kept bf16 tensor of a layer and its fp32 working buffer: fp32 -> bf16 after the
+ * forward (every one but the input, converted before it), bf16 -> fp32 before the backward (the LARGE
+ * ones: saved_all_bf16; the OPERAND ones are read as bf16 GEMM operands). */
+static int convert_kept(const struct olmo_model *m, const struct olmo_layer_acts *a, bool save) {
     const struct olmo_backend *be = m->be;
-    const size_t N = (size_t)m->batch * m->seq_len, D = (size_t)m->cfg.d_model, Q = (size_t)m->q_dim,
-                 K = (size_t)m->kv_dim, F = (size_t)m->cfg.mlp_hidden;
-#define CONVERT_SLOT(f, width, ffn)                                                                       \
-    if (a->f##16) {                                                                                    \
-        if (dir == ALL16_SAVE) TRY(be->convert(be, a->f##16, OLMO_BF16, a->f, OLMO_F32, N * (width))); \
-        else TRY(be->convert(be, a->f, OLMO_F32, a->f##16, OLMO_BF16, N * (width)));                  \
+    for (int i = 0; i < OLMO_ACT_LAYER_SLOTS; i++) {
+        if (i == OLMO_ACT_X || !kept_bf16(a, (enum olmo_act_slot)i)) continue;
+        const struct olmo_buf *b = &a->saved[i];
+        if (save) TRY(be->convert(be, b->data, OLMO_BF16, a->slot[i], OLMO_F32, b->numel));
+        else if (olmo_act_layer_specs[i].kind == OLMO_ACT_LARGE)
+            TRY(be->convert(be, a->slot[i], OLMO_F32, b->data, OLMO_BF16, b->numel));
     }
-    ALL16_SLOTS(CONVERT_SLOT)
-#undef CONVERT_SLOT
     return 0;
 }
 
 /* saved_all_bf16: what a checkpointed layer recomputed (fp32), rounded to bf16 in place as the kept
  * layers' activations are, so that checkpointing stays bit-identical to none.  Feed-forward
  * checkpointing recomputes g and u (and s: a GEMM operand, rounded by the GEMM), block checkpointing
- * every slot. */
+ * every LARGE tensor. */
 static int all16_round_recomputed(const struct olmo_model *m, int l, const struct olmo_layer_acts *a) {
     if (!m->saved_all_bf16 || !olmo_model_layer_checkpointed(m, l)) return 0;
     const struct olmo_backend *be = m->be;
-    const size_t N = (size_t)m->batch * m->seq_len, D = (size_t)m->cfg.d_model, Q = (size_t)m->q_dim,
-                 K = (size_t)m->kv_dim, F = (size_t)m->cfg.mlp_hidden;
     const bool block = m->ckpt_mode == ACT_CKPT_BLOCK;
-#define ROUND_SLOT(f, width, ffn)                                                                \
-    if (block || (ffn)) {                                                                        \
-        TRY(be->convert(be, m->round16, OLMO_BF16, a->f, OLMO_F32, N * (width)));                \
-        TRY(be->convert(be, a->f, OLMO_F32, m->round16, OLMO_BF16, N * (width)));                \
+    for (int i = 0; i < OLMO_ACT_LAYER_SLOTS; i++) {
+        const struct olmo_act_layer_spec *s = &olmo_act_layer_specs[i];
+        if (s->kind != OLMO_ACT_LARGE || !(block || s->part == OLMO_ACT_MLP)) continue;
+        const size_t n = m->shared[i].numel;
+        TRY(be->convert(be, m->round16, OLMO_BF16, a->slot[i], OLMO_F32, n));
+        TRY(be->convert(be, a->slot[i], OLMO_F32, m->round16, OLMO_BF16, n));
     }
-    ALL16_SLOTS(ROUND_SLOT)
-#undef ROUND_SLOT
     return 0;
 }
 
@@ -651,16 +488,14 @@ int olmo_model_block_forward(struct olmo_model *m, int l) {
     struct olmo_attn_shape shape;
     attn_shape(m, l, &shape);
     const struct olmo_backend *be = m->be;
-    const size_t ND = (size_t)m->batch * m->seq_len * m->cfg.d_model, NF = (size_t)m->batch * m->seq_len * m->cfg.mlp_hidden;
     const struct olmo_layer_acts a = olmo_model_layer_acts(m, l);
     /* the bf16 copy of x first: the layer's output may overwrite its input (both in resid) */
-    if (a.x16) TRY(be->convert(be, a.x16, OLMO_BF16, a.x, OLMO_F32, ND));
+    if (kept_bf16(&a, OLMO_ACT_X))
+        TRY(be->convert(be, a.saved[OLMO_ACT_X].data, OLMO_BF16, a.x, OLMO_F32, a.saved[OLMO_ACT_X].numel));
     /* m->dtmp is free during the forward pass */
     TRY(olmo_layer_forward(m, l, &a, layer_output(m, l), m->dtmp, m->rope_cos, m->rope_sin, &shape,
                            m->use_doc_ids ? m->doc_ids : NULL, NULL));
-    if (a.h16) TRY(be->convert(be, a.h16, OLMO_BF16, a.h, OLMO_F32, ND));
-    if (a.s16) TRY(be->convert(be, a.s16, OLMO_BF16, a.s, OLMO_F32, NF));
-    return all16_convert(m, &a, ALL16_SAVE);
+    return convert_kept(m, &a, true);
 }
 
 int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_masking) {
@@ -694,10 +529,12 @@ int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_mas
         TRY(olmo_model_block_forward(m, l));
         HOOK(release, l, false);
     }
-    float *xn = m->xn16 ? m->dtmp : m->xn_final; /* saved as bf16: computed in fp32 scratch first */
+    const struct olmo_buf *xn_saved = &m->bufs[OLMO_ACT_XN_FINAL];
+    const bool xn16 = xn_saved->dtype == OLMO_BF16;
+    float *xn = xn16 ? m->dtmp : xn_saved->data; /* saved as bf16: computed in fp32 scratch first */
     TRY(be->rmsnorm_fwd(be, xn, m->rstd_final, m->x_final, m->final_norm, N, D, eps));
     TRY(be->gemm(be, false, true, N, V, D, 1.0f, xn, OLMO_F32, D, WEIGHT(m->lm_head), D, 0.0f, m->logits, V));
-    if (m->xn16) TRY(be->convert(be, m->xn16, OLMO_BF16, xn, OLMO_F32, (size_t)N * D));
+    if (xn16) TRY(be->convert(be, xn_saved->data, OLMO_BF16, xn, OLMO_F32, (size_t)N * D));
     return 0;
 }
 
@@ -713,7 +550,7 @@ int olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_sca
 static int block_recompute(struct olmo_model *m, int l, const struct olmo_layer_acts *a) {
     if (!olmo_model_layer_checkpointed(m, l)) return 0;
     if (m->ckpt_mode == ACT_CKPT_FEED_FORWARD) /* from h (its bf16 copy: the GEMM rounds h to bf16 anyway) */
-        return ffn_inner_forward(m, &m->lw[l], a, SAVED(a, h), m->batch * m->seq_len);
+        return ffn_inner_forward(m, &m->lw[l], a, SAVED(a, OLMO_ACT_H, h), m->batch * m->seq_len);
     /* block: the whole layer from its input; its output (already the next layer's input) goes to m->dh,
      * which nothing reads (the backward accumulates in m->dx), and m->dtmp is the forward's scratch */
     struct olmo_attn_shape shape;
@@ -739,7 +576,7 @@ int olmo_model_block_backward(struct olmo_model *m, int l) {
         TRY(be->zero(be, g->q_norm, sizeof(float) * (size_t)Q));
         TRY(be->zero(be, g->k_norm, sizeof(float) * (size_t)K));
     }
-    TRY(all16_convert(m, a, ALL16_RESTORE));
+    TRY(convert_kept(m, a, false));
     TRY(block_recompute(m, l, a));
     TRY(all16_round_recomputed(m, l, a));
     /* m->dx holds the gradient of the layer's output; the input-gradient GEMMs add into it in place, so that
@@ -748,12 +585,12 @@ int olmo_model_block_backward(struct olmo_model *m, int l) {
     /* MLP block */
     TRY(be->rmsnorm_bwd(be, m->dtmp, g->ff_norm, m->dx, a->m, w->ff_norm, a->rstd_m, N, D));
     TRY(be->gemm(be, false, false, N, F, D, 1.0f, m->dtmp, OLMO_F32, D, WEIGHT(w->down), F, 0.0f, m->ds, F));
-    TRY(be->gemm(be, true, false, D, F, N, 1.0f, m->dtmp, OLMO_F32, D, SAVED(a, s), F, gb, g->down, F));
+    TRY(be->gemm(be, true, false, D, F, N, 1.0f, m->dtmp, OLMO_F32, D, SAVED(a, OLMO_ACT_S, s), F, gb, g->down, F));
     TRY(be->swiglu_bwd(be, m->dg, m->du, m->ds, a->g, a->u, (size_t)N * F));
     TRY(be->gemm(be, false, false, N, D, F, 1.0f, m->dg, OLMO_F32, F, WEIGHT(w->gate), D, 1.0f, m->dx, D));
     TRY(be->gemm(be, false, false, N, D, F, 1.0f, m->du, OLMO_F32, F, WEIGHT(w->up), D, 1.0f, m->dx, D));
-    TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->dg, OLMO_F32, F, SAVED(a, h), D, gb, g->gate, D));
-    TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->du, OLMO_F32, F, SAVED(a, h), D, gb, g->up, D));
+    TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->dg, OLMO_F32, F, SAVED(a, OLMO_ACT_H, h), D, gb, g->gate, D));
+    TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->du, OLMO_F32, F, SAVED(a, OLMO_ACT_H, h), D, gb, g->up, D));
     /* attention block */
     TRY(be->rmsnorm_bwd(be, m->dtmp, g->attn_norm, m->dx, a->o, w->attn_norm, a->rstd_o, N, D));
     TRY(be->gemm(be, false, false, N, Q, D, 1.0f, m->dtmp, OLMO_F32, D, WEIGHT(w->wo), Q, 0.0f, m->datt, Q));
@@ -767,9 +604,9 @@ int olmo_model_block_backward(struct olmo_model *m, int l) {
     TRY(be->gemm(be, false, false, N, D, Q, 1.0f, m->dq, OLMO_F32, Q, WEIGHT(w->wq), D, 1.0f, m->dx, D));
     TRY(be->gemm(be, false, false, N, D, K, 1.0f, m->dk, OLMO_F32, K, WEIGHT(w->wk), D, 1.0f, m->dx, D));
     TRY(be->gemm(be, false, false, N, D, K, 1.0f, m->dv, OLMO_F32, K, WEIGHT(w->wv), D, 1.0f, m->dx, D));
-    TRY(be->gemm(be, true, false, Q, D, N, 1.0f, m->dq, OLMO_F32, Q, SAVED(a, x), D, gb, g->wq, D));
-    TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dk, OLMO_F32, K, SAVED(a, x), D, gb, g->wk, D));
-    TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dv, OLMO_F32, K, SAVED(a, x), D, gb, g->wv, D));
+    TRY(be->gemm(be, true, false, Q, D, N, 1.0f, m->dq, OLMO_F32, Q, SAVED(a, OLMO_ACT_X, x), D, gb, g->wq, D));
+    TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dk, OLMO_F32, K, SAVED(a, OLMO_ACT_X, x), D, gb, g->wk, D));
+    TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dv, OLMO_F32, K, SAVED(a, OLMO_ACT_X, x), D, gb, g->wv, D));
     return 0;
 }
 
@@ -787,8 +624,8 @@ int olmo_model_backward(struct olmo_model *m) {
     }
     /* LM head and final norm; m->logits holds dL/dlogits. */
     TRY(be->gemm(be, false, false, N, D, V, 1.0f, m->logits, OLMO_F32, V, WEIGHT(m->lm_head), D, 0.0f, m->dtmp, D));
-    TRY(be->gemm(be, true, false, V, D, N, 1.0f, m->logits, OLMO_F32, V, m->xn16 ? (const void *)m->xn16 : m->xn_final,
-                 m->xn16 ? OLMO_BF16 : OLMO_F32, D, gb, m->d_lm_head, D));
+    const struct olmo_buf *xn = &m->bufs[OLMO_ACT_XN_FINAL];
+    TRY(be->gemm(be, true, false, V, D, N, 1.0f, m->logits, OLMO_F32, V, xn->data, xn->dtype, D, gb, m->d_lm_head, D));
     TRY(be->rmsnorm_bwd(be, m->dx, m->d_final_norm, m->dtmp, m->x_final, m->final_norm, m->rstd_final, N, D));
     /* m->dx: gradient w.r.t. the current layer's output. */
     for (int l = c->n_layers - 1; l >= 0; l--) {

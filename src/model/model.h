@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "config/config.h"
+#include "model/activations.h"
 
 struct olmo_param {
     char name[96];
@@ -24,26 +25,28 @@ struct olmo_layer_tensors {
     float *wq, *wk, *wv, *wo, *q_norm, *k_norm, *gate, *up, *down, *attn_norm, *ff_norm;
 };
 
+/* A layer's activations as the ops see them: fp32 buffers, named or by slot (model/activations.h's
+ * table, in its order).  olmo_model_layer_acts resolves them for layer l: its own buffers where it keeps
+ * a tensor in fp32, the fp32 working buffer where it keeps one in bf16 (the table's `home`), the shared
+ * recompute set where it keeps none.  `saved`: the layer's kept tensors, typed (bf16 ones are GEMM
+ * operands in the backward pass as they are, or converted back before it); NULL where nothing is saved
+ * (KV-cache generation). */
 struct olmo_layer_acts {
-    float *x;               /* layer input (residual stream) [N, D] */
-    float *q_raw, *k_raw;   /* projections before QK-norm */
-    float *q, *k, *v;       /* normed + rotated q, k; v */
-    float *rstd_q, *rstd_k; /* [N] */
-    float *att, *lse;       /* attention output [N, Q], log-sum-exp [B, H, T] */
-    float *o, *rstd_o;      /* o_proj output and its norm statistics */
-    float *h;               /* x + norm(o) */
-    float *g, *u, *s;       /* gate, up, silu(gate)*up [N, F] */
-    float *m, *rstd_m;      /* down_proj output and its norm statistics */
-    /* Training on a backend that multiplies in bf16 (olmo_model_set_saved_type): x, h and s, whose only
-     * use in the backward pass is as GEMM operands (which that backend rounds to bf16 anyway), are
-     * saved as bf16 copies here instead, and x, h, s then point at shared fp32 working buffers that
-     * hold them only during the layer's forward (olmo_model_layer_acts).  NULL otherwise. */
-    void *x16, *h16, *s16;
-    /* train.saved_activations: bf16 (olmo_model_set_saved_all_bf16): the layer's other large activations
-     * are saved as bf16 too (the norm statistics and lse stay fp32).  The forward computes them in the
-     * shared fp32 set (`recompute`), the backward converts them back into it before use: the backward
-     * sees them rounded to bf16, as in OLMo-core's bf16 training.  NULL otherwise. */
-    void *q_raw16, *k_raw16, *q16, *k16, *v16, *att16, *o16, *m16, *g16, *u16;
+    union {
+        struct {
+            float *x;               /* layer input (residual stream) [N, D] */
+            float *q_raw, *k_raw;   /* projections before QK-norm */
+            float *q, *k, *v;       /* normed + rotated q, k; v */
+            float *rstd_q, *rstd_k; /* [N] */
+            float *att, *lse;       /* attention output [N, Q], log-sum-exp [B, H, T] */
+            float *o, *rstd_o;      /* o_proj output and its norm statistics */
+            float *h;               /* x + norm(o) */
+            float *g, *u, *s;       /* gate, up, silu(gate)*up [N, F] */
+            float *m, *rstd_m;      /* down_proj output and its norm statistics */
+        };
+        float *slot[OLMO_ACT_LAYER_SLOTS];
+    };
+    const struct olmo_buf *saved;
 };
 
 /* Residency hooks (fully sharded training, train/fsdp.c): the forward and
@@ -97,7 +100,7 @@ struct olmo_model {
      *                 recomputes them from h.
      *   block:        a checkpointed layer keeps only its input x; its backward reruns the whole layer
      *                 forward from x, then its backward.
-     * What a checkpointed layer does not keep lives in `recompute`, one set shared by all layers. */
+     * What a checkpointed layer does not keep lives in `shared`, one set for all layers. */
     enum olmo_act_ckpt ckpt_mode;
     int ckpt_every;
     /* Type of the saved activations that are only GEMM operands in the backward pass (x, h, s of the
@@ -108,19 +111,21 @@ struct olmo_model {
      * backward then sees every saved activation rounded to bf16, recomputed ones too (the checkpointing
      * modes stay bit-identical to none); round16 is the scratch that rounds recomputed ones. */
     bool saved_all_bf16;
-    void *round16;
 
-    /* Activations for one micro-batch shape (allocated by olmo_model_reserve). acts[l] holds only what
-     * layer l keeps (NULL elsewhere); olmo_model_layer_acts resolves the rest to `recompute`. */
+    /* Activations for one micro-batch shape, allocated by olmo_model_reserve from the table in
+     * model/activations.h: saved[l] holds what layer l keeps (typed; numel 0 where it keeps nothing),
+     * shared the fp32 recompute set, bufs the model-level tensors, of which the pointers below are
+     * views (fp32 or int32; the final norm's output is bufs[OLMO_ACT_XN_FINAL], typed). */
     int batch, seq_len;
-    struct olmo_layer_acts *acts;
-    struct olmo_layer_acts recompute;
-    /* Bytes of the saved activations, set by olmo_model_reserve: every layer's acts, the recompute set,
-     * resid, x_final, xn_final/xn16 and rstd_final (not the logits, the token ids or backward scratch). */
+    struct olmo_buf (*saved)[OLMO_ACT_LAYER_SLOTS];
+    struct olmo_buf shared[OLMO_ACT_LAYER_SLOTS];
+    struct olmo_buf bufs[OLMO_ACT_MODEL_SLOTS];
+    /* Bytes of the saved activations (the table's OLMO_ACT_SAVED group): every layer's, the recompute set,
+     * resid, x_final, the final norm's output and rstd_final (not the logits, ids or backward scratch). */
     size_t act_bytes;
     float *resid; /* the fp32 input of the layers that save x as bf16 (NULL when none does) */
-    void *xn16;   /* the final norm's output as bf16 when saved_type is bf16 (xn_final NULL then) */
-    float *x_final, *xn_final, *rstd_final, *logits;
+    float *x_final, *rstd_final, *logits;
+    void *round16;
     float *rope_cos, *rope_sin;
     int32_t *tokens, *targets, *doc_ids;
     bool use_doc_ids;
@@ -178,6 +183,12 @@ int olmo_model_set_saved_all_bf16(struct olmo_model *m, bool on);
 bool olmo_model_layer_checkpointed(const struct olmo_model *m, int l);
 /* Layer l's activation buffers: its own, and the shared recompute buffers for what it does not keep. */
 struct olmo_layer_acts olmo_model_layer_acts(const struct olmo_model *m, int l);
+/* The activation table resolved for the model's checkpointing mode and saved types (model/activations.h). */
+void olmo_model_act_layout(const struct olmo_model *m, int batch, int seq_len, struct olmo_act_layout *lo);
+/* Allocates the activations of layout lo (-1 with the error set: the caller frees what was made) and
+ * frees them (model/activations.c). */
+int olmo_model_alloc_acts(struct olmo_model *m, const struct olmo_act_layout *lo);
+void olmo_model_free_acts(struct olmo_model *m);
 /* One layer's forward (training) and backward pass, the per-block steps of olmo_model_forward and
  * olmo_model_backward (backward: m->dx holds the gradient w.r.t. the layer's output on entry and
  * w.r.t. its input on return; a checkpointed layer first recomputes what it did not keep, with the

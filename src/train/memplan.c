@@ -4,9 +4,10 @@
  * (olmo_backend_mem_stats) can be compared buffer for buffer:
  *   - olmo_model_create: fp32 weights and gradients, a compute-dtype copy on
  *     bf16 backends;
- *   - olmo_model_reserve: per layer up to 18 saved activations, the final norm's
+ *   - olmo_model_reserve: the activation table (model/activations.h): per
+ *     layer up to 18 saved activations, the recompute set, the final norm's
  *     input and output, logits, 10 backward work buffers, RoPE tables, token,
- *     target and document ids;
+ *     target and document ids, summed here from the same table;
  *   - olmo_optimizer_create: two moments over the rank's ZeRO-1 shard
  *     (olmo_dist_shard: rank 0 holds the most);
  *   - the backends' grow-only scratch (cpu_cached_scratch slots, CUDA's
@@ -91,53 +92,8 @@ struct shapes {
     double N, T, B, D, Q, K, F, V, H, HK, hd, L;
 };
 
-/* Saved activations (model.c, olmo_model_reserve, which sets m->act_bytes to the same sum): layer l
- * keeps its input x always; its attention part (q_raw .. h, m, rstd_m) unless block-checkpointed; the
- * MLP's g, u, s unless checkpointed; the recompute set shared by the checkpointed layers holds what
- * they dropped, once.  On a backend that multiplies in bf16, x (unless the layer reruns its forward
- * from it), h, s and the final norm's output are kept as bf16 (with one fp32 buffer for the residual
- * stream), the rest in fp32.  all16 (train.saved_activations: bf16): q_raw, q, att, k_raw, k, v, o, m,
- * g, u of every layer that keeps them in bf16 too, and the shared set always there and whole (fp32: the
- * forward's working buffers). */
-static double activations(const struct backend_desc *d, const struct shapes *s, enum olmo_act_ckpt mode, int every,
-                          bool all16) {
-    const double N = s->N, D = s->D, Q = s->Q, K = s->K, F = s->F, H = s->H;
-    const bool bf16 = d->bf16_compute;
-    const int L = (int)s->L;
-    if (every < 1) every = 1;
-    double total = 0;
-    bool any_ck = false, any_x16 = false;
-    for (int l = 0; l <= L; l++) {
-        const bool shared = l == L; /* the recompute set */
-        if (shared && !any_ck && !all16) break;
-        const bool ck = !shared && mode != ACT_CKPT_NONE && l % every == 0;
-        any_ck |= ck;
-        const bool keep_x = !shared,
-                   keep_attn = shared ? mode == ACT_CKPT_BLOCK || all16 : !(ck && mode == ACT_CKPT_BLOCK),
-                   keep_mlp = shared || !ck, x16 = keep_x && bf16 && !(ck && mode == ACT_CKPT_BLOCK),
-                   half = bf16 && !shared;
-        const double big = all16 && !shared ? 2 : 4;
-        any_x16 |= x16;
-        if (keep_x) total += buf(d, (x16 ? 2 : 4) * N * D);
-        if (keep_attn)
-            total += 3 * buf(d, big * N * Q) /* q_raw, q, att */ + 3 * buf(d, big * N * K) /* k_raw, k, v */ +
-                     4 * buf(d, 4 * N) /* rstd_q, rstd_k, rstd_o, rstd_m */ + buf(d, 4 * N * H) /* lse */ +
-                     2 * buf(d, big * N * D) /* o, m */ + buf(d, (half ? 2 : 4) * N * D) /* h */;
-        if (keep_mlp) total += 2 * buf(d, big * N * F) /* g, u */ + buf(d, (half ? 2 : 4) * N * F) /* s */;
-    }
-    if (any_x16) total += buf(d, 4 * N * D); /* resid */
-    return total + buf(d, 4 * N * D) /* x_final */ + buf(d, (bf16 ? 2 : 4) * N * D) /* final norm output */ +
-           buf(d, 4 * N) /* rstd_final */;
-}
-
-/* The backward pass's work buffers, RoPE tables and id buffers (olmo_model_reserve); with all16 and
- * checkpointing, the bf16 buffer that rounds what the backward recomputes. */
-static double work(const struct backend_desc *d, const struct shapes *s, bool round16) {
-    const double N = s->N;
-    return 2 * buf(d, 4 * s->T * (s->hd / 2)) + 3 * buf(d, 4 * N * s->D) + 2 * buf(d, 4 * N * s->Q) +
-           2 * buf(d, 4 * N * s->K) + 3 * buf(d, 4 * N * s->F) + 3 * buf(d, 4 * N) +
-           (round16 ? buf(d, 2 * N * max2(s->F, max2(s->Q, s->D))) : 0);
-}
+/* A table tensor's bytes as the backend holds them (olmo_act_group_bytes's rounding). */
+static double buf_of(const void *d, double bytes) { return buf(d, bytes); }
 
 /* The GEMM operand slots of a bf16 backend that has seen operands of up to a_max and b_max elements. */
 static double gemm_slots(const struct backend_desc *d, double a_max, double b_max, double b_weights) {
@@ -299,9 +255,14 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
         return olmo_error("train.saved_activations: bf16 needs a backend that multiplies in bf16 (cpu-bf16, "
                           "cuda-bf16); backend '%s' computes in fp32",
                           o->backend);
-    b[OLMO_MEM_ACTIVATIONS] = activations(&d, &s, t->activation_checkpointing, t->block_every, all16);
-    b[OLMO_MEM_LOGITS] = buf(&d, 4 * s.N * s.V);
-    b[OLMO_MEM_WORK] = work(&d, &s, all16 && t->activation_checkpointing != ACT_CKPT_NONE);
+    /* the saved activations, logits and backward work buffers: model/activations.h's table, which
+     * olmo_model_reserve allocates (on a backend that multiplies in bf16 the GEMM operands are saved as bf16) */
+    struct olmo_act_layout lo;
+    olmo_act_layout_init(&lo, c, t->micro_batch, t->seq_len, t->activation_checkpointing, t->block_every,
+                         d.bf16_compute, all16);
+    b[OLMO_MEM_ACTIVATIONS] = olmo_act_group_bytes(&lo, OLMO_ACT_SAVED, buf_of, &d);
+    b[OLMO_MEM_LOGITS] = olmo_act_group_bytes(&lo, OLMO_ACT_OUTPUT, buf_of, &d);
+    b[OLMO_MEM_WORK] = olmo_act_group_bytes(&lo, OLMO_ACT_WORK, buf_of, &d);
     const bool probe = t->peak_flops <= 0;
     b[OLMO_MEM_SCRATCH] = scratch(&d, &s, t->activation_checkpointing, probe, p->threads);
     for (int i = 0; i < OLMO_MEM_ITEMS; i++) p->total += b[i];
