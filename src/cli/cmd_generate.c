@@ -6,7 +6,7 @@
 
 #include "backend/backend.h"
 #include "cli/commands.h"
-#include "model/sample.h"
+#include "model/generate.h"
 #include "tokenizer/tokenizer.h"
 #include "train/source.h"
 #include "util/fs.h"
