@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 last=$SECONDS
 took() { echo "   (took $((SECONDS - last)) s; $SECONDS s so far)"; last=$SECONDS; }
 
+echo "== Layer check (includes only point down: docs/architecture.md)"
+.venv/bin/python scripts/check_layers.py
+took
+
 cmake --build build -j"$(nproc)" >/dev/null
 cmake --build build-asan -j"$(nproc)" >/dev/null
 # two tests at a time: the emulated CUDA parity tests (the longest: 31-62 s Release, 56-159 s ASan) run on one thread

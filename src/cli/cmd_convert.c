@@ -4,9 +4,9 @@
 
 #include "backend/backend.h"
 #include "cli/commands.h"
-#include "model/source.h"
 #include "model/hf.h"
 #include "model/weights.h"
+#include "train/source.h"
 #include "util/error.h"
 #include "util/fs.h"
 

@@ -8,7 +8,7 @@
 #include "backend/backend.h"
 #include "cli/commands.h"
 #include "eval/olmo_tasks.h"
-#include "model/source.h"
+#include "train/source.h"
 #include "tokenizer/tokenizer.h"
 #include "train/evaluate.h"
 #include "util/error.h"

@@ -6,9 +6,9 @@
 
 #include "backend/backend.h"
 #include "cli/commands.h"
-#include "model/source.h"
-#include "model/sample.h"
+#include "model/generate.h"
 #include "tokenizer/tokenizer.h"
+#include "train/source.h"
 #include "util/fs.h"
 #include "util/error.h"
 

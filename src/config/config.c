@@ -13,7 +13,6 @@
 #include <unistd.h>
 #include <yaml.h>
 
-#include "optim/schedule.h"
 #include "util/error.h"
 #include "util/fs.h"
 
@@ -390,6 +389,20 @@ int olmo_config_check_limits(const struct olmo_config *cfg) {
         if (limits[i].value > limits[i].max)
             return olmo_error("%s is %lld, above olmoc's limit of %lld", limits[i].key, limits[i].value,
                               limits[i].max);
+    return 0;
+}
+
+int olmo_schedule_validate(const struct olmo_train_config *t) {
+    if (t->schedule == SCHED_NONE) return olmo_error("train.schedule cannot be none (train.schedule2 can)");
+    if (t->schedule_steps < 0 || t->schedule_tokens < 0 || t->schedule2_steps < 0 || t->schedule2_tokens < 0 ||
+        t->schedule2_after < 0 || t->schedule2_warmup_steps < 0 || t->decay_steps < 0)
+        return olmo_error("train.schedule_steps/_tokens, train.schedule2_* and train.decay_steps must be >= 0");
+    if (t->schedule_steps > 0 && t->schedule_tokens > 0)
+        return olmo_error("set train.schedule_steps or train.schedule_tokens, not both");
+    if (t->schedule2_steps > 0 && t->schedule2_tokens > 0)
+        return olmo_error("set train.schedule2_steps or train.schedule2_tokens, not both");
+    if (!(t->decay_fraction >= 0 && t->decay_fraction <= 1))
+        return olmo_error("train.decay_fraction must be in [0, 1] (OLMo-core WSD)");
     return 0;
 }
 

@@ -155,6 +155,8 @@ int olmo_config_load(struct olmo_config *cfg, const char *path);
 int olmo_config_set(struct olmo_config *cfg, const char *assignment);
 /* Checks cross-field consistency (head_dim integral and even, GQA groups, ...). */
 int olmo_config_validate(const struct olmo_config *cfg);
+/* The learning-rate schedule keys of train (also part of olmo_config_validate). */
+int olmo_schedule_validate(const struct olmo_train_config *t);
 /* data.max_target_sequence_length as instances per chunk (*chunk; 1 when unset or equal to train.seq_len):
  * 0, or -1 with the error set when it is not a multiple of train.seq_len or set with an order other than
  * olmo_core (also part of olmo_config_validate, for callers that open a loader without it). */

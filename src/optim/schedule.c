@@ -2,8 +2,6 @@
 
 #include <math.h>
 
-#include "util/error.h"
-
 /* One scheduler object: what OLMo-core's get_lr(initial_lr, current, t_max) sees. */
 struct sched {
     enum olmo_schedule_kind kind;
@@ -90,18 +88,4 @@ double olmo_lr_at_batch(const struct olmo_train_config *t, long tokens_per_step,
 
 double olmo_lr_at(const struct olmo_train_config *t, long step) {
     return olmo_lr_at_batch(t, (long)t->micro_batch * t->grad_accum * t->seq_len, step);
-}
-
-int olmo_schedule_validate(const struct olmo_train_config *t) {
-    if (t->schedule == SCHED_NONE) return olmo_error("train.schedule cannot be none (train.schedule2 can)");
-    if (t->schedule_steps < 0 || t->schedule_tokens < 0 || t->schedule2_steps < 0 || t->schedule2_tokens < 0 ||
-        t->schedule2_after < 0 || t->schedule2_warmup_steps < 0 || t->decay_steps < 0)
-        return olmo_error("train.schedule_steps/_tokens, train.schedule2_* and train.decay_steps must be >= 0");
-    if (t->schedule_steps > 0 && t->schedule_tokens > 0)
-        return olmo_error("set train.schedule_steps or train.schedule_tokens, not both");
-    if (t->schedule2_steps > 0 && t->schedule2_tokens > 0)
-        return olmo_error("set train.schedule2_steps or train.schedule2_tokens, not both");
-    if (!(t->decay_fraction >= 0 && t->decay_fraction <= 1))
-        return olmo_error("train.decay_fraction must be in [0, 1] (OLMo-core WSD)");
-    return 0;
 }

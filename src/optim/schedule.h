@@ -31,7 +31,5 @@ long olmo_schedule_steps_for_tokens(long tokens, long tokens_per_step);
 double olmo_lr_at_batch(const struct olmo_train_config *t, long tokens_per_step, long step);
 /* Same on one rank. */
 double olmo_lr_at(const struct olmo_train_config *t, long step);
-/* Checks the schedule keys (called by olmo_config_validate). */
-int olmo_schedule_validate(const struct olmo_train_config *t);
 
 #endif

@@ -12,6 +12,7 @@
 #include "backend/profile.h"
 #include "util/error.h"
 #include "model/generate.h"
+#include "model/sample.h"
 #include "model/model.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"

@@ -1,4 +1,4 @@
-#include "model/source.h"
+#include "train/source.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -2,8 +2,8 @@
  * (step-NNNNNN/), a run directory (its newest checkpoint, else its
  * config.yaml + model.safetensors), a Hugging Face directory (config.json +
  * safetensors, single or sharded), or a .safetensors file with --config. */
-#ifndef OLMOC_MODEL_SOURCE_H
-#define OLMOC_MODEL_SOURCE_H
+#ifndef OLMOC_TRAIN_SOURCE_H
+#define OLMOC_TRAIN_SOURCE_H
 
 #include "config/config.h"
 #include "model/model.h"
