@@ -1,8 +1,11 @@
 /* olmoc convert: Hugging Face Olmo3ForCausalLM checkpoints <-> olmoc. */
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "backend/backend.h"
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "model/hf.h"
 #include "model/weights.h"
@@ -10,73 +13,66 @@
 #include "util/error.h"
 #include "util/fs.h"
 
-static void convert_usage(FILE *out) {
-    fprintf(out,
-            "usage: olmoc convert --to-hf SRC OUTDIR [--config CFG.yaml] [--dtype float32|bfloat16] [--set KEY=VALUE ...]\n"
-            "       olmoc convert --from-hf HFDIR OUTDIR [--set KEY=VALUE ...]\n\n"
-            "--to-hf writes OUTDIR/model.safetensors and OUTDIR/config.json (Olmo3ForCausalLM), loadable\n"
-            "with transformers' AutoModelForCausalLM.from_pretrained(OUTDIR).  SRC is a checkpoint\n"
-            "(step-NNNNNN/), a run directory (its newest checkpoint), or a .safetensors file with\n"
-            "--config.  max_position_embeddings is set to train.seq_len.\n\n"
-            "--from-hf reads HFDIR/config.json and HFDIR/model.safetensors (or the shards of\n"
-            "model.safetensors.index.json; fp32, bf16 or fp16) and writes OUTDIR/config.yaml (the model\n"
-            "section filled in, train/data at their defaults, train.seq_len = min(max_position_embeddings,\n"
-            "4096)) and OUTDIR/model.safetensors (fp32), usable with olmoc eval / generate, or with\n"
-            "olmoc train --init.  Refused: RoPE scaling (YaRN), tied embeddings, biases, dropout.\n"
-            "A config written by OLMo-core's exporter (max_position_embeddings -1, null eos/pad_token_id)\n"
-            "is read with Olmo 3's values assumed and said so: sequence length 8192 (train.seq_len 4096),\n"
-            "the dolma2 tokenizer's EOS 100257 and PAD 100277; --set model.eos_token_id=ID etc. changes them.\n");
-}
+struct convert_args {
+    const char *src, *out, *config_path;
+    int dtype; /* an index into dtypes */
+    bool to_hf, from_hf;
+    struct olmo_cli_list sets;
+};
+
+static const char *const dtypes[] = {"float32", "bfloat16", NULL};
+static const enum st_dtype st_dtypes[] = {ST_F32, ST_BF16};
+
+#define ARG(field) offsetof(struct convert_args, field)
+static const struct olmo_cli_option convert_options[] = {
+    {.kind = OLMO_CLI_ARG, .name = "SRC", .offset = ARG(src)},
+    {.kind = OLMO_CLI_ARG, .name = "OUTDIR", .offset = ARG(out)},
+    {.kind = OLMO_CLI_FLAG, .name = "--to-hf", .offset = ARG(to_hf),
+     .help = "olmoc (a checkpoint, run directory or .safetensors) to Hugging Face"},
+    {.kind = OLMO_CLI_FLAG, .name = "--from-hf", .offset = ARG(from_hf), .help = "Hugging Face to olmoc"},
+    {.kind = OLMO_CLI_STRING, .name = "--config", .offset = ARG(config_path), .metavar = "CFG.yaml",
+     .help = "--to-hf: the model config (required for a bare .safetensors file)"},
+    {.kind = OLMO_CLI_CHOICE, .name = "--dtype", .offset = ARG(dtype), .metavar = "T", .choices = dtypes,
+     .help = "--to-hf: float32 (default) or bfloat16 weights"},
+    {.kind = OLMO_CLI_LIST, .name = "--set", .offset = ARG(sets), .metavar = "KEY=VALUE",
+     .help = "override a config value (repeatable)"},
+    {.kind = OLMO_CLI_END},
+};
+#undef ARG
+
+static const struct olmo_cli_command convert_command = {
+    "convert",
+    "olmoc convert --to-hf SRC OUTDIR [--config CFG.yaml] [--dtype float32|bfloat16] [--set KEY=VALUE ...]\n"
+    "olmoc convert --from-hf HFDIR OUTDIR [--set KEY=VALUE ...]",
+    "--to-hf writes OUTDIR/model.safetensors and OUTDIR/config.json (Olmo3ForCausalLM), loadable\n"
+    "with transformers' AutoModelForCausalLM.from_pretrained(OUTDIR).  SRC is a checkpoint\n"
+    "(step-NNNNNN/), a run directory (its newest checkpoint), or a .safetensors file with\n"
+    "--config.  max_position_embeddings is set to train.seq_len.\n\n"
+    "--from-hf reads HFDIR/config.json and HFDIR/model.safetensors (or the shards of\n"
+    "model.safetensors.index.json; fp32, bf16 or fp16) and writes OUTDIR/config.yaml (the model\n"
+    "section filled in, train/data at their defaults, train.seq_len = min(max_position_embeddings,\n"
+    "4096)) and OUTDIR/model.safetensors (fp32), usable with olmoc eval / generate, or with\n"
+    "olmoc train --init.  Refused: RoPE scaling (YaRN), tied embeddings, biases, dropout.\n"
+    "A config written by OLMo-core's exporter (max_position_embeddings -1, null eos/pad_token_id)\n"
+    "is read with Olmo 3's values assumed and said so: sequence length 8192 (train.seq_len 4096),\n"
+    "the dolma2 tokenizer's EOS 100257 and PAD 100277; --set model.eos_token_id=ID etc. changes them.",
+    convert_options,
+    NULL,
+};
+
+static int set_one(void *cfg, const char *kv) { return olmo_config_set(cfg, kv); }
 
 int cmd_convert(int argc, char **argv) {
-    const char *direction = NULL, *src = NULL, *out = NULL, *config_path = NULL, *dtype = "float32";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            convert_usage(stdout);
-            return 0;
-        }
-        if (!strcmp(argv[i], "--to-hf") || !strcmp(argv[i], "--from-hf")) {
-            if (direction) {
-                fprintf(stderr, "olmoc convert: give one of --to-hf / --from-hf\n");
-                return 2;
-            }
-            direction = argv[i];
-        } else if (!strcmp(argv[i], "--set") || !strcmp(argv[i], "--config") || !strcmp(argv[i], "--dtype")) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "olmoc convert: %s needs a value\n", argv[i]);
-                return 2;
-            }
-            if (!strcmp(argv[i], "--config")) config_path = argv[i + 1];
-            if (!strcmp(argv[i], "--dtype")) dtype = argv[i + 1];
-            i++;
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "olmoc convert: unknown option '%s' (see --help)\n", argv[i]);
-            return 2;
-        } else if (!src) {
-            src = argv[i];
-        } else if (!out) {
-            out = argv[i];
-        } else {
-            fprintf(stderr, "olmoc convert: unexpected argument '%s' (see --help)\n", argv[i]);
-            return 2;
-        }
-    }
-    if (!direction || !src || !out) {
-        convert_usage(stderr);
-        return 2;
-    }
-    const bool to_hf = !strcmp(direction, "--to-hf");
-    enum st_dtype st_dtype;
-    if (!strcmp(dtype, "float32")) st_dtype = ST_F32;
-    else if (!strcmp(dtype, "bfloat16")) st_dtype = ST_BF16;
-    else {
-        fprintf(stderr, "olmoc convert: --dtype must be float32 or bfloat16\n");
-        return 2;
-    }
-    if (!to_hf && (config_path || st_dtype != ST_F32)) {
-        fprintf(stderr, "olmoc convert: --config and --dtype apply to --to-hf only\n");
-        return 2;
-    }
+    struct convert_args a = {0};
+    int status;
+    if (olmo_cli_parse(&convert_command, &a, argc, argv, &status)) return status;
+    if (a.to_hf && a.from_hf) return olmo_cli_error(&convert_command, "give one of --to-hf / --from-hf");
+    if (!(a.to_hf || a.from_hf) || !a.src || !a.out) return olmo_cli_usage_error(&convert_command);
+    const bool to_hf = a.to_hf;
+    const char *src = a.src, *out = a.out, *config_path = a.config_path, *dtype = dtypes[a.dtype];
+    const enum st_dtype st_dtype = st_dtypes[a.dtype];
+    if (!to_hf && (config_path || st_dtype != ST_F32))
+        return olmo_cli_error(&convert_command, "--config and --dtype apply to --to-hf only");
 
     struct olmo_config cfg;
     struct olmo_model_source source;
@@ -90,8 +86,7 @@ int cmd_convert(int argc, char **argv) {
     }
     if (!to_hf && olmo_hf_config_assumed()[0])
         fprintf(stderr, "olmoc convert: %s/config.json: %s\n", src, olmo_hf_config_assumed());
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--set") && olmo_config_set(&cfg, argv[++i])) goto fail;
+    if (olmo_cli_each(&a.sets, set_one, &cfg)) goto fail;
     if (olmo_config_validate(&cfg)) goto fail;
     if (!(backend = olmo_backend_create("cpu")) || olmo_model_create(&model, &cfg.model, backend)) goto fail;
     if (olmo_source_load_weights(&source, &model)) goto fail;

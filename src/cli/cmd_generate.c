@@ -1,44 +1,19 @@
 /* olmoc generate: sampling from a model with a KV cache. */
+#include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "backend/backend.h"
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "model/generate.h"
 #include "tokenizer/tokenizer.h"
 #include "train/source.h"
 #include "util/fs.h"
 #include "util/error.h"
-
-static void generate_usage(FILE *out) {
-    fprintf(out,
-            "usage: olmoc generate SRC (--prompt TEXT | --prompt-file FILE | --ids ID,ID,...) [options]\n\n"
-            "Continues a prompt with a KV cache.  SRC is a checkpoint (step-NNNNNN/), a run directory\n"
-            "(its newest checkpoint), a Hugging Face directory, or a .safetensors file with --config.\n"
-            "The text is streamed to stdout as it is generated (each complete character as soon as its\n"
-            "last token is drawn), followed by a newline; timings go to stderr.  Generation stops after\n"
-            "model.eos_token_id (not printed) unless --ignore-eos.\n\n"
-            "  --prompt TEXT         the prompt as text (UTF-8), tokenized with the tokenizer\n"
-            "  --prompt-file FILE    the prompt as the text of a file\n"
-            "  --ids LIST            the prompt as comma-separated token ids\n"
-            "  --output FORMAT       text (the default for a text prompt) or ids: the generated token ids,\n"
-            "                        comma-separated (the default for --ids)\n"
-            "  --tokenizer FILE      tokenizer.json (default: the config's data.tokenizer, else\n"
-            "                        SRC/tokenizer.json of a Hugging Face directory)\n"
-            "  --max-new-tokens N    tokens to generate (default 32)\n"
-            "  --temperature T       0 = greedy (default); > 0 samples from softmax(logits / T)\n"
-            "  --top-p P             nucleus sampling: only the most likely tokens up to mass P (default 1)\n"
-            "  --seed S              sampling seed (default 0)\n"
-            "  --ignore-eos          keep going after model.eos_token_id (default: stop after it)\n"
-            "  --json                print {\"prompt\": [...], \"generated\": [...], \"text\": \"...\" (with a\n"
-            "                        tokenizer), \"prefill_s\", \"decode_s\"} at the end instead\n"
-            "  --config CFG.yaml     the model config (required for a bare .safetensors file)\n"
-            "  --set KEY=VALUE       override a config value\n"
-            "  --backend NAME        cpu (default), cpu-openblas, cpu-onednn, cpu-bf16, or in a CUDA\n"
-            "                        build cuda, cuda-tf32, cuda-bf16, cuda-bf16-cublas (see olmoc train --help)\n");
-}
 
 static int parse_ids(const char *text, int32_t **ids, int *n) {
     int cap = 16;
@@ -88,90 +63,79 @@ static void print_stats(int n_prompt, const struct olmo_sample_result *r) {
 static int stream_token(void *user, int32_t id) { return olmo_text_stream_push(user, (uint32_t)id); }
 
 struct gen_args {
-    const char *src, *config_path, *ids_text, *prompt, *prompt_file, *tokenizer, *backend_name, *output;
+    const char *src, *config_path, *ids_text, *prompt, *prompt_file, *tokenizer, *backend_name;
+    int output; /* an index into outputs, or -1: text for a text prompt, ids for --ids */
     long max_new;
     double temperature, top_p;
     unsigned long long seed;
     bool ignore_eos, json;
+    struct olmo_cli_list sets;
 };
+
+static const char *const outputs[] = {"text", "ids", NULL};
+
+#define ARG(field) offsetof(struct gen_args, field)
+static const struct olmo_cli_option generate_options[] = {
+    {.kind = OLMO_CLI_ARG, .name = "SRC", .offset = ARG(src)},
+    {.kind = OLMO_CLI_STRING, .name = "--prompt", .offset = ARG(prompt), .metavar = "TEXT",
+     .help = "the prompt as text (UTF-8), tokenized with the tokenizer"},
+    {.kind = OLMO_CLI_STRING, .name = "--prompt-file", .offset = ARG(prompt_file), .metavar = "FILE",
+     .help = "the prompt as the text of a file"},
+    {.kind = OLMO_CLI_STRING, .name = "--ids", .offset = ARG(ids_text), .metavar = "LIST",
+     .help = "the prompt as comma-separated token ids"},
+    {.kind = OLMO_CLI_CHOICE, .name = "--output", .offset = ARG(output), .metavar = "FORMAT", .choices = outputs,
+     .expects = "expects text or ids",
+     .help = "text (the default for a text prompt) or ids: the generated token ids,\n"
+             "comma-separated (the default for --ids)"},
+    {.kind = OLMO_CLI_STRING, .name = "--tokenizer", .offset = ARG(tokenizer), .metavar = "FILE",
+     .help = "tokenizer.json (default: the config's data.tokenizer, else\n"
+             "SRC/tokenizer.json of a Hugging Face directory)"},
+    {.kind = OLMO_CLI_LONG, .name = "--max-new-tokens", .offset = ARG(max_new), .metavar = "N", .min = 0,
+     .max = 1000000, .help = "tokens to generate (default 32)"},
+    {.kind = OLMO_CLI_DOUBLE, .name = "--temperature", .offset = ARG(temperature), .metavar = "T", .min = 0,
+     .max = HUGE_VAL, .help = "0 = greedy (default); > 0 samples from softmax(logits / T)"},
+    {.kind = OLMO_CLI_DOUBLE, .name = "--top-p", .offset = ARG(top_p), .metavar = "P", .min = 0, .min_open = true,
+     .max = 1, .help = "nucleus sampling: only the most likely tokens up to mass P (default 1)"},
+    {.kind = OLMO_CLI_U64, .name = "--seed", .offset = ARG(seed), .metavar = "S",
+     .help = "sampling seed (default 0)"},
+    {.kind = OLMO_CLI_FLAG, .name = "--ignore-eos", .offset = ARG(ignore_eos),
+     .help = "keep going after model.eos_token_id (default: stop after it)"},
+    {.kind = OLMO_CLI_FLAG, .name = "--json", .offset = ARG(json),
+     .help = "print {\"prompt\": [...], \"generated\": [...], \"text\": \"...\" (with a\n"
+             "tokenizer), \"prefill_s\", \"decode_s\"} at the end instead"},
+    {.kind = OLMO_CLI_STRING, .name = "--config", .offset = ARG(config_path), .metavar = "CFG.yaml",
+     .help = "the model config (required for a bare .safetensors file)"},
+    {.kind = OLMO_CLI_LIST, .name = "--set", .offset = ARG(sets), .metavar = "KEY=VALUE",
+     .help = "override a config value"},
+    {.kind = OLMO_CLI_STRING, .name = "--backend", .offset = ARG(backend_name), .metavar = "NAME",
+     .help = "cpu (default), cpu-openblas, cpu-onednn, cpu-bf16, or in a CUDA\n"
+             "build cuda, cuda-tf32, cuda-bf16, cuda-bf16-cublas (see olmoc train --help)"},
+    {.kind = OLMO_CLI_END},
+};
+#undef ARG
+
+static const struct olmo_cli_command generate_command = {
+    "generate",
+    "olmoc generate SRC (--prompt TEXT | --prompt-file FILE | --ids ID,ID,...) [options]",
+    "Continues a prompt with a KV cache.  SRC is a checkpoint (step-NNNNNN/), a run directory\n"
+    "(its newest checkpoint), a Hugging Face directory, or a .safetensors file with --config.\n"
+    "The text is streamed to stdout as it is generated (each complete character as soon as its\n"
+    "last token is drawn), followed by a newline; timings go to stderr.  Generation stops after\n"
+    "model.eos_token_id (not printed) unless --ignore-eos.",
+    generate_options,
+    NULL,
+};
+
+static int set_one(void *cfg, const char *kv) { return olmo_config_set(cfg, kv); }
 
 /* Returns -1 to go on, else the exit code. */
 static int parse_args(int argc, char **argv, struct gen_args *a) {
-    *a = (struct gen_args){.backend_name = "cpu", .max_new = 32, .top_p = 1.0};
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            generate_usage(stdout);
-            return 0;
-        }
-        if (!strcmp(argv[i], "--ignore-eos")) a->ignore_eos = true;
-        else if (!strcmp(argv[i], "--json")) a->json = true;
-        else if (!strcmp(argv[i], "--set") || !strcmp(argv[i], "--config") || !strcmp(argv[i], "--ids") ||
-                 !strcmp(argv[i], "--prompt") || !strcmp(argv[i], "--prompt-file") ||
-                 !strcmp(argv[i], "--tokenizer") || !strcmp(argv[i], "--output") ||
-                 !strcmp(argv[i], "--max-new-tokens") || !strcmp(argv[i], "--temperature") ||
-                 !strcmp(argv[i], "--top-p") || !strcmp(argv[i], "--seed") || !strcmp(argv[i], "--backend")) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "olmoc generate: %s needs a value\n", argv[i]);
-                return 2;
-            }
-            const char *opt = argv[i], *v = argv[++i];
-            char *end = NULL;
-            if (!strcmp(opt, "--config")) a->config_path = v;
-            else if (!strcmp(opt, "--backend")) a->backend_name = v;
-            else if (!strcmp(opt, "--ids")) a->ids_text = v;
-            else if (!strcmp(opt, "--prompt")) a->prompt = v;
-            else if (!strcmp(opt, "--prompt-file")) a->prompt_file = v;
-            else if (!strcmp(opt, "--tokenizer")) a->tokenizer = v;
-            else if (!strcmp(opt, "--output")) {
-                if (strcmp(v, "text") && strcmp(v, "ids")) {
-                    fprintf(stderr, "olmoc generate: --output expects text or ids, got '%s'\n", v);
-                    return 2;
-                }
-                a->output = v;
-            } else if (!strcmp(opt, "--max-new-tokens")) {
-                a->max_new = strtol(v, &end, 10);
-                if (!*v || *end || a->max_new < 0 || a->max_new > 1000000) {
-                    fprintf(stderr, "olmoc generate: --max-new-tokens expects an integer >= 0, got '%s'\n", v);
-                    return 2;
-                }
-            } else if (!strcmp(opt, "--temperature")) {
-                a->temperature = strtod(v, &end);
-                if (!*v || *end || !(a->temperature >= 0)) {
-                    fprintf(stderr, "olmoc generate: --temperature expects a number >= 0, got '%s'\n", v);
-                    return 2;
-                }
-            } else if (!strcmp(opt, "--top-p")) {
-                a->top_p = strtod(v, &end);
-                if (!*v || *end || !(a->top_p > 0 && a->top_p <= 1)) {
-                    fprintf(stderr, "olmoc generate: --top-p expects a number in (0, 1], got '%s'\n", v);
-                    return 2;
-                }
-            } else if (!strcmp(opt, "--seed")) {
-                a->seed = strtoull(v, &end, 10);
-                if (!*v || *end || v[0] == '-') {
-                    fprintf(stderr, "olmoc generate: --seed expects a non-negative integer, got '%s'\n", v);
-                    return 2;
-                }
-            }
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "olmoc generate: unknown option '%s' (see --help)\n", argv[i]);
-            return 2;
-        } else if (a->src) {
-            fprintf(stderr, "olmoc generate: unexpected argument '%s' (see --help)\n", argv[i]);
-            return 2;
-        } else {
-            a->src = argv[i];
-        }
-    }
+    *a = (struct gen_args){.backend_name = "cpu", .output = -1, .max_new = 32, .top_p = 1.0};
+    int status;
+    if (olmo_cli_parse(&generate_command, a, argc, argv, &status)) return status;
     const int n_prompts = !!a->ids_text + !!a->prompt + !!a->prompt_file;
-    if (!a->src || n_prompts == 0) {
-        generate_usage(stderr);
-        return 2;
-    }
-    if (n_prompts > 1) {
-        fprintf(stderr, "olmoc generate: give one of --prompt, --prompt-file and --ids\n");
-        return 2;
-    }
+    if (!a->src || n_prompts == 0) return olmo_cli_usage_error(&generate_command);
+    if (n_prompts > 1) return olmo_cli_error(&generate_command, "give one of --prompt, --prompt-file and --ids");
     return -1;
 }
 
@@ -227,12 +191,11 @@ int cmd_generate(int argc, char **argv) {
     int n_prompt;
     char tokpath[4200];
     if (olmo_source_resolve(a.src, a.config_path, &source, &cfg)) goto fail;
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--set") && olmo_config_set(&cfg, argv[++i])) goto fail;
+    if (olmo_cli_each(&a.sets, set_one, &cfg)) goto fail;
     if (olmo_config_validate(&cfg)) goto fail;
     tokenizer_path(&a, &source, &cfg, tokpath, sizeof tokpath);
     const bool text_prompt = !a.ids_text;
-    const bool want_text = a.output ? !strcmp(a.output, "text") : text_prompt; /* --ids: ids, as before */
+    const bool want_text = a.output >= 0 ? a.output == 0 : text_prompt; /* --ids: ids, as before */
     if ((text_prompt || want_text) && !tokpath[0]) {
         olmo_error("%s needs a tokenizer: give --tokenizer FILE or set data.tokenizer",
                    text_prompt ? "a text prompt" : "--output text");

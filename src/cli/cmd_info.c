@@ -1,10 +1,13 @@
 /* olmoc info: the resolved config, parameter counts and attention layout,
  * and with --ranks a memory plan (train/memplan.h). */
 #include <omp.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "config/config.h"
 #include "data/token_file.h"
@@ -13,22 +16,63 @@
 #include "util/error.h"
 #include "util/sysmem.h"
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: olmoc info CONFIG.yaml [--set KEY=VALUE ...] [--data RANKS] [--ranks N [--shard-degree K]\n"
-               "                  [--backend NAME] [--device-memory SIZE]]\n");
-}
+struct info_args {
+    const char *config, *backend;
+    int ranks, shard_degree, data_ranks; /* 0, -1, 0 when not given */
+    double memory;                       /* bytes; 0 when not given */
+    struct olmo_cli_list sets;
+};
 
-/* A positive int option's value: 0, or -1 with the message printed. */
-static int int_arg(const char *opt, const char *s, int min, int *out) {
-    char *end;
-    const long v = strtol(s, &end, 10);
-    if (end == s || *end || v < min || v > 1 << 20) {
-        fprintf(stderr, "olmoc info: %s needs an integer >= %d (got '%s')\n", opt, min, s);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
+#define ARG(field) offsetof(struct info_args, field)
+static const struct olmo_cli_option info_options[] = {
+    {.kind = OLMO_CLI_ARG, .name = "CONFIG.yaml", .offset = ARG(config)},
+    {.kind = OLMO_CLI_LIST, .name = "--set", .offset = ARG(sets), .metavar = "KEY=VALUE",
+     .help = "override a config value (repeatable)"},
+    {.kind = OLMO_CLI_INT, .name = "--ranks", .offset = ARG(ranks), .metavar = "N", .min = 1, .max = 1 << 20,
+     .expects = "needs an integer >= 1 (at most 1048576)", .help = "data-parallel ranks (default 1)"},
+    {.kind = OLMO_CLI_INT, .name = "--shard-degree", .offset = ARG(shard_degree), .metavar = "K", .min = 0,
+     .max = 1 << 20, .expects = "needs an integer >= 0 (at most 1048576)",
+     .help = "fsdp: shard within groups of K ranks (default\n"
+             "train.shard_degree; 0 = all ranks)"},
+    {.kind = OLMO_CLI_STRING, .name = "--backend", .offset = ARG(backend), .metavar = "NAME",
+     .help = "cpu, cpu-openblas, cpu-onednn, cpu-bf16, cuda,\n"
+             "cuda-tf32, cuda-bf16, cuda-bf16-cublas (default cpu);\n"
+             "a CUDA build is not needed to plan for CUDA"},
+    {.kind = OLMO_CLI_SIZE, .name = "--device-memory", .offset = ARG(memory), .metavar = "SIZE",
+     .help = "memory per rank, e.g. 141GB or 131.6GiB (an H200);\n"
+             "default: for CPU backends this machine's memory (or\n"
+             "ulimit), for CUDA not judged"},
+    {.kind = OLMO_CLI_INT, .name = "--data", .offset = ARG(data_ranks), .metavar = "RANKS", .min = 1,
+     .max = 1000000, .expects = "needs a number of ranks (1 to 1000000)",
+     .help = "also open the training data as olmoc train does on RANKS\n"
+             "ranks and print '# data: N instances per epoch, M in the\n"
+             "files, global batch B, fingerprint F' (F: the loader\n"
+             "fingerprint a checkpoint's state.json records;\n"
+             "scripts/import_olmo_core.py uses it)"},
+    {.kind = OLMO_CLI_END},
+};
+#undef ARG
+
+static const struct olmo_cli_command info_command = {
+    "info",
+    "olmoc info CONFIG.yaml [--set KEY=VALUE ...] [--data RANKS] [--ranks N [--shard-degree K]\n"
+    "           [--backend NAME] [--device-memory SIZE]]",
+    "Prints the resolved config (YAML), parameter counts, FLOPs per token and\n"
+    "which layers use sliding-window or full attention.\n\n"
+    "With --ranks (or any of --shard-degree, --backend, --device-memory) it adds a\n"
+    "memory plan: one rank's bytes for weights, gradients, optimizer state, the\n"
+    "compute copy, gathered weights (fsdp), saved activations (by\n"
+    "train.activation_checkpointing and train.saved_activations), logits, the\n"
+    "backward pass's work buffers, the backend's scratch and communication buffers,\n"
+    "for the config's train.micro_batch, seq_len, sharding and shard_degree, and\n"
+    "whether that fits.  The figures are what the backend's memory counters count\n"
+    "(OLMOC_MEMSTATS=1 olmoc train prints their peak); lines start with '#', so\n"
+    "the output stays YAML.",
+    info_options,
+    NULL,
+};
+
+static int set_one(void *cfg, const char *kv) { return olmo_config_set(cfg, kv); }
 
 /* "--data": the training data as olmoc train opens it on `ranks` ranks. */
 static int print_data(const struct olmo_config *cfg, int ranks) {
@@ -43,87 +87,18 @@ static int print_data(const struct olmo_config *cfg, int ranks) {
 }
 
 int cmd_info(int argc, char **argv) {
-    const char *path = NULL, *backend = "cpu", *memory = NULL;
-    int ranks = 0, shard_degree = -1, data_ranks = 0;
-    bool plan = false;
+    struct info_args a = {.shard_degree = -1};
+    int status;
+    if (olmo_cli_parse(&info_command, &a, argc, argv, &status)) return status;
+    if (!a.config) return olmo_cli_usage_error(&info_command);
+    const char *path = a.config, *backend = a.backend ? a.backend : "cpu";
+    const int ranks = a.ranks, shard_degree = a.shard_degree, data_ranks = a.data_ranks;
+    const bool plan = a.ranks || a.shard_degree >= 0 || a.backend || a.memory > 0;
+    double have = a.memory;
     struct olmo_config cfg;
     olmo_config_defaults(&cfg);
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
-            printf("\nPrints the resolved config (YAML), parameter counts, FLOPs per token and\n"
-                   "which layers use sliding-window or full attention.\n\n"
-                   "With --ranks (or any option below) it adds a memory plan: one rank's bytes\n"
-                   "for weights, gradients, optimizer state, the compute copy, gathered weights\n"
-                   "(fsdp), saved activations (by train.activation_checkpointing and\n"
-                   "train.saved_activations), logits, the backward pass's work buffers, the\n"
-                   "backend's scratch and communication buffers, for the config's\n"
-                   "train.micro_batch, seq_len, sharding and shard_degree, and whether that\n"
-                   "fits.  The figures are what the backend's memory counters count\n"
-                   "(OLMOC_MEMSTATS=1 olmoc train prints their peak); lines start with '#', so\n"
-                   "the output stays YAML.\n\n"
-                   "  --ranks N            data-parallel ranks (default 1)\n"
-                   "  --shard-degree K     fsdp: shard within groups of K ranks (default\n"
-                   "                       train.shard_degree; 0 = all ranks)\n"
-                   "  --backend NAME       cpu, cpu-openblas, cpu-onednn, cpu-bf16, cuda,\n"
-                   "                       cuda-tf32, cuda-bf16, cuda-bf16-cublas (default cpu);\n"
-                   "                       a CUDA build is not needed to plan for CUDA\n"
-                   "  --device-memory SIZE memory per rank, e.g. 141GB or 131.6GiB (an H200);\n"
-                   "                       default: for CPU backends this machine's memory (or\n"
-                   "                       ulimit), for CUDA not judged\n"
-                   "  --data RANKS         also open the training data as olmoc train does on RANKS\n"
-                   "                       ranks and print '# data: N instances per epoch, M in the\n"
-                   "                       files, global batch B, fingerprint F' (F: the loader\n"
-                   "                       fingerprint a checkpoint's state.json records;\n"
-                   "                       scripts/import_olmo_core.py uses it)\n");
-            return 0;
-        }
-        const bool has_value = i + 1 < argc;
-        if (!strcmp(argv[i], "--data")) {
-            char *end = NULL;
-            long v = has_value ? strtol(argv[i + 1], &end, 10) : 0;
-            if (!has_value || !end || *end || v < 1 || v > 1000000) {
-                fprintf(stderr, "olmoc info: --data needs a number of ranks (1 to 1000000)\n");
-                return 2;
-            }
-            data_ranks = (int)v;
-            i++;
-        } else if (!strcmp(argv[i], "--set")) {
-            if (++i >= argc) {
-                fprintf(stderr, "olmoc info: --set needs KEY=VALUE\n");
-                return 2;
-            }
-        } else if (!strcmp(argv[i], "--ranks") || !strcmp(argv[i], "--shard-degree") ||
-                   !strcmp(argv[i], "--backend") || !strcmp(argv[i], "--device-memory")) {
-            if (!has_value) {
-                fprintf(stderr, "olmoc info: %s needs a value (see --help)\n", argv[i]);
-                return 2;
-            }
-            plan = true;
-            const char *opt = argv[i], *v = argv[++i];
-            if (!strcmp(opt, "--ranks") && int_arg(opt, v, 1, &ranks)) return 2;
-            if (!strcmp(opt, "--shard-degree") && int_arg(opt, v, 0, &shard_degree)) return 2;
-            if (!strcmp(opt, "--backend")) backend = v;
-            if (!strcmp(opt, "--device-memory")) memory = v;
-        } else if (argv[i][0] == '-' || path) {
-            fprintf(stderr, "olmoc info: unexpected argument '%s' (see --help)\n", argv[i]);
-            return 2;
-        } else {
-            path = argv[i];
-        }
-    }
-    if (!path) {
-        usage(stderr);
-        return 2;
-    }
-    double have = 0;
-    if (memory && olmo_parse_bytes(memory, &have)) {
-        fprintf(stderr, "olmoc info: --device-memory %s\n", olmo_last_error());
-        return 2;
-    }
     if (olmo_config_load(&cfg, path)) goto fail;
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--set") && olmo_config_set(&cfg, argv[++i])) goto fail;
+    if (olmo_cli_each(&a.sets, set_one, &cfg)) goto fail;
     if (olmo_config_validate(&cfg)) {
         /* A memory mode this build does not run yet is still planned (from its design): the rest of
          * the config must be valid. */
@@ -152,7 +127,7 @@ int cmd_info(int argc, char **argv) {
                                             .backend = backend, .threads = omp_get_max_threads()};
     if (olmo_mem_plan(&cfg, &o, &p)) goto fail;
     const char *have_what = "--device-memory";
-    if (!memory && !p.device) {
+    if (!(a.memory > 0) && !p.device) {
         have = (double)olmo_memory_limit();
         have_what = "this process's memory limit: physical memory or ulimit, shared by the ranks on this machine";
     }

@@ -2,12 +2,14 @@
  * train/run.h (the loop, progress lines, metrics log, checkpoints, resume,
  * evaluation). */
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
 #include "backend/profile.h"
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "config/config.h"
 #include "dist/dist.h"
@@ -15,149 +17,143 @@
 #include "train/signals.h"
 #include "util/error.h"
 
-static void train_usage(FILE *out) {
-    fprintf(out,
-            "usage: olmoc train CONFIG.yaml [options]\n\n"
-            "Trains the model described by CONFIG.yaml on data.train_path (a token file) or\n"
-            "data.mix (several, with weights: \"a.npy:0.7,b.npy+c.npy:0.3\").\n"
-            "Writes to data.out_dir: config.yaml (resolved), metrics.jsonl (one JSON object per\n"
-            "step and per evaluation), step-NNNNNN/ checkpoints every train.save_every steps\n"
-            "(the newest train.keep_last kept) and model.safetensors at the end.\n"
-            "One run at a time per data.out_dir: a second one is refused (a lock on data.out_dir/.lock,\n"
-            "which names the holder's PID). Values that are not finite are null in metrics.jsonl.\n"
-            "Under mpirun -np N, train.grad_accum is per rank: each step takes N x grad_accum x\n"
-            "micro_batch instances. train.sharding: zero1 (default; optimizer state sharded) or fsdp\n"
-            "(weights, gradients and optimizer state sharded, blocks gathered as used; with\n"
-            "train.shard_degree G: shard within groups of G ranks, replicate across groups).\n"
-            "Memory: train.activation_checkpointing: none (default), feed_forward (the MLP's inner\n"
-            "activations recomputed in the backward) or block (only each block's input kept), for\n"
-            "every train.block_every-th block; olmoc info CONFIG --ranks N prints the memory plan.\n"
-            "data.val_documents: true evaluates data.val_paths as OLMo-core's LM evaluator does\n"
-            "(one padded instance per document; eval/lm/LABEL/CE loss, PPL, bits per byte).\n"
-            "Data order (data.order): olmo_core (default) is OLMo-core's numpy data loader: seeded\n"
-            "PCG64 shuffle per epoch, whole global batches, instances dealt to ranks in turn;\n"
-            "olmoc is olmoc's own (needed for a weighted data.mix). data.mix_file reads an\n"
-            "OLMo-core mix list (with data.mix_base_dir, data.mix_tokenizer). Schedules\n"
-            "(train.schedule): cos_with_warmup, half_cos_with_warmup, linear_with_warmup, wsd,\n"
-            "constant, as OLMo-core's; train.schedule_tokens sets the length in tokens.\n"
-            "SIGTERM or SIGINT: the run finishes its step, writes a checkpoint and exits with\n"
-            "128 + the signal; a second one exits at once. A step whose loss or grad norm is NaN/inf\n"
-            "stops the run (train.nonfinite: stop, the default) or is skipped (skip: no update).\n"
-            "train.optimizer: skip_step_adamw (OLMo-core's SkipStepAdamW) also skips a step whose loss\n"
-            "or grad norm is over train.sigma_factor standard deviations above the mean of the last\n"
-            "train.rolling_interval_length steps; train.optim_init_step: true starts Adam's step at 1\n"
-            "(OLMo-core's Trainer initialises the optimizer state with a zero-LR step).\n\n"
-            "options:\n"
-            "  --set KEY=VALUE     override a config value, e.g. --set train.steps=10 (repeatable)\n"
-            "  --resume            continue from the newest checkpoint in data.out_dir (start fresh\n"
-            "                      when there is none)\n"
-            "  --resume-from DIR   continue from the checkpoint directory DIR\n"
-            "  --init FILE         start from weights in FILE (safetensors, Hugging Face names)\n"
-            "                      instead of the seeded OLMo-core initialisation\n"
-            "  --init-from CKPT    start a new stage from the weights of checkpoint directory CKPT\n"
-            "                      (written on any number of ranks): step counter, LR schedule and\n"
-            "                      data order start afresh, as a Stage 2 from Stage 1\n"
-            "  --with-optimizer-state  with --init-from: also carry CKPT's AdamW moments and Adam's\n"
-            "                      step count (bias correction), as OLMo-core's load_optim_state=True,\n"
-            "                      load_trainer_state=False\n"
-            "  --save FILE         write the final weights to FILE (default: data.out_dir/model.safetensors)\n"
-            "  --dump-batches FILE append every step's token batch to FILE (raw int32, steps x rows x\n"
-            "                      seq_len), so another implementation can train on the same data order\n"
-            "  --backend NAME      where to compute: cpu (default), or\n"
-            "                        cpu-openblas      the CPU with OpenBLAS GEMMs (cpu uses oneDNN's\n"
-            "                                          when the build has it)\n"
-            "                        cpu-onednn        the CPU with oneDNN GEMMs\n"
-            "                        cpu-bf16          the CPU with bf16 GEMM operands, fp32 accumulation,\n"
-            "                                          fp32 master weights and optimizer state (oneDNN)\n"
-            "                      or in a CUDA build\n"
-            "                        cuda              fp32 GEMMs (matches cpu within fp32 rounding)\n"
-            "                        cuda-tf32         GEMMs on TF32 tensor cores\n"
-            "                        cuda-bf16         bf16 GEMM and attention operands, fp32 accumulation,\n"
-            "                                          fp32 master weights and optimizer state\n"
-            "                        cuda-bf16-cublas  the same, with cuBLAS converting the GEMM operands\n"
-            "                      a checkpoint resumes on any backend\n"
-            "  --help              show this help\n\n"
-            "Evaluation (train.eval_every > 0): held-out loss on data.val_paths (comma-separated\n"
-            ".npy files, train.eval_batches micro-batches each, in file order) and accuracy on\n"
-            "data.eval_tasks (comma-separated multiple-choice .jsonl files, see olmoc eval --help).\n"
-            "MFU uses train.peak_flops, or a peak measured with an SGEMM at startup when it is 0.\n\n"
-            "environment:\n"
-            "  OLMOC_PROFILE=1     print wall time per op, GEMM and attention GFLOP/s (steps after the\n"
-            "                      first; on a CUDA backend each op waits for the device, so the run is slower)\n"
-            "  OLMOC_MEMSTATS=1    at the end, one line per rank on stderr: the backend's peak allocated\n"
-            "                      bytes (compare olmoc info CONFIG --ranks N --backend NAME)\n"
-            "  OLMOC_CPU_ISA=avx2  CPU backends: attention's AVX2+FMA kernels even on an AVX-512 processor\n"
-            "                      (the backend line names the kernels that run)\n");
-}
+struct train_args {
+    const char *config, *init, *init_from, *save, *resume_from, *dump, *backend;
+    bool resume, with_optimizer_state;
+    struct olmo_cli_list sets;
+};
+
+#define ARG(field) offsetof(struct train_args, field)
+static const struct olmo_cli_option train_options[] = {
+    {.kind = OLMO_CLI_ARG, .name = "CONFIG.yaml", .offset = ARG(config)},
+    {.kind = OLMO_CLI_LIST, .name = "--set", .offset = ARG(sets), .metavar = "KEY=VALUE",
+     .help = "override a config value, e.g. --set train.steps=10 (repeatable)"},
+    {.kind = OLMO_CLI_FLAG, .name = "--resume", .offset = ARG(resume),
+     .help = "continue from the newest checkpoint in data.out_dir (start fresh\n"
+     "when there is none)"},
+    {.kind = OLMO_CLI_STRING, .name = "--resume-from", .offset = ARG(resume_from), .metavar = "DIR",
+     .help = "continue from the checkpoint directory DIR"},
+    {.kind = OLMO_CLI_STRING, .name = "--init", .offset = ARG(init), .metavar = "FILE",
+     .help = "start from weights in FILE (safetensors, Hugging Face names)\n"
+     "instead of the seeded OLMo-core initialisation"},
+    {.kind = OLMO_CLI_STRING, .name = "--init-from", .offset = ARG(init_from), .metavar = "CKPT",
+     .help = "start a new stage from the weights of checkpoint directory CKPT\n"
+     "(written on any number of ranks): step counter, LR schedule and\n"
+     "data order start afresh, as a Stage 2 from Stage 1"},
+    {.kind = OLMO_CLI_FLAG, .name = "--with-optimizer-state", .offset = ARG(with_optimizer_state),
+     .help = "with --init-from: also carry CKPT's AdamW moments and Adam's\n"
+     "step count (bias correction), as OLMo-core's load_optim_state=True,\n"
+     "load_trainer_state=False"},
+    {.kind = OLMO_CLI_STRING, .name = "--save", .offset = ARG(save), .metavar = "FILE",
+     .help = "write the final weights to FILE (default: data.out_dir/model.safetensors)"},
+    {.kind = OLMO_CLI_STRING, .name = "--dump-batches", .offset = ARG(dump), .metavar = "FILE",
+     .help = "append every step's token batch to FILE (raw int32, steps x rows x\n"
+     "seq_len), so another implementation can train on the same data order"},
+    {.kind = OLMO_CLI_STRING, .name = "--backend", .offset = ARG(backend), .metavar = "NAME",
+     .help = "where to compute: cpu (default), or\n"
+     "  cpu-openblas      the CPU with OpenBLAS GEMMs (cpu uses oneDNN's\n"
+     "                    when the build has it)\n"
+     "  cpu-onednn        the CPU with oneDNN GEMMs\n"
+     "  cpu-bf16          the CPU with bf16 GEMM operands, fp32 accumulation,\n"
+     "                    fp32 master weights and optimizer state (oneDNN)\n"
+     "or in a CUDA build\n"
+     "  cuda              fp32 GEMMs (matches cpu within fp32 rounding)\n"
+     "  cuda-tf32         GEMMs on TF32 tensor cores\n"
+     "  cuda-bf16         bf16 GEMM and attention operands, fp32 accumulation,\n"
+     "                    fp32 master weights and optimizer state\n"
+     "  cuda-bf16-cublas  the same, with cuBLAS converting the GEMM operands\n"
+     "a checkpoint resumes on any backend"},
+    {.kind = OLMO_CLI_END},
+};
+#undef ARG
+
+static const struct olmo_cli_command train_command = {
+    "train",
+    "olmoc train CONFIG.yaml [options]",
+    "Trains the model described by CONFIG.yaml on data.train_path (a token file) or\n"
+    "data.mix (several, with weights: \"a.npy:0.7,b.npy+c.npy:0.3\").\n"
+    "Writes to data.out_dir: config.yaml (resolved), metrics.jsonl (one JSON object per\n"
+    "step and per evaluation), step-NNNNNN/ checkpoints every train.save_every steps\n"
+    "(the newest train.keep_last kept) and model.safetensors at the end.\n"
+    "One run at a time per data.out_dir: a second one is refused (a lock on data.out_dir/.lock,\n"
+    "which names the holder's PID). Values that are not finite are null in metrics.jsonl.\n"
+    "Under mpirun -np N, train.grad_accum is per rank: each step takes N x grad_accum x\n"
+    "micro_batch instances. train.sharding: zero1 (default; optimizer state sharded) or fsdp\n"
+    "(weights, gradients and optimizer state sharded, blocks gathered as used; with\n"
+    "train.shard_degree G: shard within groups of G ranks, replicate across groups).\n"
+    "Memory: train.activation_checkpointing: none (default), feed_forward (the MLP's inner\n"
+    "activations recomputed in the backward) or block (only each block's input kept), for\n"
+    "every train.block_every-th block; olmoc info CONFIG --ranks N prints the memory plan.\n"
+    "data.val_documents: true evaluates data.val_paths as OLMo-core's LM evaluator does\n"
+    "(one padded instance per document; eval/lm/LABEL/CE loss, PPL, bits per byte).\n"
+    "Data order (data.order): olmo_core (default) is OLMo-core's numpy data loader: seeded\n"
+    "PCG64 shuffle per epoch, whole global batches, instances dealt to ranks in turn;\n"
+    "olmoc is olmoc's own (needed for a weighted data.mix). data.mix_file reads an\n"
+    "OLMo-core mix list (with data.mix_base_dir, data.mix_tokenizer). Schedules\n"
+    "(train.schedule): cos_with_warmup, half_cos_with_warmup, linear_with_warmup, wsd,\n"
+    "constant, as OLMo-core's; train.schedule_tokens sets the length in tokens.\n"
+    "SIGTERM or SIGINT: the run finishes its step, writes a checkpoint and exits with\n"
+    "128 + the signal; a second one exits at once. A step whose loss or grad norm is NaN/inf\n"
+    "stops the run (train.nonfinite: stop, the default) or is skipped (skip: no update).\n"
+    "train.optimizer: skip_step_adamw (OLMo-core's SkipStepAdamW) also skips a step whose loss\n"
+    "or grad norm is over train.sigma_factor standard deviations above the mean of the last\n"
+    "train.rolling_interval_length steps; train.optim_init_step: true starts Adam's step at 1\n"
+    "(OLMo-core's Trainer initialises the optimizer state with a zero-LR step).",
+    train_options,
+    "Evaluation (train.eval_every > 0): held-out loss on data.val_paths (comma-separated\n"
+    ".npy files, train.eval_batches micro-batches each, in file order) and accuracy on\n"
+    "data.eval_tasks (comma-separated multiple-choice .jsonl files, see olmoc eval --help).\n"
+    "MFU uses train.peak_flops, or a peak measured with an SGEMM at startup when it is 0.\n\n"
+    "environment:\n"
+    "  OLMOC_PROFILE=1     print wall time per op, GEMM and attention GFLOP/s (steps after the\n"
+    "                      first; on a CUDA backend each op waits for the device, so the run is slower)\n"
+    "  OLMOC_MEMSTATS=1    at the end, one line per rank on stderr: the backend's peak allocated\n"
+    "                      bytes (compare olmoc info CONFIG --ranks N --backend NAME)\n"
+    "  OLMOC_CPU_ISA=avx2  CPU backends: attention's AVX2+FMA kernels even on an AVX-512 processor\n"
+    "                      (the backend line names the kernels that run)",
+};
+
+static int set_one(void *cfg, const char *kv) { return olmo_config_set(cfg, kv); }
 
 /* Reads the command line into cfg (the config file, then --set) and o.
  * Returns -1 when cmd_train should stop: with *status 0 (--help), 2 (usage)
  * or 1 (an error, in olmo_last_error). */
 static int parse_args(int argc, char **argv, struct olmo_config *cfg, struct olmo_run_options *o,
                       const char **backend_name, int *status) {
-    /* First pass: find the config so --set applies on top of it. */
-    for (int i = 1; i < argc; i++) {
-        *status = 2;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            train_usage(stdout);
-            *status = 0;
-            return -1;
-        }
-        if (!strcmp(argv[i], "--set") || !strcmp(argv[i], "--init") || !strcmp(argv[i], "--init-from") ||
-            !strcmp(argv[i], "--save") ||
-            !strcmp(argv[i], "--resume-from") || !strcmp(argv[i], "--dump-batches") || !strcmp(argv[i], "--backend")) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "olmoc train: %s needs a value\n", argv[i]);
-                return -1;
-            }
-            i++;
-        } else if (!strcmp(argv[i], "--resume")) {
-            o->resume = true;
-        } else if (!strcmp(argv[i], "--with-optimizer-state")) {
-            o->init_optimizer = true;
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "olmoc train: unknown option '%s'\n", argv[i]);
-            train_usage(stderr);
-            return -1;
-        } else if (o->config_path) {
-            fprintf(stderr, "olmoc train: more than one config given ('%s', '%s')\n", o->config_path, argv[i]);
-            return -1;
-        } else {
-            o->config_path = argv[i];
-        }
-    }
+    struct train_args a = {.backend = "cpu"};
+    if (olmo_cli_parse(&train_command, &a, argc, argv, status)) return -1;
     *status = 2;
-    if (!o->config_path) {
-        train_usage(stderr);
+    if (!a.config) {
+        olmo_cli_usage_error(&train_command);
         return -1;
     }
     *status = 1;
-    if (olmo_config_load(cfg, o->config_path)) return -1;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--set") && olmo_config_set(cfg, argv[++i])) return -1;
-        else if (!strcmp(argv[i], "--init")) o->init_path = argv[++i];
-        else if (!strcmp(argv[i], "--init-from")) o->init_from = argv[++i];
-        else if (!strcmp(argv[i], "--save")) o->save_path = argv[++i];
-        else if (!strcmp(argv[i], "--resume-from")) o->resume_from = argv[++i];
-        else if (!strcmp(argv[i], "--dump-batches")) o->dump_path = argv[++i];
-        else if (!strcmp(argv[i], "--backend")) *backend_name = argv[++i];
-    }
+    o->config_path = a.config;
+    if (olmo_config_load(cfg, o->config_path) || olmo_cli_each(&a.sets, set_one, cfg)) return -1;
+    o->resume = a.resume;
+    o->init_optimizer = a.with_optimizer_state;
+    o->init_path = a.init;
+    o->init_from = a.init_from;
+    o->save_path = a.save;
+    o->resume_from = a.resume_from;
+    o->dump_path = a.dump;
+    *backend_name = a.backend;
     *status = 2;
     if (o->resume_from && o->resume) {
-        fprintf(stderr, "olmoc train: give either --resume or --resume-from, not both\n");
+        olmo_cli_error(&train_command, "give either --resume or --resume-from, not both");
         return -1;
     }
     if ((o->init_path || o->init_from) && (o->resume || o->resume_from)) {
-        fprintf(stderr, "olmoc train: %s starts a new run; it cannot be combined with --resume\n",
-                o->init_path ? "--init" : "--init-from");
+        olmo_cli_error(&train_command, "%s starts a new run; it cannot be combined with --resume",
+                       o->init_path ? "--init" : "--init-from");
         return -1;
     }
     if (o->init_path && o->init_from) {
-        fprintf(stderr, "olmoc train: give either --init or --init-from, not both\n");
+        olmo_cli_error(&train_command, "give either --init or --init-from, not both");
         return -1;
     }
     if (o->init_optimizer && !o->init_from) {
-        fprintf(stderr, "olmoc train: --with-optimizer-state needs --init-from CKPT\n");
+        olmo_cli_error(&train_command, "--with-optimizer-state needs --init-from CKPT");
         return -1;
     }
     return 0;

@@ -83,6 +83,52 @@ def test_help(build_dir):
         assert r.returncode == 0 and "usage" in r.stdout
 
 
+# every command, an option of it that takes a value, and an invalid value of an option with its message
+COMMANDS = {
+    "train": ("--set", None),
+    "eval": ("--val", ("--batches", "0", "--batches expects an integer in [1, 1000000], got '0'")),
+    "tokenize": ("--tokenizer", ("--threads", "0", "--threads expects an integer in [1, 1024], got '0'")),
+    "generate": ("--prompt", ("--top-p", "0", "--top-p expects a number in (0, 1], got '0'")),
+    "convert": ("--config", ("--dtype", "fp8", "--dtype must be float32 or bfloat16, got 'fp8'")),
+    "info": ("--ranks", ("--ranks", "0", "--ranks needs an integer >= 1 (at most 1048576), got '0'")),
+}
+
+
+def test_every_command_parses_arguments_alike(build_dir):
+    """One option table per command (src/cli/args.c): --help in one style
+    (usage line, then one entry per option with its help from column 24),
+    and an unknown option, a missing value or an invalid one is one line on
+    stderr naming it, with exit code 2."""
+    for build in builds(build_dir):
+        for cmd, (takes_value, invalid) in COMMANDS.items():
+            r = olmoc(build, cmd, "--help")
+            assert r.returncode == 0 and r.stderr == "", (cmd, r.stderr)
+            lines = r.stdout.splitlines()
+            assert lines[0].startswith(f"usage: olmoc {cmd} "), lines[0]
+            assert "\n\noptions:\n" in r.stdout or "\n\ninput:\n" in r.stdout, r.stdout
+            assert lines.count("  -h, --help            show this help") == 1, r.stdout
+            entries = [(i, line) for i, line in enumerate(lines) if re.match(r"  (-\w, )?--\w", line)]
+            assert len(entries) >= 4 and f"  {takes_value} " in r.stdout, r.stdout
+            for i, line in entries:
+                names = line[:24].rstrip()
+                if len(line) > 24 and line[22:24] == "  " and line[24] != " ":
+                    assert names and "  " not in names.strip(), line
+                else:  # names too wide for the column: the help on the next line
+                    assert re.match(r" {24}\S", lines[i + 1]), (line, lines[i + 1])
+                option = names.split(", ")[-1].split(" ")[0]
+                r = olmoc(build, cmd, option)  # every option the help names is one the command knows
+                assert "unknown option" not in r.stderr, (cmd, option, r.stderr)
+            r = olmoc(build, cmd, "--frobnicate")
+            assert r.returncode == 2 and r.stdout == "", (cmd, r.stdout)
+            assert r.stderr == f"olmoc {cmd}: unknown option '--frobnicate' (see --help)\n", (cmd, r.stderr)
+            r = olmoc(build, cmd, "x", takes_value)
+            assert r.returncode == 2 and r.stderr == f"olmoc {cmd}: {takes_value} needs a value\n", (cmd, r.stderr)
+            if invalid:
+                option, value, message = invalid
+                r = olmoc(build, cmd, option, value)
+                assert r.returncode == 2 and r.stderr == f"olmoc {cmd}: {message}\n", (cmd, r.stderr)
+
+
 def test_unknown_command(build_dir):
     r = olmoc(build_dir, "frobnicate")
     assert r.returncode == 2 and "unknown command" in r.stderr
