@@ -217,7 +217,9 @@ int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cf
     tr->cfg = *cfg;
     tr->dist = dist;
     tr->be = be;
-    return trainer_create(tr);
+    if (trainer_create(tr) == 0) return 0;
+    olmo_trainer_destroy(tr); /* whatever a refused or failed creation had made */
+    return -1;
 }
 
 void olmo_trainer_destroy(struct olmo_trainer *tr) {

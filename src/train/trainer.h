@@ -74,6 +74,7 @@ struct olmo_step_result {
 /* What to do with a step once its loss and gradient norm are known. */
 enum olmo_step_verdict { OLMO_STEP_APPLY, OLMO_STEP_SKIP, OLMO_STEP_STOP };
 
+/* On failure everything made so far is released (no olmo_trainer_destroy needed). */
 int olmo_trainer_init(struct olmo_trainer *tr, const struct olmo_config *cfg, const struct olmo_backend *be);
 /* Data-parallel variant: train.grad_accum is per rank, so a step consumes
  * world * grad_accum * micro_batch instances; every rank is given the whole
