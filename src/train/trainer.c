@@ -2,21 +2,192 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "util/error.h"
 
+static int world_size(const struct olmo_trainer *tr) { return tr->dist ? tr->dist->world : 1; }
+
+/* ---- the data-parallel strategies */
+
+/* one model, full-size weights and gradients (every strategy but fsdp) */
+static int replicated_create_model(struct olmo_trainer *tr) {
+    return olmo_model_create(&tr->model, &tr->cfg.model, tr->be);
+}
+
+/* ZeRO-1 on the backend's collectives: its communicator first */
+static int device_create_model(struct olmo_trainer *tr) {
+    const struct olmo_backend *be = tr->be;
+    if (!be->comm_init)
+        return olmo_error("backend '%s' keeps gradients in device memory and this build has no collective "
+                          "library for it (NCCL): it cannot train with %d ranks",
+                          be->name, world_size(tr));
+    if (be->comm_init(be, tr->dist)) return -1;
+    tr->device_comm = true;
+    return replicated_create_model(tr);
+}
+
+/* each rank keeps the moments of its shard (one rank: all of them) */
+static int replicated_create_optimizer(struct olmo_trainer *tr) {
+    return olmo_optimizer_create(&tr->opt, &tr->model, tr->dist);
+}
+
+static void replicated_destroy(struct olmo_trainer *tr) { (void)tr; }
+
+static void device_destroy(struct olmo_trainer *tr) {
+    if (tr->device_comm) tr->be->comm_destroy(tr->be);
+    tr->device_comm = false;
+}
+
+/* the first micro-batch's backward sets the gradients (no memset of them all first) */
+static int replicated_zero_grads(struct olmo_trainer *tr) {
+    tr->model.overwrite_grads = true;
+    return 0;
+}
+
+static int none_sync_grads(struct olmo_trainer *tr, double sums[2]) {
+    (void)tr, (void)sums;
+    return 0;
+}
+
+static int zero1_sync_grads(struct olmo_trainer *tr, double sums[2]) {
+    const struct olmo_model *m = &tr->model;
+    return olmo_dist_allreduce_f32(tr->dist, m->grads, m->n_floats) || olmo_dist_allreduce_f64(tr->dist, sums, 2)
+               ? -1
+               : 0;
+}
+
+static int device_sync_grads(struct olmo_trainer *tr, double sums[2]) {
+    const struct olmo_model *m = &tr->model;
+    return m->be->comm_allreduce_sum(m->be, m->grads, m->n_floats) || olmo_dist_allreduce_f64(tr->dist, sums, 2)
+               ? -1
+               : 0;
+}
+
+static int replicated_grad_norm(struct olmo_trainer *tr, double *norm) { return olmo_grad_norm_of(&tr->model, norm); }
+
+static int replicated_clip_step(struct olmo_trainer *tr, double norm, double lr) {
+    const struct olmo_train_config *t = &tr->cfg.train;
+    if (olmo_clip_grads(&tr->model, norm, t->clip_grad_norm) || olmo_optimizer_step(&tr->opt, &tr->model, t, lr))
+        return -1;
+    return tr->dp->weights_updated(tr);
+}
+
+static int none_weights_updated(struct olmo_trainer *tr) { return olmo_model_sync_weights(&tr->model); }
+
+/* every rank updated its own shard: share them (through MPI, or the backend's collectives) */
+static int share_shards(struct olmo_trainer *tr, bool device) {
+    size_t *offsets = olmo_malloc(sizeof(size_t) * (size_t)(tr->dist->world + 1), "shard offsets");
+    if (!offsets) return -1;
+    olmo_dist_shard_offsets(tr->dist, tr->model.n_floats, offsets);
+    int rc = device ? tr->model.be->comm_allgather(tr->model.be, tr->model.weights, offsets)
+                    : olmo_dist_allgather_f32(tr->dist, tr->model.weights, offsets);
+    free(offsets);
+    return rc ? rc : olmo_model_sync_weights(&tr->model);
+}
+
+static int zero1_weights_updated(struct olmo_trainer *tr) { return share_shards(tr, false); }
+
+static int device_weights_updated(struct olmo_trainer *tr) { return share_shards(tr, true); }
+
+static int replicated_get_weights(const struct olmo_trainer *tr, float *host) {
+    return tr->model.be->to_host(tr->model.be, host, tr->model.weights, tr->model.n_floats * sizeof(float));
+}
+
+static int replicated_set_weights(struct olmo_trainer *tr, const float *host) {
+    struct olmo_model *m = &tr->model;
+    return m->be->to_device(m->be, m->weights, host, m->n_floats * sizeof(float)) ? -1 : olmo_model_sync_weights(m);
+}
+
+static int replicated_init_weights(struct olmo_trainer *tr, uint64_t seed) {
+    return olmo_model_init_weights(&tr->model, seed);
+}
+
+/* fsdp: its own communicators (train/fsdp.h) */
+static int fsdp_create_model(struct olmo_trainer *tr) {
+    return olmo_model_create_sharded(&tr->model, &tr->cfg.model, tr->be) ||
+                   olmo_fsdp_create(&tr->fsdp, &tr->model, &tr->opt, tr->dist, tr->cfg.train.shard_degree)
+               ? -1
+               : 0;
+}
+
+/* olmo_fsdp_create made the optimizer's shards */
+static int fsdp_create_optimizer(struct olmo_trainer *tr) {
+    (void)tr;
+    return 0;
+}
+
+static void fsdp_destroy(struct olmo_trainer *tr) { olmo_fsdp_destroy(&tr->fsdp, &tr->opt); }
+
+static int fsdp_zero_grads(struct olmo_trainer *tr) {
+    if (olmo_fsdp_zero_grads(&tr->fsdp)) return -1;
+    tr->model.overwrite_grads = false;
+    return 0;
+}
+
+/* the blocks' gradients were reduce-scattered as the backward pass went */
+static int fsdp_sync_grads(struct olmo_trainer *tr, double sums[2]) {
+    return olmo_fsdp_sync_replicas(&tr->fsdp) || (tr->dist && olmo_dist_allreduce_f64(tr->dist, sums, 2)) ? -1 : 0;
+}
+
+static int fsdp_grad_norm(struct olmo_trainer *tr, double *norm) { return olmo_fsdp_grad_norm(&tr->fsdp, norm); }
+
+/* each rank updates its shard; the next forward pass gathers the blocks */
+static int fsdp_clip_step(struct olmo_trainer *tr, double norm, double lr) {
+    const struct olmo_train_config *t = &tr->cfg.train;
+    return olmo_fsdp_clip(&tr->fsdp, norm, t->clip_grad_norm) || olmo_fsdp_step(&tr->fsdp, &tr->opt, t, lr) ? -1 : 0;
+}
+
+static int fsdp_weights_updated(struct olmo_trainer *tr) { return olmo_fsdp_master_updated(&tr->fsdp); }
+
+static int fsdp_get_weights(const struct olmo_trainer *tr, float *host) {
+    return olmo_fsdp_get_weights(&tr->fsdp, host);
+}
+
+static int fsdp_set_weights(struct olmo_trainer *tr, const float *host) {
+    return olmo_fsdp_set_weights(&tr->fsdp, host);
+}
+
+static int fsdp_init_weights(struct olmo_trainer *tr, uint64_t seed) { return olmo_fsdp_init_weights(&tr->fsdp, seed); }
+
+#define REPLICATED(create, destroy_, sync, updated)                                                                  \
+    .create_model = create, .create_optimizer = replicated_create_optimizer, .destroy = destroy_,                    \
+    .zero_grads = replicated_zero_grads, .sync_grads = sync, .grad_norm = replicated_grad_norm,                      \
+    .clip_step = replicated_clip_step, .weights_updated = updated, .get_weights = replicated_get_weights,             \
+    .set_weights = replicated_set_weights, .init_weights = replicated_init_weights
+#define SHARDED                                                                                                       \
+    .create_model = fsdp_create_model, .create_optimizer = fsdp_create_optimizer, .destroy = fsdp_destroy,           \
+    .zero_grads = fsdp_zero_grads, .sync_grads = fsdp_sync_grads, .grad_norm = fsdp_grad_norm,                      \
+    .clip_step = fsdp_clip_step, .weights_updated = fsdp_weights_updated, .get_weights = fsdp_get_weights,          \
+    .set_weights = fsdp_set_weights, .init_weights = fsdp_init_weights
+
+static const struct olmo_dp_strategy DP_NONE = {
+    .name = "none", REPLICATED(replicated_create_model, replicated_destroy, none_sync_grads, none_weights_updated)};
+static const struct olmo_dp_strategy DP_ZERO1 = {
+    .name = "zero1", REPLICATED(replicated_create_model, replicated_destroy, zero1_sync_grads, zero1_weights_updated)};
+static const struct olmo_dp_strategy DP_ZERO1_DEVICE = {
+    .name = "zero1-device", REPLICATED(device_create_model, device_destroy, device_sync_grads, device_weights_updated)};
+static const struct olmo_dp_strategy DP_FSDP = {.name = "fsdp", SHARDED};
+static const struct olmo_dp_strategy DP_HSDP = {.name = "hsdp", SHARDED};
+
+static const struct olmo_dp_strategy *choose_strategy(const struct olmo_train_config *t, const struct olmo_backend *be,
+                                                      int world) {
+    if (t->sharding == SHARDING_FSDP) return t->shard_degree && t->shard_degree < world ? &DP_HSDP : &DP_FSDP;
+    if (world == 1) return &DP_NONE;
+    return be->host_memory ? &DP_ZERO1 : &DP_ZERO1_DEVICE;
+}
+
+/* ---- the trainer */
+
 int olmo_trainer_init(struct olmo_trainer *tr, const struct olmo_config *cfg, const struct olmo_backend *be) {
     return olmo_trainer_init_dist(tr, cfg, be, NULL);
 }
 
-int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cfg, const struct olmo_backend *be,
-                           const struct olmo_dist *dist) {
-    memset(tr, 0, sizeof *tr);
-    tr->cfg = *cfg;
-    tr->dist = dist;
+static int trainer_create(struct olmo_trainer *tr) {
+    const struct olmo_config *cfg = &tr->cfg;
     if (olmo_config_validate(cfg)) return -1;
     /* the model indexes a micro-batch's tokens with int */
     const long long micro_tokens = (long long)cfg->train.micro_batch * cfg->train.seq_len;
@@ -24,26 +195,14 @@ int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cf
         return olmo_error("train.micro_batch x train.seq_len = %d x %d = %lld tokens: more than a micro-batch can "
                           "hold (%d)",
                           cfg->train.micro_batch, cfg->train.seq_len, micro_tokens, INT_MAX);
+    tr->dp = choose_strategy(&cfg->train, tr->be, world_size(tr));
     tr->fully_sharded = cfg->train.sharding == SHARDING_FSDP;
-    if (dist && dist->world > 1 && !be->host_memory && !tr->fully_sharded) { /* fsdp: its own communicators */
-        if (!be->comm_init)
-            return olmo_error("backend '%s' keeps gradients in device memory and this build has no collective "
-                              "library for it (NCCL): it cannot train with %d ranks",
-                              be->name, dist->world);
-        if (be->comm_init(be, dist)) return -1;
-        tr->device_comm = true;
-    }
-    if (tr->fully_sharded) {
-        if (olmo_model_create_sharded(&tr->model, &cfg->model, be) ||
-            olmo_fsdp_create(&tr->fsdp, &tr->model, &tr->opt, dist, cfg->train.shard_degree))
-            return -1;
-    } else if (olmo_model_create(&tr->model, &cfg->model, be))
-        return -1;
+    if (tr->dp->create_model(tr)) return -1;
     if (olmo_model_set_checkpointing(&tr->model, cfg->train.activation_checkpointing, cfg->train.block_every) ||
         olmo_model_set_saved_all_bf16(&tr->model, cfg->train.saved_activations == SAVED_ACTS_BF16))
         return -1;
     if (olmo_model_reserve(&tr->model, cfg->train.micro_batch, cfg->train.seq_len)) return -1;
-    if (!tr->fully_sharded && olmo_optimizer_create(&tr->opt, &tr->model, dist)) return -1;
+    if (tr->dp->create_optimizer(tr)) return -1;
     if (olmo_optimizer_configure(&tr->opt, &cfg->train)) return -1;
     size_t n = (size_t)cfg->train.micro_batch * cfg->train.seq_len;
     tr->inputs = olmo_malloc(n * sizeof(int32_t), "input batch");
@@ -52,9 +211,19 @@ int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cf
     return 0;
 }
 
+int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cfg, const struct olmo_backend *be,
+                           const struct olmo_dist *dist) {
+    memset(tr, 0, sizeof *tr);
+    tr->cfg = *cfg;
+    tr->dist = dist;
+    tr->be = be;
+    if (trainer_create(tr) == 0) return 0;
+    olmo_trainer_destroy(tr); /* whatever a refused or failed creation had made */
+    return -1;
+}
+
 void olmo_trainer_destroy(struct olmo_trainer *tr) {
-    if (tr->device_comm) tr->model.be->comm_destroy(tr->model.be);
-    if (tr->fully_sharded) olmo_fsdp_destroy(&tr->fsdp, &tr->opt);
+    if (tr->dp) tr->dp->destroy(tr);
     if (tr->model.be) olmo_optimizer_destroy(&tr->opt, &tr->model);
     olmo_model_destroy(&tr->model);
     free(tr->inputs);
@@ -75,8 +244,6 @@ static long stage_micro_batch(struct olmo_trainer *tr, const int32_t *rows, int 
     return labels;
 }
 
-static int world_size(const struct olmo_trainer *tr) { return tr->dist ? tr->dist->world : 1; }
-
 size_t olmo_trainer_batch_rows(const struct olmo_trainer *tr) {
     return (size_t)world_size(tr) * tr->cfg.train.grad_accum * tr->cfg.train.micro_batch;
 }
@@ -90,9 +257,7 @@ int olmo_trainer_accumulate(struct olmo_trainer *tr, const int32_t *instances, s
     /* this rank's slice of the global batch */
     const int32_t *mine = instances + (size_t)(tr->dist ? tr->dist->rank : 0) * t->grad_accum * micro * T;
     double sums[2] = {0.0, 0.0}; /* cross-entropy, lse^2 */
-    /* replicated: the first micro-batch's backward sets the gradients (no memset of them all first) */
-    if (tr->fully_sharded && olmo_fsdp_zero_grads(&tr->fsdp)) return -1;
-    m->overwrite_grads = !tr->fully_sharded;
+    if (tr->dp->zero_grads(tr)) return -1;
     for (int a = 0; a < t->grad_accum; a++) {
         stage_micro_batch(tr, mine + (size_t)a * micro * T, micro);
         if (olmo_model_forward(m, tr->inputs, t->intra_doc_masking)) return -1;
@@ -103,63 +268,27 @@ int olmo_trainer_accumulate(struct olmo_trainer *tr, const int32_t *instances, s
         sums[0] += ce_sum;
         sums[1] += z_sum;
     }
-    if (tr->fully_sharded) { /* the blocks' gradients were reduce-scattered as the backward pass went */
-        if (olmo_fsdp_sync_replicas(&tr->fsdp) || (tr->dist && olmo_dist_allreduce_f64(tr->dist, sums, 2))) return -1;
-    } else if (world_size(tr) > 1 &&
-        ((tr->device_comm ? m->be->comm_allreduce_sum(m->be, m->grads, m->n_floats)
-                          : olmo_dist_allreduce_f32(tr->dist, m->grads, m->n_floats)) ||
-         olmo_dist_allreduce_f64(tr->dist, sums, 2)))
-        return -1;
+    if (tr->dp->sync_grads(tr, sums)) return -1;
     res->ce_loss = sums[0] / (double)total_labels;
     res->z_loss = t->z_loss * sums[1] / (double)total_labels;
     res->loss_tokens = total_labels;
-    return tr->fully_sharded ? olmo_fsdp_grad_norm(&tr->fsdp, &res->grad_norm) : olmo_grad_norm_of(m, &res->grad_norm);
+    return tr->dp->grad_norm(tr, &res->grad_norm);
 }
 
 int olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res) {
-    const struct olmo_train_config *t = &tr->cfg.train;
-    if (tr->fully_sharded) { /* each rank updates its shard; the next forward pass gathers the blocks */
-        res->lr = olmo_trainer_next_lr(tr);
-        res->skipped = false;
-        return olmo_fsdp_clip(&tr->fsdp, res->grad_norm, t->clip_grad_norm) ||
-                       olmo_fsdp_step(&tr->fsdp, &tr->opt, t, res->lr)
-                   ? -1
-                   : 0;
-    }
-    if (olmo_clip_grads(&tr->model, res->grad_norm, t->clip_grad_norm)) return -1;
+    /* the LR depends on neither the gradients nor their clipping */
     res->lr = olmo_trainer_next_lr(tr);
     res->skipped = false;
-    if (olmo_optimizer_step(&tr->opt, &tr->model, t, res->lr)) return -1;
-    return olmo_trainer_master_updated(tr);
+    return tr->dp->clip_step(tr, res->grad_norm, res->lr);
 }
 
-int olmo_trainer_master_updated(struct olmo_trainer *tr) {
-    if (tr->fully_sharded) return olmo_fsdp_master_updated(&tr->fsdp);
-    if (!tr->dist || tr->dist->world == 1) return olmo_model_sync_weights(&tr->model);
-    /* every rank updated its own shard: share them */
-    size_t *offsets = olmo_malloc(sizeof(size_t) * (size_t)(tr->dist->world + 1), "shard offsets");
-    if (!offsets) return -1;
-    olmo_dist_shard_offsets(tr->dist, tr->model.n_floats, offsets);
-    int rc = tr->device_comm ? tr->model.be->comm_allgather(tr->model.be, tr->model.weights, offsets)
-                             : olmo_dist_allgather_f32(tr->dist, tr->model.weights, offsets);
-    free(offsets);
-    return rc ? rc : olmo_model_sync_weights(&tr->model);
-}
+int olmo_trainer_master_updated(struct olmo_trainer *tr) { return tr->dp->weights_updated(tr); }
 
-int olmo_trainer_get_weights(const struct olmo_trainer *tr, float *host) {
-    if (tr->fully_sharded) return olmo_fsdp_get_weights(&tr->fsdp, host);
-    return tr->model.be->to_host(tr->model.be, host, tr->model.weights, tr->model.n_floats * sizeof(float));
-}
+int olmo_trainer_get_weights(const struct olmo_trainer *tr, float *host) { return tr->dp->get_weights(tr, host); }
 
-int olmo_trainer_set_weights(struct olmo_trainer *tr, const float *host) {
-    if (tr->fully_sharded) return olmo_fsdp_set_weights(&tr->fsdp, host);
-    struct olmo_model *m = &tr->model;
-    return m->be->to_device(m->be, m->weights, host, m->n_floats * sizeof(float)) ? -1 : olmo_model_sync_weights(m);
-}
+int olmo_trainer_set_weights(struct olmo_trainer *tr, const float *host) { return tr->dp->set_weights(tr, host); }
 
-int olmo_trainer_init_weights(struct olmo_trainer *tr, uint64_t seed) {
-    return tr->fully_sharded ? olmo_fsdp_init_weights(&tr->fsdp, seed) : olmo_model_init_weights(&tr->model, seed);
-}
+int olmo_trainer_init_weights(struct olmo_trainer *tr, uint64_t seed) { return tr->dp->init_weights(tr, seed); }
 
 double olmo_trainer_next_lr(const struct olmo_trainer *tr) {
     /* skipped steps advance the schedule (as OLMo-core's trainer.global_step); the schedule's

@@ -10,11 +10,46 @@
 #include "optim/optim.h"
 #include "train/fsdp.h"
 
+struct olmo_trainer;
+
+/* The data-parallel strategy, chosen once at olmo_trainer_init_dist from
+ * train.sharding, the number of ranks and the backend (as OLMo-core's
+ * parallelize_model does): "none" (one rank), "zero1" (gradients all-reduced
+ * through MPI on host memory, optimizer state sharded, updated shards
+ * all-gathered), "zero1-device" (the same through the backend's collectives,
+ * NCCL), "fsdp" (train/fsdp.h) and "hsdp" (fsdp in groups of
+ * train.shard_degree < world ranks).  The step calls these; nothing else
+ * asks which mode it is in.  Each returns 0, or -1 with the error set. */
+struct olmo_dp_strategy {
+    const char *name;
+    /* The model and what the strategy keeps beside it (communicators, shards), in that order. */
+    int (*create_model)(struct olmo_trainer *tr);
+    /* The optimizer state, once the model has reserved its activations. */
+    int (*create_optimizer)(struct olmo_trainer *tr);
+    /* Releases what create_model kept beside the model (safe after a partial create). */
+    void (*destroy)(struct olmo_trainer *tr);
+    /* Before the first micro-batch: gradients start from zero (or the first backward overwrites them). */
+    int (*zero_grads)(struct olmo_trainer *tr);
+    /* After the last micro-batch: every rank's gradients and the loss sums (cross-entropy, lse^2) combined. */
+    int (*sync_grads)(struct olmo_trainer *tr, double sums[2]);
+    /* Global gradient L2 norm. */
+    int (*grad_norm)(struct olmo_trainer *tr, double *norm);
+    /* Gradient clipping to train.clip_grad_norm, the AdamW update at lr, and the weights refreshed. */
+    int (*clip_step)(struct olmo_trainer *tr, double norm, double lr);
+    /* Collective: the master weights were written from outside (olmo_trainer_master_updated). */
+    int (*weights_updated)(struct olmo_trainer *tr);
+    int (*get_weights)(const struct olmo_trainer *tr, float *host);
+    int (*set_weights)(struct olmo_trainer *tr, const float *host);
+    int (*init_weights)(struct olmo_trainer *tr, uint64_t seed);
+};
+
 struct olmo_trainer {
     struct olmo_config cfg;
     struct olmo_model model;
     struct olmo_optimizer opt;
     const struct olmo_dist *dist; /* data-parallel ranks; NULL = one process */
+    const struct olmo_backend *be;
+    const struct olmo_dp_strategy *dp; /* how the ranks share the work (never NULL after init) */
     bool fully_sharded;           /* train.sharding: fsdp (model.weights / model.grads are NULL: see fsdp) */
     struct olmo_fsdp fsdp;
     bool device_comm;             /* collectives through the backend (NCCL), not MPI on host memory */
@@ -39,6 +74,7 @@ struct olmo_step_result {
 /* What to do with a step once its loss and gradient norm are known. */
 enum olmo_step_verdict { OLMO_STEP_APPLY, OLMO_STEP_SKIP, OLMO_STEP_STOP };
 
+/* On failure everything made so far is released (no olmo_trainer_destroy needed). */
 int olmo_trainer_init(struct olmo_trainer *tr, const struct olmo_config *cfg, const struct olmo_backend *be);
 /* Data-parallel variant: train.grad_accum is per rank, so a step consumes
  * world * grad_accum * micro_batch instances; every rank is given the whole

@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from test_cli import ROOT, builds, olmoc, tiny  # noqa: F401  (tiny is a fixture)
+from test_cli import ROOT, SANITIZER_REPORTS, builds, olmoc, tiny  # noqa: F401  (tiny is a fixture)
 
 FAST = ["--set", "train.peak_flops=1e12"]  # skip the startup SGEMM measurement
 DIVERGE = ["--set", "train.lr=1e29"]  # step 1 is finite; its update makes every later loss NaN
@@ -564,7 +564,10 @@ def test_configs_that_cannot_fit_in_memory_are_refused_up_front(build_dir, tiny,
     machine: ~3e12 parameters (26 TB of weights and gradients), then 2^24
     tokens x a 2^20 vocabulary of logits (64 TiB).  Before, the allocations
     themselves failed ("out of memory") or, split into buffers each smaller
-    than the machine, succeeded and left the OOM killer to end the run."""
+    than the machine, succeeded and left the OOM killer to end the run.
+    On the sanitizer build both run with leak detection on and any sanitizer
+    report fails the test: the model made before the activations are refused
+    is freed."""
     cfg, data = tiny
     huge_model = ["--set", "model.d_model=16384", "--set", "model.n_heads=128", "--set", "model.n_kv_heads=128",
                   "--set", "model.n_layers=1024", "--set", "model.mlp_hidden=65536"]
@@ -576,9 +579,14 @@ def test_configs_that_cannot_fit_in_memory_are_refused_up_front(build_dir, tiny,
         assert r.returncode == 1, r.stdout + r.stderr
         assert all(w in r.stderr for w in ("parameters need", "more than this process may use", "model.n_layers")), \
             r.stderr
-        # random tokens (bench_train): no token file needs 2^24 tokens
+        # random tokens (bench_train): no token file needs 2^24 tokens.  The model exists when the
+        # activations are refused: on the sanitizer build, leak detection shows it was freed
+        env = dict(os.environ, ASAN_OPTIONS=":".join(filter(None, [os.environ.get("ASAN_OPTIONS", ""),
+                                                                   "detect_leaks=1"])))
         r = subprocess.run([str(build / "tests" / "bench_train"), str(cfg), "cpu", "--steps", "1", "--warmup", "0",
-                            *huge_batch], capture_output=True, text=True, timeout=120)
+                            *huge_batch], capture_output=True, text=True, timeout=120, env=env)
+        reports = [x for x in SANITIZER_REPORTS if x in r.stderr]
+        assert not reports, f"bench_train on {build}: {reports[0]}\n{r.stderr}"
         assert r.returncode == 1, r.stdout + r.stderr
         assert ("activations for train.micro_batch 256 x train.seq_len 65536 need" in r.stderr and
                 "reduce train.micro_batch" in r.stderr), r.stderr
