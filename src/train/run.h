@@ -29,9 +29,9 @@
 #include "config/config.h"
 #include "data/token_file.h"
 #include "dist/dist.h"
+#include "eval/evaluate.h"
 #include "eval/olmo_tasks.h"
 #include "train/checkpoint.h"
-#include "train/evaluate.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 

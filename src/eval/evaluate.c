@@ -1,4 +1,4 @@
-#include "train/evaluate.h"
+#include "eval/evaluate.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
