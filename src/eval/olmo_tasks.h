@@ -155,11 +155,6 @@ int olmo_eval_score(struct olmo_model *m, const struct olmo_eval_task *t, int pa
 /* Adds the metric, document count and values (OLMo's names) to a JSON object. */
 struct cJSON;
 void olmo_eval_result_add_json(struct cJSON *rec, const struct olmo_eval_result *r);
-/* In-loop evaluation: scores the task, prints a line to log (may be NULL) and
- * appends a "downstream" record (task, metric, n, OLMo's metric values) to metrics. */
-struct olmo_metrics;
-int olmo_eval_task_log(struct olmo_model *m, const struct olmo_eval_task *t, int pad_id, long step, FILE *log,
-                       struct olmo_metrics *metrics);
 /* Writes the result as one JSON object (OLMo's metric names) or a text line. */
 void olmo_eval_result_print(FILE *fp, const char *task, const struct olmo_eval_result *r, bool json);
 
