@@ -9,12 +9,12 @@
 #include "backend/backend.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "eval/evaluator.h"
 #include "eval/olmo_tasks.h"
 #include "train/source.h"
-#include "tokenizer/tokenizer.h"
-#include "train/evaluate.h"
 #include "util/error.h"
 #include "util/fs.h"
+#include "util/json.h"
 
 static void list_tasks(void) {
     printf("# OLMo-eval tasks (name path/variant metric)\n");
@@ -40,37 +40,22 @@ struct olmo_task_args {
     int limit;
 };
 
-/* OLMo-eval tasks of the list: the tokenizer is --tokenizer, else data.tokenizer, else SRC/tokenizer.json. */
-static int load_olmo_tasks(const char *list, const struct olmo_task_args *a, const struct olmo_model_source *src,
-                           const struct olmo_config *cfg, struct olmo_eval_task **tasks, int *n) {
-    char tokpath[4200] = "";
-    if (a->tokenizer) snprintf(tokpath, sizeof tokpath, "%s", a->tokenizer);
-    else if (cfg->data.tokenizer[0]) snprintf(tokpath, sizeof tokpath, "%s", cfg->data.tokenizer);
+/* The tokenizer of OLMo-eval tasks: --tokenizer, else data.tokenizer, else SRC/tokenizer.json ("" for none). */
+static void task_tokenizer(const struct olmo_task_args *a, const struct olmo_model_source *src,
+                           const struct olmo_config *cfg, char *tokpath, size_t n) {
+    tokpath[0] = 0;
+    if (a->tokenizer) snprintf(tokpath, n, "%s", a->tokenizer);
+    else if (cfg->data.tokenizer[0]) snprintf(tokpath, n, "%s", cfg->data.tokenizer);
     else if (src->kind == SRC_HF_DIR) {
-        snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", src->dir);
+        snprintf(tokpath, n, "%s/tokenizer.json", src->dir);
         if (!olmo_is_file(tokpath)) tokpath[0] = 0;
     }
-    return olmo_eval_tasks_open(list, tokpath, a->tasks_dir ? a->tasks_dir : cfg->data.eval_tasks_dir,
-                                cfg->model.vocab_size, a->bos, a->limit, tasks, n);
 }
 
-static int run_olmo_tasks(struct olmo_model *model, struct olmo_eval_task *tasks, int n, int pad, bool json,
-                          FILE *scores) {
-    for (int i = 0; i < n; i++) {
-        const struct olmo_eval_task *t = &tasks[i];
-        double *lp = olmo_malloc(sizeof(double) * (size_t)t->n, "task scores");
-        struct olmo_eval_result r;
-        if (!lp || olmo_eval_score(model, t, pad, lp) || olmo_eval_metrics(t, lp, &r)) {
-            free(lp);
-            return -1;
-        }
-        for (int k = 0; scores && k < t->n; k++)
-            fprintf(scores, "{\"task\":\"%s\",\"doc_id\":%ld,\"cont_id\":%d,\"logprob\":%.17g,\"tokens\":%d}\n",
-                    t->name, t->inst[k].doc_id, t->inst[k].cont_id, lp[k], t->inst[k].n_cont);
-        free(lp);
-        olmo_eval_result_print(stdout, t->name, &r, json);
-    }
-    return 0;
+/* --json: each result record as one line on stdout. */
+static int print_record(void *ctx, cJSON *rec) {
+    (void)ctx;
+    return olmo_json_write_line(stdout, rec, "the output");
 }
 
 struct eval_args {
@@ -189,12 +174,8 @@ int cmd_eval(int argc, char **argv) {
     struct olmo_model_source source;
     struct olmo_model model = {0};
     struct olmo_backend *backend = NULL; /* destroyed after the model */
-    struct olmo_val_set *sets = NULL;
-    struct olmo_mc_task *tasks = NULL;
-    struct olmo_eval_task *otasks = NULL;
-    int n_sets = 0, n_tasks = 0, n_otasks = 0;
+    struct olmo_evaluators ev = {0};
     FILE *scores = NULL;
-    struct olmo_tokenizer *ppl_tok = NULL;
     if (olmo_source_resolve(src, config_path, &source, &cfg)) goto fail;
     if (olmo_cli_each(&args.sets, set_one, &cfg)) goto fail;
     if (olmo_config_validate(&cfg)) goto fail;
@@ -202,15 +183,21 @@ int cmd_eval(int argc, char **argv) {
         val = cfg.data.val_paths;
         tasks_arg = cfg.data.eval_tasks;
     }
-    if (!val) val = "";
-    if (!tasks_arg) tasks_arg = "";
     if (!batches) batches = cfg.train.eval_batches;
-    enum olmo_dtype dtype;
-    if (olmo_dtype_parse(cfg.data.dtype, &dtype) || olmo_val_sets_open_ex(val, cfg.train.seq_len, dtype, &sets, &n_sets))
-        goto fail;
-    if (olmo_mc_tasks_load(tasks_arg, cfg.model.vocab_size, &tasks, &n_tasks)) goto fail;
-    if (load_olmo_tasks(tasks_arg, &ta, &source, &cfg, &otasks, &n_otasks)) goto fail;
-    if (!n_sets && !n_tasks && !n_otasks) {
+    char tokpath[4200];
+    task_tokenizer(&ta, &source, &cfg, tokpath, sizeof tokpath);
+    const struct olmo_eval_sources sources = {
+        .val_paths = val,
+        .tasks = tasks_arg,
+        .val_documents = args.val_documents,
+        .tokenizer = tokpath,
+        .val_tokenizer = ta.tokenizer ? ta.tokenizer : cfg.data.tokenizer, /* bits per byte */
+        .tasks_dir = ta.tasks_dir ? ta.tasks_dir : cfg.data.eval_tasks_dir,
+        .bos_id = ta.bos,
+        .limit_docs = ta.limit,
+    };
+    if (olmo_evaluators_open(&ev, &sources, &cfg)) goto fail;
+    if (!ev.n_val && !ev.n_tasks && !ev.n_olmo_tasks) {
         olmo_error("nothing to evaluate: give --val and/or --task (or set data.val_paths / data.eval_tasks)");
         goto fail;
     }
@@ -222,74 +209,31 @@ int cmd_eval(int argc, char **argv) {
         olmo_error("cannot write '%s': %s", scores_path, strerror(errno));
         goto fail;
     }
-    int pad = cfg.model.pad_token_id >= 0 && cfg.model.pad_token_id < cfg.model.vocab_size ? cfg.model.pad_token_id
-                                                                                           : cfg.model.eos_token_id;
-    if (n_sets && args.val_documents) { /* the tokenizer, when known, gives bits per byte */
-        char tokpath[4200] = "";
-        if (ta.tokenizer) snprintf(tokpath, sizeof tokpath, "%s", ta.tokenizer);
-        else if (cfg.data.tokenizer[0]) snprintf(tokpath, sizeof tokpath, "%s", cfg.data.tokenizer);
-        if (tokpath[0] && olmo_tokenizer_load(&ppl_tok, tokpath)) goto fail;
-    }
     if (!json)
         printf("olmoc eval: %s %s | %zu params | micro-batch %d x %d tokens\n", olmo_source_kind_name(source.kind),
                src, olmo_model_count_params(&cfg.model, true), cfg.train.micro_batch, cfg.train.seq_len);
-    for (int i = 0; i < n_sets && args.val_documents; i++) {
-        struct olmo_val_result r;
-        if (olmo_val_set_documents(&sets[i], cfg.model.eos_token_id, cfg.train.seq_len, cfg.model.vocab_size) ||
-            olmo_eval_val_documents(&model, &sets[i], args.batches, pad, ppl_tok, &r))
-            goto fail;
-        char ce_name[400], ppl_name[400];
-        olmo_val_metric_name(ce_name, sizeof ce_name, sets[i].name, "CE loss");
-        olmo_val_metric_name(ppl_name, sizeof ppl_name, sets[i].name, "PPL");
-        if (json) {
-            printf("{\"type\":\"eval\",\"set\":\"%s\",\"loss\":%.17g,\"ppl\":%.17g,\"tokens\":%ld,\"labels\":%ld,"
-                   "\"documents\":%ld",
-                   sets[i].name, r.loss, r.ppl, r.tokens, r.labels, r.docs);
-            if (r.bytes >= 0) printf(",\"bytes\":%lld,\"bpb\":%.17g", r.bytes, r.bpb);
-            printf(",\"metrics\":{\"%s\":%.17g,\"%s\":%.17g}}\n", ce_name, r.loss, ppl_name, r.ppl);
-        } else {
-            printf("%s %.6f | %s %.4f", ce_name, r.loss, ppl_name, r.ppl);
-            if (r.bytes >= 0) printf(" | BPB %.6f (%lld bytes)", r.bpb, r.bytes);
-            printf(" | %ld tokens, %ld documents\n", r.tokens, r.docs);
-        }
-    }
-    for (int i = 0; i < n_sets && !args.val_documents; i++) {
-        double loss;
-        long tokens;
-        if (olmo_eval_val_set(&model, &sets[i], batches, cfg.train.intra_doc_masking, &loss, &tokens)) goto fail;
-        if (json)
-            printf("{\"type\":\"eval\",\"set\":\"%s\",\"loss\":%.17g,\"ppl\":%.17g,\"tokens\":%ld}\n", sets[i].name, loss,
-                   exp(loss), tokens);
-        else printf("%s: loss %.6f | ppl %.4f | %ld tokens\n", sets[i].name, loss, exp(loss), tokens);
-    }
-    for (int i = 0; i < n_tasks; i++) {
-        struct olmo_mc_result r;
-        if (olmo_mc_eval(&model, &tasks[i], pad, &r, scores)) goto fail;
-        if (json)
-            printf("{\"type\":\"downstream\",\"task\":\"%s\",\"acc\":%.17g,\"acc_per_token\":%.17g,\"n\":%d}\n",
-                   tasks[i].name, r.acc, r.acc_per_token, r.n);
-        else printf("%s: acc %.4f | acc_per_token %.4f | %d examples\n", tasks[i].name, r.acc, r.acc_per_token, r.n);
-    }
-    if (run_olmo_tasks(&model, otasks, n_otasks, pad, json, scores)) goto fail;
+    const struct olmo_eval_settings settings = {
+        .val_batches = batches,
+        .doc_batches = args.batches, /* documents mode: every document unless --batches */
+        .doc_masking = cfg.train.intra_doc_masking,
+        .pad_id = olmo_eval_pad_id(&cfg.model),
+    };
+    const struct olmo_eval_sink out = {
+        .step = -1, .text = json ? NULL : stdout, .scores = scores, .record = json ? print_record : NULL};
+    if (olmo_eval_run(&model, &ev, &settings, &out)) goto fail;
     if (scores && fclose(scores)) {
         scores = NULL;
         olmo_error("writing '%s' failed", scores_path);
         goto fail;
     }
-    olmo_val_sets_close(sets, n_sets);
-    olmo_mc_tasks_free(tasks, n_tasks);
-    olmo_eval_tasks_free(otasks, n_otasks);
-    olmo_tokenizer_free(ppl_tok);
+    olmo_evaluators_close(&ev);
     olmo_model_destroy(&model);
     olmo_backend_destroy(backend);
     return 0;
 fail:
     fprintf(stderr, "olmoc eval: %s\n", olmo_last_error());
     if (scores) fclose(scores);
-    olmo_val_sets_close(sets, n_sets);
-    olmo_mc_tasks_free(tasks, n_tasks);
-    olmo_eval_tasks_free(otasks, n_otasks);
-    olmo_tokenizer_free(ppl_tok);
+    olmo_evaluators_close(&ev);
     olmo_model_destroy(&model);
     olmo_backend_destroy(backend);
     return 1;

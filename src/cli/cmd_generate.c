@@ -14,6 +14,7 @@
 #include "train/source.h"
 #include "util/fs.h"
 #include "util/error.h"
+#include "util/json.h"
 
 static int parse_ids(const char *text, int32_t **ids, int *n) {
     int cap = 16;
@@ -39,20 +40,6 @@ static int parse_ids(const char *text, int32_t **ids, int *n) {
     }
     if (!*n) return olmo_error("--ids is empty");
     return 0;
-}
-
-/* s as a JSON string. */
-static void print_json_string(const char *s) {
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') printf("\\%c", *p);
-        else if (*p == '\n') printf("\\n");
-        else if (*p == '\r') printf("\\r");
-        else if (*p == '\t') printf("\\t");
-        else if (*p < 0x20) printf("\\u%04x", *p);
-        else putchar(*p);
-    }
-    putchar('"');
 }
 
 static void print_stats(int n_prompt, const struct olmo_sample_result *r) {
@@ -225,11 +212,10 @@ int cmd_generate(int argc, char **argv) {
         printf("\n");
         print_stats(n_prompt, &res);
     } else if (a.json) {
-        printf("{\"prompt\":[");
-        for (int i = 0; i < n_prompt; i++) printf(i ? ",%d" : "%d", ids[i]);
-        printf("],\"generated\":[");
-        for (int i = n_prompt; i < n_prompt + res.n_new; i++) printf(i > n_prompt ? ",%d" : "%d", ids[i]);
-        printf("]");
+        cJSON *o = cJSON_CreateObject();
+        cJSON *prompt = cJSON_AddArrayToObject(o, "prompt"), *generated = cJSON_AddArrayToObject(o, "generated");
+        for (int i = 0; i < n_prompt; i++) olmo_json_append_int(prompt, ids[i]);
+        for (int i = n_prompt; i < n_prompt + res.n_new; i++) olmo_json_append_int(generated, ids[i]);
         if (tok) {
             uint32_t *gen = olmo_malloc(sizeof(uint32_t) * (size_t)(res.n_new + 1), "generated ids");
             size_t k = 0;
@@ -238,13 +224,15 @@ int cmd_generate(int argc, char **argv) {
                     gen[k++] = (uint32_t)ids[n_prompt + i];
             if (!gen || olmo_decode(tok, gen, k, true, &text, NULL)) {
                 free(gen);
+                cJSON_Delete(o);
                 goto fail;
             }
             free(gen);
-            printf(",\"text\":");
-            print_json_string(text);
+            cJSON_AddStringToObject(o, "text", text);
         }
-        printf(",\"prefill_s\":%.6f,\"decode_s\":%.6f}\n", res.prefill_s, res.decode_s);
+        olmo_json_add_num(o, "prefill_s", "%.6f", res.prefill_s);
+        olmo_json_add_num(o, "decode_s", "%.6f", res.decode_s);
+        if (olmo_json_write_line(stdout, o, "the output")) goto fail;
     } else {
         for (int i = n_prompt; i < n_prompt + res.n_new; i++) printf(i > n_prompt ? ",%d" : "%d", ids[i]);
         printf("\n");

@@ -403,7 +403,7 @@ static int expand_specs(const char *list, char ***items, int *n) {
         snprintf(one, sizeof one, "%.*s", (int)(b - a), a);
         const struct olmo_eval_task_set *set = b > a ? find_set(one) : NULL;
         if (!olmo_eval_is_olmo_spec(one)) {
-            /* a .jsonl file of token ids: train/evaluate.c's */
+            /* a .jsonl file of token ids: eval/evaluate.c's */
         } else if (set) {
             for (const char *const *t = set->tasks; *t && !rc; t++) rc = append_spec(items, n, &cap, *t, strlen(*t));
         } else if (b > a) {

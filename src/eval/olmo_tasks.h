@@ -125,7 +125,7 @@ struct olmo_eval_options {
 int olmo_eval_tasks_load(const char *list, const struct olmo_eval_options *o, struct olmo_eval_task **tasks, int *n);
 void olmo_eval_tasks_free(struct olmo_eval_task *tasks, int n);
 /* The same from a task list that may also hold .jsonl files (skipped: see
- * train/evaluate.h), loading the tokenizer (needed only when there is an
+ * eval/evaluate.h), loading the tokenizer (needed only when there is an
  * OLMo-eval task); tasks_dir: colon-separated directories searched before the
  * default (NULL or "": the default only). */
 int olmo_eval_tasks_open(const char *list, const char *tokenizer, const char *tasks_dir, int vocab_size, long bos_id,
@@ -155,11 +155,6 @@ int olmo_eval_score(struct olmo_model *m, const struct olmo_eval_task *t, int pa
 /* Adds the metric, document count and values (OLMo's names) to a JSON object. */
 struct cJSON;
 void olmo_eval_result_add_json(struct cJSON *rec, const struct olmo_eval_result *r);
-/* In-loop evaluation: scores the task, prints a line to log (may be NULL) and
- * appends a "downstream" record (task, metric, n, OLMo's metric values) to metrics. */
-struct olmo_metrics;
-int olmo_eval_task_log(struct olmo_model *m, const struct olmo_eval_task *t, int pad_id, long step, FILE *log,
-                       struct olmo_metrics *metrics);
 /* Writes the result as one JSON object (OLMo's metric names) or a text line. */
 void olmo_eval_result_print(FILE *fp, const char *task, const struct olmo_eval_result *r, bool json);
 

@@ -1,12 +1,14 @@
 /* OLMo-eval tasks: scoring with the model and OLMo's in-loop metrics (see olmo_tasks.h). */
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "eval/olmo_tasks.h"
 #include "model/generate.h"
 #include "util/error.h"
+#include "util/json.h"
 
 #define LOG_2_OF_E 1.44269504089 /* OLMo's constant (olmo_eval/metrics.py) */
 
@@ -326,54 +328,51 @@ int olmo_eval_metrics(const struct olmo_eval_task *t, const double *logprob, str
     return 0;
 }
 
-static void put(FILE *fp, const char *key, double v, bool json, bool *first) {
-    if (json) {
-        if (isfinite(v)) fprintf(fp, ",\"%s\":%.17g", key, v);
-        else fprintf(fp, ",\"%s\":null", key);
-    } else {
-        fprintf(fp, "%s%s %.6g", *first ? "" : " | ", key, v);
-    }
+static void put(FILE *fp, const char *key, double v, bool *first) {
+    fprintf(fp, "%s%s %.6g", *first ? "" : " | ", key, v);
     *first = false;
 }
 
 void olmo_eval_result_print(FILE *fp, const char *task, const struct olmo_eval_result *r, bool json) {
     bool first = true;
     const char *mn = olmo_metric_name(r->metric);
-    if (json) fprintf(fp, "{\"type\":\"downstream\",\"task\":\"%s\",\"metric\":\"%s\",\"n\":%d", task, mn, r->n_docs);
-    else fprintf(fp, "%s (%s, %d docs): ", task, mn, r->n_docs);
+    if (json) {
+        cJSON *rec = cJSON_CreateObject();
+        cJSON_AddStringToObject(rec, "type", "downstream");
+        cJSON_AddStringToObject(rec, "task", task);
+        olmo_eval_result_add_json(rec, r);
+        char *text = cJSON_PrintUnformatted(rec);
+        cJSON_Delete(rec);
+        if (text) fprintf(fp, "%s\n", text);
+        free(text);
+        return;
+    }
+    fprintf(fp, "%s (%s, %d docs): ", task, mn, r->n_docs);
     if (r->metric == OLMO_METRIC_BPB) {
-        put(fp, "bpb_v1", r->bpb_v1, json, &first);
-        put(fp, "bpb_v2", r->bpb_v2, json, &first);
+        put(fp, "bpb_v1", r->bpb_v1, &first);
+        put(fp, "bpb_v2", r->bpb_v2, &first);
     } else if (r->metric == OLMO_METRIC_CE_LOSS) {
-        put(fp, "ce_loss_v1", r->ce_loss_v1, json, &first);
-        put(fp, "ce_loss_v2", r->ce_loss_v2, json, &first);
+        put(fp, "ce_loss_v1", r->ce_loss_v1, &first);
+        put(fp, "ce_loss_v2", r->ce_loss_v2, &first);
     } else {
         char k1[32], k2[32];
         snprintf(k1, sizeof k1, "%s_v1", mn);
         snprintf(k2, sizeof k2, "%s_v2", mn);
-        put(fp, k1, r->acc, json, &first);
-        put(fp, k2, r->acc, json, &first);
-        put(fp, "ce_loss_v1", r->ce_loss_v1, json, &first);
-        put(fp, "ce_loss_v2", r->ce_loss_v2, json, &first);
-        put(fp, "bpb_v1", r->bpb_v1, json, &first);
-        put(fp, "bpb_v2", r->bpb_v2, json, &first);
-        put(fp, "soft_v1", r->soft_v1, json, &first);
-        put(fp, "soft_v2", r->soft_v2, json, &first);
-        put(fp, "soft_log_v1", r->soft_log_v1, json, &first);
-        put(fp, "soft_log_v2", r->soft_log_v2, json, &first);
+        put(fp, k1, r->acc, &first);
+        put(fp, k2, r->acc, &first);
+        put(fp, "ce_loss_v1", r->ce_loss_v1, &first);
+        put(fp, "ce_loss_v2", r->ce_loss_v2, &first);
+        put(fp, "bpb_v1", r->bpb_v1, &first);
+        put(fp, "bpb_v2", r->bpb_v2, &first);
+        put(fp, "soft_v1", r->soft_v1, &first);
+        put(fp, "soft_v2", r->soft_v2, &first);
+        put(fp, "soft_log_v1", r->soft_log_v1, &first);
+        put(fp, "soft_log_v2", r->soft_log_v2, &first);
     }
-    fprintf(fp, json ? "}\n" : "\n");
+    fprintf(fp, "\n");
 }
 
-static void add_num(cJSON *rec, const char *key, double v) {
-    if (!isfinite(v)) {
-        cJSON_AddNullToObject(rec, key);
-        return;
-    }
-    char num[40];
-    snprintf(num, sizeof num, "%.17g", v);
-    cJSON_AddRawToObject(rec, key, num);
-}
+static void add_num(cJSON *rec, const char *key, double v) { olmo_json_add_num(rec, key, "%.17g", v); }
 
 void olmo_eval_result_add_json(struct cJSON *rec, const struct olmo_eval_result *r) {
     const char *mn = olmo_metric_name(r->metric);

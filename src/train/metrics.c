@@ -1,13 +1,13 @@
 #include "train/metrics.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "util/error.h"
 #include "util/fs.h"
+#include "util/json.h"
 
 cJSON *olmo_metrics_record(const char *type, long step) {
     cJSON *rec = cJSON_CreateObject();
@@ -17,20 +17,10 @@ cJSON *olmo_metrics_record(const char *type, long step) {
 }
 
 void olmo_metrics_add_num(cJSON *rec, const char *key, const char *fmt, double v) {
-    if (!isfinite(v)) {
-        cJSON_AddNullToObject(rec, key);
-        return;
-    }
-    char text[64];
-    snprintf(text, sizeof text, fmt, v);
-    cJSON_AddRawToObject(rec, key, text);
+    olmo_json_add_num(rec, key, fmt, v);
 }
 
-void olmo_metrics_add_int(cJSON *rec, const char *key, long v) {
-    char text[32];
-    snprintf(text, sizeof text, "%ld", v);
-    cJSON_AddRawToObject(rec, key, text);
-}
+void olmo_metrics_add_int(cJSON *rec, const char *key, long v) { olmo_json_add_int(rec, key, v); }
 
 /* The step of one log line: from the parsed record, or, for a line an older
  * olmoc wrote with a bare nan (not JSON), from its "step" field.  -1: none. */

@@ -165,22 +165,16 @@ static int open_model_and_data(struct olmo_run *run) {
     if (o->log && cfg->train.eval_every == 0 && (cfg->data.val_paths[0] || cfg->data.eval_tasks[0]))
         fprintf(o->log, "note: data.val_paths / data.eval_tasks are set but train.eval_every is 0: no evaluation\n");
     if (o->write_files && cfg->train.eval_every > 0) {
-        enum olmo_dtype dtype;
-        if (olmo_dtype_parse(cfg->data.dtype, &dtype) ||
-            olmo_val_sets_open_ex(cfg->data.val_paths, cfg->train.seq_len, dtype, &run->ev.val, &run->ev.n_val))
-            return -1;
-        for (int i = 0; cfg->data.val_documents && i < run->ev.n_val; i++)
-            if (olmo_val_set_documents(&run->ev.val[i], cfg->model.eos_token_id, cfg->train.seq_len,
-                                       cfg->model.vocab_size))
-                return -1;
-        if (cfg->data.val_documents && run->ev.n_val && cfg->data.tokenizer[0] &&
-            olmo_tokenizer_load(&run->ev.val_tok, cfg->data.tokenizer))
-            return -1;
-        if (olmo_mc_tasks_load(cfg->data.eval_tasks, cfg->model.vocab_size, &run->ev.tasks, &run->ev.n_tasks))
-            return -1;
-        if (olmo_eval_tasks_open(cfg->data.eval_tasks, cfg->data.tokenizer, cfg->data.eval_tasks_dir,
-                                 cfg->model.vocab_size, -1, 0, &run->ev.olmo_tasks, &run->ev.n_olmo_tasks))
-            return -1;
+        const struct olmo_eval_sources src = {
+            .val_paths = cfg->data.val_paths,
+            .tasks = cfg->data.eval_tasks,
+            .val_documents = cfg->data.val_documents,
+            .tokenizer = cfg->data.tokenizer,
+            .val_tokenizer = cfg->data.tokenizer,
+            .tasks_dir = cfg->data.eval_tasks_dir,
+            .bos_id = -1,
+        };
+        if (olmo_evaluators_open(&run->ev, &src, cfg)) return -1;
     }
     long hwm_before = 0;
     const bool debug_mem = debug_mem_begin(&hwm_before);
@@ -303,75 +297,21 @@ static void format_duration(char *buf, size_t n, double s) {
     else snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
 }
 
+static int write_record(void *metrics, cJSON *rec) { return olmo_metrics_write(metrics, rec); }
+
+/* Every set and task of the run, its records into metrics.jsonl. */
 static int run_evals(struct olmo_run *run) {
     const struct olmo_config *cfg = &run->cfg;
-    FILE *log = run->o.log;
-    const int vocab = cfg->model.vocab_size, pad_id = cfg->model.pad_token_id;
-    const int pad = pad_id >= 0 && pad_id < vocab ? pad_id : cfg->model.eos_token_id;
-    for (int i = 0; cfg->data.val_documents && i < run->ev.n_val; i++) {
-        /* OLMo-core's LM evaluator: one padded instance per document, its metric names */
-        const struct olmo_val_set *set = &run->ev.val[i];
-        struct olmo_val_result r;
-        const double t0 = olmo_now_seconds();
-        if (olmo_eval_val_documents(&run->tr.model, set, cfg->train.eval_batches, pad, run->ev.val_tok, &r)) return -1;
-        char ce_name[400], ppl_name[400];
-        olmo_val_metric_name(ce_name, sizeof ce_name, set->name, "CE loss");
-        olmo_val_metric_name(ppl_name, sizeof ppl_name, set->name, "PPL");
-        if (log) {
-            fprintf(log, "eval step %ld | %s %.4f | %s %.3f", run->step, ce_name, r.loss, ppl_name, r.ppl);
-            if (r.bytes >= 0) fprintf(log, " | BPB %.4f", r.bpb);
-            fprintf(log, " | %ld documents | %.2fs\n", r.docs, olmo_now_seconds() - t0);
-        }
-        cJSON *rec = olmo_metrics_record("eval", run->step);
-        cJSON_AddStringToObject(rec, "set", set->name);
-        olmo_metrics_add_num(rec, "loss", "%.17g", r.loss);
-        olmo_metrics_add_num(rec, "ppl", "%.17g", r.ppl);
-        olmo_metrics_add_int(rec, "tokens", r.tokens);
-        olmo_metrics_add_int(rec, "documents", r.docs);
-        if (r.bytes >= 0) olmo_metrics_add_num(rec, "bpb", "%.17g", r.bpb);
-        cJSON *named = cJSON_AddObjectToObject(rec, "metrics");
-        /* 17 digits: cJSON's own printing may drop the last bit (its round-trip check allows 1 ulp) */
-        olmo_metrics_add_num(named, ce_name, "%.17g", r.loss);
-        olmo_metrics_add_num(named, ppl_name, "%.17g", r.ppl);
-        if (olmo_metrics_write(&run->metrics, rec)) return -1;
-    }
-    for (int i = 0; !cfg->data.val_documents && i < run->ev.n_val; i++) {
-        double loss;
-        long tokens;
-        const double t0 = olmo_now_seconds();
-        if (olmo_eval_val_set(&run->tr.model, &run->ev.val[i], cfg->train.eval_batches, cfg->train.intra_doc_masking,
-                              &loss, &tokens))
-            return -1;
-        if (log)
-            fprintf(log, "eval step %ld | %s | loss %.4f | ppl %.3f | %ld tokens | %.2fs\n", run->step,
-                    run->ev.val[i].name, loss, exp(loss), tokens, olmo_now_seconds() - t0);
-        cJSON *rec = olmo_metrics_record("eval", run->step);
-        cJSON_AddStringToObject(rec, "set", run->ev.val[i].name);
-        olmo_metrics_add_num(rec, "loss", "%.17g", loss);
-        olmo_metrics_add_num(rec, "ppl", "%.17g", exp(loss));
-        olmo_metrics_add_int(rec, "tokens", tokens);
-        if (olmo_metrics_write(&run->metrics, rec)) return -1;
-    }
-    for (int i = 0; i < run->ev.n_tasks; i++) {
-        struct olmo_mc_result r;
-        if (olmo_mc_eval(&run->tr.model, &run->ev.tasks[i], pad, &r, NULL)) return -1;
-        if (log)
-            fprintf(log, "eval step %ld | task %s | acc %.4f | acc_per_token %.4f | %d examples\n", run->step,
-                    run->ev.tasks[i].name, r.acc, r.acc_per_token, r.n);
-        cJSON *rec = olmo_metrics_record("downstream", run->step);
-        cJSON_AddStringToObject(rec, "task", run->ev.tasks[i].name);
-        olmo_metrics_add_num(rec, "acc", "%.17g", r.acc);
-        olmo_metrics_add_num(rec, "acc_per_token", "%.17g", r.acc_per_token);
-        olmo_metrics_add_int(rec, "n", r.n);
-        if (olmo_metrics_write(&run->metrics, rec)) return -1;
-    }
-    for (int i = 0; i < run->ev.n_olmo_tasks; i++)
-        if (olmo_eval_task_log(&run->tr.model, &run->ev.olmo_tasks[i], pad, run->step, log, &run->metrics)) return -1;
-    if (log) fflush(log);
-    return 0;
+    const struct olmo_eval_settings s = {
+        .val_batches = cfg->train.eval_batches,
+        .doc_batches = cfg->train.eval_batches,
+        .doc_masking = cfg->train.intra_doc_masking,
+        .pad_id = olmo_eval_pad_id(&cfg->model),
+    };
+    const struct olmo_eval_sink out = {
+        .step = run->step, .text = run->o.log, .record = write_record, .ctx = &run->metrics};
+    return olmo_eval_run(&run->tr.model, &run->ev, &s, &out);
 }
-
-
 
 static int save_checkpoint(struct olmo_run *run) {
     const double t0 = olmo_now_seconds();
@@ -548,10 +488,7 @@ void olmo_run_close(struct olmo_run *run) {
     if (run->metrics.f) fclose(run->metrics.f);
     if (run->dump) fclose(run->dump);
     free(run->batch);
-    olmo_val_sets_close(run->ev.val, run->ev.n_val);
-    olmo_mc_tasks_free(run->ev.tasks, run->ev.n_tasks);
-    olmo_eval_tasks_free(run->ev.olmo_tasks, run->ev.n_olmo_tasks);
-    olmo_tokenizer_free(run->ev.val_tok);
+    olmo_evaluators_close(&run->ev);
     if (run->trainer_ready) olmo_trainer_destroy(&run->tr);
     if (run->loader_ready) olmo_loader_close(&run->loader);
     if (run->lock_fd >= 0) close(run->lock_fd);

@@ -29,9 +29,8 @@
 #include "config/config.h"
 #include "data/token_file.h"
 #include "dist/dist.h"
-#include "eval/olmo_tasks.h"
+#include "eval/evaluator.h"
 #include "train/checkpoint.h"
-#include "train/evaluate.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 
@@ -69,23 +68,13 @@ struct olmo_run_step {
     double mfu;          /* of this step; 0 when the peak is unknown */
 };
 
-struct olmo_evaluators {
-    struct olmo_val_set *val;
-    int n_val;
-    struct olmo_mc_task *tasks;
-    int n_tasks;
-    struct olmo_eval_task *olmo_tasks; /* OLMo-eval tasks (eval/olmo_tasks.h) */
-    int n_olmo_tasks;
-    struct olmo_tokenizer *val_tok; /* data.val_documents with data.tokenizer: bits per byte */
-};
-
 struct olmo_run {
     struct olmo_run_options o;
     struct olmo_config cfg;
     struct olmo_trainer tr;
     bool trainer_ready, loader_ready;
     struct olmo_loader loader;
-    struct olmo_evaluators ev;
+    struct olmo_evaluators ev; /* eval/evaluator.h: data.val_paths, data.eval_tasks */
     struct olmo_metrics metrics;
     struct olmo_ckpt_state st; /* where the run started */
     char ckpt[4096];           /* the checkpoint it resumed from, or "" */

@@ -22,7 +22,7 @@
 #include "model/generate.h"
 #include "model/hf.h"
 #include "model/weights.h"
-#include "train/evaluate.h"
+#include "eval/evaluate.h"
 #include "util/error.h"
 
 static void on_alarm(int sig) {

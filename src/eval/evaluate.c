@@ -1,4 +1,4 @@
-#include "train/evaluate.h"
+#include "eval/evaluate.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -9,6 +9,7 @@
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/fs.h"
+#include "util/json.h"
 
 /* basename without directory and without the given extension */
 static void short_name(const char *path, const char *ext, char *out, size_t n) {
@@ -406,14 +407,20 @@ void olmo_mc_tasks_free(struct olmo_mc_task *tasks, int n) {
     free(tasks);
 }
 
-static void json_string(FILE *fp, const char *s) {
-    fputc('"', fp);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') fprintf(fp, "\\%c", *s);
-        else if ((unsigned char)*s < 0x20) fprintf(fp, "\\u%04x", (unsigned char)*s);
-        else fputc(*s, fp);
-    }
-    fputc('"', fp);
+/* One line of --scores-out: an example's prediction and each choice's log-likelihood. */
+static int write_scores(FILE *fp, const char *task, int index, const struct olmo_mc_example *e, int pred,
+                        int pred_per_token, const double *lp) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "task", task);
+    olmo_json_add_int(o, "index", index);
+    olmo_json_add_int(o, "label", e->label);
+    olmo_json_add_int(o, "pred", pred);
+    olmo_json_add_int(o, "pred_per_token", pred_per_token);
+    cJSON *logprobs = cJSON_AddArrayToObject(o, "logprobs");
+    for (int c = 0; c < e->n_choices; c++) olmo_json_append_num(logprobs, "%.17g", lp[c]);
+    cJSON *lengths = cJSON_AddArrayToObject(o, "lengths");
+    for (int c = 0; c < e->n_choices; c++) olmo_json_append_int(lengths, e->choice_len[c]);
+    return olmo_json_write_line(fp, o, "the scores");
 }
 
 /* One scored row: which example/choice, where the choice starts, its length. */
@@ -480,16 +487,7 @@ int olmo_mc_eval(struct olmo_model *m, const struct olmo_mc_task *t, int pad_id,
         }
         correct += best == e->label;
         correct_tok += best_tok == e->label;
-        if (scores) {
-            fprintf(scores, "{\"task\":");
-            json_string(scores, t->name);
-            fprintf(scores, ",\"index\":%d,\"label\":%d,\"pred\":%d,\"pred_per_token\":%d,\"logprobs\":[",
-                    i, e->label, best, best_tok);
-            for (int c = 0; c < e->n_choices; c++) fprintf(scores, c ? ",%.17g" : "%.17g", lp[k + c]);
-            fprintf(scores, "],\"lengths\":[");
-            for (int c = 0; c < e->n_choices; c++) fprintf(scores, c ? ",%d" : "%d", e->choice_len[c]);
-            fprintf(scores, "]}\n");
-        }
+        if (scores && (rc = write_scores(scores, t->name, i, e, best, best_tok, lp + k))) break;
         k += e->n_choices;
     }
     free(rows);

@@ -10,8 +10,8 @@
  * sum) and acc_per_token (argmax of the sum divided by the choice's token
  * count, the length normalisation available without text).  A row longer
  * than the model's seq_len loses context tokens from the left. */
-#ifndef OLMOC_EVALUATE_H
-#define OLMOC_EVALUATE_H
+#ifndef OLMOC_EVAL_EVALUATE_H
+#define OLMOC_EVAL_EVALUATE_H
 
 #include <stdbool.h>
 #include <stdint.h>
