@@ -70,7 +70,7 @@ static int write_shard(const struct olmo_trainer *tr, const char *path, struct w
     const size_t n = saved_local(tr);
     struct st_writer w = {0};
     struct st_stream s = {0};
-    struct hash_stream hs;
+    struct ckpt_hash hs = {0};
     s.fd = -1;
     int64_t shape = (int64_t)n;
     int rc = 0;
@@ -84,10 +84,10 @@ static int write_shard(const struct olmo_trainer *tr, const char *path, struct w
     if (!buf) rc = olmo_error("out of memory writing '%s'", path);
     if (!rc) {
         out->bytes = st_writer_file_size(&w);
-        ckpt_hash_begin(&hs, out->bytes);
+        rc = ckpt_hash_begin(&hs, CKPT_HASH_XXH3_64, out->bytes);
         s.hash_update = ckpt_hash_update;
         s.hash_ctx = &hs;
-        rc = st_stream_begin(&s, &w, path);
+        if (!rc) rc = st_stream_begin(&s, &w, path);
     }
     for (int q = 0; q < N_Q && !rc; q++) {
         const float *src = q_buffer(tr, q);
@@ -101,6 +101,7 @@ static int write_shard(const struct olmo_trainer *tr, const char *path, struct w
     if (!rc) rc = st_stream_finish(&s);
     else st_stream_abort(&s);
     if (!rc) out->hash = ckpt_hash_end(&hs);
+    ckpt_hash_free(&hs);
     free(buf);
     st_writer_free(&w);
     return rc;
@@ -112,7 +113,8 @@ static int finish_save(const char *out_dir, const char *tmp, const char *final, 
                        struct written *files, int n_files, const uint64_t *shards, const size_t *words, int world) {
     char path[4096];
     if (path_join(path, sizeof path, tmp, "config.yaml") || olmo_config_write(&tr->cfg, path) ||
-        olmo_fsync_path(path) || ckpt_hash_file(path, &files[n_files - 1].hash, &files[n_files - 1].bytes))
+        olmo_fsync_path(path) ||
+        ckpt_hash_file(path, CKPT_HASH_XXH3_64, &files[n_files - 1].hash, &files[n_files - 1].bytes))
         return -1;
     if (ckpt_write_state(tmp, st, tr, names, files, n_files, shards, words, world) || olmo_fsync_path(tmp)) return -1;
     /* A checkpoint of the same step already there (a rerun from an earlier

@@ -146,7 +146,7 @@ int ckpt_write_gathered(const struct olmo_trainer *tr, const int *q_list, int n_
     struct gather_buf gb = {0};
     struct st_writer w = {0};
     struct st_stream s = {0};
-    struct hash_stream hs;
+    struct ckpt_hash hs = {0};
     s.fd = -1;
     int rc = gather_pieces(tr, &t);
     gb.send = malloc(CHUNK_FLOATS * sizeof(float));
@@ -158,10 +158,10 @@ int ckpt_write_gathered(const struct olmo_trainer *tr, const int *q_list, int n_
         if (!rc && with_step) rc = st_writer_declare(&w, "step", ST_I64, 1, &one);
         if (!rc) {
             out->bytes = st_writer_file_size(&w);
-            ckpt_hash_begin(&hs, out->bytes);
+            rc = ckpt_hash_begin(&hs, CKPT_HASH_XXH3_64, out->bytes);
             s.hash_update = ckpt_hash_update;
             s.hash_ctx = &hs;
-            rc = st_stream_begin(&s, &w, path);
+            if (!rc) rc = st_stream_begin(&s, &w, path);
         }
     }
     for (int k = 0; k < n_q; k++) rc = stream_quantity(tr, &t, q_list[k], &gb, &s, rc);
@@ -172,6 +172,7 @@ int ckpt_write_gathered(const struct olmo_trainer *tr, const int *q_list, int n_
     if (root && !rc) rc = st_stream_finish(&s);
     if (root && rc) st_stream_abort(&s);
     if (root && !rc) out->hash = ckpt_hash_end(&hs);
+    ckpt_hash_free(&hs);
     st_writer_free(&w);
     free(gb.send);
     free(gb.out);

@@ -1,5 +1,8 @@
-/* The content hash of checkpoint files (state.json's "hash64"): streamed
- * while a file is written, or read back from disk. */
+/* The content hash of checkpoint files (state.json's "hash64" of each file,
+ * with the algorithm in "hash"): streamed while a file is written, or read
+ * back from disk.  olmoc writes xxHash's XXH3-64 (seed 0, libxxhash); it
+ * reads the 64-bit hash of earlier olmoc versions in checkpoints whose
+ * state.json names no algorithm. */
 #include "train/checkpoint_internal.h"
 
 #include <errno.h>
@@ -8,12 +11,15 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "util/error.h"
 
+/* ---- the earlier olmoc hash (read only) ---- */
+
 static uint64_t rotl64(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
-void ckpt_hash_begin(struct hash_stream *s, size_t len) {
+static void legacy_begin(struct hash_stream *s, size_t len) {
     s->h = 0x9e3779b97f4a7c15ULL ^ ((uint64_t)len * 0xff51afd7ed558ccdULL);
     s->nbuf = 0;
 }
@@ -23,8 +29,7 @@ static void hash_word(struct hash_stream *s, uint64_t w) {
     s->h = rotl64(s->h, 27) * 5 + 0x52dce729;
 }
 
-void ckpt_hash_update(void *ctx, const uint8_t *p, size_t n) {
-    struct hash_stream *s = ctx;
+static void legacy_update(struct hash_stream *s, const uint8_t *p, size_t n) {
     while (n && s->nbuf) {
         s->buf[s->nbuf++] = *p++;
         n--;
@@ -46,7 +51,7 @@ void ckpt_hash_update(void *ctx, const uint8_t *p, size_t n) {
     }
 }
 
-uint64_t ckpt_hash_end(struct hash_stream *s) {
+static uint64_t legacy_end(struct hash_stream *s) {
     uint64_t tail = 0, h = s->h;
     for (int j = 0; j < s->nbuf; j++) tail |= (uint64_t)s->buf[j] << (8 * j);
     h ^= rotl64(tail * 0x87c37b91114253d5ULL, 31) * 0x4cf5ad432745937fULL;
@@ -58,16 +63,49 @@ uint64_t ckpt_hash_end(struct hash_stream *s) {
     return h;
 }
 
-uint64_t olmo_hash64(const void *data, size_t len) {
-    struct hash_stream s;
-    ckpt_hash_begin(&s, len);
-    ckpt_hash_update(&s, data, len);
-    return ckpt_hash_end(&s);
+/* ---- either, streamed ---- */
+
+const char *ckpt_hash_name(enum ckpt_hash_alg alg) {
+    return alg == CKPT_HASH_XXH3_64 ? CKPT_HASH_XXH3_64_NAME : "olmoc's earlier 64-bit hash";
 }
+
+int ckpt_hash_begin(struct ckpt_hash *h, enum ckpt_hash_alg alg, size_t len) {
+    memset(h, 0, sizeof *h);
+    h->alg = alg;
+    if (alg == CKPT_HASH_LEGACY64) {
+        legacy_begin(&h->legacy, len);
+        return 0;
+    }
+    if (!(h->xxh = XXH3_createState())) return olmo_error("out of memory for a file hash");
+    if (XXH3_64bits_reset(h->xxh) != XXH_OK) {
+        ckpt_hash_free(h);
+        return olmo_error("xxHash: cannot start a hash");
+    }
+    return 0;
+}
+
+void ckpt_hash_update(void *ctx, const uint8_t *p, size_t n) {
+    struct ckpt_hash *h = ctx;
+    if (h->alg == CKPT_HASH_LEGACY64) legacy_update(&h->legacy, p, n);
+    else (void)XXH3_64bits_update(h->xxh, p, n); /* fails only for a NULL state */
+}
+
+uint64_t ckpt_hash_end(struct ckpt_hash *h) {
+    const uint64_t v = h->alg == CKPT_HASH_LEGACY64 ? legacy_end(&h->legacy) : XXH3_64bits_digest(h->xxh);
+    ckpt_hash_free(h);
+    return v;
+}
+
+void ckpt_hash_free(struct ckpt_hash *h) {
+    if (h->xxh) XXH3_freeState(h->xxh);
+    h->xxh = NULL;
+}
+
+uint64_t olmo_hash64(const void *data, size_t len) { return XXH3_64bits(data, len); }
 
 /* Hashes a file read in chunks (no mapping: the page cache, not this
  * process, holds what was read). */
-int ckpt_hash_file(const char *path, uint64_t *hash, size_t *size) {
+int ckpt_hash_file(const char *path, enum ckpt_hash_alg alg, uint64_t *hash, size_t *size) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return olmo_error("cannot open '%s': %s", path, strerror(errno));
     struct stat st;
@@ -81,8 +119,12 @@ int ckpt_hash_file(const char *path, uint64_t *hash, size_t *size) {
         close(fd);
         return olmo_error("out of memory hashing '%s'", path);
     }
-    struct hash_stream hs;
-    ckpt_hash_begin(&hs, *size);
+    struct ckpt_hash hs;
+    if (ckpt_hash_begin(&hs, alg, *size)) {
+        free(buf);
+        close(fd);
+        return olmo_error_context("hashing '%s'", path);
+    }
     size_t done = 0;
     int rc = 0;
     while (done < *size) {

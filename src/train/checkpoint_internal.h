@@ -29,20 +29,39 @@
 
 /* ---- the content hash (checkpoint_hash.c) ---- */
 
-/* olmo_hash64 fed in pieces (the total length must be known up front). */
+/* Which hash state.json's "hash64" entries hold: "hash": "xxh3_64" (what
+ * olmoc writes), or no "hash" at all (checkpoints of earlier olmoc versions). */
+enum ckpt_hash_alg { CKPT_HASH_LEGACY64, CKPT_HASH_XXH3_64 };
+#define CKPT_HASH_XXH3_64_NAME "xxh3_64"
+
+/* The earlier olmoc hash fed in pieces (the total length must be known up front). */
 struct hash_stream {
     uint64_t h;
     uint8_t buf[8];
     int nbuf;
 };
 
-void ckpt_hash_begin(struct hash_stream *s, size_t len);
-/* ctx: a struct hash_stream (the signature of struct st_stream's hash_update). */
+struct XXH3_state_s;
+
+/* A hash of either kind, fed in pieces. */
+struct ckpt_hash {
+    enum ckpt_hash_alg alg;
+    struct hash_stream legacy;
+    struct XXH3_state_s *xxh; /* XXH3_createState's, until ckpt_hash_end or ckpt_hash_free */
+};
+
+/* len: the total length to come (the earlier hash starts from it). */
+int ckpt_hash_begin(struct ckpt_hash *h, enum ckpt_hash_alg alg, size_t len);
+/* ctx: a struct ckpt_hash (the signature of struct st_stream's hash_update). */
 void ckpt_hash_update(void *ctx, const uint8_t *p, size_t n);
-uint64_t ckpt_hash_end(struct hash_stream *s);
+/* The digest; frees what ckpt_hash_begin allocated. */
+uint64_t ckpt_hash_end(struct ckpt_hash *h);
+/* Frees a hash that will not be ended (an error path); harmless after ckpt_hash_end. */
+void ckpt_hash_free(struct ckpt_hash *h);
+const char *ckpt_hash_name(enum ckpt_hash_alg alg);
 /* Hashes a file read in chunks (no mapping: the page cache, not this
  * process, holds what was read). */
-int ckpt_hash_file(const char *path, uint64_t *hash, size_t *size);
+int ckpt_hash_file(const char *path, enum ckpt_hash_alg alg, uint64_t *hash, size_t *size);
 
 /* ---- paths and ranks ---- */
 
@@ -135,6 +154,7 @@ struct seg {
 
 struct manifest {
     const char *dir;
+    enum ckpt_hash_alg hash_alg; /* of the files' "hash64" (state.json's "hash") */
     const char *single; /* a plain weights file (olmo_ckpt_load_weights_file): its one file's path, not dir/name */
     int version;
     struct olmo_ckpt_state st;

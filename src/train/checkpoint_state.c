@@ -35,6 +35,7 @@ int ckpt_write_state(const char *dir, const struct olmo_ckpt_state *st, const st
     char buf[64];
     cJSON_AddStringToObject(root, "format", CKPT_FORMAT);
     cJSON_AddNumberToObject(root, "version", shards ? 2 : 1);
+    cJSON_AddStringToObject(root, "hash", CKPT_HASH_XXH3_64_NAME); /* of every "hash64" below */
     cJSON_AddNumberToObject(root, "step", (double)st->step);
     cJSON_AddNumberToObject(root, "tokens", (double)st->tokens);
     cJSON_AddNumberToObject(root, "elapsed_s", st->elapsed);
@@ -225,6 +226,18 @@ int ckpt_parse_state(const char *dir, struct manifest *mf) {
         goto done;
     }
     mf->version = (int)version->valuedouble;
+    /* the files' hash: XXH3-64, or without "hash" (earlier olmoc versions) the hash they wrote */
+    const cJSON *hash = cJSON_GetObjectItemCaseSensitive(root, "hash");
+    mf->hash_alg = CKPT_HASH_LEGACY64;
+    if (hash) {
+        if (!cJSON_IsString(hash) || strcmp(hash->valuestring, CKPT_HASH_XXH3_64_NAME)) {
+            rc = olmo_error("checkpoint '%s': state.json's 'hash' is '%.40s'; this olmoc reads '" CKPT_HASH_XXH3_64_NAME
+                            "' (or no 'hash': the earlier 64-bit hash)",
+                            dir, cJSON_IsString(hash) ? hash->valuestring : "(not a string)");
+            goto done;
+        }
+        mf->hash_alg = CKPT_HASH_XXH3_64;
+    }
     if ((rc = json_long(root, "step", &st.step, dir)) || (rc = json_long(root, "tokens", &st.tokens, dir)))
         goto done;
     if (cJSON_GetObjectItemCaseSensitive(root, "skipped_steps") &&
@@ -322,12 +335,13 @@ int ckpt_check_hashes(const struct manifest *mf, bool all) {
         if (!all && !f->need) continue;
         uint64_t h;
         size_t size;
-        if (path_join(path, sizeof path, mf->dir, f->name) || ckpt_hash_file(path, &h, &size)) return -1;
+        if (path_join(path, sizeof path, mf->dir, f->name) || ckpt_hash_file(path, mf->hash_alg, &h, &size))
+            return -1;
         char hex[32];
         snprintf(hex, sizeof hex, "%016" PRIx64, h);
         if (size != f->bytes || strcmp(hex, f->hash))
-            return olmo_error("checkpoint '%s' is corrupt: the content hash of %s is %s, state.json says %s", mf->dir,
-                              f->name, hex, f->hash);
+            return olmo_error("checkpoint '%s' is corrupt: the content hash of %s is %s, state.json says %s (%s)",
+                              mf->dir, f->name, hex, f->hash, ckpt_hash_name(mf->hash_alg));
     }
     return 0;
 }
