@@ -97,7 +97,7 @@ if [ $SKIP_BUILD -eq 0 ]; then
   # Build prerequisites (scripts/setup.sh installs them; the device machine may be offline).
   missing=""
   for t in cmake pkg-config nvcc; do command -v $t >/dev/null || missing="$missing $t"; done
-  for m in yaml-0.1 libcjson openblas; do pkg-config --exists $m 2>/dev/null || missing="$missing $m(pkg-config)"; done
+  for m in yaml-0.1 libcjson openblas libxxhash; do pkg-config --exists $m 2>/dev/null || missing="$missing $m(pkg-config)"; done
   if [ -n "$missing" ]; then
     note "FAIL  build prerequisites missing:$missing (install them, or build elsewhere and use --skip-build)"
     exit 1

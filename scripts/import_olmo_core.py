@@ -35,9 +35,8 @@ skipped steps do not advance state["step"]: steps skipped = global_step - (state
 written as skipped_steps).  SkipStepAdamW's rolling window of losses and gradient norms is not
 part of OLMo-core's checkpoint (it restarts empty when OLMo-core resumes, too).
 
-state.json's file hashes are olmoc's olmo_hash64 (src/train/checkpoint.c), computed here in
-Python, one loop step per 8 bytes (measured 4.7 MB/s on a heavily shared machine): a 7B import (84 GB
-of weights and moments) spends hours hashing.
+state.json's file hashes are XXH3-64 ("hash": "xxh3_64", src/train/checkpoint_hash.c), computed
+here with the xxhash package.
 """
 import argparse
 import json
@@ -50,61 +49,32 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import xxhash
 
 ROOT = Path(__file__).resolve().parents[1]
-CKPT_FORMAT, CKPT_VERSION = "olmoc-checkpoint", 1  # src/train/checkpoint.c
+CKPT_FORMAT, CKPT_VERSION = "olmoc-checkpoint", 1  # src/train/checkpoint_internal.h, checkpoint_state.c
 
 
 class Refused(Exception):
     pass
 
 
-# ---------------------------------------------------------------- olmo_hash64 (src/train/checkpoint.c)
+# ---------------------------------------------------------------- file hashes (src/train/checkpoint_hash.c)
 
-M64 = (1 << 64) - 1
-
-
-def _rotl(x, k):
-    return ((x << k) | (x >> (64 - k))) & M64
-
-
-def _premix(words):
-    """rotl64(w * 0x87c37b91114253d5, 31) * 0x4cf5ad432745937f for a uint64 array (wrapping)."""
-    with np.errstate(over="ignore"):
-        x = words * np.uint64(0x87C37B91114253D5)
-        x = (x << np.uint64(31)) | (x >> np.uint64(33))
-        return x * np.uint64(0x4CF5AD432745937F)
-
-
-def _chain(h, xs, m=M64):
-    """h = rotl64(h ^ x, 27) * 5 + 0x52dce729 for each x: the serial part, in Python."""
-    for x in xs:
-        h ^= x
-        h = (((h << 27) | (h >> 37)) * 5 + 0x52DCE729) & m
-    return h
+HASH_NAME = "xxh3_64"  # state.json's "hash": what its "hash64" entries are
 
 
 def hash64_file(path, chunk=1 << 24):
-    """olmo_hash64 of a file's bytes, read in chunks."""
-    size = os.path.getsize(path)
-    h = 0x9E3779B97F4A7C15 ^ ((size * 0xFF51AFD7ED558CCD) & M64)
-    n8 = size // 8 * 8
-    tail = b""
+    """XXH3-64 (seed 0) of a file's bytes, read in chunks, and its size."""
+    h = xxhash.xxh3_64()
+    size = 0
     with open(path, "rb") as f:
-        done = 0
-        while done < n8:
-            data = f.read(min(chunk, n8 - done))
-            if not data or len(data) % 8:
-                raise Refused(f"'{path}' changed while it was hashed")
-            done += len(data)
-            h = _chain(h, _premix(np.frombuffer(data, dtype="<u8")).tolist())
-        tail = f.read()
-    t = int.from_bytes(tail, "little")
-    h ^= (_rotl((t * 0x87C37B91114253D5) & M64, 31) * 0x4CF5AD432745937F) & M64
-    for mult in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53):
-        h ^= h >> 33
-        h = (h * mult) & M64
-    return h ^ (h >> 33), size
+        while data := f.read(chunk):
+            h.update(data)
+            size += len(data)
+    if size != os.path.getsize(path):
+        raise Refused(f"'{path}' changed while it was hashed")
+    return h.intdigest(), size
 
 
 # ------------------------------------------------------------------------- safetensors, streamed
@@ -391,7 +361,8 @@ def run_import(a):
     for name in ("model.safetensors", "optim.safetensors", "config.yaml"):
         h, size = hash64_file(tmp / name)
         files[name] = {"bytes": size, "hash64": f"{h:016x}"}
-    state = {"format": CKPT_FORMAT, "version": CKPT_VERSION, "step": step, "tokens": tokens, "elapsed_s": 0}
+    state = {"format": CKPT_FORMAT, "version": CKPT_VERSION, "hash": HASH_NAME, "step": step, "tokens": tokens,
+             "elapsed_s": 0}
     if skipped:
         state["skipped_steps"] = skipped
     state["loader"] = {"train_path": yaml.safe_load(yaml_text)["data"].get("train_path", ""),

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # python3-doc: the Python documentation sources, the English corpus of the demo data (PSF License)
 # clang + libclang-rt-dev: the warning check build below and libFuzzer (scripts/fuzz.sh)
 APT_PACKAGES="build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin
-  libyaml-dev libcjson-dev libpcre2-dev zlib1g-dev libomp-dev python3-venv python3-doc
+  libyaml-dev libcjson-dev libpcre2-dev zlib1g-dev libxxhash-dev libomp-dev python3-venv python3-doc
   clang libclang-rt-dev"
 missing=""
 for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
@@ -21,7 +21,7 @@ fi
 # The venv is (re)made when a reference is missing or torch is not the pinned version.
 TORCH_PIN=$(sed -n 's/^torch==//p' requirements-test.txt)
 if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "
-import torch, transformers, safetensors, pytest, xdist, matplotlib, olmo_core, olmo_eval.metrics
+import torch, transformers, safetensors, pytest, xdist, matplotlib, olmo_core, olmo_eval.metrics, xxhash
 assert torch.__version__.split('+')[0] == '$TORCH_PIN'" 2>/dev/null; then
   echo "setup: creating .venv with the PyTorch, OLMo-core and OLMo-eval references (first time: a few minutes)"
   rm -rf .venv

@@ -1,8 +1,11 @@
 /* Training checkpoints: a directory out_dir/step-NNNNNN/ holding
  *   config.yaml        the resolved run config
  *   state.json         step, tokens, elapsed time, data-loader position, the
- *                      optimizer's step ("optimizer"), and the size + 64-bit
- *                      content hash of each file below
+ *                      optimizer's step ("optimizer"), and the size and 64-bit
+ *                      content hash ("hash64", hex) of each file below, by the
+ *                      algorithm "hash" names: "xxh3_64" (xxHash's XXH3-64,
+ *                      seed 0).  A state.json without "hash" (earlier olmoc
+ *                      versions) holds their own 64-bit hash, still read.
  * and, written by one rank (state.json "version": 1; also what Python tools write):
  *   model.safetensors  weights (Hugging Face Olmo3ForCausalLM names, fp32)
  *   optim.safetensors  AdamW state: "<param>.exp_avg", "<param>.exp_avg_sq" (fp32), "step" (I64 [1])
@@ -91,7 +94,8 @@ int olmo_ckpt_retain(const char *out_dir, int keep);
  * reading other data (the fingerprint differs). */
 int olmo_ckpt_seek_loader(struct olmo_loader *l, const struct olmo_ckpt_state *st);
 
-/* 64-bit content hash used in state.json (not cryptographic: detects corruption). */
+/* The 64-bit content hash olmoc writes in state.json: XXH3-64, seed 0 (not
+ * cryptographic: detects corruption). */
 uint64_t olmo_hash64(const void *data, size_t len);
 
 #endif

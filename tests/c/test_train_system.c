@@ -204,6 +204,9 @@ static void test_hash(void) {
     }
     distinct &= olmo_hash64(buf, 99) != h;
     check(distinct && olmo_hash64(buf, 100) == h, "hash64 changes with any flipped bit or length", 0);
+    /* XXH3-64, seed 0: xxHash's published value for no bytes, and Python's xxhash.xxh3_64 of bytes 0..99 */
+    check(olmo_hash64("", 0) == 0x2d06800538d394c2ULL && h == 0x004e4f921a64bd1cULL,
+          "hash64 is XXH3-64 (state.json's \"hash\": \"xxh3_64\")", 0);
 }
 
 /* Backend instances share no state: two cpu-bf16 instances (each with its own

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+import xxhash
 
 from test_cli import ROOT, builds, olmoc, tiny  # noqa: F401  (tiny is a fixture)
 
@@ -176,6 +177,93 @@ def test_resume_rules_and_errors(build_dir, tiny, tmp_path):
             assert r.returncode == 1 and message in r.stderr, (name, r.stderr)
             r = olmoc(build, "eval", bad, "--val", data)
             assert r.returncode == 1 and message in r.stderr, (name, r.stderr)
+
+
+M64 = (1 << 64) - 1
+
+
+def legacy_hash64(data):
+    """The 64-bit file hash of olmoc versions whose state.json names no "hash" (still read)."""
+    def rotl(x, k):
+        return ((x << k) | (x >> (64 - k))) & M64
+    h = 0x9E3779B97F4A7C15 ^ ((len(data) * 0xFF51AFD7ED558CCD) & M64)
+    n8 = len(data) // 8 * 8
+    for w in np.frombuffer(data[:n8], dtype="<u8").tolist():
+        h ^= (rotl((w * 0x87C37B91114253D5) & M64, 31) * 0x4CF5AD432745937F) & M64
+        h = (rotl(h, 27) * 5 + 0x52DCE729) & M64
+    tail = int.from_bytes(data[n8:], "little")
+    h ^= (rotl((tail * 0x87C37B91114253D5) & M64, 31) * 0x4CF5AD432745937F) & M64
+    for mult in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53):
+        h ^= h >> 33
+        h = (h * mult) & M64
+    return h ^ (h >> 33)
+
+
+def test_file_hashes_xxh3_and_earlier(build_dir, tiny, tmp_path):
+    """state.json names its files' hash, XXH3-64 ("hash": "xxh3_64", as the
+    xxhash package computes it), and a damaged file is refused under it; a
+    checkpoint of earlier olmoc versions (no "hash", their own 64-bit hash)
+    still loads and resumes as the same checkpoint does, and is still checked."""
+    cfg, data = tiny
+    base = ["--set", "train.steps=4", "--set", "train.save_every=2", "--set", "train.keep_last=0"]
+    out = tmp_path / "run"
+    r = olmoc(build_dir, *train_args(cfg, data, out, *base, "--set", "train.steps=2"))
+    assert r.returncode == 0, r.stderr
+    ck = out / "step-000002"
+    state = json.loads((ck / "state.json").read_text())
+    assert state["hash"] == "xxh3_64"
+    for name, entry in state["files"].items():
+        assert entry["hash64"] == f"{xxhash.xxh3_64_intdigest((ck / name).read_bytes()):016x}", name
+
+    def variant(name, edit_state, hash_fn=None, damage=None):
+        d = tmp_path / name
+        shutil.copytree(ck, d)
+        st = json.loads((d / "state.json").read_text())
+        edit_state(st)
+        for f, entry in st["files"].items():
+            if hash_fn:
+                entry["hash64"] = f"{hash_fn((d / f).read_bytes()):016x}"
+        (d / "state.json").write_text(json.dumps(st, indent="\t"))
+        if damage:
+            b = bytearray((d / damage).read_bytes())
+            b[-5] ^= 0x10
+            (d / damage).write_bytes(bytes(b))
+        return d
+
+    def no_hash(st):
+        del st["hash"]
+
+    def keep(st):
+        pass
+
+    earlier = variant("earlier", no_hash, legacy_hash64)
+    r = olmoc(build_dir, "eval", earlier, "--val", data)
+    assert r.returncode == 0, r.stderr
+    # resuming from either gives the same run
+    runs = {}
+    for name, src in (("new", ck), ("earlier", earlier)):
+        o = tmp_path / f"resumed-{name}"
+        r = olmoc(build_dir, *train_args(cfg, data, o, *base, "--resume-from", src))
+        assert r.returncode == 0 and "resumed from" in r.stdout, r.stderr
+        runs[name] = deterministic(metrics(o))
+    assert runs["new"] == runs["earlier"] and len(runs["new"]) > 0
+
+    refused = {
+        "xxh3, damaged": (variant("damaged", keep, damage="model.safetensors"),
+                          "is corrupt: the content hash of model.safetensors"),
+        "earlier, damaged": (variant("earlier-damaged", no_hash, legacy_hash64, damage="model.safetensors"),
+                             "is corrupt: the content hash of model.safetensors"),
+        # the field chooses the hash: files hashed one way, state.json naming the other
+        "xxh3 read as earlier": (variant("xxh3-unnamed", no_hash), "is corrupt: the content hash of"),
+        "earlier read as xxh3": (variant("earlier-named", keep, legacy_hash64), "is corrupt: the content hash of"),
+        "unknown": (variant("sha", lambda st: st.update(hash="sha256")), "state.json's 'hash' is 'sha256'"),
+    }
+    for name, (d, message) in refused.items():
+        r = olmoc(build_dir, "eval", d, "--val", data)
+        assert r.returncode == 1 and message in r.stderr, (name, r.stderr)
+        r = olmoc(build_dir, *train_args(cfg, data, tmp_path / "o2", *base, "--resume-from", d))
+        assert r.returncode == 1 and message in r.stderr, (name, r.stderr)
+    assert "(xxh3_64)" in olmoc(build_dir, "eval", refused["xxh3, damaged"][0], "--val", data).stderr
 
 
 def test_interrupted_save_leaves_no_checkpoint(build_dir, tiny, tmp_path):

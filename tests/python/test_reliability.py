@@ -18,6 +18,7 @@ import time
 import numpy as np
 import pytest
 import torch
+import xxhash
 from safetensors.torch import load_file, save_file
 
 from test_cli import ROOT, SANITIZER_REPORTS, builds, olmoc, tiny  # noqa: F401  (tiny is a fixture)
@@ -44,33 +45,17 @@ def checkpoints(out):
     return sorted(p.name for p in out.iterdir() if p.name.startswith("step-"))
 
 
-# ---- state.json's content hash (train/checkpoint.c olmo_hash64), to forge checkpoints that pass verification
-
-
-M64 = (1 << 64) - 1
-
-
-def _rotl(x, k):
-    return ((x << k) | (x >> (64 - k))) & M64
+# ---- state.json's content hash (XXH3-64, "hash": "xxh3_64"), to forge checkpoints that pass verification
 
 
 def hash64(data):
-    h = 0x9E3779B97F4A7C15 ^ ((len(data) * 0xFF51AFD7ED558CCD) & M64)
-    n8 = len(data) // 8 * 8
-    for (w,) in np.frombuffer(data[:n8], dtype="<u8").reshape(-1, 1).tolist():
-        h ^= (_rotl((w * 0x87C37B91114253D5) & M64, 31) * 0x4CF5AD432745937F) & M64
-        h = (_rotl(h, 27) * 5 + 0x52DCE729) & M64
-    tail = int.from_bytes(data[n8:], "little")
-    h ^= (_rotl((tail * 0x87C37B91114253D5) & M64, 31) * 0x4CF5AD432745937F) & M64
-    for mult in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53):
-        h ^= h >> 33
-        h = (h * mult) & M64
-    return h ^ (h >> 33)
+    return xxhash.xxh3_64_intdigest(data)
 
 
 def rehash(ck):
     """Rewrites state.json's sizes and hashes after a file of checkpoint ck was changed."""
     state = json.loads((ck / "state.json").read_text())
+    assert state["hash"] == "xxh3_64", state.get("hash")
     for name, entry in state["files"].items():
         data = (ck / name).read_bytes()
         entry["bytes"] = len(data)
