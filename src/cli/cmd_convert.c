@@ -21,7 +21,7 @@ struct convert_args {
 };
 
 static const char *const dtypes[] = {"float32", "bfloat16", NULL};
-static const enum st_dtype st_dtypes[] = {ST_F32, ST_BF16};
+static const enum olmo_st_dtype st_dtypes[] = {OLMO_ST_F32, OLMO_ST_BF16};
 
 #define ARG(field) offsetof(struct convert_args, field)
 static const struct olmo_cli_option convert_options[] = {
@@ -70,8 +70,8 @@ int cmd_convert(int argc, char **argv) {
     if (!(a.to_hf || a.from_hf) || !a.src || !a.out) return olmo_cli_usage_error(&convert_command);
     const bool to_hf = a.to_hf;
     const char *src = a.src, *out = a.out, *config_path = a.config_path, *dtype = dtypes[a.dtype];
-    const enum st_dtype st_dtype = st_dtypes[a.dtype];
-    if (!to_hf && (config_path || st_dtype != ST_F32))
+    const enum olmo_st_dtype out_dtype = st_dtypes[a.dtype];
+    if (!to_hf && (config_path || out_dtype != OLMO_ST_F32))
         return olmo_cli_error(&convert_command, "--config and --dtype apply to --to-hf only");
 
     struct olmo_config cfg;
@@ -80,7 +80,7 @@ int cmd_convert(int argc, char **argv) {
     struct olmo_backend *backend = NULL; /* destroyed after the model */
     char path[4400];
     if (olmo_source_resolve(src, config_path, &source, &cfg)) goto fail;
-    if (!to_hf && source.kind != SRC_HF_DIR) {
+    if (!to_hf && source.kind != OLMO_SRC_HF_DIR) {
         olmo_error("'%s' is not a Hugging Face directory (no config.json)", src);
         goto fail;
     }
@@ -93,7 +93,7 @@ int cmd_convert(int argc, char **argv) {
     if (olmo_make_dirs(out)) goto fail;
     if (to_hf) {
         snprintf(path, sizeof path, "%s/model.safetensors", out);
-        if (olmo_hf_save_weights(&model, path, st_dtype)) goto fail;
+        if (olmo_hf_save_weights(&model, path, out_dtype)) goto fail;
         snprintf(path, sizeof path, "%s/config.json", out);
         if (olmo_hf_write_config(&cfg, path, dtype)) goto fail;
     } else {

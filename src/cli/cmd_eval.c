@@ -46,7 +46,7 @@ static void task_tokenizer(const struct olmo_task_args *a, const struct olmo_mod
     tokpath[0] = 0;
     if (a->tokenizer) snprintf(tokpath, n, "%s", a->tokenizer);
     else if (cfg->data.tokenizer[0]) snprintf(tokpath, n, "%s", cfg->data.tokenizer);
-    else if (src->kind == SRC_HF_DIR) {
+    else if (src->kind == OLMO_SRC_HF_DIR) {
         snprintf(tokpath, n, "%s/tokenizer.json", src->dir);
         if (!olmo_is_file(tokpath)) tokpath[0] = 0;
     }

@@ -132,7 +132,7 @@ static void tokenizer_path(const struct gen_args *a, const struct olmo_model_sou
     out[0] = 0;
     if (a->tokenizer) snprintf(out, n, "%s", a->tokenizer);
     else if (cfg->data.tokenizer[0]) snprintf(out, n, "%s", cfg->data.tokenizer);
-    else if (src->kind == SRC_HF_DIR) {
+    else if (src->kind == OLMO_SRC_HF_DIR) {
         snprintf(out, n, "%s/tokenizer.json", src->dir);
         if (!olmo_is_file(out)) out[0] = 0;
     }

@@ -105,8 +105,8 @@ int cmd_info(int argc, char **argv) {
         struct olmo_config rest = cfg;
         char why[512];
         snprintf(why, sizeof why, "%s", olmo_last_error());
-        rest.train.activation_checkpointing = ACT_CKPT_NONE;
-        rest.train.sharding = SHARDING_ZERO1;
+        rest.train.activation_checkpointing = OLMO_ACT_CKPT_NONE;
+        rest.train.sharding = OLMO_SHARDING_ZERO1;
         rest.train.shard_degree = 0;
         if (olmo_config_validate(&rest)) goto fail;
         fprintf(stderr, "olmoc info: note: %s (olmoc train refuses this config; planned from the design)\n", why);
@@ -133,8 +133,8 @@ int cmd_info(int argc, char **argv) {
     }
     printf("# micro-batch %d x %d tokens, activation_checkpointing %s (block_every %d)\n", cfg.train.micro_batch,
            cfg.train.seq_len,
-           cfg.train.activation_checkpointing == ACT_CKPT_NONE           ? "none"
-           : cfg.train.activation_checkpointing == ACT_CKPT_FEED_FORWARD ? "feed_forward"
+           cfg.train.activation_checkpointing == OLMO_ACT_CKPT_NONE           ? "none"
+           : cfg.train.activation_checkpointing == OLMO_ACT_CKPT_FEED_FORWARD ? "feed_forward"
                                                                           : "block",
            cfg.train.block_every);
     olmo_mem_plan_print(&p, stdout, have, have_what);

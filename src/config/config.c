@@ -109,14 +109,14 @@ void olmo_config_defaults(struct olmo_config *cfg) {
     cfg->train.eps = 1e-8;
     cfg->train.weight_decay = 0.1;
     cfg->train.embedding_weight_decay = 0.0;
-    cfg->train.optimizer = OPTIM_ADAMW;
+    cfg->train.optimizer = OLMO_OPTIM_ADAMW;
     cfg->train.rolling_interval_length = 128; /* SkipStepAdamWConfig's defaults */
     cfg->train.sigma_factor = 6;
     cfg->train.step_increment_bugfix = true;
-    cfg->train.schedule = SCHED_COSINE;
+    cfg->train.schedule = OLMO_SCHED_COSINE;
     cfg->train.alpha_f = 0.1;
     cfg->train.decay_fraction = 0.1;
-    cfg->train.schedule2 = SCHED_NONE;
+    cfg->train.schedule2 = OLMO_SCHED_NONE;
     cfg->train.log_every = 1;
     cfg->train.keep_last = 3;
     cfg->train.eval_batches = 8;
@@ -393,7 +393,7 @@ int olmo_config_check_limits(const struct olmo_config *cfg) {
 }
 
 int olmo_schedule_validate(const struct olmo_train_config *t) {
-    if (t->schedule == SCHED_NONE) return olmo_error("train.schedule cannot be none (train.schedule2 can)");
+    if (t->schedule == OLMO_SCHED_NONE) return olmo_error("train.schedule cannot be none (train.schedule2 can)");
     if (t->schedule_steps < 0 || t->schedule_tokens < 0 || t->schedule2_steps < 0 || t->schedule2_tokens < 0 ||
         t->schedule2_after < 0 || t->schedule2_warmup_steps < 0 || t->decay_steps < 0)
         return olmo_error("train.schedule_steps/_tokens, train.schedule2_* and train.decay_steps must be >= 0");
@@ -458,7 +458,7 @@ int olmo_config_validate(const struct olmo_config *cfg) {
     if (t->peak_flops < 0) return olmo_error("train.peak_flops must be >= 0 (0 = measure at startup)");
     if (t->block_every < 1) return olmo_error("train.block_every must be >= 1 (1 = every block)");
     if (t->shard_degree < 0) return olmo_error("train.shard_degree must be >= 0 (0 = all ranks in one group)");
-    if (t->sharding == SHARDING_ZERO1 && t->shard_degree)
+    if (t->sharding == OLMO_SHARDING_ZERO1 && t->shard_degree)
         return olmo_error("train.shard_degree applies to train.sharding: fsdp (HSDP groups), not zero1");
     if (strcmp(cfg->data.dtype, "auto") && strcmp(cfg->data.dtype, "uint16") && strcmp(cfg->data.dtype, "uint32"))
         return olmo_error("data.dtype must be auto, uint16 or uint32; got '%s'", cfg->data.dtype);

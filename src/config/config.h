@@ -9,23 +9,23 @@
 #include <stdio.h>
 
 /* OLMo-core's schedulers (src/optim/schedule.h); NONE only for train.schedule2 */
-enum olmo_schedule_kind { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT, SCHED_HALF_COSINE, SCHED_WSD, SCHED_NONE };
+enum olmo_schedule_kind { OLMO_SCHED_COSINE, OLMO_SCHED_LINEAR, OLMO_SCHED_CONSTANT, OLMO_SCHED_HALF_COSINE, OLMO_SCHED_WSD, OLMO_SCHED_NONE };
 /* train.nonfinite: what a step whose loss or gradient norm is not finite does. */
-enum olmo_nonfinite_policy { NONFINITE_STOP, NONFINITE_SKIP };
+enum olmo_nonfinite_policy { OLMO_NONFINITE_STOP, OLMO_NONFINITE_SKIP };
 /* train.activation_checkpointing: which saved activations the backward pass recomputes instead
  * (OLMo-core's ActivationCheckpointingMode: none, selected_modules ["*.feed_forward"], full/selected_blocks). */
-enum olmo_act_ckpt { ACT_CKPT_NONE, ACT_CKPT_FEED_FORWARD, ACT_CKPT_BLOCK };
+enum olmo_act_ckpt { OLMO_ACT_CKPT_NONE, OLMO_ACT_CKPT_FEED_FORWARD, OLMO_ACT_CKPT_BLOCK };
 /* train.saved_activations on a backend that multiplies in bf16 (cpu-bf16, cuda-bf16): exact (bf16 only
  * for what the backward reads as GEMM operands, which it rounds to bf16 anyway: results as with fp32
  * storage) or bf16 (every large saved activation in bf16, as OLMo-core's bf16 training keeps them: the
  * backward sees them rounded).  fp32 backends keep fp32 and refuse bf16. */
-enum olmo_saved_acts { SAVED_ACTS_EXACT, SAVED_ACTS_BF16 };
+enum olmo_saved_acts { OLMO_SAVED_ACTS_EXACT, OLMO_SAVED_ACTS_BF16 };
 /* train.sharding: ZeRO-1 (optimizer state sharded, weights and gradients replicated) or fully sharded
  * (OLMo-core's FSDP/HSDP: weights, gradients and optimizer state sharded, blocks gathered as used). */
-enum olmo_sharding { SHARDING_ZERO1, SHARDING_FSDP };
+enum olmo_sharding { OLMO_SHARDING_ZERO1, OLMO_SHARDING_FSDP };
 /* train.optimizer: torch.optim.AdamW (OLMo-core's AdamWConfig) or OLMo-core's SkipStepAdamW
  * (SkipStepAdamWConfig: no update on a step whose loss or gradient norm is a spike). */
-enum olmo_optimizer_kind { OPTIM_ADAMW, OPTIM_SKIP_STEP_ADAMW };
+enum olmo_optimizer_kind { OLMO_OPTIM_ADAMW, OLMO_OPTIM_SKIP_STEP_ADAMW };
 
 struct olmo_model_config {
     int vocab_size;
@@ -79,7 +79,7 @@ struct olmo_train_config {
     long decay_steps;      /* wsd: steps of the final linear decay; 0 = decay_fraction of the length */
     double decay_fraction; /* wsd: 0.1 as OLMo-core */
     /* an optional second part replacing the schedule after step schedule2_after */
-    enum olmo_schedule_kind schedule2; /* SCHED_NONE = no second part */
+    enum olmo_schedule_kind schedule2; /* OLMO_SCHED_NONE = no second part */
     long schedule2_after;
     long schedule2_warmup_steps;
     long schedule2_steps;  /* its length; 0 = schedule2_tokens, else train.steps */

@@ -20,23 +20,23 @@
 
 static const struct {
     const char *name;
-    enum st_dtype dtype;
+    enum olmo_st_dtype dtype;
     size_t size;
-} dtypes[] = {{"F32", ST_F32, 4}, {"F64", ST_F64, 8}, {"F16", ST_F16, 2}, {"BF16", ST_BF16, 2}, {"I32", ST_I32, 4}, {"I64", ST_I64, 8}};
+} dtypes[] = {{"F32", OLMO_ST_F32, 4}, {"F64", OLMO_ST_F64, 8}, {"F16", OLMO_ST_F16, 2}, {"BF16", OLMO_ST_BF16, 2}, {"I32", OLMO_ST_I32, 4}, {"I64", OLMO_ST_I64, 8}};
 
-static size_t dtype_size(enum st_dtype d) {
+static size_t dtype_size(enum olmo_st_dtype d) {
     for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
         if (dtypes[i].dtype == d) return dtypes[i].size;
     return 0;
 }
 
-static const char *dtype_name(enum st_dtype d) {
+static const char *dtype_name(enum olmo_st_dtype d) {
     for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
         if (dtypes[i].dtype == d) return dtypes[i].name;
     return "?";
 }
 
-size_t st_numel(const struct st_tensor *t) {
+size_t olmo_st_numel(const struct olmo_st_tensor *t) {
     size_t n = 1;
     for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
     return n;
@@ -48,7 +48,7 @@ static bool is_index(const cJSON *v, double max) {
            v->valuedouble <= max;
 }
 
-static int parse_tensor(struct st_file *f, const cJSON *item, struct st_tensor *t) {
+static int parse_tensor(struct olmo_st_file *f, const cJSON *item, struct olmo_st_tensor *t) {
     const char *name = item->string;
     if (strlen(name) >= sizeof t->name) return olmo_error("tensor name too long: '%.60s...'", name);
     strcpy(t->name, name);
@@ -88,7 +88,7 @@ static int parse_tensor(struct st_file *f, const cJSON *item, struct st_tensor *
 }
 
 static int cmp_range(const void *a, const void *b) {
-    const struct st_tensor *x = *(const struct st_tensor *const *)a, *y = *(const struct st_tensor *const *)b;
+    const struct olmo_st_tensor *x = *(const struct olmo_st_tensor *const *)a, *y = *(const struct olmo_st_tensor *const *)b;
     if (x->begin != y->begin) return (x->begin > y->begin) - (x->begin < y->begin);
     return (x->end > y->end) - (x->end < y->end);
 }
@@ -96,16 +96,16 @@ static int cmp_range(const void *a, const void *b) {
 /* As the format (and Hugging Face's reader) requires: the byte ranges, in
  * order, tile the data section exactly: no overlap, no hole, nothing after
  * the last tensor.  Zero-length tensors sit anywhere on the seams. */
-static int check_coverage(const struct st_file *f) {
-    const struct st_tensor **order = malloc(sizeof *order * ((size_t)f->n_tensors + 1));
+static int check_coverage(const struct olmo_st_file *f) {
+    const struct olmo_st_tensor **order = malloc(sizeof *order * ((size_t)f->n_tensors + 1));
     if (!order) return olmo_error("out of memory reading '%s'", f->path);
     for (int i = 0; i < f->n_tensors; i++) order[i] = &f->tensors[i];
     qsort(order, (size_t)f->n_tensors, sizeof *order, cmp_range);
     int rc = 0;
     size_t pos = 0;
-    const struct st_tensor *prev = NULL;
+    const struct olmo_st_tensor *prev = NULL;
     for (int i = 0; i < f->n_tensors && !rc; i++) {
-        const struct st_tensor *t = order[i];
+        const struct olmo_st_tensor *t = order[i];
         if (t->begin < pos)
             rc = olmo_error("'%s': tensors '%s' and '%s' overlap in the data section", f->path, prev->name, t->name);
         else if (t->begin > pos)
@@ -121,7 +121,7 @@ static int check_coverage(const struct st_file *f) {
     return rc;
 }
 
-/* Tensor names, hashed (open addressing): duplicate detection and st_find in
+/* Tensor names, hashed (open addressing): duplicate detection and olmo_st_find in
  * constant time, so a header with many tensors parses in linear time. */
 static uint64_t name_hash(const char *s) {
     uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
@@ -130,7 +130,7 @@ static uint64_t name_hash(const char *s) {
 }
 
 /* The slot of `name`: its index in f->tensors, or -1 (an empty slot) when absent. */
-static size_t name_slot(const struct st_file *f, const char *name) {
+static size_t name_slot(const struct olmo_st_file *f, const char *name) {
     size_t mask = f->n_slots - 1, i = (size_t)name_hash(name) & mask;
     while (f->slots[i] >= 0 && strcmp(f->tensors[f->slots[i]].name, name)) i = (i + 1) & mask;
     return i;
@@ -138,7 +138,7 @@ static size_t name_slot(const struct st_file *f, const char *name) {
 
 /* The JSON header: an object from its first byte, then only whitespace
  * (the format's padding) up to the announced length. */
-static cJSON *parse_header(struct st_file *f, size_t hlen) {
+static cJSON *parse_header(struct olmo_st_file *f, size_t hlen) {
     const char *text = (const char *)f->map + 8, *end = NULL;
     if (!hlen || text[0] != '{') {
         olmo_error("'%s': header is not a JSON object (byte 8 is not '{')", f->path);
@@ -161,7 +161,7 @@ static cJSON *parse_header(struct st_file *f, size_t hlen) {
 }
 
 /* "__metadata__" is a map of strings to strings. */
-static int check_metadata(const struct st_file *f, const cJSON *meta) {
+static int check_metadata(const struct olmo_st_file *f, const cJSON *meta) {
     if (!cJSON_IsObject(meta)) return olmo_error("'%s': __metadata__ is not an object", f->path);
     const cJSON *item;
     cJSON_ArrayForEach(item, meta) {
@@ -171,7 +171,7 @@ static int check_metadata(const struct st_file *f, const cJSON *meta) {
     return 0;
 }
 
-static int read_entries(struct st_file *f, const cJSON *root) {
+static int read_entries(struct olmo_st_file *f, const cJSON *root) {
     size_t count = 0;
     const cJSON *item;
     cJSON_ArrayForEach(item, root) count++;
@@ -198,18 +198,18 @@ static int read_entries(struct st_file *f, const cJSON *root) {
     return 0;
 }
 
-int st_open(struct st_file *f, const char *path) {
+int olmo_st_open(struct olmo_st_file *f, const char *path) {
     memset(f, 0, sizeof *f);
     snprintf(f->path, sizeof f->path, "%s", path);
     if (olmo_map_file(path, "safetensors file", &f->map, &f->map_size)) return -1;
     if (f->map_size < 8) {
-        st_close(f);
+        olmo_st_close(f);
         return olmo_error("'%s': too small to be a safetensors file", path);
     }
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | f->map[i];
     if (hlen > ST_MAX_HEADER || hlen > f->map_size - 8) {
-        st_close(f);
+        olmo_st_close(f);
         return olmo_error("'%s': header length %llu exceeds the file or the %u-byte limit", path,
                           (unsigned long long)hlen, ST_MAX_HEADER);
     }
@@ -217,24 +217,24 @@ int st_open(struct st_file *f, const char *path) {
     f->data_size = f->map_size - 8 - hlen;
     cJSON *root = parse_header(f, (size_t)hlen);
     if (!root) {
-        st_close(f);
+        olmo_st_close(f);
         return -1;
     }
     int rc = read_entries(f, root);
     cJSON_Delete(root);
     if (!rc) rc = check_coverage(f);
-    if (rc) st_close(f);
+    if (rc) olmo_st_close(f);
     return rc;
 }
 
-void st_close(struct st_file *f) {
+void olmo_st_close(struct olmo_st_file *f) {
     if (f->map) munmap(f->map, f->map_size);
     free(f->tensors);
     free(f->slots);
     memset(f, 0, sizeof *f);
 }
 
-const struct st_tensor *st_find(const struct st_file *f, const char *name) {
+const struct olmo_st_tensor *olmo_st_find(const struct olmo_st_file *f, const char *name) {
     if (!f->n_slots) return NULL;
     int i = f->slots[name_slot(f, name)];
     return i >= 0 ? &f->tensors[i] : NULL;
@@ -249,12 +249,12 @@ static float half_to_float(uint16_t h) {
     return sign ? -v : v;
 }
 
-int st_read_f32(const struct st_file *f, const struct st_tensor *t, float *dst) {
+int olmo_st_read_f32(const struct olmo_st_file *f, const struct olmo_st_tensor *t, float *dst) {
     switch (t->dtype) {
-    case ST_F32:
-    case ST_BF16:
-    case ST_F16: return st_convert_f32(t->dtype, f->data + t->begin, st_numel(t), dst);
-    case ST_F64:
+    case OLMO_ST_F32:
+    case OLMO_ST_BF16:
+    case OLMO_ST_F16: return olmo_st_convert_f32(t->dtype, f->data + t->begin, olmo_st_numel(t), dst);
+    case OLMO_ST_F64:
         return olmo_error("tensor '%s' in '%s' is F64 (float64), which olmoc does not read: weights must be F32, "
                           "BF16 or F16",
                           t->name, f->path);
@@ -262,14 +262,14 @@ int st_read_f32(const struct st_file *f, const struct st_tensor *t, float *dst) 
     }
 }
 
-int st_read_i32(const struct st_file *f, const struct st_tensor *t, int32_t *dst) {
+int olmo_st_read_i32(const struct olmo_st_file *f, const struct olmo_st_tensor *t, int32_t *dst) {
     const uint8_t *src = f->data + t->begin;
-    size_t n = st_numel(t);
-    if (t->dtype == ST_I32) {
+    size_t n = olmo_st_numel(t);
+    if (t->dtype == OLMO_ST_I32) {
         memcpy(dst, src, n * 4);
         return 0;
     }
-    if (t->dtype == ST_I64) {
+    if (t->dtype == OLMO_ST_I64) {
         for (size_t i = 0; i < n; i++) {
             int64_t v;
             memcpy(&v, src + 8 * i, 8);
@@ -283,10 +283,10 @@ int st_read_i32(const struct st_file *f, const struct st_tensor *t, int32_t *dst
     return olmo_error("tensor '%s' in '%s' is %s, not an integer type", t->name, f->path, dtype_name(t->dtype));
 }
 
-int st_writer_add(struct st_writer *w, const char *name, enum st_dtype dtype, int ndim, const int64_t *shape,
+int olmo_st_writer_add(struct olmo_st_writer *w, const char *name, enum olmo_st_dtype dtype, int ndim, const int64_t *shape,
                   const void *data) {
-    if (st_writer_declare(w, name, dtype, ndim, shape)) return -1;
-    struct st_wtensor *t = &w->items[w->n - 1];
+    if (olmo_st_writer_declare(w, name, dtype, ndim, shape)) return -1;
+    struct olmo_st_wtensor *t = &w->items[w->n - 1];
     t->data = malloc(t->bytes ? t->bytes : 1);
     if (!t->data) {
         w->n--; /* as if never added */
@@ -296,13 +296,13 @@ int st_writer_add(struct st_writer *w, const char *name, enum st_dtype dtype, in
     return 0;
 }
 
-void st_writer_free(struct st_writer *w) {
+void olmo_st_writer_free(struct olmo_st_writer *w) {
     for (int i = 0; i < w->n; i++) free(w->items[i].data);
     free(w->items);
     memset(w, 0, sizeof *w);
 }
 
-int st_writer_set_metadata(struct st_writer *w, const char *key, const char *value) {
+int olmo_st_writer_set_metadata(struct olmo_st_writer *w, const char *key, const char *value) {
     if (w->n_meta == 8 || strlen(key) >= 64 || strlen(value) >= 64) return olmo_error("metadata entry too long or too many");
     snprintf(w->meta[w->n_meta][0], 64, "%s", key);
     snprintf(w->meta[w->n_meta][1], 64, "%s", value);
@@ -312,7 +312,7 @@ int st_writer_set_metadata(struct st_writer *w, const char *key, const char *val
 
 /* The header JSON of w's tensors, padded with spaces to a multiple of 8
  * (keeps the data 8-byte aligned); *hlen_padded its length. */
-static char *writer_header(const struct st_writer *w, size_t *hlen, size_t *padded) {
+static char *writer_header(const struct olmo_st_writer *w, size_t *hlen, size_t *padded) {
     cJSON *root = cJSON_CreateObject();
     if (w->n_meta) {
         cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
@@ -320,7 +320,7 @@ static char *writer_header(const struct st_writer *w, size_t *hlen, size_t *padd
     }
     size_t offset = 0;
     for (int i = 0; i < w->n; i++) {
-        const struct st_wtensor *t = &w->items[i];
+        const struct olmo_st_wtensor *t = &w->items[i];
         cJSON *item = cJSON_AddObjectToObject(root, t->name);
         cJSON_AddStringToObject(item, "dtype", dtype_name(t->dtype));
         cJSON *shape = cJSON_AddArrayToObject(item, "shape");
@@ -338,7 +338,7 @@ static char *writer_header(const struct st_writer *w, size_t *hlen, size_t *padd
     return json;
 }
 
-int st_writer_save(struct st_writer *w, const char *path) {
+int olmo_st_writer_save(struct olmo_st_writer *w, const char *path) {
     size_t hlen, padded;
     char *json = writer_header(w, &hlen, &padded);
     if (!json) return olmo_error("out of memory writing '%s'", path);
@@ -369,7 +369,7 @@ int st_writer_save(struct st_writer *w, const char *path) {
 
 /* ---- streaming writer ---- */
 
-size_t st_writer_file_size(const struct st_writer *w) {
+size_t olmo_st_writer_file_size(const struct olmo_st_writer *w) {
     size_t hlen, padded, total = 0;
     char *json = writer_header(w, &hlen, &padded);
     if (!json) return 0;
@@ -378,7 +378,7 @@ size_t st_writer_file_size(const struct st_writer *w) {
     return 8 + padded + total;
 }
 
-int st_writer_declare(struct st_writer *w, const char *name, enum st_dtype dtype, int ndim, const int64_t *shape) {
+int olmo_st_writer_declare(struct olmo_st_writer *w, const char *name, enum olmo_st_dtype dtype, int ndim, const int64_t *shape) {
     if (strlen(name) >= sizeof w->items[0].name || ndim > 8) return olmo_error("bad tensor '%s'", name);
     if (w->n == w->cap) {
         int cap = w->cap ? 2 * w->cap : 64;
@@ -387,7 +387,7 @@ int st_writer_declare(struct st_writer *w, const char *name, enum st_dtype dtype
         w->items = p;
         w->cap = cap;
     }
-    struct st_wtensor *t = &w->items[w->n++];
+    struct olmo_st_wtensor *t = &w->items[w->n++];
     memset(t, 0, sizeof *t);
     strcpy(t->name, name);
     t->dtype = dtype;
@@ -401,11 +401,11 @@ int st_writer_declare(struct st_writer *w, const char *name, enum st_dtype dtype
     return 0;
 }
 
-static void stream_hash(struct st_stream *s, const uint8_t *p, size_t n) {
+static void stream_hash(struct olmo_st_stream *s, const uint8_t *p, size_t n) {
     if (s->hash_update) s->hash_update(s->hash_ctx, p, n);
 }
 
-static int stream_put(struct st_stream *s, const void *data, size_t n) {
+static int stream_put(struct olmo_st_stream *s, const void *data, size_t n) {
     const uint8_t *p = data;
     stream_hash(s, p, n);
     while (n) {
@@ -418,7 +418,7 @@ static int stream_put(struct st_stream *s, const void *data, size_t n) {
     return 0;
 }
 
-int st_stream_begin(struct st_stream *s, const struct st_writer *w, const char *path) {
+int olmo_st_stream_begin(struct olmo_st_stream *s, const struct olmo_st_writer *w, const char *path) {
     void (*hash_update)(void *, const uint8_t *, size_t) = s->hash_update;
     void *hash_ctx = s->hash_ctx;
     memset(s, 0, sizeof *s);
@@ -443,11 +443,11 @@ int st_stream_begin(struct st_stream *s, const struct st_writer *w, const char *
     for (size_t i = hlen; i < padded && !rc; i++) rc = stream_put(s, " ", 1);
     free(json);
     s->size = 8 + padded;
-    if (rc) st_stream_abort(s);
+    if (rc) olmo_st_stream_abort(s);
     return rc ? -1 : 0;
 }
 
-int st_stream_write(struct st_stream *s, const void *data, size_t bytes) {
+int olmo_st_stream_write(struct olmo_st_stream *s, const void *data, size_t bytes) {
     if (s->written + bytes > s->expected)
         return olmo_error("internal: '%s': %zu data bytes written, more than the header's %zu", s->path,
                           s->written + bytes, s->expected);
@@ -457,9 +457,9 @@ int st_stream_write(struct st_stream *s, const void *data, size_t bytes) {
     return 0;
 }
 
-int st_stream_finish(struct st_stream *s) {
+int olmo_st_stream_finish(struct olmo_st_stream *s) {
     if (s->written != s->expected) {
-        st_stream_abort(s);
+        olmo_st_stream_abort(s);
         return olmo_error("internal: '%s': %zu data bytes written, the header announces %zu", s->path, s->written,
                           s->expected);
     }
@@ -477,7 +477,7 @@ int st_stream_finish(struct st_stream *s) {
     return 0;
 }
 
-void st_stream_abort(struct st_stream *s) {
+void olmo_st_stream_abort(struct olmo_st_stream *s) {
     if (s->fd >= 0) {
         close(s->fd);
         unlink(s->tmp);
@@ -485,22 +485,22 @@ void st_stream_abort(struct st_stream *s) {
     s->fd = -1;
 }
 
-int st_convert_f32(enum st_dtype dtype, const void *src_bytes, size_t n, float *dst) {
+int olmo_st_convert_f32(enum olmo_st_dtype dtype, const void *src_bytes, size_t n, float *dst) {
     const uint8_t *src = src_bytes;
     switch (dtype) {
-    case ST_F32: memcpy(dst, src, n * 4); return 0;
-    case ST_BF16:
+    case OLMO_ST_F32: memcpy(dst, src, n * 4); return 0;
+    case OLMO_ST_BF16:
         for (size_t i = 0; i < n; i++) {
             uint32_t bits = (uint32_t)(src[2 * i] | (src[2 * i + 1] << 8)) << 16;
             memcpy(&dst[i], &bits, 4);
         }
         return 0;
-    case ST_F16:
+    case OLMO_ST_F16:
         for (size_t i = 0; i < n; i++) dst[i] = half_to_float((uint16_t)(src[2 * i] | (src[2 * i + 1] << 8)));
         return 0;
     default: return olmo_error("%s is not a float type olmoc reads (F32, BF16, F16)", dtype_name(dtype));
     }
 }
 
-size_t st_dtype_size(enum st_dtype d) { return dtype_size(d); }
-const char *st_dtype_name(enum st_dtype d) { return dtype_name(d); }
+size_t olmo_st_dtype_size(enum olmo_st_dtype d) { return dtype_size(d); }
+const char *olmo_st_dtype_name(enum olmo_st_dtype d) { return dtype_name(d); }

@@ -12,44 +12,44 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum st_dtype { ST_F32, ST_F64, ST_F16, ST_BF16, ST_I32, ST_I64 };
+enum olmo_st_dtype { OLMO_ST_F32, OLMO_ST_F64, OLMO_ST_F16, OLMO_ST_BF16, OLMO_ST_I32, OLMO_ST_I64 };
 
-struct st_tensor {
+struct olmo_st_tensor {
     char name[160];
-    enum st_dtype dtype;
+    enum olmo_st_dtype dtype;
     int ndim;
     int64_t shape[8];
     size_t begin, end; /* byte range inside the data section */
 };
 
-struct st_file {
+struct olmo_st_file {
     char path[1024];
     uint8_t *map;      /* whole file, mmap'ed read-only */
     size_t map_size;
     const uint8_t *data;
     size_t data_size;
     int n_tensors;
-    struct st_tensor *tensors;
+    struct olmo_st_tensor *tensors;
     int *slots; /* hash table of the names: index into tensors, -1 = empty */
     size_t n_slots;
 };
 
-int st_open(struct st_file *f, const char *path);
-void st_close(struct st_file *f);
-const struct st_tensor *st_find(const struct st_file *f, const char *name);
-size_t st_numel(const struct st_tensor *t);
+int olmo_st_open(struct olmo_st_file *f, const char *path);
+void olmo_st_close(struct olmo_st_file *f);
+const struct olmo_st_tensor *olmo_st_find(const struct olmo_st_file *f, const char *name);
+size_t olmo_st_numel(const struct olmo_st_tensor *t);
 /* Converts any float dtype to float32 into dst (numel floats). */
-int st_read_f32(const struct st_file *f, const struct st_tensor *t, float *dst);
+int olmo_st_read_f32(const struct olmo_st_file *f, const struct olmo_st_tensor *t, float *dst);
 /* Reads an integer tensor (I32 or I64) into int32 dst, range-checked. */
-int st_read_i32(const struct st_file *f, const struct st_tensor *t, int32_t *dst);
+int olmo_st_read_i32(const struct olmo_st_file *f, const struct olmo_st_tensor *t, int32_t *dst);
 
 /* Writer: collects tensors (data is copied), then writes atomically
  * (temp file + fsync + rename). */
-struct st_writer {
+struct olmo_st_writer {
     int n, cap;
-    struct st_wtensor {
+    struct olmo_st_wtensor {
         char name[160];
-        enum st_dtype dtype;
+        enum olmo_st_dtype dtype;
         int ndim;
         int64_t shape[8];
         void *data;
@@ -59,21 +59,21 @@ struct st_writer {
     char meta[8][2][64];
 };
 
-int st_writer_add(struct st_writer *w, const char *name, enum st_dtype dtype, int ndim, const int64_t *shape,
+int olmo_st_writer_add(struct olmo_st_writer *w, const char *name, enum olmo_st_dtype dtype, int ndim, const int64_t *shape,
                   const void *data);
 /* Adds a "__metadata__" entry (e.g. "format": "pt", which transformers expects). */
-int st_writer_set_metadata(struct st_writer *w, const char *key, const char *value);
-int st_writer_save(struct st_writer *w, const char *path);
-void st_writer_free(struct st_writer *w);
+int olmo_st_writer_set_metadata(struct olmo_st_writer *w, const char *key, const char *value);
+int olmo_st_writer_save(struct olmo_st_writer *w, const char *path);
+void olmo_st_writer_free(struct olmo_st_writer *w);
 
 /* Streaming writer, for files larger than one wants in memory: declare every
- * tensor (st_writer_declare: name, dtype, shape; no data), st_stream_begin
- * writes the header to path.tmp, st_stream_write appends the data in file
- * order (any pieces), st_stream_finish checks that exactly the declared bytes
+ * tensor (olmo_st_writer_declare: name, dtype, shape; no data), olmo_st_stream_begin
+ * writes the header to path.tmp, olmo_st_stream_write appends the data in file
+ * order (any pieces), olmo_st_stream_finish checks that exactly the declared bytes
  * came, fsyncs and renames into place.  The file is byte-identical to what
- * st_writer_save writes for the same tensors.  hash_update (optional, set
+ * olmo_st_writer_save writes for the same tensors.  hash_update (optional, set
  * before begin) sees every byte written, header included. */
-struct st_stream {
+struct olmo_st_stream {
     char path[1100], tmp[1110];
     int fd;
     size_t expected, written; /* data-section bytes */
@@ -81,17 +81,17 @@ struct st_stream {
     void (*hash_update)(void *ctx, const uint8_t *p, size_t n);
     void *hash_ctx;
 };
-int st_writer_declare(struct st_writer *w, const char *name, enum st_dtype dtype, int ndim, const int64_t *shape);
-/* The size of the file st_writer_save / the streaming writer writes for w's tensors. */
-size_t st_writer_file_size(const struct st_writer *w);
-int st_stream_begin(struct st_stream *s, const struct st_writer *w, const char *path);
-int st_stream_write(struct st_stream *s, const void *data, size_t bytes);
-int st_stream_finish(struct st_stream *s);
-void st_stream_abort(struct st_stream *s); /* removes path.tmp */
+int olmo_st_writer_declare(struct olmo_st_writer *w, const char *name, enum olmo_st_dtype dtype, int ndim, const int64_t *shape);
+/* The size of the file olmo_st_writer_save / the streaming writer writes for w's tensors. */
+size_t olmo_st_writer_file_size(const struct olmo_st_writer *w);
+int olmo_st_stream_begin(struct olmo_st_stream *s, const struct olmo_st_writer *w, const char *path);
+int olmo_st_stream_write(struct olmo_st_stream *s, const void *data, size_t bytes);
+int olmo_st_stream_finish(struct olmo_st_stream *s);
+void olmo_st_stream_abort(struct olmo_st_stream *s); /* removes path.tmp */
 
 /* n values of a float dtype (F32, BF16, F16; little-endian bytes) widened to float32. */
-int st_convert_f32(enum st_dtype dtype, const void *src, size_t n, float *dst);
-size_t st_dtype_size(enum st_dtype d);
-const char *st_dtype_name(enum st_dtype d);
+int olmo_st_convert_f32(enum olmo_st_dtype dtype, const void *src, size_t n, float *dst);
+size_t olmo_st_dtype_size(enum olmo_st_dtype d);
+const char *olmo_st_dtype_name(enum olmo_st_dtype d);
 
 #endif

@@ -81,7 +81,7 @@ SLOT_AT(rstd_m, OLMO_ACT_RSTD_M)
 #undef SLOT_AT
 
 bool olmo_act_checkpointed(const struct olmo_act_layout *lo, int l) {
-    return l >= 0 && lo->mode != ACT_CKPT_NONE && lo->every > 0 && l % lo->every == 0;
+    return l >= 0 && lo->mode != OLMO_ACT_CKPT_NONE && lo->every > 0 && l % lo->every == 0;
 }
 
 void olmo_act_layout_init(struct olmo_act_layout *lo, const struct olmo_model_config *cfg, int batch, int seq_len,
@@ -115,7 +115,7 @@ void olmo_act_layout_init(struct olmo_act_layout *lo, const struct olmo_model_co
 struct olmo_act_alloc olmo_act_layer(const struct olmo_act_layout *lo, int l, enum olmo_act_slot slot) {
     const struct olmo_act_layer_spec *s = &olmo_act_layer_specs[slot];
     struct olmo_act_alloc a = {.dtype = OLMO_F32, .numel = lo->dim[OLMO_DIM_N] * lo->dim[s->cols]};
-    const bool block = lo->mode == ACT_CKPT_BLOCK;
+    const bool block = lo->mode == OLMO_ACT_CKPT_BLOCK;
     if (l == OLMO_ACT_SHARED) { /* fp32 working buffers, made only where some layer uses them */
         if (lo->any_checkpointed || lo->all16)
             a.keep = s->part == OLMO_ACT_MLP || (s->part == OLMO_ACT_ATTN && (block || lo->all16));

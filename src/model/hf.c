@@ -338,7 +338,7 @@ int olmo_hf_write_config(const struct olmo_config *cfg, const char *path, const 
 struct shard_set {
     int n;
     char names[64][256];
-    struct st_file files[64];
+    struct olmo_st_file files[64];
 };
 
 static int shard_index(struct shard_set *s, const char *dir, const char *name) {
@@ -349,7 +349,7 @@ static int shard_index(struct shard_set *s, const char *dir, const char *name) {
         return olmo_error("shard name '%s' is not a plain file name in '%s'", name, dir);
     char path[4400];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    if (st_open(&s->files[s->n], path)) return -1;
+    if (olmo_st_open(&s->files[s->n], path)) return -1;
     snprintf(s->names[s->n], sizeof s->names[0], "%s", name);
     return s->n++;
 }
@@ -406,7 +406,7 @@ int olmo_hf_load_weights(struct olmo_model *m, const char *dir) {
                 break;
             }
         }
-        const struct st_tensor *t = st_find(&s->files[k], p->name);
+        const struct olmo_st_tensor *t = olmo_st_find(&s->files[k], p->name);
         if (!t) {
             rc = olmo_error("'%s' has no tensor '%s'", s->files[k].path, p->name);
             break;
@@ -417,7 +417,7 @@ int olmo_hf_load_weights(struct olmo_model *m, const char *dir) {
                             p->name, t->ndim, (long long)rows, p->rows, p->cols);
             break;
         }
-        if (st_read_f32(&s->files[k], t, host + p->offset) ||
+        if (olmo_st_read_f32(&s->files[k], t, host + p->offset) ||
             olmo_check_finite(s->files[k].path, p->name, host + p->offset, p->numel))
             rc = -1;
     }
@@ -432,7 +432,7 @@ int olmo_hf_load_weights(struct olmo_model *m, const char *dir) {
     if (!rc) rc = olmo_model_sync_weights(m);
 done:
     if (s)
-        for (int k = 0; k < s->n; k++) st_close(&s->files[k]);
+        for (int k = 0; k < s->n; k++) olmo_st_close(&s->files[k]);
     free(s);
     free(host);
     cJSON_Delete(root);
@@ -448,15 +448,15 @@ static uint16_t float_to_bf16(float f) {
     return (uint16_t)(bits >> 16);
 }
 
-int olmo_hf_save_weights(const struct olmo_model *m, const char *path, enum st_dtype dtype) {
-    if (dtype != ST_F32 && dtype != ST_BF16) return olmo_error("weights can be written as F32 or BF16 only");
+int olmo_hf_save_weights(const struct olmo_model *m, const char *path, enum olmo_st_dtype dtype) {
+    if (dtype != OLMO_ST_F32 && dtype != OLMO_ST_BF16) return olmo_error("weights can be written as F32 or BF16 only");
     if (!m->weights)
         return olmo_error("'%s': the model holds no full-size weights to save (a sharded model: "
                           "olmo_ckpt_export_weights gathers them)",
                           path);
     float *host = malloc(m->n_floats * sizeof(float));
-    uint16_t *half = dtype == ST_BF16 ? malloc(m->n_floats * sizeof(uint16_t)) : NULL;
-    if (!host || (dtype == ST_BF16 && !half)) {
+    uint16_t *half = dtype == OLMO_ST_BF16 ? malloc(m->n_floats * sizeof(uint16_t)) : NULL;
+    if (!host || (dtype == OLMO_ST_BF16 && !half)) {
         free(host);
         free(half);
         return olmo_error("out of memory saving '%s'", path);
@@ -464,16 +464,16 @@ int olmo_hf_save_weights(const struct olmo_model *m, const char *path, enum st_d
     int rc = m->be->to_host(m->be, host, m->weights, m->n_floats * sizeof(float));
     if (half)
         for (size_t i = 0; i < m->n_floats; i++) half[i] = float_to_bf16(host[i]);
-    struct st_writer w = {0};
-    if (!rc) rc = st_writer_set_metadata(&w, "format", "pt");
+    struct olmo_st_writer w = {0};
+    if (!rc) rc = olmo_st_writer_set_metadata(&w, "format", "pt");
     for (int i = 0; i < m->n_tensors && !rc; i++) {
         const struct olmo_param *p = &m->params[i];
         int64_t shape[2] = {p->rows, p->cols};
         const void *data = half ? (const void *)(half + p->offset) : (const void *)(host + p->offset);
-        rc = st_writer_add(&w, p->name, dtype, p->cols == 1 ? 1 : 2, shape, data);
+        rc = olmo_st_writer_add(&w, p->name, dtype, p->cols == 1 ? 1 : 2, shape, data);
     }
-    if (!rc) rc = st_writer_save(&w, path);
-    st_writer_free(&w);
+    if (!rc) rc = olmo_st_writer_save(&w, path);
+    olmo_st_writer_free(&w);
     free(host);
     free(half);
     return rc;

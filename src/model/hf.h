@@ -30,8 +30,8 @@ int olmo_hf_write_config(const struct olmo_config *cfg, const char *path, const 
 /* Loads weights from dir/model.safetensors or the shards listed in
  * dir/model.safetensors.index.json (any float dtype, widened to fp32). */
 int olmo_hf_load_weights(struct olmo_model *m, const char *dir);
-/* Writes every parameter to one safetensors file in ST_F32 or ST_BF16
+/* Writes every parameter to one safetensors file in OLMO_ST_F32 or OLMO_ST_BF16
  * (round to nearest even), with {"format": "pt"} metadata as transformers writes. */
-int olmo_hf_save_weights(const struct olmo_model *m, const char *path, enum st_dtype dtype);
+int olmo_hf_save_weights(const struct olmo_model *m, const char *path, enum olmo_st_dtype dtype);
 
 #endif

@@ -185,7 +185,7 @@ void olmo_model_bind_layer(struct olmo_model *m, int l, float *w, float *g) {
 }
 
 int olmo_model_set_checkpointing(struct olmo_model *m, enum olmo_act_ckpt mode, int every) {
-    if (mode != ACT_CKPT_NONE && mode != ACT_CKPT_FEED_FORWARD && mode != ACT_CKPT_BLOCK)
+    if (mode != OLMO_ACT_CKPT_NONE && mode != OLMO_ACT_CKPT_FEED_FORWARD && mode != OLMO_ACT_CKPT_BLOCK)
         return olmo_error("activation checkpointing mode %d is not none, feed_forward or block", (int)mode);
     if (every < 1) return olmo_error("activation checkpointing: block_every must be >= 1, got %d", every);
     if (mode == m->ckpt_mode && every == m->ckpt_every) return 0;
@@ -220,7 +220,7 @@ int olmo_model_set_saved_all_bf16(struct olmo_model *m, bool on) {
 }
 
 bool olmo_model_layer_checkpointed(const struct olmo_model *m, int l) {
-    return m->ckpt_mode != ACT_CKPT_NONE && m->ckpt_every > 0 && l % m->ckpt_every == 0;
+    return m->ckpt_mode != OLMO_ACT_CKPT_NONE && m->ckpt_every > 0 && l % m->ckpt_every == 0;
 }
 
 void olmo_model_destroy(struct olmo_model *m) {
@@ -473,7 +473,7 @@ static int convert_kept(const struct olmo_model *m, const struct olmo_layer_acts
 static int all16_round_recomputed(const struct olmo_model *m, int l, const struct olmo_layer_acts *a) {
     if (!m->saved_all_bf16 || !olmo_model_layer_checkpointed(m, l)) return 0;
     const struct olmo_backend *be = m->be;
-    const bool block = m->ckpt_mode == ACT_CKPT_BLOCK;
+    const bool block = m->ckpt_mode == OLMO_ACT_CKPT_BLOCK;
     for (int i = 0; i < OLMO_ACT_LAYER_SLOTS; i++) {
         const struct olmo_act_layer_spec *s = &olmo_act_layer_specs[i];
         if (s->kind != OLMO_ACT_LARGE || !(block || s->part == OLMO_ACT_MLP)) continue;
@@ -549,7 +549,7 @@ int olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_sca
 /* What a checkpointed layer did not keep, recomputed from what it kept with the same ops and weights. */
 static int block_recompute(struct olmo_model *m, int l, const struct olmo_layer_acts *a) {
     if (!olmo_model_layer_checkpointed(m, l)) return 0;
-    if (m->ckpt_mode == ACT_CKPT_FEED_FORWARD) /* from h (its bf16 copy: the GEMM rounds h to bf16 anyway) */
+    if (m->ckpt_mode == OLMO_ACT_CKPT_FEED_FORWARD) /* from h (its bf16 copy: the GEMM rounds h to bf16 anyway) */
         return ffn_inner_forward(m, &m->lw[l], a, SAVED(a, OLMO_ACT_H, h), m->batch * m->seq_len);
     /* block: the whole layer from its input; its output (already the next layer's input) goes to m->dh,
      * which nothing reads (the backward accumulates in m->dx), and m->dtmp is the forward's scratch */

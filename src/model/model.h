@@ -95,7 +95,7 @@ struct olmo_model {
     float *d_embed, *d_final_norm, *d_lm_head;
 
     /* Activation checkpointing (olmo_model_set_checkpointing; train.activation_checkpointing): layer l
-     * is checkpointed when ckpt_mode != ACT_CKPT_NONE and l % ckpt_every == 0 (OLMo-core's block_interval).
+     * is checkpointed when ckpt_mode != OLMO_ACT_CKPT_NONE and l % ckpt_every == 0 (OLMo-core's block_interval).
      *   feed_forward: a checkpointed layer keeps no g, u, s (the MLP's inner activations); its backward
      *                 recomputes them from h.
      *   block:        a checkpointed layer keeps only its input x; its backward reruns the whole layer

@@ -30,9 +30,9 @@ int olmo_weights_load(struct olmo_model *m, const char *path) {
     return rc;
 }
 
-int olmo_weights_find(const struct st_file *f, const char *path, const struct olmo_param *p,
-                      const struct st_tensor **out) {
-    const struct st_tensor *t = st_find(f, p->name);
+int olmo_weights_find(const struct olmo_st_file *f, const char *path, const struct olmo_param *p,
+                      const struct olmo_st_tensor **out) {
+    const struct olmo_st_tensor *t = olmo_st_find(f, p->name);
     *out = t;
     if (!t) return olmo_error("'%s' has no tensor '%s'", path, p->name);
     int64_t rows = t->ndim >= 1 ? t->shape[0] : 0, cols = t->ndim == 2 ? t->shape[1] : 1;
@@ -48,20 +48,20 @@ int olmo_weights_find(const struct st_file *f, const char *path, const struct ol
 }
 
 int olmo_weights_read(const struct olmo_model *m, const char *path, float *host) {
-    struct st_file f;
-    if (st_open(&f, path)) return -1;
+    struct olmo_st_file f;
+    if (olmo_st_open(&f, path)) return -1;
     int rc = 0;
     for (int i = 0; i < m->n_tensors && !rc; i++) {
         const struct olmo_param *p = &m->params[i];
-        const struct st_tensor *t;
+        const struct olmo_st_tensor *t;
         if (olmo_weights_find(&f, path, p, &t)) rc = -1;
-        else if (st_read_f32(&f, t, host + p->offset) || olmo_check_finite(path, p->name, host + p->offset, p->numel))
+        else if (olmo_st_read_f32(&f, t, host + p->offset) || olmo_check_finite(path, p->name, host + p->offset, p->numel))
             rc = -1;
     }
     for (int i = 0; i < f.n_tensors && !rc; i++)
         if (!olmo_model_find_param(m, f.tensors[i].name))
             rc = olmo_error("'%s' has unexpected tensor '%s' (config mismatch?)", path, f.tensors[i].name);
-    st_close(&f);
+    olmo_st_close(&f);
     return rc;
 }
 
@@ -76,14 +76,14 @@ int olmo_weights_save(const struct olmo_model *m, const float *which, const char
 }
 
 int olmo_weights_save_host(const struct olmo_model *m, const float *host, const char *path) {
-    struct st_writer w = {0};
+    struct olmo_st_writer w = {0};
     int rc = 0;
     for (int i = 0; i < m->n_tensors && !rc; i++) {
         const struct olmo_param *p = &m->params[i];
         int64_t shape[2] = {p->rows, p->cols};
-        rc = st_writer_add(&w, p->name, ST_F32, p->cols == 1 ? 1 : 2, shape, host + p->offset);
+        rc = olmo_st_writer_add(&w, p->name, OLMO_ST_F32, p->cols == 1 ? 1 : 2, shape, host + p->offset);
     }
-    if (!rc) rc = st_writer_save(&w, path);
-    st_writer_free(&w);
+    if (!rc) rc = olmo_st_writer_save(&w, path);
+    olmo_st_writer_free(&w);
     return rc;
 }

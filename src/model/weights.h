@@ -13,8 +13,8 @@ int olmo_weights_load(struct olmo_model *m, const char *path);
 int olmo_weights_read(const struct olmo_model *m, const char *path, float *host);
 /* Parameter p's tensor in an open safetensors file (path names it in messages), with p's exact
  * shape: 0, or -1 with the error set (missing, or another shape). */
-int olmo_weights_find(const struct st_file *f, const char *path, const struct olmo_param *p,
-                      const struct st_tensor **t);
+int olmo_weights_find(const struct olmo_st_file *f, const char *path, const struct olmo_param *p,
+                      const struct olmo_st_tensor **t);
 /* which: m->weights or m->grads (any buffer with the parameter layout). */
 int olmo_weights_save(const struct olmo_model *m, const float *which, const char *path);
 /* From full-size host memory (e.g. olmo_trainer_get_weights of a sharded run). */

@@ -42,7 +42,7 @@ int olmo_optimizer_configure(struct olmo_optimizer *opt, const struct olmo_train
     free(opt->win.loss);
     free(opt->win.norm);
     opt->win = (struct olmo_skip_window){0};
-    if (t->optimizer != OPTIM_SKIP_STEP_ADAMW) return 0;
+    if (t->optimizer != OLMO_OPTIM_SKIP_STEP_ADAMW) return 0;
     const int cap = t->rolling_interval_length + 1;
     opt->win.loss = olmo_malloc(sizeof(double) * (size_t)cap, "skip-step window");
     opt->win.norm = olmo_malloc(sizeof(double) * (size_t)cap, "skip-step window");
@@ -52,7 +52,7 @@ int olmo_optimizer_configure(struct olmo_optimizer *opt, const struct olmo_train
 }
 
 long olmo_optimizer_bias_step(const struct olmo_optimizer *opt, const struct olmo_train_config *t) {
-    if (t->optimizer == OPTIM_SKIP_STEP_ADAMW && !t->step_increment_bugfix) return 1;
+    if (t->optimizer == OLMO_OPTIM_SKIP_STEP_ADAMW && !t->step_increment_bugfix) return 1;
     return opt->step + (t->optim_init_step ? 1 : 0);
 }
 

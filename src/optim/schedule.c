@@ -57,10 +57,10 @@ static double wsd_lr(double lr, long current, long warmup, long t_max, long deca
 
 static double sched_lr(const struct sched *s, const struct olmo_train_config *t, long step) {
     switch (s->kind) {
-    case SCHED_COSINE: return cosine_lr(t->lr, t->alpha_f, step, s->warmup, s->t_max);
-    case SCHED_HALF_COSINE: return half_cosine_lr(t->lr, t->alpha_f, step, s->warmup, s->t_max);
-    case SCHED_LINEAR: return linear_lr(t->lr, t->alpha_f, step, s->warmup, s->t_max);
-    case SCHED_WSD: return wsd_lr(t->lr, step, s->warmup, s->t_max, s->decay);
+    case OLMO_SCHED_COSINE: return cosine_lr(t->lr, t->alpha_f, step, s->warmup, s->t_max);
+    case OLMO_SCHED_HALF_COSINE: return half_cosine_lr(t->lr, t->alpha_f, step, s->warmup, s->t_max);
+    case OLMO_SCHED_LINEAR: return linear_lr(t->lr, t->alpha_f, step, s->warmup, s->t_max);
+    case OLMO_SCHED_WSD: return wsd_lr(t->lr, step, s->warmup, s->t_max, s->decay);
     default: return t->lr; /* constant */
     }
 }
@@ -72,7 +72,7 @@ static long schedule_length(const struct olmo_train_config *t, long steps, long 
 
 double olmo_lr_at_batch(const struct olmo_train_config *t, long tokens_per_step, long step) {
     struct sched s;
-    if (t->schedule2 != SCHED_NONE && step > t->schedule2_after) {
+    if (t->schedule2 != OLMO_SCHED_NONE && step > t->schedule2_after) {
         s.kind = t->schedule2;
         s.warmup = t->schedule2_warmup_steps;
         s.t_max = schedule_length(t, t->schedule2_steps, t->schedule2_tokens, tokens_per_step);

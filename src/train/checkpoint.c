@@ -68,42 +68,42 @@ int ckpt_master_loaded(struct olmo_trainer *tr, int rc) {
 static int write_shard(const struct olmo_trainer *tr, const char *path, struct written *out) {
     const struct olmo_backend *be = tr->model.be;
     const size_t n = saved_local(tr);
-    struct st_writer w = {0};
-    struct st_stream s = {0};
+    struct olmo_st_writer w = {0};
+    struct olmo_st_stream s = {0};
     struct ckpt_hash hs = {0};
     s.fd = -1;
     int64_t shape = (int64_t)n;
     int rc = 0;
     char rank[32];
     snprintf(rank, sizeof rank, "%d", rank_of(tr->dist));
-    rc = st_writer_set_metadata(&w, "format", "olmoc-shard") || st_writer_set_metadata(&w, "rank", rank);
-    for (int q = 0; q < N_Q && !rc; q++) rc = st_writer_declare(&w, q_shard_tensor[q], ST_F32, 1, &shape);
+    rc = olmo_st_writer_set_metadata(&w, "format", "olmoc-shard") || olmo_st_writer_set_metadata(&w, "rank", rank);
+    for (int q = 0; q < N_Q && !rc; q++) rc = olmo_st_writer_declare(&w, q_shard_tensor[q], OLMO_ST_F32, 1, &shape);
     int64_t one = 1;
-    if (!rc) rc = st_writer_declare(&w, "step", ST_I64, 1, &one); /* Adam's step count, under the hash */
+    if (!rc) rc = olmo_st_writer_declare(&w, "step", OLMO_ST_I64, 1, &one); /* Adam's step count, under the hash */
     float *buf = malloc(CHUNK_FLOATS * sizeof(float));
     if (!buf) rc = olmo_error("out of memory writing '%s'", path);
     if (!rc) {
-        out->bytes = st_writer_file_size(&w);
+        out->bytes = olmo_st_writer_file_size(&w);
         rc = ckpt_hash_begin(&hs, CKPT_HASH_XXH3_64, out->bytes);
         s.hash_update = ckpt_hash_update;
         s.hash_ctx = &hs;
-        if (!rc) rc = st_stream_begin(&s, &w, path);
+        if (!rc) rc = olmo_st_stream_begin(&s, &w, path);
     }
     for (int q = 0; q < N_Q && !rc; q++) {
         const float *src = q_buffer(tr, q);
         for (size_t c = 0; c < n && !rc; c += CHUNK_FLOATS) {
             const size_t k = n - c < CHUNK_FLOATS ? n - c : CHUNK_FLOATS;
-            rc = be->to_host(be, buf, src + c, k * sizeof(float)) || st_stream_write(&s, buf, k * sizeof(float));
+            rc = be->to_host(be, buf, src + c, k * sizeof(float)) || olmo_st_stream_write(&s, buf, k * sizeof(float));
         }
     }
     const int64_t step = tr->opt.step;
-    if (!rc) rc = st_stream_write(&s, &step, sizeof step);
-    if (!rc) rc = st_stream_finish(&s);
-    else st_stream_abort(&s);
+    if (!rc) rc = olmo_st_stream_write(&s, &step, sizeof step);
+    if (!rc) rc = olmo_st_stream_finish(&s);
+    else olmo_st_stream_abort(&s);
     if (!rc) out->hash = ckpt_hash_end(&hs);
     ckpt_hash_free(&hs);
     free(buf);
-    st_writer_free(&w);
+    olmo_st_writer_free(&w);
     return rc;
 }
 

@@ -101,7 +101,7 @@ static int unpack_range(const struct piece_table *t, int world, const float *rec
  * by rank.  Collective; errors are carried to the end so every rank joins
  * every gather. */
 static int stream_quantity(const struct olmo_trainer *tr, const struct piece_table *t, int q, struct gather_buf *gb,
-                           struct st_stream *s, int rc) {
+                           struct olmo_st_stream *s, int rc) {
     const struct olmo_model *m = &tr->model;
     const struct olmo_dist *d = tr->dist;
     const int world = world_of(d), root = rank_of(d) == 0;
@@ -117,7 +117,7 @@ static int stream_quantity(const struct olmo_trainer *tr, const struct piece_tab
             void *recv = NULL;
             if (olmo_dist_gather_bytes(or_one(d), gb->send, n * sizeof(float), 0, &recv, counts)) rc = -1;
             if (root && !rc) rc = unpack_range(t, world, recv, counts, g0, g1, gb->out);
-            if (root && !rc) rc = st_stream_write(s, gb->out, (g1 - g0) * sizeof(float));
+            if (root && !rc) rc = olmo_st_stream_write(s, gb->out, (g1 - g0) * sizeof(float));
             free(recv);
         }
     }
@@ -125,13 +125,13 @@ static int stream_quantity(const struct olmo_trainer *tr, const struct piece_tab
     return rc;
 }
 
-static int declare_quantity(struct st_writer *w, const struct olmo_model *m, int q) {
+static int declare_quantity(struct olmo_st_writer *w, const struct olmo_model *m, int q) {
     for (int i = 0; i < m->n_tensors; i++) {
         const struct olmo_param *p = &m->params[i];
         int64_t shape[2] = {p->rows, p->cols};
         char name[200];
         snprintf(name, sizeof name, "%s%s", p->name, q_suffix[q]);
-        if (st_writer_declare(w, name, ST_F32, p->cols == 1 ? 1 : 2, shape)) return -1;
+        if (olmo_st_writer_declare(w, name, OLMO_ST_F32, p->cols == 1 ? 1 : 2, shape)) return -1;
     }
     return 0;
 }
@@ -144,8 +144,8 @@ int ckpt_write_gathered(const struct olmo_trainer *tr, const int *q_list, int n_
     const bool root = rank_of(tr->dist) == 0;
     struct piece_table t;
     struct gather_buf gb = {0};
-    struct st_writer w = {0};
-    struct st_stream s = {0};
+    struct olmo_st_writer w = {0};
+    struct olmo_st_stream s = {0};
     struct ckpt_hash hs = {0};
     s.fd = -1;
     int rc = gather_pieces(tr, &t);
@@ -155,25 +155,25 @@ int ckpt_write_gathered(const struct olmo_trainer *tr, const int *q_list, int n_
     if (root && !rc) {
         for (int k = 0; k < n_q && !rc; k++) rc = declare_quantity(&w, &tr->model, q_list[k]);
         int64_t one = 1;
-        if (!rc && with_step) rc = st_writer_declare(&w, "step", ST_I64, 1, &one);
+        if (!rc && with_step) rc = olmo_st_writer_declare(&w, "step", OLMO_ST_I64, 1, &one);
         if (!rc) {
-            out->bytes = st_writer_file_size(&w);
+            out->bytes = olmo_st_writer_file_size(&w);
             rc = ckpt_hash_begin(&hs, CKPT_HASH_XXH3_64, out->bytes);
             s.hash_update = ckpt_hash_update;
             s.hash_ctx = &hs;
-            if (!rc) rc = st_stream_begin(&s, &w, path);
+            if (!rc) rc = olmo_st_stream_begin(&s, &w, path);
         }
     }
     for (int k = 0; k < n_q; k++) rc = stream_quantity(tr, &t, q_list[k], &gb, &s, rc);
     if (root && !rc && with_step) {
         int64_t step = tr->opt.step;
-        rc = st_stream_write(&s, &step, sizeof step);
+        rc = olmo_st_stream_write(&s, &step, sizeof step);
     }
-    if (root && !rc) rc = st_stream_finish(&s);
-    if (root && rc) st_stream_abort(&s);
+    if (root && !rc) rc = olmo_st_stream_finish(&s);
+    if (root && rc) olmo_st_stream_abort(&s);
     if (root && !rc) out->hash = ckpt_hash_end(&hs);
     ckpt_hash_free(&hs);
-    st_writer_free(&w);
+    olmo_st_writer_free(&w);
     free(gb.send);
     free(gb.out);
     free_pieces(&t);

@@ -52,7 +52,7 @@ struct ckpt_hash {
 
 /* len: the total length to come (the earlier hash starts from it). */
 int ckpt_hash_begin(struct ckpt_hash *h, enum ckpt_hash_alg alg, size_t len);
-/* ctx: a struct ckpt_hash (the signature of struct st_stream's hash_update). */
+/* ctx: a struct ckpt_hash (the signature of struct olmo_st_stream's hash_update). */
 void ckpt_hash_update(void *ctx, const uint8_t *p, size_t n);
 /* The digest; frees what ckpt_hash_begin allocated. */
 uint64_t ckpt_hash_end(struct ckpt_hash *h);
@@ -139,7 +139,7 @@ struct ckpt_file {
     char hash[32];
     bool need;         /* this rank reads from it: its hash is checked */
     size_t step_at;    /* file offset of its optimizer "step" scalar (0: none), read once hashed */
-    enum st_dtype step_dtype;
+    enum olmo_st_dtype step_dtype;
 };
 
 /* A run of flat parameters [global, global + len) of one quantity stored
@@ -148,7 +148,7 @@ struct ckpt_file {
 struct seg {
     int file;
     size_t global, len, off, base;
-    enum st_dtype dtype;
+    enum olmo_st_dtype dtype;
     char name[200];
 };
 

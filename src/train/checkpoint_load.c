@@ -75,7 +75,7 @@ static int load_into_trainer(const char *dir, struct olmo_trainer *tr, struct ol
         /* SkipStepAdamW's window, so that the resumed run equals an uninterrupted one (OLMo-core does not
          * save it: its resumed runs, and imported ones, start with an empty window, as a checkpoint
          * without it does here) */
-        if (!rc && mf.has_extra && tr->cfg.train.optimizer == OPTIM_SKIP_STEP_ADAMW &&
+        if (!rc && mf.has_extra && tr->cfg.train.optimizer == OLMO_OPTIM_SKIP_STEP_ADAMW &&
             olmo_optimizer_extra_set(&tr->opt, mf.extra, mf.n_extra))
             rc = olmo_error_context("checkpoint '%s': optimizer.skip_step", dir);
         if (st) *st = mf.st;

@@ -41,17 +41,17 @@ static int file_path(const struct manifest *mf, int i, char *buf, size_t n) {
  * (weights, any float dtype) and optim.safetensors (F32 moments and "step"),
  * checked as strictly as a weights file. */
 int ckpt_segs_v1_model(struct manifest *mf, const struct olmo_model *m, const char *path, int file) {
-    struct st_file f;
-    if (st_open(&f, path)) return -1;
+    struct olmo_st_file f;
+    if (olmo_st_open(&f, path)) return -1;
     int rc = 0;
     const size_t data0 = (size_t)(f.data - f.map);
     for (int i = 0; i < m->n_tensors && !rc; i++) {
         const struct olmo_param *p = &m->params[i];
-        const struct st_tensor *t;
+        const struct olmo_st_tensor *t;
         if ((rc = olmo_weights_find(&f, path, p, &t))) break;
-        if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16) {
+        if (t->dtype != OLMO_ST_F32 && t->dtype != OLMO_ST_BF16 && t->dtype != OLMO_ST_F16) {
             rc = olmo_error("tensor '%s' in '%s' is %s: weights must be F32, BF16 or F16", t->name, path,
-                            st_dtype_name(t->dtype));
+                            olmo_st_dtype_name(t->dtype));
             break;
         }
         struct seg s = {.file = file, .global = p->offset, .len = p->numel, .off = data0 + t->begin,
@@ -62,14 +62,14 @@ int ckpt_segs_v1_model(struct manifest *mf, const struct olmo_model *m, const ch
     for (int i = 0; i < f.n_tensors && !rc; i++)
         if (!olmo_model_find_param(m, f.tensors[i].name))
             rc = olmo_error("'%s' has unexpected tensor '%s' (config mismatch?)", path, f.tensors[i].name);
-    st_close(&f);
+    olmo_st_close(&f);
     return rc;
 }
 
 /* Where a file's scalar "step" (I32 or I64) is; read by ckpt_read_steps once the file is hashed. */
-static int step_location(struct manifest *mf, const struct st_file *f, const char *path, int file) {
-    const struct st_tensor *t = st_find(f, "step");
-    if (!t || st_numel(t) != 1 || (t->dtype != ST_I64 && t->dtype != ST_I32))
+static int step_location(struct manifest *mf, const struct olmo_st_file *f, const char *path, int file) {
+    const struct olmo_st_tensor *t = olmo_st_find(f, "step");
+    if (!t || olmo_st_numel(t) != 1 || (t->dtype != OLMO_ST_I64 && t->dtype != OLMO_ST_I32))
         return olmo_error("'%s' has no scalar tensor 'step'", path);
     mf->files[file].step_at = (size_t)(f->data - f->map) + t->begin;
     mf->files[file].step_dtype = t->dtype;
@@ -84,7 +84,7 @@ int ckpt_read_steps(struct manifest *mf) {
         if (!cf->need || !cf->step_at) continue;
         char path[4096];
         uint8_t b[8] = {0};
-        const size_t n = cf->step_dtype == ST_I64 ? 8 : 4;
+        const size_t n = cf->step_dtype == OLMO_ST_I64 ? 8 : 4;
         if (path_join(path, sizeof path, mf->dir, cf->name)) return -1;
         const int fd = open(path, O_RDONLY | O_CLOEXEC);
         const ssize_t got = fd >= 0 ? pread(fd, b, n, (off_t)cf->step_at) : -1;
@@ -109,8 +109,8 @@ int ckpt_read_steps(struct manifest *mf) {
 }
 
 static int segs_v1_optim(struct manifest *mf, const struct olmo_model *m, const char *path, int file) {
-    struct st_file f;
-    if (st_open(&f, path)) return -1;
+    struct olmo_st_file f;
+    if (olmo_st_open(&f, path)) return -1;
     int rc = 0;
     const size_t data0 = (size_t)(f.data - f.map);
     for (int i = 0; i < m->n_tensors && !rc; i++) {
@@ -118,13 +118,13 @@ static int segs_v1_optim(struct manifest *mf, const struct olmo_model *m, const 
         for (int q = Q_M; q <= Q_V && !rc; q++) {
             char name[200];
             snprintf(name, sizeof name, "%s%s", p->name, q_suffix[q]);
-            const struct st_tensor *t = st_find(&f, name);
+            const struct olmo_st_tensor *t = olmo_st_find(&f, name);
             if (!t) rc = olmo_error("'%s' has no tensor '%s'", path, name);
-            else if (t->dtype != ST_F32 || st_numel(t) != p->numel)
+            else if (t->dtype != OLMO_ST_F32 || olmo_st_numel(t) != p->numel)
                 rc = olmo_error("'%s': tensor '%s' is not F32 with %zu elements", path, name, p->numel);
             else {
                 struct seg s = {.file = file, .global = p->offset, .len = p->numel, .off = data0 + t->begin,
-                                .base = p->offset, .dtype = ST_F32};
+                                .base = p->offset, .dtype = OLMO_ST_F32};
                 snprintf(s.name, sizeof s.name, "%s", name);
                 rc = add_seg(mf, q, &s);
             }
@@ -133,7 +133,7 @@ static int segs_v1_optim(struct manifest *mf, const struct olmo_model *m, const 
     if (!rc) rc = step_location(mf, &f, path, file);
     if (!rc && f.n_tensors != 2 * m->n_tensors + 1)
         rc = olmo_error("'%s' has %d tensors, expected %d", path, f.n_tensors, 2 * m->n_tensors + 1);
-    st_close(&f);
+    olmo_st_close(&f);
     return rc;
 }
 
@@ -148,16 +148,16 @@ static int segs_v2(struct manifest *mf, const struct olmo_model *m) {
         char path[4096];
         const char *fname = mf->files[mf->shards[r].file].name;
         if (path_join(path, sizeof path, mf->dir, fname)) return -1;
-        struct st_file f;
-        if (st_open(&f, path)) return -1;
+        struct olmo_st_file f;
+        if (olmo_st_open(&f, path)) return -1;
         int rc = f.n_tensors != N_Q + 1 ? olmo_error("'%s' has %d tensors, expected %d", path, f.n_tensors, N_Q + 1)
                                         : 0;
         if (!rc) rc = step_location(mf, &f, path, mf->shards[r].file);
         const size_t data0 = (size_t)(f.data - f.map);
         for (int q = 0; q < N_Q && !rc; q++) {
-            const struct st_tensor *t = st_find(&f, q_shard_tensor[q]);
+            const struct olmo_st_tensor *t = olmo_st_find(&f, q_shard_tensor[q]);
             if (!t) rc = olmo_error("'%s' has no tensor '%s'", path, q_shard_tensor[q]);
-            else if (t->dtype != ST_F32 || t->ndim != 1 || st_numel(t) != mf->shards[r].n_local)
+            else if (t->dtype != OLMO_ST_F32 || t->ndim != 1 || olmo_st_numel(t) != mf->shards[r].n_local)
                 rc = olmo_error("'%s': tensor '%s' is not F32 [%zu] (state.json's n_local)", path, q_shard_tensor[q],
                                 mf->shards[r].n_local);
             for (int k = 0; k < mf->shards[r].n_pieces && !rc; k++) {
@@ -165,12 +165,12 @@ static int segs_v2(struct manifest *mf, const struct olmo_model *m) {
                 if (!p->len) continue;
                 struct seg s = {.file = mf->shards[r].file, .global = p->global, .len = p->len,
                                 .off = data0 + t->begin + p->local * sizeof(float), .base = p->global - p->local,
-                                .dtype = ST_F32};
+                                .dtype = OLMO_ST_F32};
                 snprintf(s.name, sizeof s.name, "%s", q_shard_tensor[q]);
                 rc = add_seg(mf, q, &s);
             }
         }
-        st_close(&f);
+        olmo_st_close(&f);
         if (rc) return rc;
     }
     return 0;
@@ -269,10 +269,10 @@ static int read_quantity(const struct manifest *mf, int q, const struct olmo_sha
             const struct seg *s = &mf->segs[q][i];
             const size_t a = s->global > r->global ? s->global : r->global;
             const size_t b = s->global + s->len < r->global + r->len ? s->global + s->len : r->global + r->len;
-            const size_t esz = st_dtype_size(s->dtype);
+            const size_t esz = olmo_st_dtype_size(s->dtype);
             for (size_t c = a; c < b; c += CHUNK_FLOATS) {
                 const size_t n = b - c < CHUNK_FLOATS ? b - c : CHUNK_FLOATS;
-                uint8_t *into = s->dtype == ST_F32 ? (uint8_t *)buf : raw;
+                uint8_t *into = s->dtype == OLMO_ST_F32 ? (uint8_t *)buf : raw;
                 size_t done = 0;
                 const off_t at = (off_t)(s->off + (c - s->global) * esz);
                 while (done < n * esz) {
@@ -284,7 +284,7 @@ static int read_quantity(const struct manifest *mf, int q, const struct olmo_sha
                     }
                     done += (size_t)got;
                 }
-                if (s->dtype != ST_F32 && st_convert_f32(s->dtype, raw, n, buf)) return -1;
+                if (s->dtype != OLMO_ST_F32 && olmo_st_convert_f32(s->dtype, raw, n, buf)) return -1;
                 if (file_path(mf, s->file, path, sizeof path) ||
                     check_values(path, s->name, buf, n, c - s->base, q) ||
                     be->to_device(be, dst + r->local + (c - r->global), buf, n * sizeof(float)))

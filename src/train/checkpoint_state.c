@@ -54,7 +54,7 @@ int ckpt_write_state(const char *dir, const struct olmo_ckpt_state *st, const st
      * olmo_optimizer_extra_get lays it out; cJSON prints doubles so that they
      * read back exactly), the same on every rank. */
     cJSON *opt = cJSON_AddObjectToObject(root, "optimizer");
-    cJSON_AddStringToObject(opt, "name", tr->cfg.train.optimizer == OPTIM_SKIP_STEP_ADAMW ? "SkipStepAdamW" : "AdamW");
+    cJSON_AddStringToObject(opt, "name", tr->cfg.train.optimizer == OLMO_OPTIM_SKIP_STEP_ADAMW ? "SkipStepAdamW" : "AdamW");
     cJSON_AddNumberToObject(opt, "step", (double)tr->opt.step);
     if (tr->adam_step_base) cJSON_AddNumberToObject(opt, "step_base", (double)tr->adam_step_base);
     const size_t n_extra = olmo_optimizer_extra_count(&tr->opt);

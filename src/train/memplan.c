@@ -129,7 +129,7 @@ static double scratch(const struct backend_desc *d, const struct shapes *s, enum
      * recomputes into the shared fp32 set: s [N x F] (feed_forward, block), h and x [N x D] (block). */
     double a_max = N * max2(max2(s->V, s->F), max2(s->D, s->Q)), b_max = N * max2(s->F, max2(s->D, s->Q));
     if (d->bf16_gemm_operands)
-        b_max = N * max2(s->Q, max2(mode == ACT_CKPT_BLOCK ? s->D : 0, mode != ACT_CKPT_NONE ? s->F : 0));
+        b_max = N * max2(s->Q, max2(mode == OLMO_ACT_CKPT_BLOCK ? s->D : 0, mode != OLMO_ACT_CKPT_NONE ? s->F : 0));
     if (probe) {
         a_max = max2(a_max, PROBE_N * PROBE_N);
         b_max = max2(b_max, PROBE_N * PROBE_N);
@@ -202,7 +202,7 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
     snprintf(p->backend, sizeof p->backend, "%s", o->backend);
     p->device = d.device;
     p->ranks = o->ranks;
-    p->shard_degree = t->sharding == SHARDING_FSDP ? (degree ? degree : o->ranks) : 0;
+    p->shard_degree = t->sharding == OLMO_SHARDING_FSDP ? (degree ? degree : o->ranks) : 0;
     p->rank = 0;
     p->threads = d.device ? 0 : o->threads > 1 ? o->threads : 1;
     const double hd = (double)(c->d_model / c->n_heads);
@@ -212,7 +212,7 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
     const double n = (double)olmo_model_count_params(c, true); /* the flat parameter buffer's floats */
     const double cbytes = d.bf16_compute ? 2 : 4;
     double *b = p->bytes;
-    if (t->sharding == SHARDING_ZERO1) {
+    if (t->sharding == OLMO_SHARDING_ZERO1) {
         const double shard = ceil(n / o->ranks); /* olmo_dist_shard: rank 0 has the remainder's extra float */
         b[OLMO_MEM_WEIGHTS] = buf(&d, 4 * n);
         b[OLMO_MEM_GRADS] = buf(&d, 4 * n);
@@ -250,7 +250,7 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
         b[OLMO_MEM_GATHERED] = (d.device ? 2 : 1) * (buf(&d, 4 * block) + (d.bf16_compute ? buf(&d, cbytes * block) : 0));
         b[OLMO_MEM_COMM] = buf(&d, 4 * max_slice);
     }
-    const bool all16 = t->saved_activations == SAVED_ACTS_BF16;
+    const bool all16 = t->saved_activations == OLMO_SAVED_ACTS_BF16;
     if (all16 && !d.bf16_compute)
         return olmo_error("train.saved_activations: bf16 needs a backend that multiplies in bf16 (cpu-bf16, "
                           "cuda-bf16); backend '%s' computes in fp32",

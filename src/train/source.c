@@ -11,10 +11,10 @@
 
 const char *olmo_source_kind_name(enum olmo_source_kind k) {
     switch (k) {
-    case SRC_CHECKPOINT: return "checkpoint";
-    case SRC_RUN_DIR: return "run directory";
-    case SRC_HF_DIR: return "Hugging Face directory";
-    case SRC_FILE: return "safetensors file";
+    case OLMO_SRC_CHECKPOINT: return "checkpoint";
+    case OLMO_SRC_RUN_DIR: return "run directory";
+    case OLMO_SRC_HF_DIR: return "Hugging Face directory";
+    case OLMO_SRC_FILE: return "safetensors file";
     }
     return "?";
 }
@@ -32,49 +32,49 @@ int olmo_source_resolve(const char *src, const char *config_path, struct olmo_mo
     if (olmo_is_dir(src)) {
         snprintf(s->dir, sizeof s->dir, "%s", src);
         if (has(src, "state.json") || has(src, "optim.safetensors")) { /* a checkpoint, maybe damaged */
-            s->kind = SRC_CHECKPOINT;
+            s->kind = OLMO_SRC_CHECKPOINT;
         } else if (has(src, "config.json")) {
-            s->kind = SRC_HF_DIR;
+            s->kind = OLMO_SRC_HF_DIR;
         } else {
             int found = olmo_ckpt_find_latest(src, s->dir, sizeof s->dir);
             if (found < 0) return -1;
-            if (found) s->kind = SRC_CHECKPOINT;
-            else if (has(src, "config.yaml") && has(src, "model.safetensors")) s->kind = SRC_RUN_DIR;
+            if (found) s->kind = OLMO_SRC_CHECKPOINT;
+            else if (has(src, "config.yaml") && has(src, "model.safetensors")) s->kind = OLMO_SRC_RUN_DIR;
             else
                 return olmo_error("'%s' is not a checkpoint (state.json), a run directory (step-*/ or config.yaml + "
                                   "model.safetensors) or a Hugging Face directory (config.json)",
                                   src);
         }
-        if (s->kind != SRC_HF_DIR) snprintf(s->weights, sizeof s->weights, "%s/model.safetensors", s->dir);
+        if (s->kind != OLMO_SRC_HF_DIR) snprintf(s->weights, sizeof s->weights, "%s/model.safetensors", s->dir);
     } else if (olmo_is_file(src)) {
-        s->kind = SRC_FILE;
+        s->kind = OLMO_SRC_FILE;
         snprintf(s->weights, sizeof s->weights, "%s", src);
         if (!config_path) return olmo_error("'%s' is a weights file: give its model config with --config", src);
     } else {
         return olmo_error("'%s' does not exist", src);
     }
-    if (s->kind == SRC_CHECKPOINT && olmo_ckpt_verify(s->dir, NULL)) return -1;
+    if (s->kind == OLMO_SRC_CHECKPOINT && olmo_ckpt_verify(s->dir, NULL)) return -1;
     if (config_path) return olmo_config_load(cfg, config_path);
     char path[4400];
     switch (s->kind) {
-    case SRC_CHECKPOINT: return olmo_ckpt_read_config(s->dir, cfg); /* verified above */
-    case SRC_RUN_DIR:
+    case OLMO_SRC_CHECKPOINT: return olmo_ckpt_read_config(s->dir, cfg); /* verified above */
+    case OLMO_SRC_RUN_DIR:
         snprintf(path, sizeof path, "%s/config.yaml", s->dir);
         return olmo_config_load(cfg, path);
-    case SRC_HF_DIR:
+    case OLMO_SRC_HF_DIR:
         snprintf(path, sizeof path, "%s/config.json", s->dir);
         return olmo_hf_read_config(path, cfg);
-    case SRC_FILE: break;
+    case OLMO_SRC_FILE: break;
     }
     return 0;
 }
 
 int olmo_source_load_weights(const struct olmo_model_source *s, struct olmo_model *m) {
     switch (s->kind) {
-    case SRC_HF_DIR: return olmo_hf_load_weights(m, s->dir);
-    case SRC_CHECKPOINT: return olmo_ckpt_load_weights(s->dir, m); /* whole tensors or shards */
-    case SRC_RUN_DIR:
-    case SRC_FILE: return olmo_weights_load(m, s->weights);
+    case OLMO_SRC_HF_DIR: return olmo_hf_load_weights(m, s->dir);
+    case OLMO_SRC_CHECKPOINT: return olmo_ckpt_load_weights(s->dir, m); /* whole tensors or shards */
+    case OLMO_SRC_RUN_DIR:
+    case OLMO_SRC_FILE: return olmo_weights_load(m, s->weights);
     }
     return olmo_error("internal: bad model source");
 }

@@ -8,12 +8,12 @@
 #include "config/config.h"
 #include "model/model.h"
 
-enum olmo_source_kind { SRC_CHECKPOINT, SRC_RUN_DIR, SRC_HF_DIR, SRC_FILE };
+enum olmo_source_kind { OLMO_SRC_CHECKPOINT, OLMO_SRC_RUN_DIR, OLMO_SRC_HF_DIR, OLMO_SRC_FILE };
 
 struct olmo_model_source {
     enum olmo_source_kind kind;
     char dir[4096];     /* checkpoint / run / HF directory */
-    char weights[4200]; /* safetensors file (not for SRC_HF_DIR) */
+    char weights[4200]; /* safetensors file (not for OLMO_SRC_HF_DIR) */
 };
 
 /* Resolves src (a checkpoint is verified: sizes and hashes) and reads its

@@ -175,7 +175,7 @@ static const struct olmo_dp_strategy DP_HSDP = {.name = "hsdp", SHARDED};
 
 static const struct olmo_dp_strategy *choose_strategy(const struct olmo_train_config *t, const struct olmo_backend *be,
                                                       int world) {
-    if (t->sharding == SHARDING_FSDP) return t->shard_degree && t->shard_degree < world ? &DP_HSDP : &DP_FSDP;
+    if (t->sharding == OLMO_SHARDING_FSDP) return t->shard_degree && t->shard_degree < world ? &DP_HSDP : &DP_FSDP;
     if (world == 1) return &DP_NONE;
     return be->host_memory ? &DP_ZERO1 : &DP_ZERO1_DEVICE;
 }
@@ -196,10 +196,10 @@ static int trainer_create(struct olmo_trainer *tr) {
                           "hold (%d)",
                           cfg->train.micro_batch, cfg->train.seq_len, micro_tokens, INT_MAX);
     tr->dp = choose_strategy(&cfg->train, tr->be, world_size(tr));
-    tr->fully_sharded = cfg->train.sharding == SHARDING_FSDP;
+    tr->fully_sharded = cfg->train.sharding == OLMO_SHARDING_FSDP;
     if (tr->dp->create_model(tr)) return -1;
     if (olmo_model_set_checkpointing(&tr->model, cfg->train.activation_checkpointing, cfg->train.block_every) ||
-        olmo_model_set_saved_all_bf16(&tr->model, cfg->train.saved_activations == SAVED_ACTS_BF16))
+        olmo_model_set_saved_all_bf16(&tr->model, cfg->train.saved_activations == OLMO_SAVED_ACTS_BF16))
         return -1;
     if (olmo_model_reserve(&tr->model, cfg->train.micro_batch, cfg->train.seq_len)) return -1;
     if (tr->dp->create_optimizer(tr)) return -1;
@@ -316,10 +316,10 @@ enum olmo_step_verdict olmo_step_check(struct olmo_trainer *tr, const struct olm
          * would make every comparison false, and NaN gradients reach the moments even on a skipped step) */
         const double v = !isfinite(res->ce_loss) ? res->ce_loss : !isfinite(res->z_loss) ? res->z_loss : res->grad_norm;
         snprintf(why, n, "the %s is %s%s", what, isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf",
-                 t->nonfinite == NONFINITE_SKIP ? " (train.nonfinite: skip)" : "");
-        return t->nonfinite == NONFINITE_SKIP ? OLMO_STEP_SKIP : OLMO_STEP_STOP;
+                 t->nonfinite == OLMO_NONFINITE_SKIP ? " (train.nonfinite: skip)" : "");
+        return t->nonfinite == OLMO_NONFINITE_SKIP ? OLMO_STEP_SKIP : OLMO_STEP_STOP;
     }
-    if (t->optimizer != OPTIM_SKIP_STEP_ADAMW) return OLMO_STEP_APPLY;
+    if (t->optimizer != OLMO_OPTIM_SKIP_STEP_ADAMW) return OLMO_STEP_APPLY;
     /* SkipStepAdamW: the step's values join the window first (skipped or not), then get_step_factor() */
     olmo_skip_window_push(&tr->opt.win, res->ce_loss, t->clip_grad_norm > 0, res->grad_norm);
     const int spikes = olmo_skip_window_spikes(&tr->opt.win, t->rolling_interval_length, t->sigma_factor);

@@ -31,30 +31,30 @@ static int run(const char *config_path, const char *weights_path, const char *to
         olmo_model_set_checkpointing(&m, cfg.train.activation_checkpointing, cfg.train.block_every) ||
         olmo_model_reserve(&m, 1, T) || olmo_weights_load(&m, weights_path))
         return -1;
-    struct st_file tf;
-    if (st_open(&tf, tokens_path)) return -1;
-    const struct st_tensor *tok = st_find(&tf, "tokens"), *tgt = st_find(&tf, "targets");
-    if (!tok || !tgt || st_numel(tok) != (size_t)T || st_numel(tgt) != (size_t)T)
+    struct olmo_st_file tf;
+    if (olmo_st_open(&tf, tokens_path)) return -1;
+    const struct olmo_st_tensor *tok = olmo_st_find(&tf, "tokens"), *tgt = olmo_st_find(&tf, "targets");
+    if (!tok || !tgt || olmo_st_numel(tok) != (size_t)T || olmo_st_numel(tgt) != (size_t)T)
         return olmo_error("'%s' needs int32 'tokens' and 'targets' of %d", tokens_path, T);
     int32_t *tokens = malloc(sizeof(int32_t) * (size_t)T), *targets = malloc(sizeof(int32_t) * (size_t)T);
     float *host = malloc(sizeof(float) * (size_t)T * D);
-    if (!tokens || !targets || !host || st_read_i32(&tf, tok, tokens) || st_read_i32(&tf, tgt, targets))
+    if (!tokens || !targets || !host || olmo_st_read_i32(&tf, tok, tokens) || olmo_st_read_i32(&tf, tgt, targets))
         return olmo_error("reading '%s'", tokens_path);
 
-    struct st_writer w = {0};
+    struct olmo_st_writer w = {0};
     int64_t shape[2] = {T, D};
     double t0 = olmo_now_seconds();
     if (olmo_model_forward(&m, tokens, false)) return -1;
     double t1 = olmo_now_seconds();
     if (be->to_host(be, host, m.x_final, sizeof(float) * (size_t)T * D) ||
-        st_writer_add(&w, "block_out", ST_F32, 2, shape, host))
+        olmo_st_writer_add(&w, "block_out", OLMO_ST_F32, 2, shape, host))
         return -1;
     double ce, z;
     double t2 = olmo_now_seconds();
     if (olmo_model_loss(&m, targets, 1.0f / (float)T, 0.0f, &ce, &z) || olmo_model_backward(&m)) return -1;
     double t3 = olmo_now_seconds();
     if (be->to_host(be, host, m.dx, sizeof(float) * (size_t)T * D) ||
-        st_writer_add(&w, "d_block_in", ST_F32, 2, shape, host))
+        olmo_st_writer_add(&w, "d_block_in", OLMO_ST_F32, 2, shape, host))
         return -1;
     printf("forward %.1f s, loss + backward %.1f s, loss %.6f\n", t1 - t0, t3 - t2, ce / T);
     const size_t len = strlen(grads);
@@ -69,14 +69,14 @@ static int run(const char *config_path, const char *weights_path, const char *to
         int64_t pshape[2] = {p->rows, p->cols};
         snprintf(key, sizeof key, "grad.%s", name);
         if (!g || be->to_host(be, g, m.grads + p->offset, sizeof(float) * p->numel) ||
-            st_writer_add(&w, key, ST_F32, p->cols == 1 ? 1 : 2, pshape, g))
+            olmo_st_writer_add(&w, key, OLMO_ST_F32, p->cols == 1 ? 1 : 2, pshape, g))
             return -1;
         free(g);
     }
     free(list);
-    int rc = st_writer_save(&w, out_path);
-    st_writer_free(&w);
-    st_close(&tf);
+    int rc = olmo_st_writer_save(&w, out_path);
+    olmo_st_writer_free(&w);
+    olmo_st_close(&tf);
     free(tokens);
     free(targets);
     free(host);

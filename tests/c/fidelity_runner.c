@@ -30,15 +30,15 @@ static int run(const char *config_path, const char *weights_path, const char *ba
         return -1;
     const size_t rows = (size_t)t->grad_accum * t->micro_batch, per_step = rows * t->seq_len;
 
-    struct st_file bf;
-    if (st_open(&bf, batch_path)) return -1;
-    const struct st_tensor *tok = st_find(&bf, "tokens");
-    if (!tok || st_numel(tok) != per_step * (size_t)steps)
+    struct olmo_st_file bf;
+    if (olmo_st_open(&bf, batch_path)) return -1;
+    const struct olmo_st_tensor *tok = olmo_st_find(&bf, "tokens");
+    if (!tok || olmo_st_numel(tok) != per_step * (size_t)steps)
         return olmo_error("'%s' needs 'tokens' of %d x %zu x %d", batch_path, steps, rows, t->seq_len);
-    int32_t *tokens = malloc(st_numel(tok) * sizeof(int32_t));
-    if (!tokens || st_read_i32(&bf, tok, tokens)) return -1;
+    int32_t *tokens = malloc(olmo_st_numel(tok) * sizeof(int32_t));
+    if (!tokens || olmo_st_read_i32(&bf, tok, tokens)) return -1;
 
-    struct st_writer w = {0};
+    struct olmo_st_writer w = {0};
     const size_t N = (size_t)t->micro_batch * t->seq_len, V = (size_t)cfg.model.vocab_size;
     /* logits of the first micro-batch at the initial weights */
     for (size_t i = 0; i < N; i++) tr.inputs[i] = tokens[i];
@@ -46,7 +46,7 @@ static int run(const char *config_path, const char *weights_path, const char *ba
     float *logits = malloc(N * V * sizeof(float));
     m->be->to_host(m->be, logits, m->logits, N * V * sizeof(float));
     int64_t lshape[3] = {t->micro_batch, t->seq_len, (int64_t)V};
-    if (st_writer_add(&w, "logits", ST_F32, 3, lshape, logits)) return -1;
+    if (olmo_st_writer_add(&w, "logits", OLMO_ST_F32, 3, lshape, logits)) return -1;
     free(logits);
 
     double *losses = malloc(sizeof(double) * 3 * (size_t)steps); /* ce, z, grad norm per step */
@@ -61,7 +61,7 @@ static int run(const char *config_path, const char *weights_path, const char *ba
                 char name[200];
                 int64_t shape[2] = {p->rows, p->cols};
                 snprintf(name, sizeof name, "grad.%s", p->name);
-                if (st_writer_add(&w, name, ST_F32, p->cols == 1 ? 1 : 2, shape, host + p->offset)) return -1;
+                if (olmo_st_writer_add(&w, name, OLMO_ST_F32, p->cols == 1 ? 1 : 2, shape, host + p->offset)) return -1;
             }
         }
         losses[3 * s] = res.ce_loss;
@@ -71,20 +71,20 @@ static int run(const char *config_path, const char *weights_path, const char *ba
     }
     const double act_bytes = (double)m->act_bytes;
     int64_t ashape[1] = {1};
-    if (st_writer_add(&w, "act_bytes", ST_F64, 1, ashape, &act_bytes)) return -1;
+    if (olmo_st_writer_add(&w, "act_bytes", OLMO_ST_F64, 1, ashape, &act_bytes)) return -1;
     int64_t sshape[2] = {steps, 3};
-    if (st_writer_add(&w, "losses", ST_F64, 2, sshape, losses)) return -1;
+    if (olmo_st_writer_add(&w, "losses", OLMO_ST_F64, 2, sshape, losses)) return -1;
     m->be->to_host(m->be, host, m->weights, m->n_floats * sizeof(float));
     for (int i = 0; i < m->n_tensors; i++) {
         const struct olmo_param *p = &m->params[i];
         char name[200];
         int64_t shape[2] = {p->rows, p->cols};
         snprintf(name, sizeof name, "final.%s", p->name);
-        if (st_writer_add(&w, name, ST_F32, p->cols == 1 ? 1 : 2, shape, host + p->offset)) return -1;
+        if (olmo_st_writer_add(&w, name, OLMO_ST_F32, p->cols == 1 ? 1 : 2, shape, host + p->offset)) return -1;
     }
-    int rc = st_writer_save(&w, out_path);
-    st_writer_free(&w);
-    st_close(&bf);
+    int rc = olmo_st_writer_save(&w, out_path);
+    olmo_st_writer_free(&w);
+    olmo_st_close(&bf);
     free(host);
     free(losses);
     free(tokens);

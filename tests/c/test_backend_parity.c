@@ -673,7 +673,7 @@ static void base_config(struct olmo_config *c) {
     c->train.clip_grad_norm = 1.0;
     c->train.lr = 3e-3;
     c->train.warmup_steps = 2;
-    c->train.schedule = SCHED_COSINE;
+    c->train.schedule = OLMO_SCHED_COSINE;
     c->train.alpha_f = 0.1;
 }
 

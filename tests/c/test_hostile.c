@@ -71,8 +71,8 @@ static void test_fifo_token_file(void) {
           "FIFO refused: %s", olmo_last_error());
     CHECK(olmo_token_file_open(&f, check_dir) && error_has(check_dir, "directory"), "directory refused: %s", olmo_last_error());
     /* the other inputs opened by name: safetensors, YAML configs, task files (read whole) */
-    struct st_file st;
-    CHECK(st_open(&st, path_of("fifo.u16")) && error_has("fifo.u16", "not a regular file"), "FIFO as safetensors: %s",
+    struct olmo_st_file st;
+    CHECK(olmo_st_open(&st, path_of("fifo.u16")) && error_has("fifo.u16", "not a regular file"), "FIFO as safetensors: %s",
           olmo_last_error());
     struct olmo_config cfg;
     olmo_config_defaults(&cfg);
@@ -257,9 +257,9 @@ static void write_st(const char *name, const char *header, size_t data) {
 
 static int st_open_fails(const char *header, size_t data, const char *message) {
     write_st("h.safetensors", header, data);
-    struct st_file f;
-    if (!st_open(&f, path_of("h.safetensors"))) {
-        st_close(&f);
+    struct olmo_st_file f;
+    if (!olmo_st_open(&f, path_of("h.safetensors"))) {
+        olmo_st_close(&f);
         printf("  accepted: %s\n", header);
         return 0;
     }
@@ -272,14 +272,14 @@ static int st_open_fails(const char *header, size_t data, const char *message) {
 
 /* The header checks, tightened to what the format says. */
 static void test_safetensors_format(void) {
-    struct st_file f;
+    struct olmo_st_file f;
     write_st("ok.safetensors",
              "{\"__metadata__\":{\"format\":\"pt\"},\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
              "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]}}   ",
              8);
-    CHECK(!st_open(&f, path_of("ok.safetensors")) && f.n_tensors == 2 && st_find(&f, "z"), "valid file: %s",
+    CHECK(!olmo_st_open(&f, path_of("ok.safetensors")) && f.n_tensors == 2 && olmo_st_find(&f, "z"), "valid file: %s",
           olmo_last_error());
-    st_close(&f);
+    olmo_st_close(&f);
     /* a zero-length entry sorting between two overlapping tensors hid the overlap */
     CHECK(st_open_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
                         "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]},"
@@ -326,18 +326,18 @@ static void test_safetensors_many_tensors(void) {
     free(h);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    struct st_file f;
-    int rc = st_open(&f, path_of("many.safetensors"));
+    struct olmo_st_file f;
+    int rc = olmo_st_open(&f, path_of("many.safetensors"));
     CHECK(!rc && f.n_tensors == N, "open: %s", olmo_last_error());
     bool found = true;
     for (int i = 0; i < N && !rc; i += 997) {
         char name[64];
         snprintf(name, sizeof name, "layer.%d.w", i);
-        const struct st_tensor *t = st_find(&f, name);
+        const struct olmo_st_tensor *t = olmo_st_find(&f, name);
         found &= t && t->begin == (size_t)4 * i;
     }
-    CHECK(found && !st_find(&f, "layer.x.w"), "names found");
-    if (!rc) st_close(&f);
+    CHECK(found && !olmo_st_find(&f, "layer.x.w"), "names found");
+    if (!rc) olmo_st_close(&f);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     printf("  parsed in %.2f s\n", s);
@@ -347,13 +347,13 @@ static void test_safetensors_many_tensors(void) {
 /* An F64 tensor was "not a float type". */
 static void test_safetensors_f64_message(void) {
     write_st("f64.safetensors", "{\"w\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[0,16]}}", 16);
-    struct st_file f;
-    CHECK(!st_open(&f, path_of("f64.safetensors")), "open: %s", olmo_last_error());
+    struct olmo_st_file f;
+    CHECK(!olmo_st_open(&f, path_of("f64.safetensors")), "open: %s", olmo_last_error());
     float out[2];
-    CHECK(st_read_f32(&f, st_find(&f, "w"), out) && error_has("is F64", "must be F32, BF16 or F16") &&
+    CHECK(olmo_st_read_f32(&f, olmo_st_find(&f, "w"), out) && error_has("is F64", "must be F32, BF16 or F16") &&
               !error_has("not a float type", NULL),
           "F64 message: %s", olmo_last_error());
-    st_close(&f);
+    olmo_st_close(&f);
 }
 
 /* ---------------------------------------------------------------- task files */
@@ -394,7 +394,7 @@ static void test_sharded_model_refused(void) {
     }
     CHECK(olmo_hf_load_weights(&m, check_dir) && error_has("sharded", "no full-size weights"), "hf load: %s",
           olmo_last_error());
-    CHECK(olmo_hf_save_weights(&m, path_of("w.safetensors"), ST_BF16) && error_has("sharded", "no full-size weights"),
+    CHECK(olmo_hf_save_weights(&m, path_of("w.safetensors"), OLMO_ST_BF16) && error_has("sharded", "no full-size weights"),
           "hf save: %s", olmo_last_error());
     CHECK(olmo_weights_save(&m, m.weights, path_of("w.safetensors")) && error_has("sharded", "no full-size weights"),
           "weights save: %s", olmo_last_error());
