@@ -70,11 +70,6 @@ int olmo_dist_allgather_f32(const struct olmo_dist *d, float *buf, const size_t 
     return 0;
 }
 
-int olmo_dist_barrier(const struct olmo_dist *d) {
-    if (d->world > 1 && MPI_Barrier(comm_of(d)) != MPI_SUCCESS) return olmo_error("MPI_Barrier failed");
-    return 0;
-}
-
 int olmo_dist_broadcast_bytes(const struct olmo_dist *d, void *buf, size_t bytes, int root) {
     if (d->world == 1) return 0;
     if (bytes > (size_t)1 << 30) return olmo_error("broadcast of %zu bytes: too large", bytes);
@@ -162,14 +157,6 @@ int olmo_dist_allgather_equal_bytes(const struct olmo_dist *d, void *buf, size_t
     return 0;
 }
 
-int olmo_dist_gather_f32(const struct olmo_dist *d, const float *mine, float *all, size_t n) {
-    if (d->world == 1) return n && all != mine ? (memcpy(all, mine, n * sizeof(float)), 0) : 0;
-    if (n > MPI_CHUNK) return olmo_error("gather of %zu floats per rank: too large", n);
-    if (MPI_Gather(mine, (int)n, MPI_FLOAT, all, (int)n, MPI_FLOAT, 0, comm_of(d)) != MPI_SUCCESS)
-        return olmo_error("MPI_Gather failed");
-    return 0;
-}
-
 int olmo_dist_reduce_scatter_f32(const struct olmo_dist *d, const float *in, float *out, size_t n) {
     if (d->world == 1) return n && out != in ? (memcpy(out, in, n * sizeof(float)), 0) : 0;
     if (n > MPI_CHUNK) return olmo_error("reduce-scatter of %zu floats per rank: too large", n);
@@ -218,18 +205,9 @@ int olmo_dist_allgather_equal_bytes(const struct olmo_dist *d, void *buf, size_t
     (void)d, (void)buf, (void)n;
     return 0;
 }
-int olmo_dist_gather_f32(const struct olmo_dist *d, const float *mine, float *all, size_t n) {
-    (void)d;
-    if (n && all != mine) memcpy(all, mine, n * sizeof(float));
-    return 0;
-}
 int olmo_dist_reduce_scatter_f32(const struct olmo_dist *d, const float *in, float *out, size_t n) {
     (void)d;
     if (n && out != in) memcpy(out, in, n * sizeof(float));
-    return 0;
-}
-int olmo_dist_barrier(const struct olmo_dist *d) {
-    (void)d;
     return 0;
 }
 int olmo_dist_broadcast_bytes(const struct olmo_dist *d, void *buf, size_t bytes, int root) {

@@ -39,12 +39,9 @@ int olmo_dist_split(const struct olmo_dist *d, int color, int key, struct olmo_d
 void olmo_dist_free_group(struct olmo_dist *sub);
 /* Every rank contributes bytes [rank * n, (rank + 1) * n) of buf; afterwards all hold all world * n. */
 int olmo_dist_allgather_equal_bytes(const struct olmo_dist *d, void *buf, size_t n);
-/* Rank 0 receives every rank's n floats `mine` in all[r * n ..] (all: world * n floats, only on rank 0). */
-int olmo_dist_gather_f32(const struct olmo_dist *d, const float *mine, float *all, size_t n);
 /* Sums world * n floats of `in` over the ranks; this rank receives the sums of
  * its block [rank * n, (rank + 1) * n) in out[0 .. n). */
 int olmo_dist_reduce_scatter_f32(const struct olmo_dist *d, const float *in, float *out, size_t n);
-int olmo_dist_barrier(const struct olmo_dist *d);
 /* Root receives every rank's n bytes (n may differ by rank, each under
  * 1 GiB): *recv (malloc'ed, root only; NULL elsewhere) holds them in rank
  * order, counts[r] (root only, world entries) their sizes. */

@@ -55,11 +55,7 @@ static void free_list(char **items, int n) {
     free(items);
 }
 
-int olmo_val_sets_open(const char *paths, int seq_len, struct olmo_val_set **sets, int *n) {
-    return olmo_val_sets_open_ex(paths, seq_len, OLMO_DTYPE_AUTO, sets, n);
-}
-
-int olmo_val_sets_open_ex(const char *paths, int seq_len, enum olmo_dtype dtype, struct olmo_val_set **sets, int *n) {
+int olmo_val_sets_open(const char *paths, int seq_len, enum olmo_dtype dtype, struct olmo_val_set **sets, int *n) {
     char **items;
     int count;
     *sets = NULL;

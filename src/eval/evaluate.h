@@ -32,11 +32,9 @@ struct olmo_val_set {
 
 /* Opens every entry of a comma-separated list (empty list: *n = 0); an entry
  * is PATH or LABEL=PATH (LABEL names the set, e.g. OLMo-core's
- * c4_en-validation; it holds no '/'). */
-int olmo_val_sets_open(const char *paths, int seq_len, struct olmo_val_set **sets, int *n);
-/* The same with raw (headerless) files read as dtype (data.dtype; OLMo-core's
- * validation files are raw). */
-int olmo_val_sets_open_ex(const char *paths, int seq_len, enum olmo_dtype dtype, struct olmo_val_set **sets, int *n);
+ * c4_en-validation; it holds no '/').  Raw (headerless) files are read as
+ * dtype (data.dtype; OLMo-core's validation files are raw). */
+int olmo_val_sets_open(const char *paths, int seq_len, enum olmo_dtype dtype, struct olmo_val_set **sets, int *n);
 void olmo_val_sets_close(struct olmo_val_set *sets, int n);
 /* Mean next-token cross-entropy over the first max_batches micro-batches of
  * the set (m is reserved as micro_batch x seq_len); labels as in training. */

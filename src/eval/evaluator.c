@@ -15,7 +15,7 @@ int olmo_evaluators_open(struct olmo_evaluators *ev, const struct olmo_eval_sour
     const int seq = cfg->train.seq_len, vocab = cfg->model.vocab_size;
     const char *val = src->val_paths ? src->val_paths : "", *tasks = src->tasks ? src->tasks : "";
     enum olmo_dtype dtype;
-    int rc = olmo_dtype_parse(cfg->data.dtype, &dtype) || olmo_val_sets_open_ex(val, seq, dtype, &ev->val, &ev->n_val);
+    int rc = olmo_dtype_parse(cfg->data.dtype, &dtype) || olmo_val_sets_open(val, seq, dtype, &ev->val, &ev->n_val);
     ev->val_documents = src->val_documents;
     for (int i = 0; !rc && src->val_documents && i < ev->n_val; i++)
         rc = olmo_val_set_documents(&ev->val[i], cfg->model.eos_token_id, seq, vocab);

@@ -132,11 +132,6 @@ int olmo_grad_norm_of(const struct olmo_model *m, double *norm) {
     return 0;
 }
 
-double olmo_grad_norm(const struct olmo_model *m) {
-    double norm;
-    return olmo_grad_norm_of(m, &norm) ? NAN : norm;
-}
-
 int olmo_clip_grads(struct olmo_model *m, double norm, double max_norm) {
     if (max_norm <= 0) return 0;
     double coef = max_norm / (norm + 1e-6);

@@ -7,7 +7,7 @@
 #include "config/config.h"
 #include "dist/dist.h"
 #include "model/model.h"
-#include "optim/schedule.h" /* olmo_lr_at: the learning-rate schedules */
+#include "optim/schedule.h" /* olmo_lr_at_batch: the learning-rate schedules */
 
 /* ZeRO-1: with several data-parallel ranks each rank keeps the Adam moments
  * of (and updates) only its contiguous shard [lo, hi) of the flat parameter
@@ -80,8 +80,6 @@ void olmo_optimizer_extra_get(const struct olmo_optimizer *opt, double *out); /*
 /* 0, or -1 (error set) when `in` is not a window of this optimizer (sizes, non-finite values). */
 int olmo_optimizer_extra_set(struct olmo_optimizer *opt, const double *in, size_t n);
 
-/* Global L2 norm of all gradients. */
-double olmo_grad_norm(const struct olmo_model *m); /* NaN, error set, when the backend fails */
 int olmo_grad_norm_of(const struct olmo_model *m, double *norm); /* 0, or -1 with the error set */
 /* torch.nn.utils.clip_grad_norm_: scales grads by max_norm / (norm + 1e-6) when that is < 1. */
 int olmo_clip_grads(struct olmo_model *m, double norm, double max_norm);

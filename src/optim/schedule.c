@@ -86,6 +86,3 @@ double olmo_lr_at_batch(const struct olmo_train_config *t, long tokens_per_step,
     return sched_lr(&s, t, step);
 }
 
-double olmo_lr_at(const struct olmo_train_config *t, long step) {
-    return olmo_lr_at_batch(t, (long)t->micro_batch * t->grad_accum * t->seq_len, step);
-}

@@ -29,7 +29,5 @@ long olmo_schedule_steps_for_tokens(long tokens, long tokens_per_step);
 /* The learning rate of optimizer step `step` (1-based) with global batches of
  * tokens_per_step tokens (micro_batch x grad_accum x ranks x seq_len). */
 double olmo_lr_at_batch(const struct olmo_train_config *t, long tokens_per_step, long step);
-/* Same on one rank. */
-double olmo_lr_at(const struct olmo_train_config *t, long step);
 
 #endif

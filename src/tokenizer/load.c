@@ -428,17 +428,11 @@ void olmo_tokenizer_free(struct olmo_tokenizer *t) {
 
 uint32_t olmo_tokenizer_vocab_size(const struct olmo_tokenizer *t) { return t->vocab_size; }
 
-size_t olmo_tokenizer_max_added_len(const struct olmo_tokenizer *t) { return t->max_added_len; }
-
 int64_t olmo_tokenizer_token_to_id(const struct olmo_tokenizer *t, const char *token) {
     size_t n = strlen(token);
     for (size_t i = 0; i < t->n_added; i++)
         if (t->added[i].len == n && !memcmp(t->added[i].content, token, n)) return t->added[i].id;
     return olmo_strmap_get(&t->by_content, token, n);
-}
-
-const char *olmo_tokenizer_id_to_token(const struct olmo_tokenizer *t, uint32_t id) {
-    return id < t->vocab_size ? t->id_token[id] : NULL;
 }
 
 bool olmo_tokenizer_is_special(const struct olmo_tokenizer *t, uint32_t id) {

@@ -61,12 +61,8 @@ uint32_t olmo_tokenizer_vocab_size(const struct olmo_tokenizer *t);
 /* Id of a token given by its content (added tokens first, then the model
  * vocabulary in its byte-level spelling, e.g. "Ġthe"); -1 when absent. */
 int64_t olmo_tokenizer_token_to_id(const struct olmo_tokenizer *t, const char *token);
-/* Content of a token id (added-token content or vocabulary spelling); NULL when unknown. */
-const char *olmo_tokenizer_id_to_token(const struct olmo_tokenizer *t, uint32_t id);
 /* Whether id is an added token marked "special". */
 bool olmo_tokenizer_is_special(const struct olmo_tokenizer *t, uint32_t id);
-/* Longest added-token content in bytes (0 when there are none). */
-size_t olmo_tokenizer_max_added_len(const struct olmo_tokenizer *t);
 
 struct olmo_encoder *olmo_encoder_new(const struct olmo_tokenizer *t);
 void olmo_encoder_free(struct olmo_encoder *e);

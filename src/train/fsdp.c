@@ -384,41 +384,6 @@ int olmo_fsdp_step(struct olmo_fsdp *fs, struct olmo_optimizer *opt, const struc
 
 int olmo_fsdp_master_updated(struct olmo_fsdp *fs) { return weights_changed(fs); }
 
-int olmo_fsdp_set_weights(struct olmo_fsdp *fs, const float *host) {
-    const struct olmo_backend *be = fs->m->be;
-    TRY(weights_changed(fs));
-    for (int u = 0; u < fs->n_units; u++) {
-        const struct olmo_fsdp_unit *un = &fs->units[u];
-        if (un->my_len)
-            TRY(be->to_device(be, fs->master + un->local, host + un->start + un->my_lo, un->my_len * sizeof(float)));
-    }
-    return 0;
-}
-
-int olmo_fsdp_get_weights(const struct olmo_fsdp *fs, float *host) {
-    const struct olmo_backend *be = fs->m->be;
-    if (fs->replica_group.rank != 0) return 0; /* the first shard group's copy is the one (HSDP) */
-    const bool root = fs->shard_group.rank == 0;
-    if (root && !host) return olmo_error("olmo_fsdp_get_weights: rank 0 needs a buffer");
-    size_t max_shard = 0;
-    for (int u = 0; u < fs->n_units; u++)
-        if (fs->units[u].shard > max_shard) max_shard = fs->units[u].shard;
-    /* one unit at a time: no rank but the first holds more than a unit */
-    float *stage = olmo_malloc(max_shard * sizeof(float), "weight gather");
-    float *all = root ? olmo_malloc(max_shard * (size_t)fs->shard_group.world * sizeof(float), "weight gather") : NULL;
-    int rc = !stage || (root && !all) ? -1 : 0;
-    for (int u = 0; u < fs->n_units && !rc; u++) {
-        const struct olmo_fsdp_unit *un = &fs->units[u];
-        memset(stage, 0, un->shard * sizeof(float));
-        if (un->my_len) rc = be->to_host(be, stage, fs->master + un->local, un->my_len * sizeof(float));
-        if (!rc) rc = olmo_dist_gather_f32(&fs->shard_group, stage, all, un->shard);
-        if (!rc && root) memcpy(host + un->start, all, un->len * sizeof(float));
-    }
-    free(stage);
-    free(all);
-    return rc;
-}
-
 /* This rank's pieces of one freshly initialised tensor. */
 static int put_tensor(void *ctx, const struct olmo_param *p, const float *w) {
     struct olmo_fsdp *fs = ctx;

@@ -107,12 +107,7 @@ int olmo_fsdp_clip(struct olmo_fsdp *fs, double norm, double max_norm);
 int olmo_fsdp_step(struct olmo_fsdp *fs, struct olmo_optimizer *opt, const struct olmo_train_config *t, double lr);
 /* The master shard was written from outside (a checkpoint): the gathered root and blocks are stale. */
 int olmo_fsdp_master_updated(struct olmo_fsdp *fs);
-/* This rank's pieces from full-size host weights (every rank passes the same). */
-int olmo_fsdp_set_weights(struct olmo_fsdp *fs, const float *host);
 /* OLMo-core's initialisation (olmo_model_init_weights), a tensor at a time: no full-size copy. */
 int olmo_fsdp_init_weights(struct olmo_fsdp *fs, uint64_t seed);
-/* Collective: full-size host weights assembled from the shards on rank 0 (host may be NULL elsewhere);
- * the other ranks hold one unit's shard at a time. */
-int olmo_fsdp_get_weights(const struct olmo_fsdp *fs, float *host);
 
 #endif

@@ -93,15 +93,6 @@ static int zero1_weights_updated(struct olmo_trainer *tr) { return share_shards(
 
 static int device_weights_updated(struct olmo_trainer *tr) { return share_shards(tr, true); }
 
-static int replicated_get_weights(const struct olmo_trainer *tr, float *host) {
-    return tr->model.be->to_host(tr->model.be, host, tr->model.weights, tr->model.n_floats * sizeof(float));
-}
-
-static int replicated_set_weights(struct olmo_trainer *tr, const float *host) {
-    struct olmo_model *m = &tr->model;
-    return m->be->to_device(m->be, m->weights, host, m->n_floats * sizeof(float)) ? -1 : olmo_model_sync_weights(m);
-}
-
 static int replicated_init_weights(struct olmo_trainer *tr, uint64_t seed) {
     return olmo_model_init_weights(&tr->model, seed);
 }
@@ -143,26 +134,18 @@ static int fsdp_clip_step(struct olmo_trainer *tr, double norm, double lr) {
 
 static int fsdp_weights_updated(struct olmo_trainer *tr) { return olmo_fsdp_master_updated(&tr->fsdp); }
 
-static int fsdp_get_weights(const struct olmo_trainer *tr, float *host) {
-    return olmo_fsdp_get_weights(&tr->fsdp, host);
-}
-
-static int fsdp_set_weights(struct olmo_trainer *tr, const float *host) {
-    return olmo_fsdp_set_weights(&tr->fsdp, host);
-}
-
 static int fsdp_init_weights(struct olmo_trainer *tr, uint64_t seed) { return olmo_fsdp_init_weights(&tr->fsdp, seed); }
 
 #define REPLICATED(create, destroy_, sync, updated)                                                                  \
     .create_model = create, .create_optimizer = replicated_create_optimizer, .destroy = destroy_,                    \
     .zero_grads = replicated_zero_grads, .sync_grads = sync, .grad_norm = replicated_grad_norm,                      \
-    .clip_step = replicated_clip_step, .weights_updated = updated, .get_weights = replicated_get_weights,             \
-    .set_weights = replicated_set_weights, .init_weights = replicated_init_weights
+    .clip_step = replicated_clip_step, .weights_updated = updated,\
+    .init_weights = replicated_init_weights
 #define SHARDED                                                                                                       \
     .create_model = fsdp_create_model, .create_optimizer = fsdp_create_optimizer, .destroy = fsdp_destroy,           \
     .zero_grads = fsdp_zero_grads, .sync_grads = fsdp_sync_grads, .grad_norm = fsdp_grad_norm,                      \
-    .clip_step = fsdp_clip_step, .weights_updated = fsdp_weights_updated, .get_weights = fsdp_get_weights,          \
-    .set_weights = fsdp_set_weights, .init_weights = fsdp_init_weights
+    .clip_step = fsdp_clip_step, .weights_updated = fsdp_weights_updated,\
+    .init_weights = fsdp_init_weights
 
 static const struct olmo_dp_strategy DP_NONE = {
     .name = "none", REPLICATED(replicated_create_model, replicated_destroy, none_sync_grads, none_weights_updated)};
@@ -284,10 +267,6 @@ int olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res) {
 
 int olmo_trainer_master_updated(struct olmo_trainer *tr) { return tr->dp->weights_updated(tr); }
 
-int olmo_trainer_get_weights(const struct olmo_trainer *tr, float *host) { return tr->dp->get_weights(tr, host); }
-
-int olmo_trainer_set_weights(struct olmo_trainer *tr, const float *host) { return tr->dp->set_weights(tr, host); }
-
 int olmo_trainer_init_weights(struct olmo_trainer *tr, uint64_t seed) { return tr->dp->init_weights(tr, seed); }
 
 double olmo_trainer_next_lr(const struct olmo_trainer *tr) {
@@ -342,18 +321,3 @@ int olmo_trainer_step(struct olmo_trainer *tr, const int32_t *instances, struct 
     return olmo_error("%s (train.nonfinite: stop)", why);
 }
 
-int olmo_trainer_eval(struct olmo_trainer *tr, const int32_t *instances, int n_rows, double *ce_loss) {
-    const int micro = tr->cfg.train.micro_batch, T = tr->cfg.train.seq_len;
-    if (n_rows % micro) return olmo_error("eval rows (%d) must be a multiple of train.micro_batch (%d)", n_rows, micro);
-    double ce = 0.0;
-    long labels = 0;
-    for (int r = 0; r < n_rows; r += micro) {
-        labels += stage_micro_batch(tr, instances + (size_t)r * T, micro);
-        if (olmo_model_forward(&tr->model, tr->inputs, tr->cfg.train.intra_doc_masking)) return -1;
-        double ce_sum, z_sum;
-        if (olmo_model_loss(&tr->model, tr->targets, 0.0f, 0.0f, &ce_sum, &z_sum)) return -1;
-        ce += ce_sum;
-    }
-    *ce_loss = ce / (double)labels;
-    return 0;
-}

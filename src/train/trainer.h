@@ -38,8 +38,6 @@ struct olmo_dp_strategy {
     int (*clip_step)(struct olmo_trainer *tr, double norm, double lr);
     /* Collective: the master weights were written from outside (olmo_trainer_master_updated). */
     int (*weights_updated)(struct olmo_trainer *tr);
-    int (*get_weights)(const struct olmo_trainer *tr, float *host);
-    int (*set_weights)(struct olmo_trainer *tr, const float *host);
     int (*init_weights)(struct olmo_trainer *tr, uint64_t seed);
 };
 
@@ -84,11 +82,6 @@ int olmo_trainer_init(struct olmo_trainer *tr, const struct olmo_config *cfg, co
  * train.shard_degree ranks (HSDP).  dist must outlive the trainer. */
 int olmo_trainer_init_dist(struct olmo_trainer *tr, const struct olmo_config *cfg, const struct olmo_backend *be,
                            const struct olmo_dist *dist);
-/* Full-size host weights (model.n_floats floats).  Under fsdp a collective that fills host on rank 0
- * only (NULL allowed elsewhere); otherwise any rank, no communication. */
-int olmo_trainer_get_weights(const struct olmo_trainer *tr, float *host);
-/* Sets the weights (every rank passes the same full-size host weights). */
-int olmo_trainer_set_weights(struct olmo_trainer *tr, const float *host);
 /* Collective, after every rank wrote its shard of the master weights (olmo_optimizer_master, e.g. a
  * sharded checkpoint load): ZeRO-1 all-gathers the shards into model.weights and refreshes the compute
  * copy; fsdp drops what it had gathered. */
@@ -123,7 +116,5 @@ int olmo_trainer_update(struct olmo_trainer *tr, struct olmo_step_result *res);
 /* ... or no update at all (weights, optimizer state and opt.step unchanged);
  * fills res->lr with the LR the step would have had and sets res->skipped. */
 void olmo_trainer_skip(struct olmo_trainer *tr, struct olmo_step_result *res);
-/* Loss only (no update): mean CE over instances (n_rows rows of seq_len). */
-int olmo_trainer_eval(struct olmo_trainer *tr, const int32_t *instances, int n_rows, double *ce_loss);
 
 #endif
