@@ -88,6 +88,34 @@ static inline cudaStream_t olmo_cuda_current_stream(const struct olmo_backend *b
 }
 void *olmo_cuda_scratch(OLMO_BE, enum olmo_cuda_scratch_slot slot, size_t bytes);
 
+/* Threads per block of the elementwise kernels, and their grid (grid-stride loops cover the rest). */
+#define EW_THREADS 256
+static inline unsigned olmo_cuda_ew_blocks(size_t n) {
+    size_t blocks = (n + EW_THREADS - 1) / EW_THREADS;
+    if (blocks > (1u << 20)) blocks = 1u << 20;
+    return blocks ? (unsigned)blocks : 1u;
+}
+
+/* cuda_ops.cu: the ops of backend.h but memory, GEMM and attention */
+int olmo_cuda_embedding_fwd(OLMO_BE, float *out, const float *table, const int32_t *tokens, int n, int dim);
+int olmo_cuda_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int32_t *tokens, int n, int dim);
+int olmo_cuda_rmsnorm_fwd(OLMO_BE, float *y, float *rstd, const float *x, const float *w, int n, int dim, float eps);
+int olmo_cuda_rmsnorm_bwd(OLMO_BE, float *dx, float *dw, const float *dy, const float *x, const float *w,
+                          const float *rstd, int n, int dim);
+int olmo_cuda_rope_fwd(OLMO_BE, float *x, const float *cos_t, const float *sin_t, int n_rows, int seq_len, int heads,
+                       int head_dim);
+int olmo_cuda_rope_bwd(OLMO_BE, float *dx, const float *cos_t, const float *sin_t, int n_rows, int seq_len, int heads,
+                       int head_dim);
+int olmo_cuda_swiglu_fwd(OLMO_BE, float *out, const float *g, const float *u, size_t n);
+int olmo_cuda_swiglu_bwd(OLMO_BE, float *dg, float *du, const float *ds, const float *g, const float *u, size_t n);
+int olmo_cuda_add(OLMO_BE, float *y, const float *a, const float *b, size_t n);
+int olmo_cuda_scale(OLMO_BE, float *x, size_t n, float s);
+int olmo_cuda_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
+                            float z_mult, double *ce_sum, double *z_sum);
+int olmo_cuda_sum_squares(OLMO_BE, const float *x, size_t n, double *result);
+int olmo_cuda_adamw(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr, float beta1,
+                    float beta2, float eps, double weight_decay, long step);
+
 /* ---- attention: shared by cuda_attention.cu and cuda_attention_tc.cu ---- */
 
 #define OLMO_ATT_TILE 64 /* queries and keys per tile in both implementations */
