@@ -36,32 +36,45 @@ static struct {
     char why_unusable[256];
 } g_cuda;
 
+/* what up to its first '(': the called function's name, without its arguments */
+int olmo_cuda_failed(const char *what, const char *file, int line, const char *detail) {
+    return olmo_error("CUDA backend: %.*s failed at %s:%d: %s", (int)strcspn(what, "("), what, file, line, detail);
+}
+
 void olmo_cuda_fatal(const char *what, const char *file, int line, const char *detail) {
-    fprintf(stderr, "olmoc: CUDA backend: %s failed at %s:%d: %s\n", what, file, line, detail);
+    fprintf(stderr, "olmoc: CUDA backend: %.*s failed at %s:%d: %s\n", (int)strcspn(what, "("), what, file, line,
+            detail);
     abort();
 }
 
-void olmo_cuda_check_launch(const char *kernel, const char *file, int line) {
+int olmo_cuda_check_launch(const char *kernel, const char *file, int line) {
     cudaError_t err = cudaGetLastError();
     if (err == cudaSuccess && g_cuda.sync_each_launch) err = cudaDeviceSynchronize();
-    if (err != cudaSuccess) olmo_cuda_fatal(kernel, file, line, cudaGetErrorString(err));
+    if (err != cudaSuccess) return olmo_cuda_failed(kernel, file, line, cudaGetErrorString(err));
+    return 0;
 }
-
-#define BLAS_CHECK(call)                                                                             \
-    do {                                                                                             \
-        cublasStatus_t st_ = (call);                                                                 \
-        if (st_ != CUBLAS_STATUS_SUCCESS) olmo_cuda_fatal(#call, __FILE__, __LINE__, cublasGetStatusString(st_)); \
-    } while (0)
 
 void *olmo_cuda_scratch(OLMO_BE, enum olmo_cuda_scratch_slot slot, size_t bytes) {
     struct olmo_cuda_state *st = CUDA_STATE(be);
     if (bytes > st->scratch_bytes[slot]) {
         /* cudaFree synchronises with the device, so pending kernels are done with the old buffer. */
-        if (st->scratch[slot]) OLMO_CUDA_CHECK(cudaFree(st->scratch[slot]));
+        cudaError_t err = st->scratch[slot] ? cudaFree(st->scratch[slot]) : cudaSuccess;
         st->scratch[slot] = NULL;
-        size_t want = bytes + bytes / 4;
-        OLMO_CUDA_CHECK(cudaMalloc(&st->scratch[slot], want));
-        olmo_memcount_scratch(&st->mem, st->scratch_bytes[slot], want);
+        olmo_memcount_scratch(&st->mem, st->scratch_bytes[slot], 0);
+        st->scratch_bytes[slot] = 0;
+        if (err != cudaSuccess) {
+            olmo_cuda_failed("cudaFree of scratch", __FILE__, __LINE__, cudaGetErrorString(err));
+            return NULL;
+        }
+        const size_t want = bytes + bytes / 4;
+        if ((err = cudaMalloc(&st->scratch[slot], want)) != cudaSuccess) {
+            cudaGetLastError(); /* allocation failures are not sticky; clear them */
+            st->scratch[slot] = NULL;
+            olmo_error("CUDA backend: cannot allocate %zu bytes of scratch device memory (%s)", want,
+                       cudaGetErrorString(err));
+            return NULL;
+        }
+        olmo_memcount_scratch(&st->mem, 0, want);
         st->scratch_bytes[slot] = want;
     }
     return st->scratch[slot];
@@ -83,13 +96,21 @@ static void *cu_alloc(OLMO_BE, size_t bytes) {
         cudaFree(p);
         return NULL;
     }
-    OLMO_CUDA_CHECK(cudaMemset(p, 0, rounded));
+    if ((err = cudaMemset(p, 0, rounded)) != cudaSuccess) {
+        olmo_memcount_remove(&CUDA_STATE(be)->mem, p);
+        cudaFree(p);
+        olmo_cuda_failed("cudaMemset of a new buffer", __FILE__, __LINE__, cudaGetErrorString(err));
+        return NULL;
+    }
     return p;
 }
 
+/* The one abort left: free has no status (backend.h: void free), and a cudaFree that fails means the
+ * pointer or the device is broken, so nothing after it could be trusted. */
 static void cu_free(OLMO_BE, void *p) {
     olmo_memcount_remove(&CUDA_STATE(be)->mem, p);
-    if (p) OLMO_CUDA_CHECK(cudaFree(p));
+    cudaError_t err = p ? cudaFree(p) : cudaSuccess;
+    if (err != cudaSuccess) olmo_cuda_fatal("cudaFree", __FILE__, __LINE__, cudaGetErrorString(err));
 }
 
 static void cu_mem_stats(OLMO_BE, struct olmo_mem_stats *out) {
@@ -102,40 +123,52 @@ static void cu_mem_stats(OLMO_BE, struct olmo_mem_stats *out) {
 
 static int cu_to_device(OLMO_BE, void *dst, const void *src, size_t bytes) {
     (void)be;
-    if (bytes) OLMO_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    if (bytes) OLMO_CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
     return 0;
 }
 
 static int cu_to_host(OLMO_BE, void *dst, const void *src, size_t bytes) {
     (void)be;
-    if (bytes) OLMO_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    if (bytes) OLMO_CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
     return 0;
 }
 
 static int cu_zero(OLMO_BE, void *p, size_t bytes) {
-    if (bytes) OLMO_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, olmo_cuda_current_stream(be)));
+    if (bytes) OLMO_CUDA_TRY(cudaMemsetAsync(p, 0, bytes, olmo_cuda_current_stream(be)));
     return 0;
 }
 
 static int cu_copy(OLMO_BE, void *dst, const void *src, size_t bytes) {
     if (bytes && dst != src)
-        OLMO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, olmo_cuda_current_stream(be)));
+        OLMO_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, olmo_cuda_current_stream(be)));
     return 0;
 }
 
 /* ---- the side stream ---- */
 
+/* The stream and its three events, all or none (st->side stays NULL on failure). */
+static int side_create(struct olmo_cuda_state *st) {
+    cudaStream_t side = NULL;
+    cudaEvent_t ev[3] = {NULL, NULL, NULL};
+    /* non-blocking: no implicit ordering against the legacy default stream, only the events */
+    cudaError_t err = cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+    for (int i = 0; i < 3 && err == cudaSuccess; i++) err = cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming);
+    if (err != cudaSuccess) {
+        for (int i = 0; i < 3; i++)
+            if (ev[i]) cudaEventDestroy(ev[i]);
+        if (side) cudaStreamDestroy(side);
+        return olmo_cuda_failed("creating the side stream", __FILE__, __LINE__, cudaGetErrorString(err));
+    }
+    st->side = side, st->main_mark = ev[0], st->side_mark[0] = ev[1], st->side_mark[1] = ev[2];
+    return 0;
+}
+
 static int cu_side_begin(OLMO_BE) {
     struct olmo_cuda_state *st = CUDA_STATE(be);
     if (st->on_side) return olmo_error("CUDA backend: side_begin twice without side_end");
-    if (!st->side) {
-        /* non-blocking: no implicit ordering against the legacy default stream, only the events below */
-        OLMO_CUDA_CHECK(cudaStreamCreateWithFlags(&st->side, cudaStreamNonBlocking));
-        OLMO_CUDA_CHECK(cudaEventCreateWithFlags(&st->main_mark, cudaEventDisableTiming));
-        for (int i = 0; i < 2; i++) OLMO_CUDA_CHECK(cudaEventCreateWithFlags(&st->side_mark[i], cudaEventDisableTiming));
-    }
-    OLMO_CUDA_CHECK(cudaEventRecord(st->main_mark, 0));
-    OLMO_CUDA_CHECK(cudaStreamWaitEvent(st->side, st->main_mark, 0));
+    if (!st->side && side_create(st)) return -1;
+    OLMO_CUDA_TRY(cudaEventRecord(st->main_mark, 0));
+    OLMO_CUDA_TRY(cudaStreamWaitEvent(st->side, st->main_mark, 0));
     st->on_side = true;
     return 0;
 }
@@ -146,10 +179,10 @@ static int cu_side_end(OLMO_BE, int slot) {
     st->on_side = false; /* back on the default stream, whatever follows */
     if (slot < 0 || slot > 1) {
         /* nothing can wait for the side work now: finish it here */
-        OLMO_CUDA_CHECK(cudaStreamSynchronize(st->side));
+        OLMO_CUDA_TRY(cudaStreamSynchronize(st->side));
         return olmo_error("CUDA backend: side_end(%d): the slots are 0 and 1", slot);
     }
-    OLMO_CUDA_CHECK(cudaEventRecord(st->side_mark[slot], st->side));
+    OLMO_CUDA_TRY(cudaEventRecord(st->side_mark[slot], st->side));
     return 0;
 }
 
@@ -157,13 +190,13 @@ static int cu_side_wait(OLMO_BE, int slot) {
     struct olmo_cuda_state *st = CUDA_STATE(be);
     if (st->on_side || slot < 0 || slot > 1 || !st->side)
         return olmo_error("CUDA backend: side_wait(%d) on the side stream or before any side work", slot);
-    OLMO_CUDA_CHECK(cudaStreamWaitEvent(0, st->side_mark[slot], 0));
+    OLMO_CUDA_TRY(cudaStreamWaitEvent(0, st->side_mark[slot], 0));
     return 0;
 }
 
 static int cu_synchronize(OLMO_BE) {
     (void)be;
-    OLMO_CUDA_CHECK(cudaDeviceSynchronize());
+    OLMO_CUDA_TRY(cudaDeviceSynchronize());
     return 0;
 }
 
@@ -184,7 +217,7 @@ static int cu_convert(OLMO_BE, void *dst, enum olmo_float_type dst_type, const v
     if (!n) return 0;
     const cudaStream_t stream = olmo_cuda_current_stream(be);
     if (dst_type == src_type) {
-        OLMO_CUDA_CHECK(
+        OLMO_CUDA_TRY(
             cudaMemcpyAsync(dst, src, n * olmo_float_type_size(dst_type), cudaMemcpyDeviceToDevice, stream));
     } else if (dst_type == OLMO_BF16) {
         OLMO_LAUNCH_ON(stream, f32_to_bf16_kernel, olmo_cuda_ew_blocks(n), EW_THREADS, 0, (__nv_bfloat16 *)dst,
@@ -203,28 +236,27 @@ static size_t operand_span(int rows, int cols, int ld) {
     return rows > 0 && cols > 0 ? (size_t)(rows - 1) * ld + cols : 0;
 }
 
-/* An fp32 operand as it is, a bf16 one widened into scratch (same leading dimension). */
+/* An fp32 operand as it is, a bf16 one widened into scratch (same leading dimension); NULL: the error is set. */
 static const float *f32_operand(OLMO_BE, enum olmo_cuda_scratch_slot slot, const void *src, enum olmo_float_type type,
                                 int rows, int cols, int ld) {
     if (type == OLMO_F32) return (const float *)src;
     const size_t n = operand_span(rows, cols, ld);
     float *dst = (float *)olmo_cuda_scratch(be, slot, (n ? n : 1) * sizeof(float));
-    cu_convert(be, dst, OLMO_F32, src, OLMO_BF16, n);
-    return dst;
+    return dst && !cu_convert(be, dst, OLMO_F32, src, OLMO_BF16, n) ? dst : NULL;
 }
 
 /* A row-major operand stored as rows x cols with leading dimension ld, as a
  * bf16 copy with the same leading dimension (only the elements cuBLAS reads);
- * a bf16 operand (a compute copy of the weights) as it is. */
+ * a bf16 operand (a compute copy of the weights) as it is; NULL: the error is set. */
 static const __nv_bfloat16 *bf16_operand(OLMO_BE, enum olmo_cuda_scratch_slot slot, const void *src_any,
                                          enum olmo_float_type type, int rows, int cols, int ld) {
     if (type == OLMO_BF16) return (const __nv_bfloat16 *)src_any;
     const float *src = (const float *)src_any;
     size_t n = rows > 0 && cols > 0 ? (size_t)(rows - 1) * ld + cols : 0;
     __nv_bfloat16 *dst = (__nv_bfloat16 *)olmo_cuda_scratch(be, slot, (n ? n : 1) * sizeof(__nv_bfloat16));
-    if (n) {
+    if (dst && n) {
         OLMO_LAUNCH(f32_to_bf16_kernel, olmo_cuda_ew_blocks(n), EW_THREADS, 0, dst, src, n);
-        OLMO_CUDA_LAUNCHED("f32_to_bf16_kernel");
+        if (olmo_cuda_check_launch("f32_to_bf16_kernel", __FILE__, __LINE__)) return NULL;
     }
     return dst;
 }
@@ -232,10 +264,10 @@ static const __nv_bfloat16 *bf16_operand(OLMO_BE, enum olmo_cuda_scratch_slot sl
 /* Row-major C = alpha op(A) op(B) + beta C through column-major cuBLAS: a
  * row-major matrix is its transpose in column-major, so compute
  * C^T = op(B)^T op(A)^T, i.e. swap the operands and m/n, keep the op flags. */
-static void cu_gemm_impl(OLMO_BE, enum olmo_cuda_gemm_precision precision, bool ta, bool tb, int m, int n, int k,
-                         float alpha, const void *a_any, enum olmo_float_type a_type, int lda, const void *b_any,
-                         enum olmo_float_type b_type, int ldb, float beta, float *c, int ldc) {
-    if (m <= 0 || n <= 0) return;
+static int cu_gemm_impl(OLMO_BE, enum olmo_cuda_gemm_precision precision, bool ta, bool tb, int m, int n, int k,
+                        float alpha, const void *a_any, enum olmo_float_type a_type, int lda, const void *b_any,
+                        enum olmo_float_type b_type, int ldb, float beta, float *c, int ldc) {
+    if (m <= 0 || n <= 0) return 0;
     /* fp32 operands for every variant but cuda-bf16 (bf16 ones widened, exactly) */
     const float *a = precision == OLMO_CUDA_BF16
                          ? NULL
@@ -243,36 +275,40 @@ static void cu_gemm_impl(OLMO_BE, enum olmo_cuda_gemm_precision precision, bool 
     const float *b = precision == OLMO_CUDA_BF16
                          ? NULL
                          : f32_operand(be, SCRATCH_GEMM_B, b_any, b_type, tb ? n : k, tb ? k : n, ldb);
+    if (precision != OLMO_CUDA_BF16 && ((a_type != OLMO_F32 && !a) || (b_type != OLMO_F32 && !b))) return -1;
     const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasHandle_t blas = CUDA_STATE(be)->blas;
     switch (precision) {
     case OLMO_CUDA_FP32:
-        BLAS_CHECK(cublasSgemm(CUDA_STATE(be)->blas, op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, ldc));
+        OLMO_BLAS_TRY(cublasSgemm(blas, op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, ldc));
         break;
     case OLMO_CUDA_TF32:
-        BLAS_CHECK(cublasGemmEx(CUDA_STATE(be)->blas, op_b, op_a, n, m, k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda,
-                                &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+        OLMO_BLAS_TRY(cublasGemmEx(blas, op_b, op_a, n, m, k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda, &beta, c,
+                                   CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
         break;
     case OLMO_CUDA_BF16: {
         /* Stored shapes: A is (ta ? k x m : m x k), B is (tb ? n x k : k x n). */
         const __nv_bfloat16 *a16 = bf16_operand(be, SCRATCH_GEMM_A, a_any, a_type, ta ? k : m, ta ? m : k, lda);
         const __nv_bfloat16 *b16 = bf16_operand(be, SCRATCH_GEMM_B, b_any, b_type, tb ? n : k, tb ? k : n, ldb);
-        BLAS_CHECK(cublasGemmEx(CUDA_STATE(be)->blas, op_b, op_a, n, m, k, &alpha, b16, CUDA_R_16BF, ldb, a16, CUDA_R_16BF,
-                                lda, &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        if ((a_type != OLMO_BF16 && !a16) || (b_type != OLMO_BF16 && !b16)) return -1;
+        OLMO_BLAS_TRY(cublasGemmEx(blas, op_b, op_a, n, m, k, &alpha, b16, CUDA_R_16BF, ldb, a16, CUDA_R_16BF, lda,
+                                   &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         break;
     }
     case OLMO_CUDA_BF16_CUBLAS:
-        BLAS_CHECK(cublasGemmEx(CUDA_STATE(be)->blas, op_b, op_a, n, m, k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda,
-                                &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
+        OLMO_BLAS_TRY(cublasGemmEx(blas, op_b, op_a, n, m, k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda, &beta, c,
+                                   CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
         break;
     }
-    if (g_cuda.sync_each_launch) OLMO_CUDA_CHECK(cudaDeviceSynchronize());
+    if (g_cuda.sync_each_launch) OLMO_CUDA_TRY(cudaDeviceSynchronize());
+    return 0;
 }
 
 /* The instance's precision (CUDA_STATE(be)->precision) picks the cuBLAS call. */
 static int cu_gemm(OLMO_BE, bool ta, bool tb, int m, int n, int k, float alpha, const void *a, enum olmo_float_type a_type,
                    int lda, const void *b, enum olmo_float_type b_type, int ldb, float beta, float *c, int ldc) {
-    cu_gemm_impl(be, CUDA_STATE(be)->precision, ta, tb, m, n, k, alpha, a, a_type, lda, b, b_type, ldb, beta, c, ldc);
-    return 0;
+    return cu_gemm_impl(be, CUDA_STATE(be)->precision, ta, tb, m, n, k, alpha, a, a_type, lda, b, b_type, ldb, beta, c,
+                        ldc);
 }
 
 /* --------------------------------------------------------------- backends */
@@ -359,7 +395,11 @@ extern "C" struct olmo_backend *olmo_backend_cuda_create(enum olmo_cuda_gemm_pre
         return NULL;
     }
     /* Plain fp32 SGEMM (no TF32) unless a variant asks for it per call. */
-    BLAS_CHECK(cublasSetMathMode(st->blas, CUBLAS_DEFAULT_MATH));
+    if ((bst = cublasSetMathMode(st->blas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS) {
+        olmo_error("CUDA backend: cublasSetMathMode failed (%s)", cublasGetStatusString(bst));
+        olmo_backend_destroy(be);
+        return NULL;
+    }
     const bool bf16 = precision == OLMO_CUDA_BF16 || precision == OLMO_CUDA_BF16_CUBLAS;
     be->name = variant_names[precision];
     be->alloc = cu_alloc;

@@ -86,41 +86,55 @@ static __global__ void embedding_bwd_kernel(float *dtable, const float *dout, co
 
 int olmo_cuda_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int32_t *tokens, int n, int dim) {
     if (n <= 0 || dim <= 0) return 0;
-    int32_t *tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
-    if (!tok) olmo_cuda_fatal("malloc", __FILE__, __LINE__, "out of host memory (embedding backward)");
-    OLMO_CUDA_CHECK(cudaMemcpy(tok, tokens, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost));
-    int32_t max_tok = -1;
-    for (int i = 0; i < n; i++)
-        if (tok[i] > max_tok) max_tok = tok[i];
-    if (max_tok < 0) { /* negative ids are skipped (the model never passes them) */
-        free(tok);
-        return 0;
-    }
-    /* Stable counting sort of positions by id: start[v] = first slot of id v. */
-    int32_t *start = (int32_t *)calloc((size_t)max_tok + 2, sizeof(int32_t));
-    int32_t *packed = (int32_t *)malloc(sizeof(int32_t) * (3 * (size_t)n + 1));
-    if (!start || !packed) olmo_cuda_fatal("malloc", __FILE__, __LINE__, "out of host memory (embedding backward)");
-    for (int i = 0; i < n; i++)
-        if (tok[i] >= 0) start[tok[i] + 1]++;
-    for (int32_t v = 0; v <= max_tok; v++) start[v + 1] += start[v];
-    const int n_valid = start[max_tok + 1];
-    int32_t *order = packed;
-    for (int i = 0; i < n; i++)
-        if (tok[i] >= 0) order[start[tok[i]]++] = i;
-    /* Segments of equal ids; packed layout: order[n_valid], seg_begin[n_seg+1], seg_token[n_seg]. */
-    int32_t *seg_begin = packed + n_valid;
-    int n_seg = 0;
-    for (int p = 0; p < n_valid; p++)
-        if (p == 0 || tok[order[p]] != tok[order[p - 1]]) seg_begin[n_seg++] = p;
-    seg_begin[n_seg] = n_valid;
-    int32_t *seg_token = seg_begin + n_seg + 1;
-    for (int s = 0; s < n_seg; s++) seg_token[s] = tok[order[seg_begin[s]]];
-    const size_t packed_n = (size_t)n_valid + 2 * (size_t)n_seg + 1;
-    int32_t *dev = (int32_t *)olmo_cuda_scratch(be, SCRATCH_EMBED_INDEX, packed_n * sizeof(int32_t));
-    OLMO_CUDA_CHECK(cudaMemcpy(dev, packed, packed_n * sizeof(int32_t), cudaMemcpyHostToDevice));
+    int32_t *tok = (int32_t *)olmo_malloc(sizeof(int32_t) * (size_t)n, "CUDA embedding backward: token ids");
+    int32_t *start = NULL, *packed = NULL, *dev = NULL;
+    int rc = -1, n_valid = 0, n_seg = 0;
+    do { /* the host's part, with one exit that frees its buffers */
+        if (!tok) break;
+        cudaError_t err = cudaMemcpy(tok, tokens, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost);
+        if (err != cudaSuccess) {
+            olmo_cuda_failed("cudaMemcpy of the token ids to the host", __FILE__, __LINE__, cudaGetErrorString(err));
+            break;
+        }
+        int32_t max_tok = -1;
+        for (int i = 0; i < n; i++)
+            if (tok[i] > max_tok) max_tok = tok[i];
+        if (max_tok < 0) { /* negative ids are skipped (the model never passes them): nothing to add */
+            rc = 0;
+            break;
+        }
+        /* Stable counting sort of positions by id: start[v] = first slot of id v. */
+        start = (int32_t *)olmo_calloc((size_t)max_tok + 2, sizeof(int32_t), "CUDA embedding backward: id counts");
+        packed = start ? (int32_t *)olmo_malloc(sizeof(int32_t) * (3 * (size_t)n + 1), "CUDA embedding backward: order")
+                       : NULL;
+        if (!packed) break;
+        for (int i = 0; i < n; i++)
+            if (tok[i] >= 0) start[tok[i] + 1]++;
+        for (int32_t v = 0; v <= max_tok; v++) start[v + 1] += start[v];
+        n_valid = start[max_tok + 1];
+        int32_t *order = packed;
+        for (int i = 0; i < n; i++)
+            if (tok[i] >= 0) order[start[tok[i]]++] = i;
+        /* Segments of equal ids; packed layout: order[n_valid], seg_begin[n_seg+1], seg_token[n_seg]. */
+        int32_t *seg_begin = packed + n_valid;
+        for (int p = 0; p < n_valid; p++)
+            if (p == 0 || tok[order[p]] != tok[order[p - 1]]) seg_begin[n_seg++] = p;
+        seg_begin[n_seg] = n_valid;
+        int32_t *seg_token = seg_begin + n_seg + 1;
+        for (int s = 0; s < n_seg; s++) seg_token[s] = tok[order[seg_begin[s]]];
+        const size_t packed_n = (size_t)n_valid + 2 * (size_t)n_seg + 1;
+        dev = (int32_t *)olmo_cuda_scratch(be, SCRATCH_EMBED_INDEX, packed_n * sizeof(int32_t));
+        if (!dev) break;
+        if ((err = cudaMemcpy(dev, packed, packed_n * sizeof(int32_t), cudaMemcpyHostToDevice)) != cudaSuccess) {
+            olmo_cuda_failed("cudaMemcpy of the index to the device", __FILE__, __LINE__, cudaGetErrorString(err));
+            break;
+        }
+        rc = 0;
+    } while (0);
     free(tok);
     free(start);
     free(packed);
+    if (rc || !n_seg) return rc;
     dim3 grid((unsigned)n_seg, (unsigned)((dim + ROW_THREADS - 1) / ROW_THREADS));
     OLMO_LAUNCH(embedding_bwd_kernel, grid, ROW_THREADS, 0, dtable, dout, dev, dev + n_valid,
                 dev + n_valid + n_seg + 1, dim);
@@ -200,6 +214,7 @@ int olmo_cuda_rmsnorm_bwd(OLMO_BE, float *dx, float *dw, const float *dy, const 
     const int rows_per_chunk = (n + max_chunks - 1) / max_chunks;
     const int chunks = (n + rows_per_chunk - 1) / rows_per_chunk;
     double *partial = (double *)olmo_cuda_scratch(be, SCRATCH_RMS_DW, sizeof(double) * (size_t)chunks * dim);
+    if (!partial) return -1;
     const unsigned col_blocks = (unsigned)((dim + ROW_THREADS - 1) / ROW_THREADS);
     OLMO_LAUNCH(rmsnorm_dw_partial_kernel, dim3(col_blocks, (unsigned)chunks), ROW_THREADS, 0, partial, dy, x, rstd,
                 n, dim, rows_per_chunk);
@@ -230,27 +245,26 @@ static __global__ void rope_kernel(float *x, const float *cos_t, const float *si
     }
 }
 
-static void rope_launch(float *x, const float *cos_t, const float *sin_t, int n_rows, int seq_len, int heads,
+static int rope_launch(float *x, const float *cos_t, const float *sin_t, int n_rows, int seq_len, int heads,
                         int head_dim, float sign) {
     const size_t total = (size_t)n_rows * heads * (head_dim / 2);
-    if (!total) return;
+    if (!total) return 0;
     OLMO_LAUNCH(rope_kernel, olmo_cuda_ew_blocks(total), EW_THREADS, 0, x, cos_t, sin_t, total, seq_len, heads,
                 head_dim, sign);
     OLMO_CUDA_LAUNCHED("rope_kernel");
+    return 0;
 }
 
 int olmo_cuda_rope_fwd(OLMO_BE, float *x, const float *cos_t, const float *sin_t, int n_rows, int seq_len, int heads,
                         int head_dim) {
     (void)be;
-    rope_launch(x, cos_t, sin_t, n_rows, seq_len, heads, head_dim, 1.0f);
-    return 0;
+    return rope_launch(x, cos_t, sin_t, n_rows, seq_len, heads, head_dim, 1.0f);
 }
 
 int olmo_cuda_rope_bwd(OLMO_BE, float *dx, const float *cos_t, const float *sin_t, int n_rows, int seq_len, int heads,
                         int head_dim) {
     (void)be;
-    rope_launch(dx, cos_t, sin_t, n_rows, seq_len, heads, head_dim, -1.0f);
-    return 0;
+    return rope_launch(dx, cos_t, sin_t, n_rows, seq_len, heads, head_dim, -1.0f);
 }
 
 /* ------------------------------------------------- SwiGLU, add, scale */
@@ -359,7 +373,8 @@ int olmo_cuda_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int 
     *ce_sum = *z_sum = 0.0;
     if (n <= 0 || vocab <= 0) return 0;
     double *rows = (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE, 2 * sizeof(double) * (size_t)n);
-    double *out = (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE_OUT, 2 * sizeof(double));
+    double *out = rows ? (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE_OUT, 2 * sizeof(double)) : NULL;
+    if (!out) return -1;
     OLMO_LAUNCH(cross_entropy_kernel, n, CE_THREADS, 0, logits, targets, vocab, grad_scale, z_mult, rows, rows + n);
     OLMO_CUDA_LAUNCHED("cross_entropy_kernel");
     OLMO_LAUNCH(sum_doubles_kernel, 1, 1024, 0, out, rows, (size_t)n);
@@ -367,7 +382,7 @@ int olmo_cuda_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int 
     OLMO_LAUNCH(sum_doubles_kernel, 1, 1024, 0, out + 1, rows + n, (size_t)n);
     OLMO_CUDA_LAUNCHED("sum_doubles_kernel");
     double host[2];
-    OLMO_CUDA_CHECK(cudaMemcpy(host, out, sizeof host, cudaMemcpyDeviceToHost));
+    OLMO_CUDA_TRY(cudaMemcpy(host, out, sizeof host, cudaMemcpyDeviceToHost));
     *ce_sum = host[0];
     *z_sum = host[1];
     return 0;
@@ -390,13 +405,14 @@ int olmo_cuda_sum_squares(OLMO_BE, const float *x, size_t n, double *result) {
     *result = 0.0;
     if (!n) return 0;
     double *partial = (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE, SUMSQ_BLOCKS * sizeof(double));
-    double *out = (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE_OUT, 2 * sizeof(double));
+    double *out = partial ? (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE_OUT, 2 * sizeof(double)) : NULL;
+    if (!out) return -1;
     OLMO_LAUNCH(sum_squares_kernel, SUMSQ_BLOCKS, EW_THREADS, 0, partial, x, n);
     OLMO_CUDA_LAUNCHED("sum_squares_kernel");
     OLMO_LAUNCH(sum_doubles_kernel, 1, 1024, 0, out, partial, SUMSQ_BLOCKS);
     OLMO_CUDA_LAUNCHED("sum_doubles_kernel");
     double host;
-    OLMO_CUDA_CHECK(cudaMemcpy(&host, out, sizeof host, cudaMemcpyDeviceToHost));
+    OLMO_CUDA_TRY(cudaMemcpy(&host, out, sizeof host, cudaMemcpyDeviceToHost));
     *result = host;
     return 0;
 }
