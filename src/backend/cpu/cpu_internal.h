@@ -3,7 +3,8 @@
  *   cpu_gemm.c       GEMMs: OpenBLAS, oneDNN sgemm, oneDNN bf16 matmul, bf16 rounding + fp32 GEMM;
  *   cpu_attention.c  attention's ops, the choice of their instruction set, KV-cache attention;
  *   cpu_attention_kernels.h  tiled flash attention (forward, backward), compiled per
- *                    instruction set by cpu_attention.c and cpu_attention_avx2.c;
+ *                    instruction set by cpu_attention.c and cpu_attention_avx2.c; it
+ *                    includes, by concern, cpu_attention_{parts,blocks,tile,pack,fwd,bwd}.h;
  *   cpu_ops.c        embedding, rmsnorm, rope, swiglu, add, cross-entropy, sum of
  *                    squares, scale, AdamW.
  * Numerics and determinism rules are at the top of cpu_backend.c. */

@@ -26,7 +26,6 @@
  * the FLOPs of a single backward pass) in exchange for bitwise-reproducible
  * gradients. */
 #include <math.h>
-#include <stdio.h>
 
 #include "backend/cuda/cuda_internal.h"
 
@@ -522,45 +521,47 @@ int olmo_cuda_check_attention(OLMO_BE, const struct olmo_attn_shape *s) {
     return 0;
 }
 
-/* The ops have no error path: a shape the capability query refuses is a bug of the caller here. */
-static void att_check_shape(const struct olmo_attn_shape *s) {
-    char msg[160];
-    if (s->head_dim < 1 || s->head_dim > 128 || s->n_kv_heads < 1 || s->n_heads % s->n_kv_heads) {
-        snprintf(msg, sizeof msg,
-                 "unsupported attention shape (head_dim %d must be 1..128; n_heads %d a multiple of n_kv_heads %d)",
-                 s->head_dim, s->n_heads, s->n_kv_heads);
-        olmo_cuda_fatal("attention", __FILE__, __LINE__, msg);
-    }
+/* A shape the capability query refuses is a bug of the caller here: refused again. */
+static int att_check_shape(const struct olmo_attn_shape *s) {
+    if (s->head_dim < 1 || s->head_dim > 128 || s->n_kv_heads < 1 || s->n_heads % s->n_kv_heads)
+        return olmo_error("CUDA attention: unsupported shape (head_dim %d must be 1..128; n_heads %d a multiple of "
+                          "n_kv_heads %d)",
+                          s->head_dim, s->n_heads, s->n_kv_heads);
+    return 0;
 }
 
-void olmo_cuda_allow_smem(const void *kernel, size_t bytes, bool *done, const char *name) {
-    if (*done) return;
+int olmo_cuda_allow_smem(const void *kernel, size_t bytes, bool *done, const char *name) {
+    if (*done) return 0;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-    if (err != cudaSuccess) olmo_cuda_fatal(name, __FILE__, __LINE__, cudaGetErrorString(err));
+    if (err != cudaSuccess) return olmo_cuda_failed(name, __FILE__, __LINE__, cudaGetErrorString(err));
     *done = true;
+    return 0;
 }
 
 template <int DMAX>
-static void att_fwd_launch(float *out, float *lse, const float *q, const float *k, const float *v,
-                           const int32_t *doc_ids, const struct att_params &p, int batch) {
+static int att_fwd_launch(float *out, float *lse, const float *q, const float *k, const float *v,
+                          const int32_t *doc_ids, const struct att_params &p, int batch) {
     static bool smem_ok;
     const size_t smem = att_fwd_smem(DMAX + 1);
-    olmo_cuda_allow_smem((const void *)att_fwd_kernel<DMAX>, smem, &smem_ok, "att_fwd_kernel smem attribute");
+    if (olmo_cuda_allow_smem((const void *)att_fwd_kernel<DMAX>, smem, &smem_ok, "att_fwd_kernel smem attribute"))
+        return -1;
     dim3 grid((unsigned)((p.T + ATT_TILE - 1) / ATT_TILE), (unsigned)p.H, (unsigned)batch);
     OLMO_LAUNCH(att_fwd_kernel<DMAX>, grid, dim3(ATT_TPD, ATT_TPD), att_fwd_smem(p.ld), out, lse, q, k, v, doc_ids,
                 p);
     OLMO_CUDA_LAUNCHED("att_fwd_kernel");
+    return 0;
 }
 
 template <int DMAX>
-static void att_bwd_launch(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                           const float *v, const float *lse, const float *delta, const int32_t *doc_ids,
-                           const struct att_params &p, int batch) {
+static int att_bwd_launch(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                          const float *v, const float *lse, const float *delta, const int32_t *doc_ids,
+                          const struct att_params &p, int batch) {
     static bool smem_dkdv_ok, smem_dq_ok;
-    olmo_cuda_allow_smem((const void *)att_bwd_dkdv_kernel<DMAX>, att_bwd_smem(DMAX + 1, 2), &smem_dkdv_ok,
-                   "att_bwd_dkdv_kernel smem attribute");
-    olmo_cuda_allow_smem((const void *)att_bwd_dq_kernel<DMAX>, att_bwd_smem(DMAX + 1, 1), &smem_dq_ok,
-                   "att_bwd_dq_kernel smem attribute");
+    if (olmo_cuda_allow_smem((const void *)att_bwd_dkdv_kernel<DMAX>, att_bwd_smem(DMAX + 1, 2), &smem_dkdv_ok,
+                             "att_bwd_dkdv_kernel smem attribute") ||
+        olmo_cuda_allow_smem((const void *)att_bwd_dq_kernel<DMAX>, att_bwd_smem(DMAX + 1, 1), &smem_dq_ok,
+                             "att_bwd_dq_kernel smem attribute"))
+        return -1;
     const unsigned tiles = (unsigned)((p.T + ATT_TILE - 1) / ATT_TILE);
     OLMO_LAUNCH(att_bwd_dkdv_kernel<DMAX>, dim3(tiles, (unsigned)p.HK, (unsigned)batch), dim3(ATT_TPD, ATT_TPD),
                 att_bwd_smem(p.ld, 2), dk, dv, dout, q, k, v, lse, delta, doc_ids, p);
@@ -568,40 +569,40 @@ static void att_bwd_launch(float *dq, float *dk, float *dv, const float *dout, c
     OLMO_LAUNCH(att_bwd_dq_kernel<DMAX>, dim3(tiles, (unsigned)p.H, (unsigned)batch), dim3(ATT_TPD, ATT_TPD),
                 att_bwd_smem(p.ld, 1), dq, dout, q, k, v, lse, delta, doc_ids, p);
     OLMO_CUDA_LAUNCHED("att_bwd_dq_kernel");
+    return 0;
 }
 
 int olmo_cuda_attention_fwd(OLMO_BE, float *out, float *lse, const float *q, const float *k, const float *v,
                              const int32_t *doc_ids, const struct olmo_attn_shape *s) {
     (void)be;
     if (s->batch <= 0 || s->seq_len <= 0) return 0;
-    att_check_shape(s);
+    if (att_check_shape(s)) return -1;
     const struct att_params p = att_make_params(s);
-    if (p.D <= 64) att_fwd_launch<64>(out, lse, q, k, v, doc_ids, p, s->batch);
-    else att_fwd_launch<128>(out, lse, q, k, v, doc_ids, p, s->batch);
-    return 0;
+    if (p.D <= 64) return att_fwd_launch<64>(out, lse, q, k, v, doc_ids, p, s->batch);
+    return att_fwd_launch<128>(out, lse, q, k, v, doc_ids, p, s->batch);
 }
 
-/* delta = rowsum(dO * O) [batch, heads, seq], in scratch memory. */
+/* delta = rowsum(dO * O) [batch, heads, seq], in scratch memory; NULL: the error is set. */
 static const float *att_delta(OLMO_BE, const float *dout, const float *out, const struct olmo_attn_shape *s) {
     const size_t n_rows = (size_t)s->batch * s->seq_len;
     float *delta = (float *)olmo_cuda_scratch(be, SCRATCH_ATTN_DELTA, sizeof(float) * n_rows * s->n_heads);
+    if (!delta) return NULL;
     const size_t threads = n_rows * s->n_heads * 32;
     OLMO_LAUNCH(att_delta_kernel, (unsigned)((threads + 255) / 256), 256, 0, delta, dout, out, s->seq_len, s->n_heads,
                 s->head_dim, n_rows);
-    OLMO_CUDA_LAUNCHED("att_delta_kernel");
-    return delta;
+    return olmo_cuda_check_launch("att_delta_kernel", __FILE__, __LINE__) ? NULL : delta;
 }
 
 int olmo_cuda_attention_bwd(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *out,
                              const float *lse, const float *q, const float *k, const float *v,
                              const int32_t *doc_ids, const struct olmo_attn_shape *s) {
     if (s->batch <= 0 || s->seq_len <= 0) return 0;
-    att_check_shape(s);
+    if (att_check_shape(s)) return -1;
     const struct att_params p = att_make_params(s);
     const float *delta = att_delta(be, dout, out, s);
-    if (p.D <= 64) att_bwd_launch<64>(dq, dk, dv, dout, q, k, v, lse, delta, doc_ids, p, s->batch);
-    else att_bwd_launch<128>(dq, dk, dv, dout, q, k, v, lse, delta, doc_ids, p, s->batch);
-    return 0;
+    if (!delta) return -1;
+    if (p.D <= 64) return att_bwd_launch<64>(dq, dk, dv, dout, q, k, v, lse, delta, doc_ids, p, s->batch);
+    return att_bwd_launch<128>(dq, dk, dv, dout, q, k, v, lse, delta, doc_ids, p, s->batch);
 }
 
 /* cuda-bf16: tensor cores (cuda_attention_tc.cu) where head_dim allows, else the fp32 kernels. */
@@ -611,7 +612,6 @@ int olmo_cuda_attention_fwd_bf16(OLMO_BE, float *out, float *lse, const float *q
         return olmo_cuda_attention_fwd(be, out, lse, q, k, v, doc_ids, s);
     }
     return olmo_cuda_attention_tc_fwd(be, out, lse, q, k, v, doc_ids, s);
-    return 0;
 }
 
 int olmo_cuda_attention_bwd_bf16(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *out,
@@ -621,18 +621,20 @@ int olmo_cuda_attention_bwd_bf16(OLMO_BE, float *dq, float *dk, float *dv, const
         return olmo_cuda_attention_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
     }
     if (s->batch <= 0 || s->seq_len <= 0) return 0;
-    return olmo_cuda_attention_tc_bwd(be, dq, dk, dv, dout, lse, att_delta(be, dout, out, s), q, k, v, doc_ids, s);
-    return 0;
+    const float *delta = att_delta(be, dout, out, s);
+    if (!delta) return -1;
+    return olmo_cuda_attention_tc_bwd(be, dq, dk, dv, dout, lse, delta, q, k, v, doc_ids, s);
 }
 
 int olmo_cuda_attention_cached(OLMO_BE, float *out, const float *q, const float *k_cache, const float *v_cache, int n,
                                 int pos0, int cap, const struct olmo_attn_shape *s) {
     if (n <= 0) return 0;
-    att_check_shape(s);
+    if (att_check_shape(s)) return -1;
     const int window = s->window > 0 ? s->window : 0;
     const int max_keys = window > 0 && window < pos0 + n ? window : pos0 + n;
     float *scores = (float *)olmo_cuda_scratch(be, SCRATCH_ATTN_SCORES,
                                                sizeof(float) * (size_t)n * s->n_heads * (size_t)max_keys);
+    if (!scores) return -1;
     OLMO_LAUNCH(att_cached_kernel, dim3((unsigned)n, (unsigned)s->n_heads), CACHED_THREADS, 0, out, q, k_cache,
                 v_cache, scores, pos0, cap, s->n_heads, s->n_heads / s->n_kv_heads, s->head_dim, window, max_keys,
                 s->scale);

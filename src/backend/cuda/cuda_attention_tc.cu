@@ -451,25 +451,29 @@ static struct tc_params tc_bucket_params(int dmax) {
 }
 
 template <int DMAX>
-static void tc_fwd_launch(float *out, float *lse, const float *q, const float *k, const float *v,
-                          const int32_t *doc_ids, const struct tc_params &p, int batch) {
+static int tc_fwd_launch(float *out, float *lse, const float *q, const float *k, const float *v,
+                         const int32_t *doc_ids, const struct tc_params &p, int batch) {
     static bool smem_ok;
-    olmo_cuda_allow_smem((const void *)tc_fwd_kernel<DMAX>, tc_fwd_smem(tc_bucket_params(DMAX)), &smem_ok,
-                  "tc_fwd_kernel smem attribute");
+    if (olmo_cuda_allow_smem((const void *)tc_fwd_kernel<DMAX>, tc_fwd_smem(tc_bucket_params(DMAX)), &smem_ok,
+                             "tc_fwd_kernel smem attribute"))
+        return -1;
     dim3 grid((unsigned)((p.T + TC_TILE - 1) / TC_TILE), (unsigned)p.H, (unsigned)batch);
     OLMO_LAUNCH(tc_fwd_kernel<DMAX>, grid, TC_THREADS, tc_fwd_smem(p), out, lse, q, k, v, doc_ids, p);
     OLMO_CUDA_LAUNCHED("tc_fwd_kernel");
+    return 0;
 }
 
 template <int DMAX>
-static void tc_bwd_launch(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                          const float *v, const float *lse, const float *delta, const int32_t *doc_ids,
-                          const struct tc_params &p, int batch) {
+static int tc_bwd_launch(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                         const float *v, const float *lse, const float *delta, const int32_t *doc_ids,
+                         const struct tc_params &p, int batch) {
     static bool smem_dkdv_ok, smem_dq_ok;
     const size_t widest = tc_bwd_smem_bytes(tc_bucket_params(DMAX));
-    olmo_cuda_allow_smem((const void *)tc_bwd_dkdv_kernel<DMAX>, widest, &smem_dkdv_ok,
-                         "tc_bwd_dkdv_kernel smem attribute");
-    olmo_cuda_allow_smem((const void *)tc_bwd_dq_kernel<DMAX>, widest, &smem_dq_ok, "tc_bwd_dq_kernel smem attribute");
+    if (olmo_cuda_allow_smem((const void *)tc_bwd_dkdv_kernel<DMAX>, widest, &smem_dkdv_ok,
+                             "tc_bwd_dkdv_kernel smem attribute") ||
+        olmo_cuda_allow_smem((const void *)tc_bwd_dq_kernel<DMAX>, widest, &smem_dq_ok,
+                             "tc_bwd_dq_kernel smem attribute"))
+        return -1;
     const unsigned tiles = (unsigned)((p.T + TC_TILE - 1) / TC_TILE);
     OLMO_LAUNCH(tc_bwd_dkdv_kernel<DMAX>, dim3(tiles, (unsigned)p.HK, (unsigned)batch), TC_THREADS,
                 tc_bwd_smem_bytes(p), dk, dv, dout, q, k, v, lse, delta, doc_ids, p);
@@ -477,6 +481,7 @@ static void tc_bwd_launch(float *dq, float *dk, float *dv, const float *dout, co
     OLMO_LAUNCH(tc_bwd_dq_kernel<DMAX>, dim3(tiles, (unsigned)p.H, (unsigned)batch), TC_THREADS,
                 tc_bwd_smem_bytes(p), dq, dout, q, k, v, lse, delta, doc_ids, p);
     OLMO_CUDA_LAUNCHED("tc_bwd_dq_kernel");
+    return 0;
 }
 
 int olmo_cuda_attention_tc_fwd(OLMO_BE, float *out, float *lse, const float *q, const float *k, const float *v,
@@ -484,9 +489,8 @@ int olmo_cuda_attention_tc_fwd(OLMO_BE, float *out, float *lse, const float *q, 
     (void)be;
     if (s->batch <= 0 || s->seq_len <= 0) return 0;
     const struct tc_params p = tc_make_params(s);
-    if (p.D <= 64) tc_fwd_launch<64>(out, lse, q, k, v, doc_ids, p, s->batch);
-    else tc_fwd_launch<128>(out, lse, q, k, v, doc_ids, p, s->batch);
-    return 0;
+    if (p.D <= 64) return tc_fwd_launch<64>(out, lse, q, k, v, doc_ids, p, s->batch);
+    return tc_fwd_launch<128>(out, lse, q, k, v, doc_ids, p, s->batch);
 }
 
 int olmo_cuda_attention_tc_bwd(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *lse,
@@ -495,7 +499,6 @@ int olmo_cuda_attention_tc_bwd(OLMO_BE, float *dq, float *dk, float *dv, const f
     (void)be;
     if (s->batch <= 0 || s->seq_len <= 0) return 0;
     const struct tc_params p = tc_make_params(s);
-    if (p.D <= 64) tc_bwd_launch<64>(dq, dk, dv, dout, q, k, v, lse, delta, doc_ids, p, s->batch);
-    else tc_bwd_launch<128>(dq, dk, dv, dout, q, k, v, lse, delta, doc_ids, p, s->batch);
-    return 0;
+    if (p.D <= 64) return tc_bwd_launch<64>(dq, dk, dv, dout, q, k, v, lse, delta, doc_ids, p, s->batch);
+    return tc_bwd_launch<128>(dq, dk, dv, dout, q, k, v, lse, delta, doc_ids, p, s->batch);
 }

@@ -8,12 +8,17 @@
  * only), where zero, copy, convert and comm_group_allgather go while it is
  * selected: fully sharded training gathers the next block there.
  *
- * Errors: alloc reports failure through olmo_error and returns NULL like the
- * CPU backend; a shape the capability query refuses never reaches the
- * kernels.  A CUDA error inside an op (a failed launch, a device fault, a
- * scratch allocation) is still fatal: the message and the failing call are
- * printed and the process aborts (the ops' int status is there for turning
- * these into returns).  OLMOC_CUDA_SYNC=1 in the
+ * Errors: every op returns 0, or -1 with the error set (util/error.h), as
+ * the CPU backend does: a failed CUDA runtime or cuBLAS call (a launch, a
+ * scratch allocation, a copy, a device fault reported by a synchronising
+ * call) becomes -1 through OLMO_CUDA_TRY, OLMO_BLAS_TRY and
+ * OLMO_CUDA_LAUNCHED, whose message names the call, the file and line, and
+ * CUDA's own words; alloc returns NULL with the error set.  A device fault is
+ * sticky: once one is reported every later call fails too, so the caller
+ * should stop.  Only free, whose backend.h signature has no status, aborts
+ * on a failure (olmo_cuda_fatal); teardown (destroy, comm_destroy) ignores
+ * failures.  A shape the capability query refuses never reaches the
+ * kernels, and is refused again, with -1, if it does.  OLMOC_CUDA_SYNC=1 in the
  * environment synchronises after every kernel so a fault is reported at the op
  * that caused it. */
 #ifndef OLMOC_CUDA_INTERNAL_H
@@ -43,15 +48,30 @@ extern "C" {
 #include "util/error.h"
 }
 
-void olmo_cuda_fatal(const char *what, const char *file, int line, const char *detail);
-void olmo_cuda_check_launch(const char *kernel, const char *file, int line);
+/* Sets the error for a failed call and returns -1 (what: the call; detail: CUDA's message). */
+int olmo_cuda_failed(const char *what, const char *file, int line, const char *detail);
+/* Prints the same message and aborts: only where the entry point cannot return a status. */
+[[noreturn]] void olmo_cuda_fatal(const char *what, const char *file, int line, const char *detail);
+/* 0, or -1 with the error set when the last launch failed (or, with OLMOC_CUDA_SYNC, the kernel did). */
+int olmo_cuda_check_launch(const char *kernel, const char *file, int line);
 
-#define OLMO_CUDA_CHECK(call)                                                                      \
+/* In a function returning int: return -1 with the error set when the CUDA / cuBLAS call fails. */
+#define OLMO_CUDA_TRY(call)                                                                        \
     do {                                                                                           \
         cudaError_t err_ = (call);                                                                 \
-        if (err_ != cudaSuccess) olmo_cuda_fatal(#call, __FILE__, __LINE__, cudaGetErrorString(err_)); \
+        if (err_ != cudaSuccess) return olmo_cuda_failed(#call, __FILE__, __LINE__, cudaGetErrorString(err_)); \
     } while (0)
-#define OLMO_CUDA_LAUNCHED(name) olmo_cuda_check_launch(name, __FILE__, __LINE__)
+#define OLMO_BLAS_TRY(call)                                                                        \
+    do {                                                                                           \
+        cublasStatus_t st_ = (call);                                                               \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                          \
+            return olmo_cuda_failed(#call, __FILE__, __LINE__, cublasGetStatusString(st_));       \
+    } while (0)
+/* After a kernel launch, in a function returning int. */
+#define OLMO_CUDA_LAUNCHED(name)                                                                   \
+    do {                                                                                           \
+        if (olmo_cuda_check_launch(name, __FILE__, __LINE__)) return -1;                           \
+    } while (0)
 
 /* Growable device scratch buffers, one per slot, reused across calls. */
 enum olmo_cuda_scratch_slot {
@@ -86,7 +106,36 @@ static inline cudaStream_t olmo_cuda_current_stream(const struct olmo_backend *b
     const struct olmo_cuda_state *st = (const struct olmo_cuda_state *)be->state;
     return st->on_side ? st->side : (cudaStream_t)0;
 }
+/* The slot's buffer of at least `bytes`, or NULL with the error set. */
 void *olmo_cuda_scratch(OLMO_BE, enum olmo_cuda_scratch_slot slot, size_t bytes);
+
+/* Threads per block of the elementwise kernels, and their grid (grid-stride loops cover the rest). */
+#define EW_THREADS 256
+static inline unsigned olmo_cuda_ew_blocks(size_t n) {
+    size_t blocks = (n + EW_THREADS - 1) / EW_THREADS;
+    if (blocks > (1u << 20)) blocks = 1u << 20;
+    return blocks ? (unsigned)blocks : 1u;
+}
+
+/* cuda_ops.cu: the ops of backend.h but memory, GEMM and attention */
+int olmo_cuda_embedding_fwd(OLMO_BE, float *out, const float *table, const int32_t *tokens, int n, int dim);
+int olmo_cuda_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int32_t *tokens, int n, int dim);
+int olmo_cuda_rmsnorm_fwd(OLMO_BE, float *y, float *rstd, const float *x, const float *w, int n, int dim, float eps);
+int olmo_cuda_rmsnorm_bwd(OLMO_BE, float *dx, float *dw, const float *dy, const float *x, const float *w,
+                          const float *rstd, int n, int dim);
+int olmo_cuda_rope_fwd(OLMO_BE, float *x, const float *cos_t, const float *sin_t, int n_rows, int seq_len, int heads,
+                       int head_dim);
+int olmo_cuda_rope_bwd(OLMO_BE, float *dx, const float *cos_t, const float *sin_t, int n_rows, int seq_len, int heads,
+                       int head_dim);
+int olmo_cuda_swiglu_fwd(OLMO_BE, float *out, const float *g, const float *u, size_t n);
+int olmo_cuda_swiglu_bwd(OLMO_BE, float *dg, float *du, const float *ds, const float *g, const float *u, size_t n);
+int olmo_cuda_add(OLMO_BE, float *y, const float *a, const float *b, size_t n);
+int olmo_cuda_scale(OLMO_BE, float *x, size_t n, float s);
+int olmo_cuda_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
+                            float z_mult, double *ce_sum, double *z_sum);
+int olmo_cuda_sum_squares(OLMO_BE, const float *x, size_t n, double *result);
+int olmo_cuda_adamw(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr, float beta1,
+                    float beta2, float eps, double weight_decay, long step);
 
 /* ---- attention: shared by cuda_attention.cu and cuda_attention_tc.cu ---- */
 
@@ -104,8 +153,8 @@ static __device__ __forceinline__ int olmo_att_first_key_tile(int q0, int window
     return lo / OLMO_ATT_TILE * OLMO_ATT_TILE;
 }
 
-/* Opts a kernel in to `bytes` of dynamic shared memory (once: *done). */
-void olmo_cuda_allow_smem(const void *kernel, size_t bytes, bool *done, const char *name);
+/* Opts a kernel in to `bytes` of dynamic shared memory (once: *done); 0 or -1 with the error set. */
+int olmo_cuda_allow_smem(const void *kernel, size_t bytes, bool *done, const char *name);
 
 /* cuda_attention.cu */
 int olmo_cuda_check_attention(OLMO_BE, const struct olmo_attn_shape *shape);

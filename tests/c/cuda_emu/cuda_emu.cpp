@@ -66,6 +66,12 @@ struct Emu {
 Emu emu;
 cudaError_t last_error = cudaSuccess;
 std::map<const void *, size_t> smem_limits;
+int inject_countdown[CUDA_EMU_FAULTS]; /* cuda_emu_inject: calls left until the failing one; 0: none */
+
+/* Whether this call of the kind is the one cuda_emu_inject chose to fail. */
+bool injected(enum cuda_emu_fault kind) {
+    return inject_countdown[kind] > 0 && --inject_countdown[kind] == 0;
+}
 
 #if defined(__x86_64__)
 /* emu_switch(save, to): saves the callee-saved registers on the current stack,
@@ -338,6 +344,10 @@ void emu_launch(const void *kernel, const char *name, dim3 grid, dim3 block, siz
                 const std::function<void()> &body) {
     if (emu.in_launch) emu_abort("nested launch");
     if (!check_launch(kernel, name, grid, block, smem_bytes)) return;
+    if (injected(CUDA_EMU_FAIL_LAUNCH)) {
+        launch_error(name, "injected failure", cudaErrorLaunchOutOfResources);
+        return;
+    }
     const unsigned threads = block.x * block.y * block.z;
     emu.in_launch = true;
     if (smem_bytes > emu.smem_bytes) {
@@ -468,9 +478,14 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 
 /* ---- runtime ---- */
 
+void cuda_emu_inject(enum cuda_emu_fault kind, int nth) {
+    if ((int)kind < 0 || kind >= CUDA_EMU_FAULTS || nth < 0) emu_abort("cuda_emu_inject: no such fault");
+    inject_countdown[kind] = nth;
+}
+
 cudaError_t cudaMalloc(void **p, size_t bytes) {
     /* cudaMalloc aligns to 256 bytes; the exact size keeps ASan's bounds on kernel accesses */
-    if (posix_memalign(p, 256, bytes ? bytes : 1)) {
+    if (injected(CUDA_EMU_FAIL_MALLOC) || posix_memalign(p, 256, bytes ? bytes : 1)) {
         *p = NULL;
         return last_error = cudaErrorMemoryAllocation;
     }
@@ -591,6 +606,7 @@ const char *cublasGetStatusString(cublasStatus_t status) {
     case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
     case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
     case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
     case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
     }
     return "unknown cuBLAS status";
@@ -600,6 +616,7 @@ cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cubl
                            int k, const float *alpha, const float *A, int lda, const float *B, int ldb,
                            const float *beta, float *C, int ldc) {
     if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (injected(CUDA_EMU_FAIL_BLAS)) return CUBLAS_STATUS_EXECUTION_FAILED;
     return gemm_reference(transa, transb, m, n, k, *alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, *beta, C, ldc,
                           KEEP);
 }
@@ -610,6 +627,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
                             cublasComputeType_t compute, cublasGemmAlgo_t algo) {
     (void)algo;
     if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (injected(CUDA_EMU_FAIL_BLAS)) return CUBLAS_STATUS_EXECUTION_FAILED;
     /* the combinations the backend uses (all in cuBLAS's table of supported GemmEx types) */
     const bool f32_in = Atype == CUDA_R_32F && Btype == CUDA_R_32F;
     const bool tf32 = f32_in && compute == CUBLAS_COMPUTE_32F_FAST_TF32;

@@ -44,6 +44,10 @@
  * MPI_Comm_split by id), so all communicators of a split (fully sharded
  * training's shard and replica groups) must be created at the same time.
  *
+ * Failures can be injected (cuda_emu_inject.h): the nth next cudaMalloc,
+ * kernel launch or cuBLAS GEMM fails as on the device, so tests reach the
+ * backend's error paths.
+ *
  * Not emulated (unverifiable without a GPU): the memory model between warps,
  * performance, real shared-memory capacity with static shared memory added,
  * cuBLAS's own numerics. */
@@ -56,6 +60,8 @@
 
 #include <functional>
 #include <type_traits>
+
+#include "cuda_emu_inject.h"
 
 #define __global__
 #define __device__
@@ -163,6 +169,7 @@ typedef enum {
     CUBLAS_STATUS_NOT_INITIALIZED = 1,
     CUBLAS_STATUS_ALLOC_FAILED = 3,
     CUBLAS_STATUS_INVALID_VALUE = 7,
+    CUBLAS_STATUS_EXECUTION_FAILED = 13,
     CUBLAS_STATUS_NOT_SUPPORTED = 15,
 } cublasStatus_t;
 typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;

@@ -1,0 +1,451 @@
+/* The CUDA backend's elementwise, normalisation and reduction ops (one kernel
+ * or a few per op of backend.h): embedding, RMSNorm, RoPE, SwiGLU, add,
+ * scale, cross-entropy, sum of squares, AdamW.  Fidelity and determinism
+ * rules are at the top of cuda_backend.cu; errors as in cuda_internal.h. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+/* Threads per block of the row kernels; reductions assume a multiple of 32. */
+#define ROW_THREADS 256
+
+/* ------------------------------------------------------- block reductions */
+
+/* Sum over the block, in a fixed order (warp shuffles, then warp 0 over the
+ * per-warp sums).  Every thread gets the result.  shared: 32 doubles. */
+static __device__ double block_sum(double v, double *shared) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < n_warps ? shared[lane] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) shared[0] = v;
+    }
+    __syncthreads();
+    v = shared[0];
+    __syncthreads(); /* shared may be reused right after */
+    return v;
+}
+
+static __device__ float block_max(float v, float *shared) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < n_warps ? shared[lane] : -INFINITY;
+        for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+        if (lane == 0) shared[0] = v;
+    }
+    __syncthreads();
+    v = shared[0];
+    __syncthreads();
+    return v;
+}
+
+/* Single block: out[0] = sum(in[0..n)) in a fixed order. */
+static __global__ void sum_doubles_kernel(double *out, const double *in, size_t n) {
+    __shared__ double red[32];
+    double acc = 0.0;
+    for (size_t i = threadIdx.x; i < n; i += blockDim.x) acc += in[i];
+    acc = block_sum(acc, red);
+    if (threadIdx.x == 0) out[0] = acc;
+}
+
+/* -------------------------------------------------------------- embedding */
+
+static __global__ void embedding_fwd_kernel(float *out, const float *table, const int32_t *tokens, int dim) {
+    const size_t i = blockIdx.x;
+    const float *src = table + (size_t)tokens[i] * dim;
+    float *dst = out + i * dim;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = src[j];
+}
+
+int olmo_cuda_embedding_fwd(OLMO_BE, float *out, const float *table, const int32_t *tokens, int n, int dim) {
+    (void)be;
+    if (n <= 0 || dim <= 0) return 0;
+    OLMO_LAUNCH(embedding_fwd_kernel, n, ROW_THREADS, 0, out, table, tokens, dim);
+    OLMO_CUDA_LAUNCHED("embedding_fwd_kernel");
+    return 0;
+}
+
+/* One thread per (distinct id, column): adds the rows of that id's tokens in
+ * token order, starting from the current gradient (as cpu.c does). */
+static __global__ void embedding_bwd_kernel(float *dtable, const float *dout, const int32_t *order,
+                                            const int32_t *seg_begin, const int32_t *seg_token, int dim) {
+    const int s = blockIdx.x, j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= dim) return;
+    float *dst = dtable + (size_t)seg_token[s] * dim + j;
+    float acc = *dst;
+    for (int p = seg_begin[s]; p < seg_begin[s + 1]; p++) acc += dout[(size_t)order[p] * dim + j];
+    *dst = acc;
+}
+
+int olmo_cuda_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int32_t *tokens, int n, int dim) {
+    if (n <= 0 || dim <= 0) return 0;
+    int32_t *tok = (int32_t *)olmo_malloc(sizeof(int32_t) * (size_t)n, "CUDA embedding backward: token ids");
+    int32_t *start = NULL, *packed = NULL, *dev = NULL;
+    int rc = -1, n_valid = 0, n_seg = 0;
+    do { /* the host's part, with one exit that frees its buffers */
+        if (!tok) break;
+        cudaError_t err = cudaMemcpy(tok, tokens, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost);
+        if (err != cudaSuccess) {
+            olmo_cuda_failed("cudaMemcpy of the token ids to the host", __FILE__, __LINE__, cudaGetErrorString(err));
+            break;
+        }
+        int32_t max_tok = -1;
+        for (int i = 0; i < n; i++)
+            if (tok[i] > max_tok) max_tok = tok[i];
+        if (max_tok < 0) { /* negative ids are skipped (the model never passes them): nothing to add */
+            rc = 0;
+            break;
+        }
+        /* Stable counting sort of positions by id: start[v] = first slot of id v. */
+        start = (int32_t *)olmo_calloc((size_t)max_tok + 2, sizeof(int32_t), "CUDA embedding backward: id counts");
+        packed = start ? (int32_t *)olmo_malloc(sizeof(int32_t) * (3 * (size_t)n + 1), "CUDA embedding backward: order")
+                       : NULL;
+        if (!packed) break;
+        for (int i = 0; i < n; i++)
+            if (tok[i] >= 0) start[tok[i] + 1]++;
+        for (int32_t v = 0; v <= max_tok; v++) start[v + 1] += start[v];
+        n_valid = start[max_tok + 1];
+        int32_t *order = packed;
+        for (int i = 0; i < n; i++)
+            if (tok[i] >= 0) order[start[tok[i]]++] = i;
+        /* Segments of equal ids; packed layout: order[n_valid], seg_begin[n_seg+1], seg_token[n_seg]. */
+        int32_t *seg_begin = packed + n_valid;
+        for (int p = 0; p < n_valid; p++)
+            if (p == 0 || tok[order[p]] != tok[order[p - 1]]) seg_begin[n_seg++] = p;
+        seg_begin[n_seg] = n_valid;
+        int32_t *seg_token = seg_begin + n_seg + 1;
+        for (int s = 0; s < n_seg; s++) seg_token[s] = tok[order[seg_begin[s]]];
+        const size_t packed_n = (size_t)n_valid + 2 * (size_t)n_seg + 1;
+        dev = (int32_t *)olmo_cuda_scratch(be, SCRATCH_EMBED_INDEX, packed_n * sizeof(int32_t));
+        if (!dev) break;
+        if ((err = cudaMemcpy(dev, packed, packed_n * sizeof(int32_t), cudaMemcpyHostToDevice)) != cudaSuccess) {
+            olmo_cuda_failed("cudaMemcpy of the index to the device", __FILE__, __LINE__, cudaGetErrorString(err));
+            break;
+        }
+        rc = 0;
+    } while (0);
+    free(tok);
+    free(start);
+    free(packed);
+    if (rc || !n_seg) return rc;
+    dim3 grid((unsigned)n_seg, (unsigned)((dim + ROW_THREADS - 1) / ROW_THREADS));
+    OLMO_LAUNCH(embedding_bwd_kernel, grid, ROW_THREADS, 0, dtable, dout, dev, dev + n_valid,
+                dev + n_valid + n_seg + 1, dim);
+    OLMO_CUDA_LAUNCHED("embedding_bwd_kernel");
+    return 0;
+}
+
+/* ---------------------------------------------------------------- RMSNorm */
+
+static __global__ void rmsnorm_fwd_kernel(float *y, float *rstd, const float *x, const float *w, int dim,
+                                          float eps) {
+    __shared__ double red[32];
+    const size_t row = blockIdx.x;
+    const float *xi = x + row * dim;
+    float *yi = y + row * dim;
+    double ss = 0.0;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += (double)xi[j] * xi[j];
+    ss = block_sum(ss, red);
+    const float r = (float)(1.0 / sqrt(ss / dim + eps));
+    if (threadIdx.x == 0) rstd[row] = r;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) yi[j] = w[j] * (xi[j] * r);
+}
+
+int olmo_cuda_rmsnorm_fwd(OLMO_BE, float *y, float *rstd, const float *x, const float *w, int n, int dim, float eps) {
+    (void)be;
+    if (n <= 0 || dim <= 0) return 0;
+    OLMO_LAUNCH(rmsnorm_fwd_kernel, n, ROW_THREADS, 0, y, rstd, x, w, dim, eps);
+    OLMO_CUDA_LAUNCHED("rmsnorm_fwd_kernel");
+    return 0;
+}
+
+/* dw partials: block (column tile, chunk of rows); partial[chunk][j] = sum over the chunk's rows. */
+static __global__ void rmsnorm_dw_partial_kernel(double *partial, const float *dy, const float *x,
+                                                 const float *rstd, int n, int dim, int rows_per_chunk) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
+    if (j >= dim) return;
+    const int r0 = chunk * rows_per_chunk, r1 = min(n, r0 + rows_per_chunk);
+    double acc = 0.0;
+    for (int i = r0; i < r1; i++) {
+        const float xhat = x[(size_t)i * dim + j] * rstd[i];
+        acc += (double)dy[(size_t)i * dim + j] * xhat;
+    }
+    partial[(size_t)chunk * dim + j] = acc;
+}
+
+static __global__ void rmsnorm_dw_finish_kernel(float *dw, const double *partial, int chunks, int dim) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= dim) return;
+    double acc = 0.0;
+    for (int c = 0; c < chunks; c++) acc += partial[(size_t)c * dim + j];
+    dw[j] += (float)acc;
+}
+
+/* dx may alias dy: each element is read and then written by the same thread. */
+static __global__ void rmsnorm_dx_kernel(float *dx, const float *dy, const float *x, const float *w,
+                                         const float *rstd, int dim) {
+    __shared__ double red[32];
+    const size_t row = blockIdx.x;
+    const float *xi = x + row * dim, *dyi = dy + row * dim;
+    float *dxi = dx + row * dim;
+    const float r = rstd[row];
+    double dot = 0.0;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+        const float xhat = xi[j] * r;
+        dot += (double)dyi[j] * w[j] * xhat;
+    }
+    dot = block_sum(dot, red);
+    const float mean = (float)(dot / dim);
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) dxi[j] = r * (dyi[j] * w[j] - xi[j] * r * mean);
+}
+
+int olmo_cuda_rmsnorm_bwd(OLMO_BE, float *dx, float *dw, const float *dy, const float *x, const float *w,
+                           const float *rstd, int n, int dim) {
+    if (n <= 0 || dim <= 0) return 0;
+    /* dw first: it reads dy, which dx may overwrite. */
+    const int max_chunks = 256;
+    const int rows_per_chunk = (n + max_chunks - 1) / max_chunks;
+    const int chunks = (n + rows_per_chunk - 1) / rows_per_chunk;
+    double *partial = (double *)olmo_cuda_scratch(be, SCRATCH_RMS_DW, sizeof(double) * (size_t)chunks * dim);
+    if (!partial) return -1;
+    const unsigned col_blocks = (unsigned)((dim + ROW_THREADS - 1) / ROW_THREADS);
+    OLMO_LAUNCH(rmsnorm_dw_partial_kernel, dim3(col_blocks, (unsigned)chunks), ROW_THREADS, 0, partial, dy, x, rstd,
+                n, dim, rows_per_chunk);
+    OLMO_CUDA_LAUNCHED("rmsnorm_dw_partial_kernel");
+    OLMO_LAUNCH(rmsnorm_dw_finish_kernel, col_blocks, ROW_THREADS, 0, dw, partial, chunks, dim);
+    OLMO_CUDA_LAUNCHED("rmsnorm_dw_finish_kernel");
+    OLMO_LAUNCH(rmsnorm_dx_kernel, n, ROW_THREADS, 0, dx, dy, x, w, rstd, dim);
+    OLMO_CUDA_LAUNCHED("rmsnorm_dx_kernel");
+    return 0;
+}
+
+/* ------------------------------------------------------------------- RoPE */
+
+/* sign = +1 rotates forward, -1 applies the transpose (backward). */
+static __global__ void rope_kernel(float *x, const float *cos_t, const float *sin_t, size_t total, int seq_len,
+                                   int heads, int head_dim, float sign) {
+    const int half = head_dim / 2;
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        const int i = (int)(idx % half);
+        const size_t row_head = idx / half;
+        const int pos = (int)((row_head / heads) % seq_len);
+        float *xh = x + row_head * head_dim;
+        const float c = cos_t[(size_t)pos * half + i], s = sin_t[(size_t)pos * half + i];
+        const float a = xh[i], b = xh[i + half];
+        xh[i] = a * c - sign * b * s;
+        xh[i + half] = b * c + sign * a * s;
+    }
+}
+
+static int rope_launch(float *x, const float *cos_t, const float *sin_t, int n_rows, int seq_len, int heads,
+                        int head_dim, float sign) {
+    const size_t total = (size_t)n_rows * heads * (head_dim / 2);
+    if (!total) return 0;
+    OLMO_LAUNCH(rope_kernel, olmo_cuda_ew_blocks(total), EW_THREADS, 0, x, cos_t, sin_t, total, seq_len, heads,
+                head_dim, sign);
+    OLMO_CUDA_LAUNCHED("rope_kernel");
+    return 0;
+}
+
+int olmo_cuda_rope_fwd(OLMO_BE, float *x, const float *cos_t, const float *sin_t, int n_rows, int seq_len, int heads,
+                        int head_dim) {
+    (void)be;
+    return rope_launch(x, cos_t, sin_t, n_rows, seq_len, heads, head_dim, 1.0f);
+}
+
+int olmo_cuda_rope_bwd(OLMO_BE, float *dx, const float *cos_t, const float *sin_t, int n_rows, int seq_len, int heads,
+                        int head_dim) {
+    (void)be;
+    return rope_launch(dx, cos_t, sin_t, n_rows, seq_len, heads, head_dim, -1.0f);
+}
+
+/* ------------------------------------------------- SwiGLU, add, scale */
+
+static __global__ void swiglu_fwd_kernel(float *out, const float *g, const float *u, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float x = g[i];
+        out[i] = x / (1.0f + expf(-x)) * u[i];
+    }
+}
+
+static __global__ void swiglu_bwd_kernel(float *dg, float *du, const float *ds, const float *g, const float *u,
+                                         size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float gi = g[i], ui = u[i], dsi = ds[i];
+        const float sig = 1.0f / (1.0f + expf(-gi));
+        const float sl = gi * sig;
+        du[i] = dsi * sl;
+        dg[i] = dsi * ui * sig * (1.0f + gi * (1.0f - sig));
+    }
+}
+
+int olmo_cuda_swiglu_fwd(OLMO_BE, float *out, const float *g, const float *u, size_t n) {
+    (void)be;
+    if (!n) return 0;
+    OLMO_LAUNCH(swiglu_fwd_kernel, olmo_cuda_ew_blocks(n), EW_THREADS, 0, out, g, u, n);
+    OLMO_CUDA_LAUNCHED("swiglu_fwd_kernel");
+    return 0;
+}
+
+int olmo_cuda_swiglu_bwd(OLMO_BE, float *dg, float *du, const float *ds, const float *g, const float *u, size_t n) {
+    (void)be;
+    if (!n) return 0;
+    OLMO_LAUNCH(swiglu_bwd_kernel, olmo_cuda_ew_blocks(n), EW_THREADS, 0, dg, du, ds, g, u, n);
+    OLMO_CUDA_LAUNCHED("swiglu_bwd_kernel");
+    return 0;
+}
+
+static __global__ void add_kernel(float *y, const float *a, const float *b, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = a[i] + b[i];
+}
+
+int olmo_cuda_add(OLMO_BE, float *y, const float *a, const float *b, size_t n) {
+    (void)be;
+    if (!n) return 0;
+    OLMO_LAUNCH(add_kernel, olmo_cuda_ew_blocks(n), EW_THREADS, 0, y, a, b, n);
+    OLMO_CUDA_LAUNCHED("add_kernel");
+    return 0;
+}
+
+static __global__ void scale_kernel(float *x, size_t n, float s) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
+int olmo_cuda_scale(OLMO_BE, float *x, size_t n, float s) {
+    (void)be;
+    if (!n) return 0;
+    OLMO_LAUNCH(scale_kernel, olmo_cuda_ew_blocks(n), EW_THREADS, 0, x, n, s);
+    OLMO_CUDA_LAUNCHED("scale_kernel");
+    return 0;
+}
+
+/* ---------------------------------------------------------- cross-entropy */
+
+#define CE_THREADS 512
+
+/* One block per row: max, then sum of fp32 exponentials in double, lse; the
+ * row is overwritten with d(grad_scale * (ce + z_mult * lse^2))/dlogits. */
+static __global__ void cross_entropy_kernel(float *logits, const int32_t *targets, int vocab, float grad_scale,
+                                            float z_mult, double *ce_rows, double *z_rows) {
+    __shared__ double red[32];
+    __shared__ float redf[32];
+    const size_t i = blockIdx.x;
+    float *row = logits + i * vocab;
+    const int target = targets[i];
+    if (target < 0) { /* block-uniform */
+        for (int j = threadIdx.x; j < vocab; j += blockDim.x) row[j] = 0.0f;
+        if (threadIdx.x == 0) ce_rows[i] = z_rows[i] = 0.0;
+        return;
+    }
+    const float x_target = row[target]; /* read before any thread overwrites the row */
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < vocab; j += blockDim.x)
+        if (row[j] > mx) mx = row[j];
+    mx = block_max(mx, redf);
+    double sum = 0.0;
+    for (int j = threadIdx.x; j < vocab; j += blockDim.x) sum += expf(row[j] - mx);
+    sum = block_sum(sum, red);
+    const double lse = mx + log(sum);
+    if (threadIdx.x == 0) {
+        ce_rows[i] = lse - x_target;
+        z_rows[i] = lse * lse;
+    }
+    const float lse_f = (float)lse, soft_scale = (float)(grad_scale * (1.0 + 2.0 * z_mult * lse));
+    for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
+        float d = expf(row[j] - lse_f) * soft_scale;
+        if (j == target) d -= grad_scale;
+        row[j] = d;
+    }
+}
+
+int olmo_cuda_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
+                             float z_mult, double *ce_sum, double *z_sum) {
+    *ce_sum = *z_sum = 0.0;
+    if (n <= 0 || vocab <= 0) return 0;
+    double *rows = (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE, 2 * sizeof(double) * (size_t)n);
+    double *out = rows ? (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE_OUT, 2 * sizeof(double)) : NULL;
+    if (!out) return -1;
+    OLMO_LAUNCH(cross_entropy_kernel, n, CE_THREADS, 0, logits, targets, vocab, grad_scale, z_mult, rows, rows + n);
+    OLMO_CUDA_LAUNCHED("cross_entropy_kernel");
+    OLMO_LAUNCH(sum_doubles_kernel, 1, 1024, 0, out, rows, (size_t)n);
+    OLMO_CUDA_LAUNCHED("sum_doubles_kernel");
+    OLMO_LAUNCH(sum_doubles_kernel, 1, 1024, 0, out + 1, rows + n, (size_t)n);
+    OLMO_CUDA_LAUNCHED("sum_doubles_kernel");
+    double host[2];
+    OLMO_CUDA_TRY(cudaMemcpy(host, out, sizeof host, cudaMemcpyDeviceToHost));
+    *ce_sum = host[0];
+    *z_sum = host[1];
+    return 0;
+}
+
+/* ------------------------------------------------------------ sum_squares */
+
+#define SUMSQ_BLOCKS 1024 /* fixed, so the reduction order never depends on the device */
+
+static __global__ void sum_squares_kernel(double *partial, const float *x, size_t n) {
+    __shared__ double red[32];
+    double acc = 0.0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        acc += (double)x[i] * x[i];
+    acc = block_sum(acc, red);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+int olmo_cuda_sum_squares(OLMO_BE, const float *x, size_t n, double *result) {
+    *result = 0.0;
+    if (!n) return 0;
+    double *partial = (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE, SUMSQ_BLOCKS * sizeof(double));
+    double *out = partial ? (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE_OUT, 2 * sizeof(double)) : NULL;
+    if (!out) return -1;
+    OLMO_LAUNCH(sum_squares_kernel, SUMSQ_BLOCKS, EW_THREADS, 0, partial, x, n);
+    OLMO_CUDA_LAUNCHED("sum_squares_kernel");
+    OLMO_LAUNCH(sum_doubles_kernel, 1, 1024, 0, out, partial, SUMSQ_BLOCKS);
+    OLMO_CUDA_LAUNCHED("sum_doubles_kernel");
+    double host;
+    OLMO_CUDA_TRY(cudaMemcpy(&host, out, sizeof host, cudaMemcpyDeviceToHost));
+    *result = host;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ AdamW */
+
+static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, size_t n, float beta1,
+                                    float beta2, float eps, float bc2_sqrt, float step_size, float decay) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float gi = grad[i];
+        float p = param[i] * decay;
+        float mi = m[i];
+        mi += (gi - mi) * (1.0f - beta1);
+        const float vi = v[i] * beta2 + (1.0f - beta2) * gi * gi;
+        const float denom = sqrtf(vi) / bc2_sqrt + eps;
+        p -= step_size * mi / denom;
+        m[i] = mi;
+        v[i] = vi;
+        param[i] = p;
+    }
+}
+
+int olmo_cuda_adamw(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr, float beta1,
+                     float beta2, float eps, double weight_decay, long step) {
+    (void)be;
+    if (!n) return 0;
+    /* Same scalars, computed on the host in double, as cpu.c (torch's single-tensor AdamW). */
+    const double bc1 = 1.0 - pow(beta1, (double)step);
+    const float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step));
+    const float step_size = (float)(lr / bc1);
+    const float decay = (float)(1.0 - lr * weight_decay);
+    OLMO_LAUNCH(adamw_kernel, olmo_cuda_ew_blocks(n), EW_THREADS, 0, param, grad, m, v, n, beta1, beta2, eps, bc2_sqrt,
+                step_size, decay);
+    OLMO_CUDA_LAUNCHED("adamw_kernel");
+    return 0;
+}
