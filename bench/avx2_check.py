@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
-"""Issue 18's targets on this machine, in one command, met or not.
+"""The AVX2 performance targets on this machine, in one command, met or not.
 
 1. The attention kernels on one thread (`build/tests/test_attention --bench`:
    T=2048, one head, head_dim 64 and 128, full and window 256), --rounds
    times, each round against the one-thread 256-bit FMA loop measured just
    before and just after it (the higher of the two: these VMs' clock moves
    between minutes).  Target: forward and backward >= 60% of that peak.
-2. The issue's training command, `bench/bench_train.py --configs
+2. The training command, `bench/bench_train.py --configs
    configs/olmo3-20m.yaml --seq-lens 512,2048 --torch-attn sdpa --repeats 2`
    (its own output goes to the terminal as it runs).  Targets: MFU >= 75% at
    T=512 and >= 65% at T=2048, >= 1.7x / >= 3x PyTorch eager+SDPA; peak RSS
    reported.
 
-Then a Markdown table of every target for the note.  On a processor with
+Then a Markdown table of every target.  On a processor with
 AVX-512 the AVX2 paths are forced (OLMOC_CPU_ISA=avx2, bench_train.py
 --force-avx2) and the output says so: the targets are for AVX2-only
 processors, where only a run there settles them.  "No slowdown on AVX-512"

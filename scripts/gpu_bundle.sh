@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds, on this machine, what scripts/gpu_check.sh runs on a GPU machine that
-# has the CUDA toolkit but not our Debian libraries (the device machines of this
-# workplace: nothing can be installed there):
+# has the CUDA toolkit but not our Debian libraries (a machine where nothing can
+# be installed):
 #   gpu-bundle/           olmoc, tests/test_backend_parity and tests/bench_train built for
 #                         sm_90 (H100/H200) in build-gpu/, without MPI or the CUDA emulation,
 #                         for any x86-64-v3 processor (no -march=native); the CPU backend

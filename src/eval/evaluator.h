@@ -40,7 +40,7 @@ struct olmo_evaluators {
 /* What to evaluate: lists as data.val_paths and data.eval_tasks take them. */
 struct olmo_eval_sources {
     const char *val_paths;     /* comma-separated PATH or LABEL=PATH; NULL or "": none */
-    const char *tasks;         /* comma-separated task specs (eval/olmo_tasks.h, .jsonl files); NULL or "": none */
+    const char *tasks;         /* comma-separated task specs (OLMo-eval names and sets, directories, .jsonl files: eval/olmo_tasks.h); NULL or "": none */
     bool val_documents;        /* the sets as OLMo-core's LM evaluator reads them: one instance per document */
     const char *tokenizer;     /* tokenizer.json of the OLMo-eval tasks; NULL or "": none */
     const char *val_tokenizer; /* tokenizer.json for bits per byte in documents mode; NULL or "": none */

@@ -253,7 +253,7 @@ int olmo_eval_metric_from_config(const char *buf, size_t len, const char *source
     else if (!strcmp(pm->valuestring, "acc_per_char")) *metric = OLMO_METRIC_LEN_NORM;
     else if (!strcmp(pm->valuestring, "logits_per_byte")) *metric = OLMO_METRIC_BPB;
     else
-        rc = olmo_error("%s: primary_metric '%s' has no OLMo in-loop equivalent (acc_raw, acc_per_char, "
+        rc = olmo_error("%s: primary_metric '%s' has no OLMo in-loop counterpart (acc_raw, acc_per_char, "
                         "logits_per_byte); name the metric with DIR:acc, :len_norm, :bpb or :ce_loss",
                         source, pm->valuestring);
     cJSON_Delete(root);

@@ -51,7 +51,7 @@ struct olmo_run_options {
     bool handle_signals;          /* SIGTERM/SIGINT stop the run after the current step, with a checkpoint
                                    * (train/signals.h); installed by open, put back by close */
     bool profile;                 /* be is profiled (backend/profile.h): reset after step 1, report at the end */
-    FILE *log;                    /* progress lines as olmoc train prints them; NULL: silent */
+    FILE *log;                    /* progress lines as olmoc train prints them; NULL: none */
     /* Instead of data.train_path / data.mix: fills rows x seq_len tokens per step. */
     int (*next_batch)(void *ctx, int32_t *batch, size_t rows, int seq_len);
     /* Instead of the seeded OLMo-core initialisation (a new run). */

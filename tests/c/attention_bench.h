@@ -16,7 +16,7 @@ struct attn_bench {
     int shape[4][3];   /* head_dim, heads, window (0: full) */
 };
 
-/* The issue-18 shapes (one head, T = 2048, head_dim 64 and 128, full and window 256), or the one that
+/* The benchmark shapes (one head, T = 2048, head_dim 64 and 128, full and window 256), or the one that
  * OLMOC_BENCH_SHAPE=B,T,H,D,WINDOW names (e.g. a training micro-batch: 4,512,6,64,0); -1, said on
  * stderr, for a malformed one. */
 static int attn_bench_shapes(struct attn_bench *b) {

@@ -57,7 +57,7 @@ static struct {
 } tol;
 
 static void set_tolerances(const char *name) {
-    /* fp32 everywhere: rounding-level differences only (README: fp32 vs fp64 reference is ~1e-6..6e-5). */
+    /* fp32 everywhere: rounding-level differences only (docs/fidelity.md: fp32 vs fp64 reference is ~1e-6..6e-5). */
     tol.exact = 1e-6;
     tol.reduce = 1e-5;
     tol.gemm = 1e-5;

@@ -1,4 +1,4 @@
-/* Hostile and careless inputs (issue 19): each case here crashed, hung,
+/* Hostile and careless inputs: each case here crashed, hung,
  * overflowed a buffer or was silently accepted before its fix.  Runs under
  * ASan+UBSan too; every case is bounded to seconds (an alarm turns a hang
  * into a failure). */

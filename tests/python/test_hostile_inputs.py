@@ -1,4 +1,4 @@
-"""Hostile and careless inputs through the whole CLI (issue 19); the C-level
+"""Hostile and careless inputs through the whole CLI; the C-level
 cases are in tests/c/test_hostile.c.  Each test failed before its fix."""
 import json
 import shutil

@@ -23,7 +23,7 @@ from test_cli import ROOT, TINY
 
 
 MPIRUN = shutil.which("mpirun")
-TOLERANCE = 0.10  # the bound (devices)
+TOLERANCE = 0.10  # the bound on a device
 TOLERANCE_CPU = 0.0  # the CPU backends count every byte they hold
 # The emulated CUDA runtime's counters follow the plan within 0.76% (measured): at tiny sizes a
 # missing block buffer (fsdp's prefetch) is only 7% of the peak, so those rows are held to 1%.

@@ -110,7 +110,7 @@ def test_olmo3_7b_stage1_schedule(build_dir, tmp_path):
     original_max_steps = int(5e12) // global_batch
     part2 = HalfCosWithWarmup(warmup_steps=original_max_steps // 2 + 2000 // 2)
     t_max2 = trainer_max_steps(int(7e12), global_batch, global_step=resumed_at)
-    assert (t_max1, t_max2) == (1192093, 1668931)  # the numbers, from OLMo-core's Trainer
+    assert (t_max1, t_max2) == (1192093, 1668931)  # Olmo 3 7B's t_max, from OLMo-core's Trainer
 
     micro = yaml.safe_load((ROOT / "configs" / "olmo3-7b.yaml").read_text())["train"]["micro_batch"]
     for world in (1, 8):  # 512 instances per step: the config's grad_accum on 1 rank, 512 / 8 / micro per rank on 8

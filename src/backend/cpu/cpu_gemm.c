@@ -63,7 +63,7 @@ static void openblas_line(char *text, size_t size) {
 #ifdef OLMOC_HAVE_ONEDNN
     const char *warning = ": AVX2 on an AVX-512 processor, half its peak at best; backend cpu has oneDNN's AVX-512 ones";
 #else
-    const char *warning = ": AVX2 on an AVX-512 processor, half its peak at best; README: CPU performance";
+    const char *warning = ": AVX2 on an AVX-512 processor, half its peak at best; docs/performance.md";
 #endif
     snprintf(text, size, "GEMMs: OpenBLAS, %s kernels%s", kernels, avx2_only && olmo_cpu_has_avx512() ? warning : "");
 }
