@@ -169,6 +169,8 @@ static int open_model_and_data(struct olmo_run *run) {
             .val_paths = cfg->data.val_paths,
             .tasks = cfg->data.eval_tasks,
             .val_documents = cfg->data.val_documents,
+            .val_all_documents = cfg->data.val_all_documents,
+            .ranks = o->dist ? o->dist->world : 1,
             .tokenizer = cfg->data.tokenizer,
             .val_tokenizer = cfg->data.tokenizer,
             .tasks_dir = cfg->data.eval_tasks_dir,

@@ -206,7 +206,7 @@ def test_hostile_names_are_escaped(trained, build_dir, tmp_path):
     tasks, task_names = hostile_tasks(tmp_path)
     val = ",".join(f"{name}={tmp / 'val.npy'}" for name in HOSTILE)
     common = ["--val", val, "--task", tasks, "--tokenizer", "tokenizer.json", "--batches", "1", "--json"]
-    for mode in ([], ["--val-documents"]):
+    for mode in ([], ["--val-documents", "--val-all-documents"]):
         r = olmoc(build, "eval", run / "step-000060", *common, "--scores-out", "scores.jsonl", *mode,
                   cwd=tmp_path)
         assert r.returncode == 0, r.stderr
