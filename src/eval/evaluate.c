@@ -502,9 +502,11 @@ int olmo_mc_eval(struct olmo_model *m, const struct olmo_mc_task *t, int pad_id,
         for (int c = 0; c < t->ex[i].n_choices && !rc; c++) {
             const struct olmo_mc_example *e = &t->ex[i];
             int len = e->choice_len[c];
-            if (len >= T) rc = olmo_error("task '%s' example %d: choice %d has %d tokens; seq_len %d leaves no context",
-                                          t->name, i + 1, c, len, T);
-            int ctx = e->n_context < T - len ? e->n_context : T - len; /* left-truncated context */
+            if (len > T) rc = olmo_error("task '%s' example %d: choice %d has %d tokens, more than seq_len %d",
+                                         t->name, i + 1, c, len, T);
+            /* OLMo's rule: the query is context + choice without its last token (never an
+             * input), cut from the left to seq_len: the context keeps T - len + 1 tokens */
+            int ctx = e->n_context < T - len + 1 ? e->n_context : T - len + 1;
             rows[k++] = (struct mc_row){i, c, ctx, len};
         }
     for (int first = 0; first < total_rows && !rc; first += B) {
@@ -515,7 +517,8 @@ int olmo_mc_eval(struct olmo_model *m, const struct olmo_mc_task *t, int pad_id,
             const struct olmo_mc_example *e = &t->ex[row->ex];
             int32_t *dst = tokens + (size_t)b * T;
             memcpy(dst, e->context + (e->n_context - row->start), sizeof(int32_t) * (size_t)row->start);
-            memcpy(dst + row->start, e->choices[row->choice], sizeof(int32_t) * (size_t)row->len);
+            const int fits = T - row->start < row->len ? T - row->start : row->len; /* len - 1 when cut */
+            memcpy(dst + row->start, e->choices[row->choice], sizeof(int32_t) * (size_t)fits);
         }
         if ((rc = olmo_model_forward(m, tokens, false))) break;
         for (int b = 0; b < nb; b++) {

@@ -9,7 +9,10 @@
  * over the choice's tokens, given the context.  Reported: acc (argmax of the
  * sum) and acc_per_token (argmax of the sum divided by the choice's token
  * count, the length normalisation available without text).  A row longer
- * than the model's seq_len loses context tokens from the left. */
+ * than the model's seq_len loses context tokens from the left as OLMo's
+ * in-loop evaluator cuts its query (the context and the choice without its
+ * last token, which is never an input; the last seq_len tokens kept): the
+ * context keeps seq_len - len + 1 tokens. */
 #ifndef OLMOC_EVAL_EVALUATE_H
 #define OLMOC_EVAL_EVALUATE_H
 
