@@ -61,8 +61,8 @@ static int print_record(void *ctx, cJSON *rec) {
 struct eval_args {
     const char *src, *config_path, *val, *tasks_arg, *scores_path, *backend_name;
     struct olmo_task_args ta;
-    int batches;
-    bool json, val_documents, list_tasks;
+    int batches, ranks;
+    bool json, val_documents, val_all_documents, list_tasks;
     struct olmo_cli_list sets;
 };
 
@@ -77,10 +77,18 @@ static const struct olmo_cli_option eval_options[] = {
     {.kind = OLMO_CLI_FLAG, .name = "--val-documents", .offset = ARG(val_documents),
      .help = "evaluate the --val sets as OLMo-core's LM evaluator does: one padded\n"
              "instance per document (up to each EOS, its first train.seq_len tokens),\n"
-             "OLMo-core's mean CE over the instances' tokens (all documents unless\n"
-             "--batches);\n"
+             "OLMo-core's mean CE over the instances' tokens; the documents its data\n"
+             "loader reads: the sets as one dataset, shuffled with seed 0 (epoch 1),\n"
+             "in whole global batches of train.micro_batch x --ranks documents (the\n"
+             "last incomplete batch dropped), the first --batches of them (default all);\n"
              "reports OLMo-core's metric names eval/lm/LABEL/CE loss and\n"
              "eval/lm/LABEL/PPL, and bits per byte (BPB) when a tokenizer is known"},
+    {.kind = OLMO_CLI_FLAG, .name = "--val-all-documents", .offset = ARG(val_all_documents),
+     .help = "with --val-documents: every document of each set, in file order\n"
+             "(default: data.val_all_documents)"},
+    {.kind = OLMO_CLI_INT, .name = "--ranks", .offset = ARG(ranks), .metavar = "N", .min = 1, .max = 1000000,
+     .help = "with --val-documents: the data-parallel ranks of the run whose LM\n"
+             "evaluator to reproduce (its global batch; default 1)"},
     {.kind = OLMO_CLI_STRING, .name = "--task", .offset = ARG(tasks_arg), .metavar = "LIST",
      .help = "downstream tasks (comma-separated), each one of:\n"
              "- an OLMo-eval in-loop task name (arc_easy_test_rc_5shot,\n"
@@ -190,6 +198,8 @@ int cmd_eval(int argc, char **argv) {
         .val_paths = val,
         .tasks = tasks_arg,
         .val_documents = args.val_documents,
+        .val_all_documents = args.val_all_documents || cfg.data.val_all_documents,
+        .ranks = args.ranks,
         .tokenizer = tokpath,
         .val_tokenizer = ta.tokenizer ? ta.tokenizer : cfg.data.tokenizer, /* bits per byte */
         .tasks_dir = ta.tasks_dir ? ta.tasks_dir : cfg.data.eval_tasks_dir,

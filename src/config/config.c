@@ -76,6 +76,7 @@ static const struct field fields[] = {
     DS(val_paths),                 DS(eval_tasks),
     DS(tokenizer),                 DS(eval_tasks_dir),
     D(val_documents, F_BOOL),      D(max_target_sequence_length, F_INT),
+    D(val_all_documents, F_BOOL),
 };
 #undef M
 #undef T

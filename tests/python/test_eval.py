@@ -100,6 +100,81 @@ def test_multiple_choice_scores_match_reference(trained, build_dir, tmp_path):
     assert result["acc"] >= 0.8  # the model has learned the task's rule
 
 
+def test_truncated_context_matches_olmo_eval(trained, build_dir, tmp_path):
+    """Pre-tokenized examples longer than seq_len: the context is cut as OLMo's in-loop evaluator cuts it.
+    The reference is OLMo-eval's own code at test time: ICLMultiChoiceTaskDataset.prep_examples builds
+    the queries (context + choice without its last token, the last model_ctx_len tokens kept, ctx_len
+    = len(query) - len(choice) + 1), collate_fn batches them, the float64 reference model gives the
+    logits and ICLMetric.update sums each choice's log-probabilities."""
+    from olmo_eval import ICLMetric
+    from olmo_eval.tasks import ICLMultiChoiceTaskDataset
+
+    _, _, run = trained
+    ckpt = run / "step-000060"
+    T = 32  # the tiny config's seq_len
+    rng = np.random.default_rng(7)
+    examples = []
+    for n_ctx in [5, 20, 28, 31, 32, 33, 40, 60, 26, 29, 30, 45]:
+        choices = [[int(v) for v in rng.integers(2, 64, int(rng.integers(1, 7)))] for _ in range(3)]
+        examples.append({"context": [int(v) for v in rng.integers(2, 64, n_ctx)], "choices": choices,
+                         "label": int(rng.integers(0, 3))})
+    examples.append({"context": [5, 6, 7], "choices": [[9] * T, [10] * (T - 1)], "label": 0})  # a choice of seq_len
+    task = tmp_path / "long.jsonl"
+    task.write_text("".join(json.dumps(e) + "\n" for e in examples))
+    scores = tmp_path / "scores.jsonl"
+    r = olmoc(build_dir, "eval", ckpt, "--task", task, "--scores-out", scores, "--json")
+    assert r.returncode == 0, r.stderr
+    got = [json.loads(line)["logprobs"] for line in scores.read_text().splitlines()]
+
+    def as_text(ids):  # one character per token id, so that OLMo-eval's string code sees token counts
+        return "".join(chr(0x100 + i) for i in ids)
+
+    class TokenIds(ICLMultiChoiceTaskDataset):
+        metric_type = "acc"
+
+        def __init__(self, docs):  # no dataset download: the documents are given
+            self.tokenizer = type("Tok", (), {"bos_token_id": None, "pad_token_id": 1})()
+            self.model_ctx_len, self.fixed_ctx_len, self.fast_mc = T, False, False
+            self.prompts, self.current_prompt, self.log_instances = [None], None, 0
+            self.dataset_name, self.dataset = "long", docs
+            self.prep_examples()
+            self._max_sequence_length = None
+
+        def token_encode(self, string):
+            return [ord(c) - 0x100 for c in string]
+
+        def doc_to_text(self, doc):
+            return as_text(doc["context"])
+
+        def doc_to_continuations(self, doc):
+            return [as_text(c) for c in doc["choices"]]
+
+        def doc_to_label(self, doc):
+            return doc["label"]
+
+        def doc_to_domain_conditional(self, doc):
+            return ""
+
+    ds = TokenIds(examples)
+    batch = ds.collate_fn([ds[i] for i in range(len(ds))])
+    assert any(int(c) < len(s["ctx"]) for c, s in zip(batch["ctx_len"], ds.samples))  # contexts are cut
+    metric = ICLMetric(metric_type="acc")
+    params = params_of(ckpt)
+    with torch.no_grad():
+        metric.update(batch, ref.forward(params, batch["input_ids"][:, :T], MODEL))
+    want = {(d, c): float(v) for d, c, v in metric.loglikelihoods}
+    worst = 0.0
+    for d, row in enumerate(got):
+        assert len(row) == len(examples[d]["choices"])
+        for c, lp in enumerate(row):
+            worst = max(worst, abs(lp - want[(d, c)]) / max(abs(want[(d, c)]), 1e-3))
+    print(f"\ntruncated contexts: log-likelihood rel err {worst:.2e} against OLMo-eval")
+    assert worst < 1e-5
+    task.write_text(json.dumps({"context": [5], "choices": [[9] * (T + 1), [10]], "label": 0}) + "\n")
+    r = olmoc(build_dir, "eval", ckpt, "--task", task)
+    assert r.returncode == 1 and "33 tokens, more than seq_len 32" in r.stderr, r.stderr
+
+
 def test_untrained_model_is_near_chance(trained, build_dir, tmp_path):
     _, cfg, _ = trained
     out = tmp_path / "init"
@@ -206,7 +281,7 @@ def test_hostile_names_are_escaped(trained, build_dir, tmp_path):
     tasks, task_names = hostile_tasks(tmp_path)
     val = ",".join(f"{name}={tmp / 'val.npy'}" for name in HOSTILE)
     common = ["--val", val, "--task", tasks, "--tokenizer", "tokenizer.json", "--batches", "1", "--json"]
-    for mode in ([], ["--val-documents"]):
+    for mode in ([], ["--val-documents", "--val-all-documents"]):
         r = olmoc(build, "eval", run / "step-000060", *common, "--scores-out", "scores.jsonl", *mode,
                   cwd=tmp_path)
         assert r.returncode == 0, r.stderr

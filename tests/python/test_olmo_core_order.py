@@ -7,6 +7,7 @@ NumpyFSLDataLoader (one loader per data-parallel rank, epochs 1, 2, ...) for
 the batches every rank gets.  olmoc's side is tests/c/order_tool (the loader
 of a training run, olmo_loader_open_run) and `olmoc train --dump-batches`.
 """
+import json
 import os
 import shutil
 import subprocess
@@ -243,6 +244,62 @@ def test_train_run_feeds_olmo_core_batches(build_dir, tmp_path):
         for rank in range(world):
             for b in range(30):
                 assert np.array_equal(dump[b, rank], ref[rank][b]), (world, rank, b)
+
+
+def stage1_stand_ins(root, vocab, seed):
+    """Small raw uint32 token files at every path of OLMo-core's OLMo-mix-0625-official.txt (the Olmo 3 7B
+    Stage 1 mix), resolved as DataMix.build resolves them; returns the manifest, the tokenizer config."""
+    import importlib.resources
+
+    mix_txt = importlib.resources.files("olmo_core").joinpath("data/mixes/OLMo-mix-0625-official.txt")
+    tokenizer = olmo_data.TokenizerConfig.dolma2()
+    paths, _ = olmo_data.DataMix.OLMo_mix_0625_official.build(str(root), tokenizer.identifier)
+    rng = np.random.default_rng(seed)
+    for p in paths:
+        Path(p).parent.mkdir(parents=True, exist_ok=True)
+        rng.integers(0, vocab, int(rng.integers(5, 120)), dtype=np.uint32).tofile(p)
+    return mix_txt, tokenizer
+
+
+def test_train_on_olmo3_stage1_mix_file(build_dir, tmp_path):
+    """End to end: `olmoc train` with data.mix_file, data.mix_base_dir and data.mix_tokenizer (the way
+    --help, docs/data.md and configs/olmo3-7b.yaml give the Olmo 3 mixes) on OLMo-core's own Stage 1
+    manifest trains on the batches OLMo-core's NumpyFSLDatasetConfig.from_data_mix dataset and its
+    data loader give every rank, one rank and (with mpirun) two."""
+    from test_cli import TINY
+
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY)  # vocab 64, seq_len 32, micro_batch 2, grad_accum 2
+    base = tmp_path / "mix"
+    mix_txt, tokenizer = stage1_stand_ins(base, 64, 11)
+    seq_len, steps, seed = 32, 12, 34521
+    ds = olmo_data.NumpyFSLDatasetConfig.from_data_mix(
+        olmo_data.DataMix.OLMo_mix_0625_official, tokenizer=tokenizer, mix_base_dir=str(base),
+        sequence_length=seq_len, max_target_sequence_length=seq_len, work_dir=str(tmp_path / "work")).build()
+    assert len(ds.paths) == 1016
+    runs = [(1, 2)]
+    if shutil.which("mpirun"):
+        runs.append((2, 1))
+    for world, accum in runs:
+        out = tmp_path / f"run{world}"
+        cmd = [str(build_dir / "olmoc"), "train", str(cfg), "--set", f"data.mix_file={mix_txt}",
+               "--set", f"data.mix_base_dir={base}", "--set", "data.mix_tokenizer=allenai/dolma3-tokenizer",
+               "--set", "data.dtype=uint32", "--set", f"data.out_dir={out}", "--set", f"train.steps={steps}",
+               "--set", f"train.seed={seed}", "--set", f"train.grad_accum={accum}", "--set", "train.peak_flops=1e12",
+               "--dump-batches", str(tmp_path / f"dump{world}.bin")]
+        if world > 1:
+            cmd = ["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(world), *cmd]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                           timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "OLMo-mix-0625-official.txt" in r.stdout  # the header names the data
+        dump = np.fromfile(tmp_path / f"dump{world}.bin", dtype=np.int32).reshape(steps, world, 2 * accum, seq_len)
+        ref, _ = olmo_core_rank_batches(None, None, seq_len, 4, world, seed, 1, tmp_path, ds=ds)
+        for rank in range(world):
+            for b in range(steps):
+                assert np.array_equal(dump[b, rank], ref[rank][b]), (world, rank, b)
+        losses = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        assert sum(x.get("type") == "train" for x in losses) >= 1
 
 
 def test_weighted_mix_needs_olmoc_order(build_dir, tmp_path):
