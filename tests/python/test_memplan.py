@@ -198,5 +198,6 @@ def test_info_plan_cli(build_dir):
                           (("--ranks",), "--ranks needs a value")):
         r = run(*args)
         assert r.returncode != 0 and message in r.stderr, (args, r.stderr)
+        assert r.stdout == "", (args, r.stdout[:200])  # found before anything is printed: the error is last
     # without plan options info prints no plan (its output as before)
     assert "memory plan" not in run().stdout
