@@ -47,7 +47,9 @@ static const struct olmo_cli_command convert_command = {
     "--to-hf writes OUTDIR/model.safetensors and OUTDIR/config.json (Olmo3ForCausalLM), loadable\n"
     "with transformers' AutoModelForCausalLM.from_pretrained(OUTDIR).  SRC is a checkpoint\n"
     "(step-NNNNNN/), a run directory (its newest checkpoint), or a .safetensors file with\n"
-    "--config.  max_position_embeddings is set to train.seq_len.\n\n"
+    "--config.  max_position_embeddings is set to train.seq_len.  With a tokenizer (data.tokenizer,\n"
+    "or SRC/tokenizer.json of a Hugging Face directory) it also writes OUTDIR/tokenizer.json and\n"
+    "OUTDIR/tokenizer_config.json, so AutoTokenizer.from_pretrained(OUTDIR) works.\n\n"
     "--from-hf reads HFDIR/config.json and HFDIR/model.safetensors (or the shards of\n"
     "model.safetensors.index.json; fp32, bf16 or fp16) and writes OUTDIR/config.yaml (the model\n"
     "section filled in, train/data at their defaults, train.seq_len = min(max_position_embeddings,\n"
@@ -79,6 +81,7 @@ int cmd_convert(int argc, char **argv) {
     struct olmo_model model = {0};
     struct olmo_backend *backend = NULL; /* destroyed after the model */
     char path[4400];
+    bool wrote_tokenizer = false;
     if (olmo_source_resolve(src, config_path, &source, &cfg)) goto fail;
     if (!to_hf && source.kind != OLMO_SRC_HF_DIR) {
         olmo_error("'%s' is not a Hugging Face directory (no config.json)", src);
@@ -96,15 +99,27 @@ int cmd_convert(int argc, char **argv) {
         if (olmo_hf_save_weights(&model, path, out_dtype)) goto fail;
         snprintf(path, sizeof path, "%s/config.json", out);
         if (olmo_hf_write_config(&cfg, path, dtype)) goto fail;
+        /* the run's tokenizer (data.tokenizer), or the source directory's, goes with the export */
+        char tokpath[4400] = "";
+        if (cfg.data.tokenizer[0]) snprintf(tokpath, sizeof tokpath, "%s", cfg.data.tokenizer);
+        else if (source.kind == OLMO_SRC_HF_DIR) snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", src);
+        if (tokpath[0] && olmo_is_file(tokpath)) {
+            if (olmo_hf_write_tokenizer(&cfg, tokpath, out)) goto fail;
+            wrote_tokenizer = true;
+        } else if (cfg.data.tokenizer[0]) {
+            fprintf(stderr, "olmoc convert: note: no tokenizer.json written: data.tokenizer '%s' is not a file\n",
+                    cfg.data.tokenizer);
+        }
     } else {
         snprintf(path, sizeof path, "%s/model.safetensors", out);
         if (olmo_weights_save(&model, model.weights, path)) goto fail;
         snprintf(path, sizeof path, "%s/config.yaml", out);
         if (olmo_config_write(&cfg, path)) goto fail;
     }
-    printf("olmoc convert: %s %s (%zu parameters, %d layers) -> %s (%s)\n", olmo_source_kind_name(source.kind), src,
+    printf("olmoc convert: %s %s (%zu parameters, %d layers) -> %s (%s%s)\n", olmo_source_kind_name(source.kind), src,
            olmo_model_count_params(&cfg.model, true), cfg.model.n_layers, out,
-           to_hf ? "Hugging Face Olmo3ForCausalLM" : "olmoc config.yaml + model.safetensors");
+           to_hf ? "Hugging Face Olmo3ForCausalLM" : "olmoc config.yaml + model.safetensors",
+           wrote_tokenizer ? ", tokenizer.json" : "");
     olmo_model_destroy(&model);
     olmo_backend_destroy(backend);
     return 0;

@@ -74,16 +74,12 @@ static const struct olmo_cli_command info_command = {
 
 static int set_one(void *cfg, const char *kv) { return olmo_config_set(cfg, kv); }
 
-/* "--data": the training data as olmoc train opens it on `ranks` ranks. */
-static int print_data(const struct olmo_config *cfg, int ranks) {
-    struct olmo_loader l;
-    if (olmo_loader_open_run(&l, cfg, ranks)) return olmo_error_context("the training data");
-    printf("# data: %zu instances per epoch, %zu in the files, global batch %zu, fingerprint %llu\n", l.n_instances,
-           l.order_kind == OLMO_ORDER_OLMO_CORE ? l.dataset_instances : l.n_instances,
+/* "--data": the training data as olmoc train opens it on `ranks` ranks (l opened by the caller). */
+static void print_data(const struct olmo_config *cfg, int ranks, const struct olmo_loader *l) {
+    printf("# data: %zu instances per epoch, %zu in the files, global batch %zu, fingerprint %llu\n", l->n_instances,
+           l->order_kind == OLMO_ORDER_OLMO_CORE ? l->dataset_instances : l->n_instances,
            (size_t)cfg->train.micro_batch * (size_t)cfg->train.grad_accum * (size_t)ranks,
-           (unsigned long long)l.fingerprint);
-    olmo_loader_close(&l);
-    return 0;
+           (unsigned long long)l->fingerprint);
 }
 
 int cmd_info(int argc, char **argv) {
@@ -95,6 +91,8 @@ int cmd_info(int argc, char **argv) {
     const int ranks = a.ranks, shard_degree = a.shard_degree, data_ranks = a.data_ranks;
     const bool plan = a.ranks || a.shard_degree >= 0 || a.backend || a.memory > 0;
     double have = a.memory;
+    struct olmo_loader loader;
+    bool loader_open = false;
     struct olmo_config cfg;
     olmo_config_defaults(&cfg);
     if (olmo_config_load(&cfg, path)) goto fail;
@@ -111,6 +109,18 @@ int cmd_info(int argc, char **argv) {
         if (olmo_config_validate(&rest)) goto fail;
         fprintf(stderr, "olmoc info: note: %s (olmoc train refuses this config; planned from the design)\n", why);
     }
+    /* everything that can fail before anything is printed: an error is the output's last line */
+    if (data_ranks) {
+        if (olmo_loader_open_run(&loader, &cfg, data_ranks)) {
+            olmo_error_context("the training data");
+            goto fail;
+        }
+        loader_open = true;
+    }
+    struct olmo_mem_plan p;
+    const struct olmo_mem_plan_options o = {.ranks = ranks ? ranks : 1, .shard_degree = shard_degree,
+                                            .backend = backend, .threads = omp_get_max_threads()};
+    if (plan && olmo_mem_plan(&cfg, &o, &p)) goto fail;
     if (olmo_config_write_fp(&cfg, stdout)) goto fail;
     const struct olmo_model_config *m = &cfg.model;
     printf("# parameters: %zu total, %zu without the input embedding\n", olmo_model_count_params(m, true),
@@ -120,12 +130,12 @@ int cmd_info(int argc, char **argv) {
     printf("# attention: ");
     for (int l = 0; l < m->n_layers; l++) putchar(olmo_layer_is_full_attention(m, l) ? 'F' : 'S');
     printf("  (S = sliding window %d, F = full)\n", m->sliding_window);
-    if (data_ranks && print_data(&cfg, data_ranks)) goto fail;
+    if (loader_open) {
+        print_data(&cfg, data_ranks, &loader);
+        olmo_loader_close(&loader);
+        loader_open = false;
+    }
     if (!plan) return 0;
-    struct olmo_mem_plan p;
-    const struct olmo_mem_plan_options o = {.ranks = ranks ? ranks : 1, .shard_degree = shard_degree,
-                                            .backend = backend, .threads = omp_get_max_threads()};
-    if (olmo_mem_plan(&cfg, &o, &p)) goto fail;
     const char *have_what = "--device-memory";
     if (!(a.memory > 0) && !p.device) {
         have = (double)olmo_memory_limit();
@@ -140,6 +150,8 @@ int cmd_info(int argc, char **argv) {
     olmo_mem_plan_print(&p, stdout, have, have_what);
     return 0;
 fail:
+    if (loader_open) olmo_loader_close(&loader);
+    fflush(stdout); /* whatever was printed comes before the error */
     fprintf(stderr, "olmoc info: %s\n", olmo_last_error());
     return 1;
 }

@@ -27,6 +27,10 @@ int olmo_hf_read_config(const char *config_json, struct olmo_config *cfg);
 const char *olmo_hf_config_assumed(void);
 /* Writes an Olmo3Config config.json (max_position_embeddings = train.seq_len). */
 int olmo_hf_write_config(const struct olmo_config *cfg, const char *path, const char *dtype_name);
+/* Writes out_dir/tokenizer.json (a copy of tokenizer_path, which must load as a tokenizer) and
+ * out_dir/tokenizer_config.json (PreTrainedTokenizerFast with the config's EOS and PAD tokens), so
+ * transformers' AutoTokenizer loads the export. */
+int olmo_hf_write_tokenizer(const struct olmo_config *cfg, const char *tokenizer_path, const char *out_dir);
 /* Loads weights from dir/model.safetensors or the shards listed in
  * dir/model.safetensors.index.json (any float dtype, widened to fp32). */
 int olmo_hf_load_weights(struct olmo_model *m, const char *dir);

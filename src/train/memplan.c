@@ -339,9 +339,12 @@ int olmo_parse_bytes(const char *s, double *out) {
     static const struct {
         const char *unit;
         double scale;
-    } units[] = {{"", 1},        {"B", 1},          {"KB", 1e3},        {"MB", 1e6},
+    } units[] = {{"B", 1},          {"KB", 1e3},        {"MB", 1e6},
                  {"GB", 1e9},    {"TB", 1e12},      {"KiB", 1024.0},    {"MiB", 1048576.0},
                  {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+    if (!*end) /* a bare number: 141 bytes is never what was meant */
+        return olmo_error("'%s' has no unit: write e.g. %sGB or %sGiB (B, KB, MB, GB, TB = powers of 10; KiB, MiB, "
+                          "GiB, TiB = of 2)", s, s, s);
     for (size_t i = 0; i < sizeof units / sizeof *units; i++)
         if (!strcmp(end, units[i].unit)) {
             *out = v * units[i].scale;

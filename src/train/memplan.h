@@ -52,7 +52,8 @@ struct olmo_mem_plan {
 int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_options *o, struct olmo_mem_plan *p);
 /* The table, and whether `need` fits in have_bytes (<= 0: not judged). */
 void olmo_mem_plan_print(const struct olmo_mem_plan *p, FILE *f, double have_bytes, const char *have_what);
-/* "141GB" (10^9), "131.6GiB" (2^30), "512MiB", "80e9" (bytes): 0, or -1 with the error set. */
+/* "141GB" (10^9), "131.6GiB" (2^30), "512MiB", "80e9B" (bytes): 0, or -1 with the error set (a number
+ * without a unit is refused). */
 int olmo_parse_bytes(const char *s, double *out);
 /* The item's name in the table. */
 const char *olmo_mem_item_name(enum olmo_mem_item item);

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from test_cli import builds, olmoc, tiny  # noqa: F401
+from test_cli import ROOT, builds, olmoc, tiny  # noqa: F401
 from test_fidelity import TOL_FORWARD, random_params, rel_err
 
 transformers = pytest.importorskip("transformers")
@@ -210,3 +210,35 @@ def test_safetensors_defensive_parsing(build_dir, tiny, tmp_path):
             r = olmoc(build, "train", cfg, "--set", f"data.train_path={data}", "--init", path,
                       "--set", f"data.out_dir={tmp_path / 'o'}", "--set", "train.peak_flops=1")
             assert r.returncode == 1 and message in r.stderr, (name, r.stderr)
+
+
+def test_export_writes_the_tokenizer(build_dir, tiny, tmp_path):
+    """--to-hf of a run with data.tokenizer writes tokenizer.json and tokenizer_config.json, and transformers'
+    AutoTokenizer loads the export and encodes as the tokenizer file does; without a tokenizer file, a note."""
+    from tokenizers import Tokenizer
+
+    cfg, data = tiny
+    tok_file = ROOT / "assets" / "tokenizer" / "demo-8192.json"
+    run = tmp_path / "run"
+    r = olmoc(build_dir, "train", cfg, "--set", f"data.train_path={data}", "--set", f"data.out_dir={run}",
+              "--set", "train.steps=2", "--set", "train.save_every=2", "--set", "train.peak_flops=1e12",
+              "--set", f"data.tokenizer={tok_file}")
+    assert r.returncode == 0, r.stderr
+    hf_dir = tmp_path / "hf"
+    r = olmoc(build_dir, "convert", "--to-hf", run, hf_dir)
+    assert r.returncode == 0 and "tokenizer.json" in r.stdout, r.stderr
+    assert (hf_dir / "tokenizer.json").read_bytes() == tok_file.read_bytes()
+    ref = Tokenizer.from_file(str(tok_file))
+    hf_tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    text = "The quick brown fox, 12345 times: naïve café!"
+    assert hf_tok(text)["input_ids"] == ref.encode(text).ids
+    tiny_cfg = (cfg.read_text())
+    eos = int(re.search(r"eos_token_id: (\d+)", tiny_cfg).group(1))
+    pad = int(re.search(r"pad_token_id: (\d+)", tiny_cfg).group(1))
+    assert hf_tok.eos_token_id == eos and hf_tok.pad_token_id == pad
+    assert hf_tok.eos_token == ref.decode([eos], skip_special_tokens=False)
+
+    # a tokenizer the config names but that is not there: the weights are exported, with a note
+    r = olmoc(build_dir, "convert", "--to-hf", run, tmp_path / "hf2", "--set", "data.tokenizer=/nonexistent/t.json")
+    assert r.returncode == 0 and "no tokenizer.json written" in r.stderr, r.stderr
+    assert not (tmp_path / "hf2" / "tokenizer.json").exists()

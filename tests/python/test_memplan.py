@@ -191,11 +191,13 @@ def test_info_plan_cli(build_dir):
     assert r.returncode == 0 and "# fits: need" in r.stdout, r.stderr
     for args, message in ((("--ranks", 0), "--ranks needs an integer >= 1"),
                           (("--device-memory", "141G"), "unknown unit 'G'"),
+                          (("--device-memory", "141"), "'141' has no unit"),
                           (("--backend", "tpu"), "unknown backend 'tpu'"),
                           (("--ranks", 3, "--shard-degree", 2, "--set", "train.sharding=fsdp"),
                            "must divide the 3 ranks"),
                           (("--ranks",), "--ranks needs a value")):
         r = run(*args)
         assert r.returncode != 0 and message in r.stderr, (args, r.stderr)
+        assert r.stdout == "", (args, r.stdout[:200])  # found before anything is printed: the error is last
     # without plan options info prints no plan (its output as before)
     assert "memory plan" not in run().stdout
