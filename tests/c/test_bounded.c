@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -20,6 +21,7 @@
 #include "check.h"
 #include "eval/olmo_tasks.h"
 #include "io/safetensors.h"
+#include "train/metrics.h"
 #include "util/error.h"
 #include "util/fs.h"
 
@@ -189,6 +191,56 @@ static void test_request_lines_64bit(void) {
     close(fd);
 }
 
+/* ---------------------------------------------------------------- metrics.jsonl */
+
+/* --resume read the whole log with a 2 GiB limit: a long run's log blocked
+ * every resume.  2 GiB + of records (64 KiB lines), then records to remove. */
+static void test_metrics_over_2gib(void) {
+    const char *path = path_of("metrics.jsonl");
+    FILE *f = fopen(path, "wb");
+    const size_t line = (size_t)64 << 10;
+    char *rec = malloc(line);
+    const int head = snprintf(rec, line, "{\"type\":\"train\",\"step\":1,\"pad\":\"");
+    memset(rec + head, 'x', line - (size_t)head - 3);
+    memcpy(rec + line - 3, "\"}\n", 3);
+    const size_t n = ((size_t)2 << 30) / line + 16;
+    bool ok = f != NULL;
+    for (size_t i = 0; i < n && ok; i++) ok = fwrite(rec, 1, line, f) == line;
+    free(rec);
+    const char tail[] = "{\"type\":\"train\",\"step\":2}\n{\"type\":\"train\",\"step\":3}\n{\"type\":\"tr";
+    ok = ok && fwrite(tail, 1, sizeof tail - 1, f) == sizeof tail - 1;
+    CHECK(f && !fclose(f) && ok, "write a %zu-byte log", n * line);
+    if (!ok) return;
+    FILE *notes = tmpfile();
+    struct olmo_metrics m;
+    const double t0 = now();
+    const int rc = olmo_metrics_open(&m, path, 1, notes);
+    printf("  resume over %.2f GiB: %s (%.2f s)\n", (double)(n * line) / (1 << 30), rc ? olmo_last_error() : "ok",
+           now() - t0);
+    CHECK(!rc, "a log over 2 GiB is cut on resume: %s", olmo_last_error());
+    if (!rc) olmo_metrics_close(&m);
+    struct stat sb;
+    CHECK(!stat(path, &sb) && (size_t)sb.st_size == n * line, "the records of steps after 1 removed (size %lld)",
+          (long long)sb.st_size);
+    char said[512] = "";
+    rewind(notes);
+    said[fread(said, 1, sizeof said - 1, notes)] = 0;
+    fclose(notes);
+    CHECK(strstr(said, "removed 2 records after step 1") && strstr(said, "incomplete last line"), "said: %s", said);
+    unlink(path);
+    /* a record to keep after one to remove: rewritten, in order */
+    const char mixed[] = "{\"step\":1,\"a\":1}\n{\"step\":5}\n{\"step\":1,\"a\":2}\n";
+    write_bytes("m2.jsonl", mixed, sizeof mixed - 1);
+    CHECK(!olmo_metrics_open(&m, path_of("m2.jsonl"), 1, NULL) && !olmo_metrics_close(&m), "interleaved: %s",
+          olmo_last_error());
+    char *text = NULL;
+    size_t len = 0;
+    CHECK(!olmo_read_file(path_of("m2.jsonl"), 1 << 20, &text, &len) &&
+              !strcmp(text, "{\"step\":1,\"a\":1}\n{\"step\":1,\"a\":2}\n"),
+          "kept records rewritten in order: %s", text ? text : olmo_last_error());
+    free(text);
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
@@ -197,6 +249,7 @@ static const struct {
     {"safetensors_colliding_names", test_safetensors_colliding_names, 40},
     {"request_gzip_bomb", test_request_gzip_bomb, 60},
     {"request_lines_64bit", test_request_lines_64bit, 120},
+    {"metrics_over_2gib", test_metrics_over_2gib, 200},
 };
 
 /* test_bounded [NAME...]: the named cases only (all by default). */
