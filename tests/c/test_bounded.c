@@ -18,10 +18,15 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "backend/backend.h"
 #include "check.h"
+#include "config/config.h"
 #include "eval/olmo_tasks.h"
 #include "io/safetensors.h"
+#include "train/checkpoint.h"
 #include "train/metrics.h"
+#include "train/source.h"
+#include "train/trainer.h"
 #include "util/error.h"
 #include "util/fs.h"
 
@@ -241,6 +246,80 @@ static void test_metrics_over_2gib(void) {
     free(text);
 }
 
+/* ---------------------------------------------------------------- a live run's checkpoints */
+
+static struct olmo_trainer tr;
+static struct olmo_ckpt_state ckst;
+static char run_dir[600];
+static int rotations_left;
+
+static int save_step(long step) {
+    ckst.step = step;
+    ckst.tokens = 0;
+    char path[4096];
+    return olmo_ckpt_save(run_dir, &tr, &ckst, path, sizeof path);
+}
+
+/* What a live run does between olmoc eval's listing and its opening of the
+ * newest checkpoint: saves a newer one and removes the older ones (keep_last 1). */
+static void rotate(const char *checkpoint, void *arg) {
+    (void)arg;
+    if (rotations_left <= 0) return;
+    rotations_left--;
+    const long next = strtol(strrchr(checkpoint, '-') + 1, NULL, 10) + 1;
+    if (save_step(next) || olmo_ckpt_retain(run_dir, 1)) printf("  rotation failed: %s\n", olmo_last_error());
+}
+
+static void test_eval_of_a_live_run(void) {
+    struct olmo_config cfg;
+    olmo_config_defaults(&cfg);
+    cfg.model = (struct olmo_model_config){.vocab_size = 64, .d_model = 32, .n_layers = 2, .n_heads = 4,
+                                           .n_kv_heads = 2, .mlp_hidden = 64, .rope_theta = 1e4,
+                                           .rms_norm_eps = 1e-6, .init_std = 0.02};
+    cfg.train.seq_len = 16;
+    cfg.train.micro_batch = 1;
+    struct olmo_backend *be = olmo_backend_create("cpu");
+    snprintf(run_dir, sizeof run_dir, "%s/run", check_dir);
+    CHECK(be && !olmo_trainer_init(&tr, &cfg, be) && !olmo_trainer_init_weights(&tr, 7) && !save_step(1) &&
+              !save_step(2),
+          "a run directory with checkpoints: %s", olmo_last_error());
+    if (failures) return;
+    olmo_source_open_hook = rotate;
+    struct olmo_model_source src;
+    struct olmo_config got;
+    rotations_left = 1;
+    int rc = olmo_source_resolve(run_dir, NULL, &src, &got);
+    printf("  resolve: %s | note: %s\n", rc ? olmo_last_error() : "ok", src.note);
+    CHECK(!rc && strstr(src.dir, "step-000003") && strstr(src.note, "step-000002' was rotated away") &&
+              strstr(src.note, "using the newest") && src.rotated == 1,
+          "resolve opens the newest checkpoint after a rotation: %s | %s", olmo_last_error(), src.note);
+    struct olmo_model m = {0};
+    rotations_left = 2; /* twice while loading */
+    rc = rc || olmo_model_create(&m, &got.model, be) || olmo_source_load_weights(&src, &m);
+    printf("  load: %s | note: %s\n", rc ? olmo_last_error() : "ok", src.note);
+    CHECK(!rc && strstr(src.dir, "step-000005") && src.rotated == 3, "the load follows two more rotations: %s",
+          olmo_last_error());
+    bool same = !rc;
+    for (size_t i = 0; same && i < m.n_floats; i++) same = m.weights[i] == tr.model.weights[i];
+    CHECK(same, "the weights loaded are the run's");
+    olmo_model_destroy(&m);
+    /* a run that keeps rotating faster than the checkpoint opens: an error that says so */
+    rotations_left = 1000;
+    rc = olmo_source_resolve(run_dir, NULL, &src, &got);
+    CHECK(rc && src.rotated == OLMO_SOURCE_RETRIES, "retries are bounded (%d): %s", src.rotated, olmo_last_error());
+    /* a damaged checkpoint that is not rotated away is reported as it is */
+    rotations_left = 0;
+    char path[4200];
+    olmo_ckpt_find_latest(run_dir, path, sizeof path);
+    strcat(path, "/config.yaml");
+    unlink(path);
+    CHECK(olmo_source_resolve(run_dir, NULL, &src, &got) && error_has("config.yaml is missing", NULL) && !src.rotated,
+          "damage is not retried: %s", olmo_last_error());
+    olmo_source_open_hook = NULL;
+    olmo_trainer_destroy(&tr);
+    olmo_backend_destroy(be);
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
@@ -250,6 +329,7 @@ static const struct {
     {"request_gzip_bomb", test_request_gzip_bomb, 60},
     {"request_lines_64bit", test_request_lines_64bit, 120},
     {"metrics_over_2gib", test_metrics_over_2gib, 200},
+    {"eval_of_a_live_run", test_eval_of_a_live_run, 60},
 };
 
 /* test_bounded [NAME...]: the named cases only (all by default). */
