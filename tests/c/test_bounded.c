@@ -21,6 +21,7 @@
 #include "backend/backend.h"
 #include "check.h"
 #include "config/config.h"
+#include "data/mix_file.h"
 #include "eval/olmo_tasks.h"
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
@@ -196,6 +197,28 @@ static void test_request_lines_64bit(void) {
     close(fd);
 }
 
+/* ---------------------------------------------------------------- data.mix_file */
+
+/* A FIFO hung the open (a reader waiting for a writer); a directory, NUL bytes
+ * and a BOM got messages about something else. */
+static void test_mix_file_not_text(void) {
+    char **paths = NULL;
+    int n = 0;
+    CHECK(!mkfifo(path_of("mix.fifo"), 0600), "mkfifo");
+    CHECK(olmo_mix_file_paths(path_of("mix.fifo"), "/b", "t", &paths, &n) && error_has("not a regular file", "FIFO"),
+          "a FIFO is refused, not waited on: %s", olmo_last_error());
+    CHECK(olmo_mix_file_paths(check_dir, "/b", "t", &paths, &n) && error_has("is a directory", NULL),
+          "a directory: %s", olmo_last_error());
+    write_bytes("nul.txt", "web,a/{TOKENIZER}/x.npy\ncode,b/{TOK\0ENIZER}.npy\n", 48);
+    CHECK(olmo_mix_file_paths(path_of("nul.txt"), "/b", "t", &paths, &n) &&
+              error_has("NUL byte at offset 35 (line 2)", NULL),
+          "NUL bytes: %s", olmo_last_error());
+    write_text("bom.txt", "\xEF\xBB\xBF# Olmo 3 mix\nweb,a/{TOKENIZER}/x.npy\n");
+    CHECK(!olmo_mix_file_paths(path_of("bom.txt"), "/b", "t", &paths, &n) && n == 1 && !strcmp(paths[0], "/b/a/t/x.npy"),
+          "a UTF-8 BOM is the encoding's, not part of the first line: %s", olmo_last_error());
+    if (!failures) olmo_mix_file_free(paths, n);
+}
+
 /* ---------------------------------------------------------------- metrics.jsonl */
 
 /* --resume read the whole log with a 2 GiB limit: a long run's log blocked
@@ -328,6 +351,7 @@ static const struct {
     {"safetensors_colliding_names", test_safetensors_colliding_names, 40},
     {"request_gzip_bomb", test_request_gzip_bomb, 60},
     {"request_lines_64bit", test_request_lines_64bit, 120},
+    {"mix_file_not_text", test_mix_file_not_text, 10},
     {"metrics_over_2gib", test_metrics_over_2gib, 200},
     {"eval_of_a_live_run", test_eval_of_a_live_run, 60},
 };
