@@ -205,7 +205,13 @@ int olmo_eval_requests_parse(const char *buf, size_t len, enum olmo_metric metri
     int rc = 0;
     size_t pos = 0, line = 0; /* 64-bit: a file may hold more than 2^31 lines */
     while (pos < len && !rc) {
-        /* a run of empty lines at once (a file of many of them parses at memory speed) */
+        /* a run of empty lines at once, 8 bytes at a time (a file of many parses at memory speed) */
+        static const uint64_t newlines = 0x0a0a0a0a0a0a0a0aULL;
+        uint64_t word;
+        while (len - pos >= 8 && (memcpy(&word, buf + pos, 8), word == newlines)) {
+            pos += 8;
+            line += 8;
+        }
         while (pos < len && buf[pos] == '\n') {
             pos++;
             line++;
