@@ -215,6 +215,7 @@ int cmd_eval(int argc, char **argv) {
         olmo_source_load_weights(&source, &model) ||
         olmo_model_reserve(&model, cfg.train.micro_batch, cfg.train.seq_len))
         goto fail;
+    if (source.note[0]) fprintf(stderr, "note: %s\n", source.note); /* a live run's checkpoint rotated away */
     if (scores_path && !(scores = fopen(scores_path, "w"))) {
         olmo_error("cannot write '%s': %s", scores_path, strerror(errno));
         goto fail;

@@ -1,9 +1,12 @@
 #include "data/mix_file.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "util/error.h"
 
@@ -42,6 +45,61 @@ static char *trim(char *s) {
     return s;
 }
 
+/* A mix file lists paths: a few hundred lines in OLMo-core's, far below this. */
+#define MIX_FILE_MAX ((size_t)16 << 20)
+#define MIX_LINE_MAX 8190
+
+/* The whole file, NUL-terminated: a regular file only (opened without
+ * blocking, so a FIFO is refused instead of waiting for a writer), text
+ * without NUL bytes. */
+static int read_mix_file(const char *file, char **text, size_t *len) {
+    const int fd = open(file, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return olmo_error("cannot open data mix file '%s': %s", file, strerror(errno));
+    struct stat sb;
+    int rc = 0;
+    if (fstat(fd, &sb)) rc = olmo_error("cannot open data mix file '%s': %s", file, strerror(errno));
+    else if (S_ISDIR(sb.st_mode))
+        rc = olmo_error("data mix file '%s' is a directory: data.mix_file names a text file of 'label,path' lines "
+                        "(data.mix_base_dir is the directory its paths are under)",
+                        file);
+    else if (!S_ISREG(sb.st_mode))
+        rc = olmo_error("data mix file '%s' is not a regular file (%s): it is read whole, before training, so it "
+                        "must be a file on disk",
+                        file, S_ISFIFO(sb.st_mode) ? "a FIFO" : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device"
+                                                                                              : "a socket or other");
+    else if ((size_t)sb.st_size > MIX_FILE_MAX)
+        rc = olmo_error("data mix file '%s' has %lld bytes, more than the %zu MiB a list of paths needs", file,
+                        (long long)sb.st_size, MIX_FILE_MAX >> 20);
+    char *buf = rc ? NULL : malloc((size_t)sb.st_size + 1);
+    if (!rc && !buf) rc = olmo_error("out of memory reading '%s'", file);
+    size_t n = 0;
+    while (!rc && n < (size_t)sb.st_size) {
+        const ssize_t got = read(fd, buf + n, (size_t)sb.st_size - n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) rc = olmo_error("reading data mix file '%s' failed: %s", file, strerror(errno));
+        if (got <= 0) break; /* a file that shrank: what is there */
+        n += (size_t)got;
+    }
+    close(fd);
+    if (!rc) {
+        buf[n] = 0;
+        const char *nul = memchr(buf, 0, n);
+        if (nul) {
+            size_t line = 1;
+            for (const char *p = buf; p < nul; p++) line += *p == '\n';
+            rc = olmo_error("data mix file '%s' has a NUL byte at offset %zu (line %zu): not a text file", file,
+                            (size_t)(nul - buf), line);
+        }
+    }
+    if (rc) {
+        free(buf);
+        return -1;
+    }
+    *text = buf;
+    *len = n;
+    return 0;
+}
+
 int olmo_mix_file_paths(const char *file, const char *base_dir, const char *tokenizer, char ***paths,
                         int *n_paths) {
     *paths = NULL;
@@ -51,15 +109,19 @@ int olmo_mix_file_paths(const char *file, const char *base_dir, const char *toke
         return olmo_error("data mix file '%s': set data.mix_tokenizer, the id OLMo-core puts for {TOKENIZER} "
                           "(allenai/dolma3-tokenizer for the Olmo 3 mixes with the dolma2 tokenizer)",
                           file);
-    FILE *f = fopen(file, "r");
-    if (!f) return olmo_error("cannot open data mix file '%s': %s", file, strerror(errno));
-    char line[8192];
+    char *text = NULL;
+    size_t len = 0;
+    if (read_mix_file(file, &text, &len)) return -1;
     int cap = 0, n = 0, rc = 0;
     char **out = NULL;
-    for (int line_num = 1; fgets(line, sizeof line, f); line_num++) {
-        if (!strchr(line, '\n') && !feof(f)) {
-            rc = olmo_error("data mix file '%s': line %d is longer than %zu characters", file, line_num,
-                            sizeof line - 2);
+    /* a UTF-8 byte-order mark (an editor's) is the encoding's, not the first label's */
+    char *next = len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3) ? text + 3 : text;
+    for (int line_num = 1; next && *next; line_num++) {
+        char *line = next, *nl = strchr(line, '\n');
+        if (nl) *nl = 0;
+        next = nl ? nl + 1 : NULL;
+        if (strlen(line) > MIX_LINE_MAX) {
+            rc = olmo_error("data mix file '%s': line %d is longer than %d characters", file, line_num, MIX_LINE_MAX);
             break;
         }
         char *s = trim(line);
@@ -85,8 +147,7 @@ int olmo_mix_file_paths(const char *file, const char *base_dir, const char *toke
         }
         n++;
     }
-    if (!rc && ferror(f)) rc = olmo_error("reading data mix file '%s' failed", file);
-    fclose(f);
+    free(text);
     if (!rc && !n) rc = olmo_error("data mix file '%s' lists no token file", file);
     if (rc) {
         olmo_mix_file_free(out, n);

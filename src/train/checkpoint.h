@@ -15,7 +15,14 @@
  *                      (I64 [1], Adam's step count); state.json's
  *                      "shards" lists per file its pieces [global, local, len]
  *                      of the flat parameters (optim.h's olmo_shard_range),
- *                      n_local, dtype, bytes and hash64.
+ *                      n_local, dtype, bytes and hash64.  Each shard's
+ *                      __metadata__ records the same of itself ("file",
+ *                      "rank", "n_local", "pieces") and the run state
+ *                      ("state": steps, tokens, the loader's position, seed
+ *                      and fingerprint), under its hash: a state.json that
+ *                      disagrees (edited, swapped entries) is refused on
+ *                      load.  Shards of earlier versions, without these
+ *                      entries, load on state.json's word.
  * Written to out_dir/.tmp-step-NNNNNN/, every file fsync'ed (temp + rename),
  * then renamed into place (and the parent fsync'ed): a checkpoint directory
  * either exists complete or not at all, whenever the process dies.

@@ -131,6 +131,21 @@ int ckpt_write_state(const char *dir, const struct olmo_ckpt_state *st, const st
                      const char *const *names, const struct written *files, int n_files, const uint64_t *shards,
                      const size_t *shard_words, int world);
 
+/* ---- the shards' own records (checkpoint_state.c) ----
+ * Each shard file (version 2) holds in its "__metadata__", under its content
+ * hash, what state.json says of it: its "file" name, "rank", "n_local" and
+ * "pieces" ([[global, local, len], ...]), and the run state ("state": steps,
+ * tokens, skipped steps, the loader's epoch, position, instances, seed and
+ * fingerprint).  Loading compares them with state.json (ckpt_check_records),
+ * so an edited or swapped state.json is refused, not loaded as permuted
+ * weights.  Shards without them (earlier olmoc versions) load as before.
+ * Version 1's files (Hugging Face names, one rank) keep no record. */
+
+/* The run state record (malloc'ed JSON text; NULL on error). */
+char *ckpt_state_record(const struct olmo_ckpt_state *st);
+/* A shard's pieces record (malloc'ed JSON text; NULL on error). */
+char *ckpt_pieces_record(const struct olmo_shard_range *r, int n);
+
 /* ---- reading: the manifest (checkpoint_state.c) ---- */
 
 struct ckpt_file {
@@ -181,6 +196,10 @@ struct manifest {
 void ckpt_manifest_free(struct manifest *mf);
 /* state.json: what it says, no file opened yet. */
 int ckpt_parse_state(const char *dir, struct manifest *mf);
+/* A file's "state" record equals state.json's run state (no record: accepted). */
+int ckpt_check_state_record(const struct manifest *mf, const struct olmo_st_file *f, const char *path);
+/* The records of the shards marked needed agree with state.json (checkpoint_read.c). */
+int ckpt_check_records(const struct manifest *mf);
 /* Every file exists with its size. */
 int ckpt_check_sizes(const struct manifest *mf);
 /* The content hash of the files marked needed (all: every file). */

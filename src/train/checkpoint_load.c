@@ -86,6 +86,7 @@ static int load_into_trainer(const char *dir, struct olmo_trainer *tr, struct ol
         tr->skipped = 0;
         tr->adam_step_base = tr->opt.step;
     }
+    if (!rc && ckpt_check_records(&mf)) rc = -1;
     ckpt_manifest_free(&mf);
     rc = ckpt_agree(tr->dist, rc, "loading the checkpoint");
     return ckpt_master_loaded(tr, rc);
@@ -107,7 +108,7 @@ int olmo_ckpt_load_weights(const char *dir, struct olmo_model *m) {
     if (!rc && ckpt_build_segments(&mf, m, false)) rc = olmo_error_context("checkpoint '%s'", dir);
     if (!rc) {
         ckpt_mark_needed(&mf, &all, 1, Q_MASTER, Q_MASTER);
-        rc = ckpt_check_hashes(&mf, false);
+        rc = ckpt_check_hashes(&mf, false) || ckpt_check_records(&mf) ? -1 : 0;
     }
     float *dsts[N_Q] = {m->weights, NULL, NULL};
     if (!rc && ckpt_read_quantities(&mf, Q_MASTER, Q_MASTER, &all, 1, dsts, m->be))

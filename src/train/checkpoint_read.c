@@ -137,6 +137,61 @@ static int segs_v1_optim(struct manifest *mf, const struct olmo_model *m, const 
     return rc;
 }
 
+/* A shard's own record (its __metadata__, under its content hash) against
+ * what state.json says of the shard listed r-th: its name, rank, n_local and
+ * pieces, and the run state.  A file without the entries (written by an
+ * earlier olmoc) is accepted: state.json's word is all there is. */
+static int check_shard_record(const struct manifest *mf, int r, const struct olmo_st_file *f, const char *path) {
+    const char *fname = mf->files[mf->shards[r].file].name;
+    const char *name = olmo_st_metadata(f, "file"), *rank = olmo_st_metadata(f, "rank");
+    const char *n_local = olmo_st_metadata(f, "n_local"), *pieces = olmo_st_metadata(f, "pieces");
+    char want[32];
+    if (name && strcmp(name, fname))
+        return olmo_error("checkpoint '%s': state.json lists '%s' as shard %d, but the file records that it was "
+                          "written as '%.100s': state.json was edited (file names swapped?)",
+                          mf->dir, fname, r, name);
+    snprintf(want, sizeof want, "%d", r);
+    if (rank && strcmp(rank, want))
+        return olmo_error("checkpoint '%s': state.json lists '%s' as the shard of rank %d, but the file records "
+                          "rank %.20s: state.json was edited (shards reordered?)",
+                          mf->dir, fname, r, rank);
+    if (pieces) {
+        char *expected = ckpt_pieces_record(mf->shards[r].pieces, mf->shards[r].n_pieces);
+        if (!expected) return -1;
+        const bool same = !strcmp(expected, pieces);
+        if (!same)
+            olmo_error("checkpoint '%s': state.json's pieces of '%s' (%.60s%s) are not the ones the file records "
+                       "(%.60s%s): state.json was edited (piece lists swapped?); loading it would place the "
+                       "weights at the wrong parameters",
+                       mf->dir, fname, expected, strlen(expected) > 60 ? "..." : "", pieces,
+                       strlen(pieces) > 60 ? "..." : "");
+        free(expected);
+        if (!same) return -1;
+    }
+    snprintf(want, sizeof want, "%zu", mf->shards[r].n_local);
+    if (n_local && strcmp(n_local, want))
+        return olmo_error("checkpoint '%s': state.json gives '%s' n_local %s, but the file records %.30s: state.json "
+                          "was edited",
+                          mf->dir, fname, want, n_local);
+    return ckpt_check_state_record(mf, f, path);
+}
+
+/* The records of the shards marked needed agree with state.json: checked
+ * once their hashes are, after the checks of state.json's own consistency
+ * (their messages are the more specific ones). */
+int ckpt_check_records(const struct manifest *mf) {
+    for (int r = 0; mf->version == 2 && r < mf->world; r++) {
+        if (!mf->files[mf->shards[r].file].need) continue;
+        char path[4096];
+        struct olmo_st_file f;
+        if (file_path(mf, mf->shards[r].file, path, sizeof path) || olmo_st_open(&f, path)) return -1;
+        const int rc = check_shard_record(mf, r, &f, path);
+        olmo_st_close(&f);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
 /* Version 2: each shard file holds "weights", "exp_avg", "exp_avg_sq" (F32,
  * n_local each) and "step" (I64 [1], as state.json's optimizer step); its
  * pieces place local runs at global offsets. */

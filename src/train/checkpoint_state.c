@@ -109,6 +109,75 @@ int ckpt_write_state(const char *dir, const struct olmo_ckpt_state *st, const st
     return rc;
 }
 
+/* ---- the files' own records (their "__metadata__"), under their content hash ---- */
+
+char *ckpt_state_record(const struct olmo_ckpt_state *st) {
+    char *text = malloc(400);
+    if (!text) {
+        olmo_error("out of memory");
+        return NULL;
+    }
+    snprintf(text, 400,
+             "{\"step\":%ld,\"tokens\":%ld,\"skipped_steps\":%ld,\"loader_epoch\":%ld,\"loader_pos\":%zu,"
+             "\"loader_n_instances\":%zu,\"loader_seed\":\"%" PRIu64 "\",\"loader_fingerprint\":\"%" PRIu64 "\"}",
+             st->step, st->tokens, st->skipped, st->loader_epoch, st->loader_pos, st->loader_instances,
+             st->loader_seed, st->loader_fingerprint);
+    return text;
+}
+
+char *ckpt_pieces_record(const struct olmo_shard_range *r, int n) {
+    const size_t cap = 4 + (size_t)n * 66;
+    char *text = malloc(cap);
+    if (!text) {
+        olmo_error("out of memory");
+        return NULL;
+    }
+    size_t at = (size_t)snprintf(text, cap, "[");
+    for (int i = 0; i < n; i++)
+        at += (size_t)snprintf(text + at, cap - at, "%s[%zu,%zu,%zu]", i ? "," : "", r[i].global, r[i].local, r[i].len);
+    snprintf(text + at, cap - at, "]");
+    return text;
+}
+
+/* "state.json says K = a, the file's own record b", for the first entry of
+ * the two records that differs. */
+static int record_mismatch(const char *dir, const char *path, const char *expected, const char *got) {
+    cJSON *a = cJSON_Parse(expected), *b = cJSON_Parse(got);
+    char key[64] = "", va[64] = "", vb[64] = "";
+    const cJSON *x;
+    cJSON_ArrayForEach(x, a) {
+        const cJSON *y = cJSON_GetObjectItemCaseSensitive(b, x->string);
+        char *pa = cJSON_PrintUnformatted(x), *pb = y ? cJSON_PrintUnformatted(y) : NULL;
+        const bool same = pa && pb && !strcmp(pa, pb);
+        if (!same) {
+            snprintf(key, sizeof key, "%s", x->string);
+            snprintf(va, sizeof va, "%s", pa ? pa : "?");
+            snprintf(vb, sizeof vb, "%s", pb ? pb : "(none)");
+        }
+        free(pa);
+        free(pb);
+        if (!same) break;
+    }
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    if (!key[0])
+        return olmo_error("checkpoint '%s': '%s' records a run state that state.json does not hold: %.200s", dir, path,
+                          got);
+    return olmo_error("checkpoint '%s': state.json is inconsistent with its files: it says %s = %s, but '%s' (under "
+                      "the content hash) records %s; state.json was edited or belongs to another checkpoint",
+                      dir, key, va, path, vb);
+}
+
+int ckpt_check_state_record(const struct manifest *mf, const struct olmo_st_file *f, const char *path) {
+    const char *got = olmo_st_metadata(f, "state");
+    if (!got) return 0; /* a file of an earlier olmoc (or a Python tool): no record to check */
+    char *expected = ckpt_state_record(&mf->st);
+    if (!expected) return -1;
+    const int rc = strcmp(expected, got) ? record_mismatch(mf->dir, path, expected, got) : 0;
+    free(expected);
+    return rc;
+}
+
 static int json_long(const cJSON *obj, const char *key, long *out, const char *dir) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9.0e15 || v->valuedouble != floor(v->valuedouble))
@@ -145,6 +214,21 @@ static bool json_size(const cJSON *v, size_t *out) {
     if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9.0e15 || v->valuedouble != floor(v->valuedouble))
         return false;
     *out = (size_t)v->valuedouble;
+    return true;
+}
+
+/* A decimal unsigned 64-bit number, digits only (as state.json writes the
+ * loader's seed and fingerprint: strings, since JSON numbers hold 53 bits). */
+static bool parse_u64(const char *s, uint64_t *out) {
+    uint64_t v = 0;
+    if (!*s || strlen(s) > 20) return false;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9') return false;
+        const uint64_t d = (uint64_t)(*p - '0');
+        if (v > (UINT64_MAX - d) / 10) return false;
+        v = v * 10 + d;
+    }
+    *out = v;
     return true;
 }
 
@@ -251,8 +335,13 @@ int ckpt_parse_state(const char *dir, struct manifest *mf) {
         rc = olmo_error("checkpoint '%s': state.json has no valid 'loader'", dir);
         goto done;
     }
-    st.loader_seed = strtoull(seed->valuestring, NULL, 10);
-    st.loader_fingerprint = strtoull(fingerprint->valuestring, NULL, 10);
+    const bool seed_ok = parse_u64(seed->valuestring, &st.loader_seed);
+    if (!seed_ok || !parse_u64(fingerprint->valuestring, &st.loader_fingerprint)) {
+        rc = olmo_error("checkpoint '%s': state.json's loader %s \"%.40s\" is not a decimal 64-bit number (a string "
+                        "of digits)",
+                        dir, seed_ok ? "fingerprint" : "seed", seed_ok ? fingerprint->valuestring : seed->valuestring);
+        goto done;
+    }
     if ((rc = json_long(loader, "epoch", &st.loader_epoch, dir))) goto done;
     if ((rc = json_long(loader, "pos", &v, dir))) goto done;
     st.loader_pos = (size_t)v;

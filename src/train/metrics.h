@@ -6,10 +6,11 @@
  * flushed (a full disk stops the run instead of truncating the log); the file
  * is not fsync'ed per record.
  *
- * On resume the log is read back and cut to the records of the steps the
- * checkpoint holds; every record removed is reported, and a file that is not
- * a log olmoc wrote (a NUL byte, a line with no step) is refused with its
- * offset instead of being rewritten. */
+ * On resume the log is read back (streamed: any size, 64-bit offsets) and
+ * cut to the records of the steps the checkpoint holds; every record removed
+ * is reported, and a file that is not a log olmoc wrote (a NUL byte, a line
+ * with no step, a line over 16 MiB) is refused with its offset instead of
+ * being rewritten. */
 #ifndef OLMOC_METRICS_H
 #define OLMOC_METRICS_H
 

@@ -318,7 +318,7 @@ static void test_mix_file(void) {
     write_bytes("bad.txt", "web,a/x.npy\n", 12);
     CHECK(olmo_mix_file_paths(path_of("bad.txt"), "/b", "t", &paths, &n) && error_has("line 1", "{TOKENIZER}"),
           "path without {TOKENIZER}: %s", olmo_last_error());
-    write_bytes("bad.txt", "# only\n\n", 9);
+    write_bytes("bad.txt", "# only\n\n", 8);
     CHECK(olmo_mix_file_paths(path_of("bad.txt"), "/b", "t", &paths, &n) && error_has("no token file", NULL),
           "empty mix: %s", olmo_last_error());
 }

@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 import torch
+import xxhash
 import yaml
 from safetensors.torch import load_file
 
@@ -183,6 +184,88 @@ def test_missing_or_corrupt_shard_is_refused(build_dir, tiny, tmp_path):  # noqa
             r = subprocess.run([str(build_dir / "olmoc"), "eval", str(bad), "--val", str(data)], capture_output=True,
                                text=True)
             assert r.returncode == 1 and msg in r.stderr, r.stderr
+
+
+def header(path):
+    raw = path.read_bytes()
+    return json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+
+
+@needs_mpi
+def test_edited_state_json_is_refused(build_dir, tiny, tmp_path):  # noqa: F811
+    """Each shard records its own name, rank, pieces and the run state in its
+    __metadata__ (under its hash): a state.json whose piece lists or file
+    entries were swapped loaded permuted weights and exited 0; a loader seed
+    "abc" read as 0; an edit of epoch, position and tokens that kept them
+    consistent with each other was taken as the data position."""
+    cfg, data = tiny
+    out = tmp_path / "run"
+    run(build_dir, cfg, data, out, 4, "--set", "train.steps=2", "--set", "train.save_every=2")
+    ck = out / "step-000002"
+    state = json.loads((ck / "state.json").read_text())
+
+    def edited(name, fn):
+        d = tmp_path / name
+        shutil.copytree(ck, d)
+        st = json.loads((d / "state.json").read_text())
+        fn(st)
+        (d / "state.json").write_text(json.dumps(st))
+        return d
+
+    def swap(keys):
+        def fn(st):
+            a, b = st["shards"][0], st["shards"][1]
+            for k in keys:
+                a[k], b[k] = b[k], a[k]
+        return fn
+
+    def shift_epoch(st):  # one epoch later, tokens to match: consistent with each other
+        assert st["loader"]["epoch"] == 0 and st["loader"]["pos"] > 0
+        seq_len = st["tokens"] // st["loader"]["pos"]
+        st["loader"]["epoch"] += 1
+        st["tokens"] += st["loader"]["n_instances"] * seq_len
+
+    cases = {
+        "pieces": (swap(["pieces", "n_local"]), "state.json's pieces of 'shard-00000-of-00004.safetensors'"),
+        "files": (swap(["file", "bytes", "hash64"]),
+                  "lists 'shard-00001-of-00004.safetensors' as the shard of rank 0, but the file records rank 1"),
+        "seed": (lambda st: st["loader"].__setitem__("seed", "abc"),
+                 "state.json's loader seed \"abc\" is not a decimal 64-bit number"),
+        "epoch": (shift_epoch, "state.json is inconsistent with its files: it says tokens = "),
+    }
+    for name, (fn, msg) in cases.items():
+        bad = edited(name, fn)
+        for ranks in (1, 2):
+            r = run(build_dir, cfg, data, tmp_path / f"o{ranks}{name}", ranks, "--set", "train.steps=3",
+                    "--resume-from", bad, check=False)
+            assert r.returncode != 0 and msg in r.stderr, (name, ranks, r.stderr)
+        if name in ("pieces", "files", "seed"):  # eval reads the weights (and state.json) only
+            r = subprocess.run([str(build_dir / "olmoc"), "eval", str(bad), "--val", str(data)], capture_output=True,
+                               text=True)
+            assert r.returncode == 1 and msg in r.stderr, (name, r.stderr)
+    # what a shard records
+    meta = header(ck / "shard-00001-of-00004.safetensors")["__metadata__"]
+    assert meta["file"] == "shard-00001-of-00004.safetensors" and meta["rank"] == "1"
+    assert json.loads(meta["pieces"]) == state["shards"][1]["pieces"]
+    assert json.loads(meta["state"])["tokens"] == state["tokens"]
+    # a shard without the records (an earlier olmoc wrote none) still loads: the absence is accepted
+    old = tmp_path / "old"
+    shutil.copytree(ck, old)
+    st = json.loads((old / "state.json").read_text())
+    for sh in st["shards"]:
+        f = old / sh["file"]
+        raw = f.read_bytes()
+        n = int.from_bytes(raw[:8], "little")
+        h = json.loads(raw[8:8 + n])
+        h["__metadata__"] = {"format": "olmoc-shard", "rank": h["__metadata__"]["rank"]}
+        text = json.dumps(h, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)
+        f.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+        sh["bytes"] = f.stat().st_size
+        sh["hash64"] = f"{xxhash.xxh3_64_intdigest(f.read_bytes()):016x}"
+    (old / "state.json").write_text(json.dumps(st))
+    r = run(build_dir, cfg, data, tmp_path / "o_old", 2, "--set", "train.steps=3", "--resume-from", old)
+    assert "resumed from" in r.stdout, r.stderr
 
 
 def reference_update(ck, batch, model_cfg, tcfg, lr, carried_step):
