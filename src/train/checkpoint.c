@@ -93,13 +93,7 @@ static int write_shard(const struct olmo_trainer *tr, const struct olmo_ckpt_sta
     if (!rc) rc = olmo_st_writer_declare(&w, "step", OLMO_ST_I64, 1, &one); /* Adam's step count, under the hash */
     float *buf = malloc(CHUNK_FLOATS * sizeof(float));
     if (!buf) rc = olmo_error("out of memory writing '%s'", path);
-    if (!rc) {
-        out->bytes = olmo_st_writer_file_size(&w);
-        rc = ckpt_hash_begin(&hs, CKPT_HASH_XXH3_64, out->bytes);
-        s.hash_update = ckpt_hash_update;
-        s.hash_ctx = &hs;
-        if (!rc) rc = olmo_st_stream_begin(&s, &w, path);
-    }
+    if (!rc) rc = ckpt_stream_begin_hashed(&s, &w, &hs, path, &out->bytes);
     for (int q = 0; q < N_Q && !rc; q++) {
         const float *src = q_buffer(tr, q);
         for (size_t c = 0; c < n && !rc; c += CHUNK_FLOATS) {

@@ -156,13 +156,7 @@ int ckpt_write_gathered(const struct olmo_trainer *tr, const int *q_list, int n_
         for (int k = 0; k < n_q && !rc; k++) rc = declare_quantity(&w, &tr->model, q_list[k]);
         int64_t one = 1;
         if (!rc && with_step) rc = olmo_st_writer_declare(&w, "step", OLMO_ST_I64, 1, &one);
-        if (!rc) {
-            out->bytes = olmo_st_writer_file_size(&w);
-            rc = ckpt_hash_begin(&hs, CKPT_HASH_XXH3_64, out->bytes);
-            s.hash_update = ckpt_hash_update;
-            s.hash_ctx = &hs;
-            if (!rc) rc = olmo_st_stream_begin(&s, &w, path);
-        }
+        if (!rc) rc = ckpt_stream_begin_hashed(&s, &w, &hs, path, &out->bytes);
     }
     for (int k = 0; k < n_q; k++) rc = stream_quantity(tr, &t, q_list[k], &gb, &s, rc);
     if (root && !rc && with_step) {

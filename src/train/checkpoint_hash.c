@@ -69,6 +69,15 @@ const char *ckpt_hash_name(enum ckpt_hash_alg alg) {
     return alg == CKPT_HASH_XXH3_64 ? CKPT_HASH_XXH3_64_NAME : "olmoc's earlier 64-bit hash";
 }
 
+int ckpt_stream_begin_hashed(struct olmo_st_stream *s, struct olmo_st_writer *w, struct ckpt_hash *h,
+                             const char *path, size_t *bytes) {
+    *bytes = olmo_st_writer_file_size(w);
+    const int rc = ckpt_hash_begin(h, CKPT_HASH_XXH3_64, *bytes);
+    s->hash_update = ckpt_hash_update;
+    s->hash_ctx = h;
+    return rc ? rc : olmo_st_stream_begin(s, w, path);
+}
+
 int ckpt_hash_begin(struct ckpt_hash *h, enum ckpt_hash_alg alg, size_t len) {
     memset(h, 0, sizeof *h);
     h->alg = alg;

@@ -62,6 +62,10 @@ const char *ckpt_hash_name(enum ckpt_hash_alg alg);
 /* Hashes a file read in chunks (no mapping: the page cache, not this
  * process, holds what was read). */
 int ckpt_hash_file(const char *path, enum ckpt_hash_alg alg, uint64_t *hash, size_t *size);
+/* Starts streaming the file writer w declared to path, hashed (XXH3-64) as it is written: *bytes = its
+ * size, h the hash that s updates (ckpt_hash_end it after olmo_st_stream_finish). */
+int ckpt_stream_begin_hashed(struct olmo_st_stream *s, struct olmo_st_writer *w, struct ckpt_hash *h,
+                             const char *path, size_t *bytes);
 
 /* ---- paths and ranks ---- */
 
