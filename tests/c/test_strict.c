@@ -1,0 +1,153 @@
+/* Strict reading of numbers, configs and headers: each case here was
+ * accepted with a surprising meaning, or refused with a misleading message,
+ * before its fix.  Runs under ASan+UBSan too. */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "config/config.h"
+#include "data/npy.h"
+#include "model/hf.h"
+#include "util/error.h"
+
+static int set(struct olmo_config *cfg, const char *assignment) { return olmo_config_set(cfg, assignment); }
+
+static int load_yaml(const char *text) {
+    write_text("c.yaml", text);
+    struct olmo_config cfg;
+    olmo_config_defaults(&cfg);
+    return olmo_config_load(&cfg, path_of("c.yaml"));
+}
+
+/* --set 'train.seed= -1' was 2^64-1 (strtoull takes a minus sign after blanks), lr: 0x10 was 16
+ * (strtod reads hexadecimal), 2^64 saturated, and no range was checked at all. */
+static void test_config_number_syntax(void) {
+    struct olmo_config cfg;
+    olmo_config_defaults(&cfg);
+    CHECK(set(&cfg, "train.seed= -1") && error_has("train.seed", "non-negative integer"), "seed -1: %s",
+          olmo_last_error());
+    CHECK(cfg.train.seed == 0, "seed unchanged: %llu", (unsigned long long)cfg.train.seed);
+    CHECK(set(&cfg, "train.seed=-1") && error_has("train.seed", "non-negative"), "seed -1: %s", olmo_last_error());
+    CHECK(set(&cfg, "train.seed=18446744073709551616") &&
+              error_has("train.seed must be in [0, 18446744073709551615], got 18446744073709551616", NULL),
+          "seed 2^64: %s", olmo_last_error());
+    CHECK(!set(&cfg, "train.seed=18446744073709551615") && cfg.train.seed == UINT64_MAX, "seed 2^64-1: %s",
+          olmo_last_error());
+    CHECK(!set(&cfg, "train.seed= 7 ") && cfg.train.seed == 7, "blanks around a number: %s", olmo_last_error());
+    CHECK(set(&cfg, "train.lr=0x10") && error_has("'train.lr' expects a number, got '0x10'", "hexadecimal"),
+          "hex lr: %s", olmo_last_error());
+    CHECK(set(&cfg, "train.steps=0x10") && error_has("'train.steps' expects an integer", "hexadecimal"),
+          "hex steps: %s", olmo_last_error());
+    CHECK(set(&cfg, "train.lr=infinity") && error_has("'train.lr' expects a number", NULL), "inf: %s",
+          olmo_last_error());
+    CHECK(set(&cfg, "train.lr=1e") && error_has("'train.lr' expects a number", NULL), "1e: %s", olmo_last_error());
+    const char *ok[] = {"train.lr=3e-4", "train.lr=.5", "train.lr=5.", "train.lr=+1E+2", "train.lr=0.0001"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        CHECK(!set(&cfg, ok[i]), "%s accepted: %s", ok[i], olmo_last_error());
+    CHECK(cfg.train.lr == 0.0001, "lr %g", cfg.train.lr);
+    CHECK(load_yaml("train:\n  lr: 0x10\n") && error_has("c.yaml:2", "hexadecimal"), "hex in YAML: %s",
+          olmo_last_error());
+}
+
+/* Out-of-range values are refused at once, naming the key and its range. */
+static void test_config_ranges(void) {
+    struct olmo_config cfg;
+    olmo_config_defaults(&cfg);
+    static const struct {
+        const char *set, *message;
+    } cases[] = {
+        {"train.steps=-5", "train.steps must be >= 0, got -5"},
+        {"model.rms_norm_eps=1e300", "model.rms_norm_eps must be in [1.1754943508222875e-38, 1], got 1e300"},
+        {"model.rms_norm_eps=1e-300", "model.rms_norm_eps must be in"},
+        {"model.pad_token_id=-1", "model.pad_token_id must be in [0, 16777215], got -1"},
+        {"model.pad_token_id=2147483647", "model.pad_token_id must be in [0, 16777215]"},
+        {"model.eos_token_id=-3", "model.eos_token_id must be in [0, 16777215], got -3"},
+        {"model.vocab_size=99999999999", "model.vocab_size must be in [1, 2147483647], got 99999999999"},
+        {"model.n_layers=-1", "model.n_layers must be >= 1, got -1"},
+        {"train.steps=99999999999999999999", "train.steps must be in [0, 9223372036854775807]"},
+        {"train.beta1=1", "train.beta1 must be in [0, 1), got 1"},
+        {"train.lr=0", "train.lr must be > 0, got 0"},
+        {"train.alpha_f=1.5", "train.alpha_f must be in [0, 1], got 1.5"},
+        {"model.sliding_window=-1", "model.sliding_window must be >= 0"},
+        {"train.keep_last=-2", "train.keep_last must be >= 0"},
+        {"data.max_target_sequence_length=-64", "data.max_target_sequence_length must be >= 0"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        CHECK(set(&cfg, cases[i].set) && error_has(cases[i].message, NULL), "%s: %s", cases[i].set,
+              olmo_last_error());
+    CHECK(load_yaml("model:\n  rms_norm_eps: 1.0e+300\n") && error_has("c.yaml:2", "model.rms_norm_eps must be in"),
+          "YAML eps: %s", olmo_last_error());
+    /* the same ranges hold for a config built in code */
+    olmo_config_defaults(&cfg);
+    cfg.model = (struct olmo_model_config){.vocab_size = 64, .d_model = 32, .n_layers = 2, .n_heads = 4,
+                                           .n_kv_heads = 2, .mlp_hidden = 64, .rope_theta = 1e4,
+                                           .rms_norm_eps = 1e-6, .init_std = 0.02};
+    cfg.train.seq_len = 16;
+    CHECK(!olmo_config_validate(&cfg), "small config: %s", olmo_last_error());
+    cfg.model.rms_norm_eps = 1e300;
+    CHECK(olmo_config_validate(&cfg) && error_has("model.rms_norm_eps must be in", NULL), "validate eps: %s",
+          olmo_last_error());
+    cfg.model.rms_norm_eps = 1e-6;
+    cfg.model.pad_token_id = -1;
+    CHECK(olmo_config_validate(&cfg) && error_has("model.pad_token_id must be in", NULL), "validate pad: %s",
+          olmo_last_error());
+}
+
+/* A misspelled key got "unknown key" alone. */
+static void test_config_did_you_mean(void) {
+    struct olmo_config cfg;
+    olmo_config_defaults(&cfg);
+    static const struct {
+        const char *set, *message;
+    } cases[] = {
+        {"train.lrr=1", "unknown key 'train.lrr' (did you mean 'train.lr'?)"},
+        {"train.save_evry=3", "did you mean 'train.save_every'?"},
+        {"model.lr=1", "did you mean 'train.lr'?"},
+        {"seq_len=8", "did you mean 'train.seq_len'?"},
+        {"model.vocabsize=8", "did you mean 'model.vocab_size'?"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        CHECK(set(&cfg, cases[i].set) && error_has(cases[i].message, NULL), "%s: %s", cases[i].set,
+              olmo_last_error());
+    CHECK(set(&cfg, "model.zzzz=1") && error_has("unknown key 'model.zzzz'", NULL) && !error_has("did you mean", NULL),
+          "nothing close: %s", olmo_last_error());
+    CHECK(load_yaml("train:\n  warmup_step: 3\n") && error_has("c.yaml:2", "did you mean 'train.warmup_steps'?"),
+          "YAML key: %s", olmo_last_error());
+    CHECK(load_yaml("trian:\n  lr: 1\n") && error_has("c.yaml:1", "did you mean 'train'?"), "YAML section: %s",
+          olmo_last_error());
+}
+
+static const struct {
+    const char *name;
+    void (*fn)(void);
+} tests[] = {
+    {"config_number_syntax", test_config_number_syntax},
+    {"config_ranges", test_config_ranges},
+    {"config_did_you_mean", test_config_did_you_mean},
+};
+
+/* test_strict [NAME...]: the named cases only (all by default). */
+int main(int argc, char **argv) {
+    snprintf(check_dir, sizeof check_dir, "/tmp/olmoc_test_strict_XXXXXX");
+    if (!mkdtemp(check_dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+        bool run = argc < 2;
+        for (int a = 1; a < argc; a++) run |= !strcmp(argv[a], tests[i].name);
+        if (!run) continue;
+        int before = failures;
+        tests[i].fn();
+        printf("%s %s\n", failures == before ? "ok  " : "FAIL", tests[i].name);
+        fflush(stdout);
+    }
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", check_dir);
+    if (system(cmd)) printf("warning: could not remove %s\n", check_dir);
+    return check_summary();
+}
