@@ -685,6 +685,16 @@ static void format_field(const struct olmo_config *cfg, const struct field *f, c
     }
 }
 
+int olmo_config_check_range(const char *key, double value) {
+    const struct field *f = find_field(key);
+    if (!f || (f->type != F_INT && f->type != F_LONG && f->type != F_DOUBLE))
+        return olmo_error("internal: '%s' is not a numeric key", key);
+    if (in_range(f, value)) return 0;
+    char text[64];
+    format_bound(value, F_DOUBLE, text, sizeof text);
+    return range_error(f, text, false);
+}
+
 const char *olmo_config_key(int index) {
     if (index < 0 || (size_t)index >= sizeof fields / sizeof fields[0]) return NULL;
     return fields[index].key;

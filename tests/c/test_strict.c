@@ -10,7 +10,6 @@
 
 #include "check.h"
 #include "config/config.h"
-#include "data/npy.h"
 #include "model/hf.h"
 #include "util/error.h"
 
@@ -121,6 +120,64 @@ static void test_config_did_you_mean(void) {
           olmo_last_error());
 }
 
+
+/* ---------------------------------------------------------------- Hugging Face config.json */
+
+#define HF_SIZES                                                                                      \
+    "\"model_type\": \"olmo3\", \"vocab_size\": 64, \"hidden_size\": 32, \"num_hidden_layers\": 2, " \
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 64"
+#define HF_BASE HF_SIZES ", \"eos_token_id\": 0"
+
+static int read_hf(const char *text) {
+    write_text("config.json", text);
+    struct olmo_config cfg;
+    olmo_config_defaults(&cfg);
+    int rc = olmo_hf_read_config(path_of("config.json"), &cfg);
+    return rc ? rc : olmo_config_validate(&cfg);
+}
+
+/* Duplicate keys resolved differently from transformers (cJSON the first, Python's json the last);
+ * rms_norm_eps 1e300 gave a uniform model; pad id 9000 of a 64-token vocabulary was accepted. */
+static void test_hf_config_strict(void) {
+    CHECK(!read_hf("{" HF_BASE ", \"pad_token_id\": 1, \"rms_norm_eps\": 1e-6}"), "valid config: %s",
+          olmo_last_error());
+    CHECK(read_hf("{" HF_BASE ", \"rms_norm_eps\": 1e-6, \"rms_norm_eps\": 1e-5}") &&
+              error_has("config.json", "key 'rms_norm_eps' appears twice"),
+          "duplicate key: %s", olmo_last_error());
+    CHECK(read_hf("{" HF_BASE ", \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1e4, "
+                  "\"rope_theta\": 5e5}}") &&
+              error_has("key 'rope_theta' appears twice", NULL),
+          "nested duplicate: %s", olmo_last_error());
+    CHECK(read_hf("{" HF_BASE ", \"rms_norm_eps\": 1e300}") &&
+              error_has("config.json: 'rms_norm_eps'", "model.rms_norm_eps must be in"),
+          "eps 1e300: %s", olmo_last_error());
+    CHECK(read_hf("{" HF_BASE ", \"rms_norm_eps\": 0}") && error_has("'rms_norm_eps'", "must be in"), "eps 0: %s",
+          olmo_last_error());
+    CHECK(read_hf("{" HF_BASE ", \"pad_token_id\": 9000}") &&
+              error_has("config.json: 'pad_token_id' is 9000, outside the vocabulary [0, 64)", NULL),
+          "pad 9000: %s", olmo_last_error());
+    CHECK(read_hf("{" HF_BASE ", \"pad_token_id\": -1}") && error_has("'pad_token_id' is -1, outside", NULL),
+          "pad -1: %s", olmo_last_error());
+    CHECK(read_hf("{" HF_BASE ", \"bos_token_id\": 64}") && error_has("'bos_token_id' is 64, outside", NULL),
+          "bos 64: %s", olmo_last_error());
+    CHECK(read_hf("{" HF_SIZES ", \"eos_token_id\": [0, 100]}") && error_has("'eos_token_id' is 100, outside", NULL),
+          "eos list: %s", olmo_last_error());
+    CHECK(read_hf("{\"model_type\": \"olmo3\", \"vocab_size\": 0, \"hidden_size\": 32, \"num_hidden_layers\": 2, "
+                  "\"num_attention_heads\": 4, \"intermediate_size\": 64}") &&
+              error_has("config.json: 'vocab_size' is 0; it must be positive", NULL),
+          "vocab 0: %s", olmo_last_error());
+    CHECK(read_hf("{" HF_BASE ", \"sliding_window\": -4}") && error_has("'sliding_window' is -4", NULL),
+          "window -4: %s", olmo_last_error());
+    CHECK(read_hf("{" HF_BASE ", \"max_position_embeddings\": 3e9}") &&
+              error_has("'max_position_embeddings' is 3000000000, beyond olmoc's integers", NULL),
+          "3e9 called 'must be an integer': %s", olmo_last_error());
+    CHECK(read_hf("{" HF_BASE ",}") && error_has("config.json: not valid JSON (syntax error at byte offset", NULL),
+          "trailing comma called 'not a JSON object': %s", olmo_last_error());
+    CHECK(read_hf("{" HF_BASE "} {}") && error_has("text after the document", NULL), "two documents: %s",
+          olmo_last_error());
+    CHECK(read_hf("[1]") && error_has("config.json: not a JSON object", NULL), "a list: %s", olmo_last_error());
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
@@ -128,6 +185,7 @@ static const struct {
     {"config_number_syntax", test_config_number_syntax},
     {"config_ranges", test_config_ranges},
     {"config_did_you_mean", test_config_did_you_mean},
+    {"hf_config_strict", test_hf_config_strict},
 };
 
 /* test_strict [NAME...]: the named cases only (all by default). */
