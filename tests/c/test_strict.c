@@ -10,6 +10,7 @@
 
 #include "check.h"
 #include "config/config.h"
+#include "data/npy.h"
 #include "model/hf.h"
 #include "util/error.h"
 
@@ -178,6 +179,66 @@ static void test_hf_config_strict(void) {
     CHECK(read_hf("[1]") && error_has("config.json: not a JSON object", NULL), "a list: %s", olmo_last_error());
 }
 
+/* ---------------------------------------------------------------- .npy headers */
+
+/* A version-1 .npy file with this header dict and data_bytes bytes of data, parsed. */
+static int parse_npy(const char *dict, size_t data_bytes, int *elem, size_t *n) {
+    static uint8_t buf[1 << 17];
+    const size_t hlen = strlen(dict);
+    if (10 + hlen + data_bytes > sizeof buf) return -2;
+    memcpy(buf, "\x93NUMPY\x01\x00", 8);
+    buf[8] = (uint8_t)(hlen & 0xff), buf[9] = (uint8_t)(hlen >> 8);
+    memcpy(buf + 10, dict, hlen);
+    memset(buf + 10 + hlen, 0, data_bytes);
+    size_t off;
+    return olmo_npy_parse_header(buf, 10 + hlen + data_bytes, "t.npy", elem, &off, n);
+}
+
+/* Misleading .npy messages: a 1-D shape written "( 20000 ,)" was "must be 1-D", a header in double
+ * quotes "lacks descr", a negative size a promise of 2^64-4 tokens, a header longer than 64 KiB
+ * "truncated", and a 1-D array marked Fortran-ordered (the same bytes) refused. */
+static void test_npy_messages(void) {
+    int elem = 0;
+    size_t n = 0;
+    CHECK(!parse_npy("{'descr': '<u2', 'fortran_order': False, 'shape': ( 20000 ,), }", 40000, &elem, &n) &&
+              n == 20000 && elem == 2,
+          "shape ( 20000 ,): %s", olmo_last_error());
+    CHECK(!parse_npy("{\"descr\": \"<u4\", \"fortran_order\": False, \"shape\": (4,)}", 16, &elem, &n) && n == 4 &&
+              elem == 4,
+          "double quotes: %s", olmo_last_error());
+    CHECK(!parse_npy("{'descr': '<u2', 'fortran_order': True, 'shape': (3,), }", 6, &elem, &n) && n == 3,
+          "1-D Fortran order: %s", olmo_last_error());
+    CHECK(parse_npy("{'descr': '<u2', 'fortran_order': False, 'shape': (4, 5), }", 40, &elem, &n) &&
+              error_has("t.npy", "must be 1-D, the .npy header's shape (4, 5) has two or more dimensions"),
+          "2-D: %s", olmo_last_error());
+    CHECK(parse_npy("{'descr': '<u2', 'fortran_order': False, 'shape': (), }", 2, &elem, &n) &&
+              error_has("shape () has no dimension", NULL),
+          "scalar: %s", olmo_last_error());
+    CHECK(parse_npy("{'descr': '<u2', 'fortran_order': False, 'shape': (-4,), }", 8, &elem, &n) &&
+              error_has("shape is not a tuple of sizes: (-4,)", NULL),
+          "negative size: %s", olmo_last_error());
+    CHECK(parse_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }", 16, &elem, &n) &&
+              error_has("wrong dtype at byte offset", "header says '<f4'") && !error_has("'<f4', ", NULL),
+          "float: %s", olmo_last_error());
+    CHECK(parse_npy("{'descr': '<u2', 'shape': (4,), }", 8, &elem, &n) &&
+              error_has("has no 'fortran_order' entry", NULL),
+          "missing key named: %s", olmo_last_error());
+    CHECK(parse_npy("{'descr': '<u2', 'fortran_order': False, 'shape': (40,), }", 8, &elem, &n) &&
+              error_has("promises 40 tokens of 2 bytes", "(room for 4)"),
+          "truncated: %s", olmo_last_error());
+    /* a version-2 header of 100000 bytes in a file that holds it: too long for olmoc, not truncated */
+    static uint8_t big[100100];
+    memcpy(big, "\x93NUMPY\x02\x00", 8);
+    const uint32_t hlen = 100000;
+    memcpy(big + 8, &hlen, 4);
+    memset(big + 12, ' ', hlen);
+    size_t off;
+    CHECK(olmo_npy_parse_header(big, sizeof big, "big.npy", &elem, &off, &n) &&
+              error_has("header length at offset 8 is 100000 bytes, more than olmoc reads", NULL) &&
+              !error_has("truncated", NULL),
+          "long header: %s", olmo_last_error());
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
@@ -186,6 +247,7 @@ static const struct {
     {"config_ranges", test_config_ranges},
     {"config_did_you_mean", test_config_did_you_mean},
     {"hf_config_strict", test_hf_config_strict},
+    {"npy_messages", test_npy_messages},
 };
 
 /* test_strict [NAME...]: the named cases only (all by default). */
