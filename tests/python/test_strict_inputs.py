@@ -5,18 +5,29 @@ test failed before its fix; the C-level cases are in tests/c/test_strict.c."""
 import json
 import subprocess
 
+import torch
 from safetensors.torch import save_file
 
-from test_cli import builds, olmoc, tiny  # noqa: F401  (tiny is a fixture)
+from test_cli import ROOT, builds, olmoc, tiny  # noqa: F401  (tiny is a fixture)
 from test_fidelity import random_params
 
 MODEL = dict(vocab_size=64, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, mlp_hidden=64)  # test_cli's TINY
+TASK = ROOT / "tests" / "data" / "tiny_mc.jsonl"
 
 
-def weights(path):
+def weights(path, lm_head_scale=None):
     params = random_params(MODEL, seed=11)
+    if lm_head_scale is not None:  # finite weights whose logits overflow to inf
+        params["lm_head.weight"] = torch.full_like(params["lm_head.weight"], lm_head_scale)
     save_file(params, str(path))
     return path
+
+
+def strict_json(line):
+    """json.loads without Python's NaN / Infinity extension."""
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+    return json.loads(line, parse_constant=refuse)
 
 
 def test_generate_stays_within_the_context(build_dir, tiny, tmp_path):  # noqa: F811
@@ -57,6 +68,36 @@ def test_generate_seed_in_range(build_dir, tiny, tmp_path):  # noqa: F811
             assert r.returncode == 2, (seed, r.stderr)
             assert f"--seed expects an integer in [0, 18446744073709551615], got '{seed}'" in r.stderr, r.stderr
         assert olmoc(build, *base, "--seed", "18446744073709551615").returncode == 0
+
+
+def test_nonfinite_evaluation_fails_with_valid_json(build_dir, tiny, tmp_path):  # noqa: F811
+    """eval --json and --scores-out printed -nan (not JSON) and exited 0 for a model
+    whose outputs are not finite."""
+    cfg, data = tiny
+    w = weights(tmp_path / "w.safetensors", lm_head_scale=3e38)
+    good = weights(tmp_path / "good.safetensors")
+    for build in builds(build_dir):
+        scores = tmp_path / f"scores-{build.name}.jsonl"
+        r = olmoc(build, "eval", w, "--config", cfg, "--val", data, "--task", TASK, "--batches", "1", "--json",
+                  "--scores-out", scores)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "the evaluation is not finite" in r.stderr and "the model's outputs are not finite" in r.stderr, \
+            r.stderr
+        records = [strict_json(line) for line in r.stdout.splitlines()]
+        assert records and records[0]["loss"] is None, records
+        lines = [strict_json(line) for line in scores.read_text().splitlines()]
+        assert lines and any(None in line["logprobs"] for line in lines), lines[:2]
+        # the token-id task alone: its accuracy is finite, its log-likelihoods are not
+        r = olmoc(build, "eval", w, "--config", cfg, "--task", TASK, "--scores-out", scores)
+        assert r.returncode == 1 and "log-likelihoods in" in r.stderr and "are NaN or infinite" in r.stderr, r.stderr
+        # a finite model: exit 0 (null inside a name, quoted and escaped in the JSON, is not a value)
+        task = tmp_path / 'say "null" \\ null.jsonl'
+        task.write_bytes(TASK.read_bytes())
+        r = olmoc(build, "eval", good, "--config", cfg, "--val", f"a\"null\" null={data}", "--task", task,
+                  "--batches", "1", "--json", "--scores-out", scores)
+        assert r.returncode == 0, r.stderr
+        assert 'null' in scores.read_text().splitlines()[0], scores.read_text()[:200]
+        assert all(strict_json(line)["loss"] is not None for line in r.stdout.splitlines() if '"loss"' in line)
 
 
 def test_misspelled_key_names_the_one_meant(build_dir, tiny, tmp_path):  # noqa: F811
