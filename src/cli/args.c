@@ -1,6 +1,8 @@
 /* Command-line arguments from one table per command (args.h). */
 #include "cli/args.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -72,7 +74,7 @@ static int bad_value(const struct olmo_cli_command *c, const struct olmo_cli_opt
     if (o->expects) snprintf(what, sizeof what, "%s", o->expects);
     else if (o->kind == OLMO_CLI_INT || o->kind == OLMO_CLI_LONG)
         snprintf(what, sizeof what, "expects an integer in [%.0f, %.0f]", o->min, o->max);
-    else if (o->kind == OLMO_CLI_U64) snprintf(what, sizeof what, "expects a non-negative integer");
+    else if (o->kind == OLMO_CLI_U64) snprintf(what, sizeof what, "expects an integer in [0, %llu]", ULLONG_MAX);
     else if (o->kind == OLMO_CLI_DOUBLE && isinf(o->max))
         snprintf(what, sizeof what, "expects a number %s %g", o->min_open ? ">" : ">=", o->min);
     else if (o->kind == OLMO_CLI_DOUBLE)
@@ -110,9 +112,10 @@ static int store(const struct olmo_cli_command *c, const struct olmo_cli_option 
         else *(long *)dest = x;
         return 0;
     }
-    case OLMO_CLI_U64: {
+    case OLMO_CLI_U64: { /* digits only: strtoull takes blanks and a minus sign (-1 as 2^64-1), and saturates */
+        errno = 0;
         const unsigned long long x = strtoull(v, &end, 10);
-        if (!*v || *end || v[0] == '-') break;
+        if (!(v[0] >= '0' && v[0] <= '9') || *end || errno) break;
         *(unsigned long long *)dest = x;
         return 0;
     }

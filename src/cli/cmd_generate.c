@@ -78,7 +78,12 @@ static const struct olmo_cli_option generate_options[] = {
      .help = "tokenizer.json (default: the config's data.tokenizer, else\n"
              "SRC/tokenizer.json of a Hugging Face directory)"},
     {.kind = OLMO_CLI_LONG, .name = "--max-new-tokens", .offset = ARG(max_new), .metavar = "N", .min = 0,
-     .max = 1000000, .help = "tokens to generate (default 32)"},
+     .max = 1000000,
+     .help = "tokens to generate (default 32, fewer when the prompt leaves less room\n"
+             "in the context); the prompt and N together must fit in the model's\n"
+             "context, train.seq_len (a Hugging Face directory: its\n"
+             "max_position_embeddings, at most 4096), else generate refuses;\n"
+             "--set train.seq_len=N allows a longer one"},
     {.kind = OLMO_CLI_DOUBLE, .name = "--temperature", .offset = ARG(temperature), .metavar = "T", .min = 0,
      .max = HUGE_VAL, .help = "0 = greedy (default); > 0 samples from softmax(logits / T)"},
     {.kind = OLMO_CLI_DOUBLE, .name = "--top-p", .offset = ARG(top_p), .metavar = "P", .min = 0, .min_open = true,
@@ -117,7 +122,7 @@ static int set_one(void *cfg, const char *kv) { return olmo_config_set(cfg, kv);
 
 /* Returns -1 to go on, else the exit code. */
 static int parse_args(int argc, char **argv, struct gen_args *a) {
-    *a = (struct gen_args){.backend_name = "cpu", .output = -1, .max_new = 32, .top_p = 1.0};
+    *a = (struct gen_args){.backend_name = "cpu", .output = -1, .max_new = -1, .top_p = 1.0};
     int status;
     if (olmo_cli_parse(&generate_command, a, argc, argv, &status)) return status;
     const int n_prompts = !!a->ids_text + !!a->prompt + !!a->prompt_file;
@@ -164,6 +169,27 @@ static int prompt_ids(const struct gen_args *a, const struct olmo_tokenizer *tok
     return rc;
 }
 
+/* The prompt and the new tokens within the model's context (train.seq_len), so that the work is bounded
+ * by what the model was made for: an explicit --max-new-tokens beyond it is refused, the default of 32
+ * shortened to the room left. */
+#define DEFAULT_MAX_NEW 32
+static int fit_context(struct gen_args *a, int n_prompt, int context) {
+    if (n_prompt > context || (n_prompt == context && a->max_new != 0))
+        return olmo_error("the prompt has %d tokens, %s the model's context of %d (train.seq_len; --set "
+                          "train.seq_len=N for a longer one)",
+                          n_prompt, n_prompt > context ? "more than" : "all of", context);
+    if (a->max_new < 0) {
+        a->max_new = context - n_prompt < DEFAULT_MAX_NEW ? context - n_prompt : DEFAULT_MAX_NEW;
+        return 0;
+    }
+    if (n_prompt + a->max_new > context)
+        return olmo_error("the prompt (%d tokens) and --max-new-tokens %ld make %ld positions, more than the "
+                          "model's context of %d (train.seq_len): at most %d new tokens fit (--set "
+                          "train.seq_len=N for a longer context)",
+                          n_prompt, a->max_new, n_prompt + a->max_new, context, context - n_prompt);
+    return 0;
+}
+
 int cmd_generate(int argc, char **argv) {
     struct gen_args a;
     int code = parse_args(argc, argv, &a);
@@ -189,7 +215,7 @@ int cmd_generate(int argc, char **argv) {
         goto fail;
     }
     if (tokpath[0] && (text_prompt || want_text || a.json) && olmo_tokenizer_load(&tok, tokpath)) goto fail;
-    if (prompt_ids(&a, tok, &ids, &n_prompt)) goto fail;
+    if (prompt_ids(&a, tok, &ids, &n_prompt) || fit_context(&a, n_prompt, cfg.train.seq_len)) goto fail;
     if (!(backend = olmo_backend_create(a.backend_name)) || olmo_model_create(&model, &cfg.model, backend) ||
         olmo_source_load_weights(&source, &model))
         goto fail;

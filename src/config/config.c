@@ -25,6 +25,8 @@ struct field {
     size_t offset;
     size_t size; /* F_STRING: buffer size */
     const char *const *names; /* F_ENUM: value i's name; NULL-terminated */
+    double lo, hi;            /* F_INT, F_LONG, F_DOUBLE: the range (below) */
+    int open;                 /* OPEN_LO, OPEN_HI: that end excluded */
 };
 
 static const char *const act_ckpt_names[] = {"none", "feed_forward", "block", NULL};
@@ -32,56 +34,93 @@ static const char *const saved_acts_names[] = {"exact", "bf16", NULL};
 static const char *const sharding_names[] = {"zero1", "fsdp", NULL};
 static const char *const optimizer_names[] = {"adamw", "skip_step_adamw", NULL};
 
-#define M(name, type) {"model." #name, type, offsetof(struct olmo_config, model.name), 0, NULL}
-#define T(name, type) {"train." #name, type, offsetof(struct olmo_config, train.name), 0, NULL}
-#define D(name, type) {"data." #name, type, offsetof(struct olmo_config, data.name), 0, NULL}
-#define TE(name, table) {"train." #name, F_ENUM, offsetof(struct olmo_config, train.name), 0, table}
+/* Each numeric key's range: [lo, hi], an end open where `open` says (OPEN_LO, OPEN_HI); the type's own
+ * limits (INT_MAX, LONG_MAX, DBL_MAX) mean "no bound" on that side.  The shapes' 0 is "not set yet"
+ * (UNSET_0: the defaults, which olmo_config_validate refuses), and their limits in config.h are checked by
+ * olmo_config_check_limits, which names them. */
+#define IMAX ((double)INT_MAX)
+#define LMAX ((double)LONG_MAX)
+#define DMAX DBL_MAX
+enum { OPEN_LO = 1, OPEN_HI = 2, UNSET_0 = 4 /* 0 also taken: not set yet */ };
+#define F(name, type, lo, hi, open) {#name, type, offsetof(struct olmo_config, name), 0, NULL, lo, hi, open}
+#define TX(name, type) F(name, type, 0, 0, 0)
+#define TE(name, table) {"train." #name, F_ENUM, offsetof(struct olmo_config, train.name), 0, table, 0, 0, 0}
 #define DS(name) \
-    {"data." #name, F_STRING, offsetof(struct olmo_config, data.name), sizeof(((struct olmo_config *)0)->data.name), NULL}
+    {"data." #name, F_STRING, offsetof(struct olmo_config, data.name), sizeof(((struct olmo_config *)0)->data.name), \
+     NULL, 0, 0, 0}
 static const struct field fields[] = {
-    M(vocab_size, F_INT),          M(d_model, F_INT),
-    M(n_layers, F_INT),            M(n_heads, F_INT),
-    M(n_kv_heads, F_INT),          M(mlp_hidden, F_INT),
-    M(rope_theta, F_DOUBLE),       M(sliding_window, F_INT),
-    M(full_attention_every, F_INT), M(full_attention_last, F_BOOL),
-    M(rms_norm_eps, F_DOUBLE),     M(init_std, F_DOUBLE),
-    M(eos_token_id, F_INT),        M(pad_token_id, F_INT),
-    T(seq_len, F_INT),             T(micro_batch, F_INT),
-    T(grad_accum, F_INT),          T(steps, F_LONG),
-    T(seed, F_U64),                T(intra_doc_masking, F_BOOL),
-    T(z_loss, F_DOUBLE),           T(clip_grad_norm, F_DOUBLE),
-    T(lr, F_DOUBLE),               T(beta1, F_DOUBLE),
-    T(beta2, F_DOUBLE),            T(eps, F_DOUBLE),
-    T(weight_decay, F_DOUBLE),     T(embedding_weight_decay, F_DOUBLE),
-    TE(optimizer, optimizer_names), T(rolling_interval_length, F_INT),
-    T(sigma_factor, F_DOUBLE),     T(step_increment_bugfix, F_BOOL),
-    T(optim_init_step, F_BOOL),
-    T(schedule, F_SCHEDULE),       T(warmup_steps, F_LONG),
-    T(alpha_f, F_DOUBLE),          T(schedule_steps, F_LONG),
-    T(schedule_tokens, F_LONG),    T(decay_steps, F_LONG),
-    T(decay_fraction, F_DOUBLE),   T(schedule2, F_SCHEDULE),
-    T(schedule2_after, F_LONG),    T(schedule2_warmup_steps, F_LONG),
-    T(schedule2_steps, F_LONG),    T(schedule2_tokens, F_LONG),
-    T(log_every, F_INT),
-    T(save_every, F_LONG),         T(keep_last, F_INT),
-    T(eval_every, F_LONG),         T(eval_batches, F_INT),
-    T(peak_flops, F_DOUBLE),       T(nonfinite, F_NONFINITE),
-    TE(activation_checkpointing, act_ckpt_names), T(block_every, F_INT),
+    F(model.vocab_size, F_INT, 1, IMAX, UNSET_0),
+    F(model.d_model, F_INT, 1, IMAX, UNSET_0),
+    F(model.n_layers, F_INT, 1, IMAX, UNSET_0),
+    F(model.n_heads, F_INT, 1, IMAX, UNSET_0),
+    F(model.n_kv_heads, F_INT, 1, IMAX, UNSET_0),
+    F(model.mlp_hidden, F_INT, 1, IMAX, UNSET_0),
+    F(model.rope_theta, F_DOUBLE, 0, DMAX, OPEN_LO),
+    F(model.sliding_window, F_INT, 0, IMAX, 0),
+    F(model.full_attention_every, F_INT, 0, IMAX, 0),
+    F(model.full_attention_last, F_BOOL, 0, 0, 0),
+    /* added to mean(x^2) in fp32: a normal float, and no larger than 1 (1e300 made every output uniform) */
+    F(model.rms_norm_eps, F_DOUBLE, FLT_MIN, 1, 0),
+    F(model.init_std, F_DOUBLE, 0, DMAX, OPEN_LO),
+    F(model.eos_token_id, F_INT, 0, OLMO_MAX_VOCAB_SIZE - 1, 0),
+    /* outside the vocabulary: evaluation rows are padded with model.eos_token_id (eval/evaluator.h) */
+    F(model.pad_token_id, F_INT, 0, OLMO_MAX_VOCAB_SIZE - 1, 0),
+    F(train.seq_len, F_INT, 1, IMAX, UNSET_0),
+    F(train.micro_batch, F_INT, 1, IMAX, 0),
+    F(train.grad_accum, F_INT, 1, IMAX, 0),
+    F(train.steps, F_LONG, 0, LMAX, 0),
+    TX(train.seed, F_U64),
+    TX(train.intra_doc_masking, F_BOOL),
+    F(train.z_loss, F_DOUBLE, 0, DMAX, 0),
+    F(train.clip_grad_norm, F_DOUBLE, -DMAX, DMAX, 0), /* <= 0: no clipping */
+    F(train.lr, F_DOUBLE, 0, DMAX, OPEN_LO),
+    F(train.beta1, F_DOUBLE, 0, 1, OPEN_HI),
+    F(train.beta2, F_DOUBLE, 0, 1, OPEN_HI),
+    F(train.eps, F_DOUBLE, 0, DMAX, OPEN_LO),
+    F(train.weight_decay, F_DOUBLE, 0, DMAX, 0),
+    F(train.embedding_weight_decay, F_DOUBLE, 0, DMAX, 0),
+    TE(optimizer, optimizer_names),
+    F(train.rolling_interval_length, F_INT, 0, 1000000, 0),
+    F(train.sigma_factor, F_DOUBLE, 0, DMAX, 0),
+    TX(train.step_increment_bugfix, F_BOOL),
+    TX(train.optim_init_step, F_BOOL),
+    TX(train.schedule, F_SCHEDULE),
+    F(train.warmup_steps, F_LONG, 0, LMAX, 0),
+    F(train.alpha_f, F_DOUBLE, 0, 1, 0),
+    F(train.schedule_steps, F_LONG, 0, LMAX, 0),
+    F(train.schedule_tokens, F_LONG, 0, LMAX, 0),
+    F(train.decay_steps, F_LONG, 0, LMAX, 0),
+    F(train.decay_fraction, F_DOUBLE, 0, 1, 0),
+    TX(train.schedule2, F_SCHEDULE),
+    F(train.schedule2_after, F_LONG, 0, LMAX, 0),
+    F(train.schedule2_warmup_steps, F_LONG, 0, LMAX, 0),
+    F(train.schedule2_steps, F_LONG, 0, LMAX, 0),
+    F(train.schedule2_tokens, F_LONG, 0, LMAX, 0),
+    F(train.log_every, F_INT, 1, IMAX, 0),
+    F(train.save_every, F_LONG, 0, LMAX, 0),
+    F(train.keep_last, F_INT, 0, IMAX, 0),
+    F(train.eval_every, F_LONG, 0, LMAX, 0),
+    F(train.eval_batches, F_INT, 1, IMAX, 0),
+    F(train.peak_flops, F_DOUBLE, 0, DMAX, 0),
+    TX(train.nonfinite, F_NONFINITE),
+    TE(activation_checkpointing, act_ckpt_names),
+    F(train.block_every, F_INT, 1, IMAX, 0),
     TE(saved_activations, saved_acts_names),
-    TE(sharding, sharding_names),  T(shard_degree, F_INT),
+    TE(sharding, sharding_names),
+    F(train.shard_degree, F_INT, 0, IMAX, 0),
     DS(train_path),                DS(mix),
     DS(dtype),                     DS(out_dir),
     DS(order),                     DS(mix_file),
     DS(mix_base_dir),              DS(mix_tokenizer),
     DS(val_paths),                 DS(eval_tasks),
     DS(tokenizer),                 DS(eval_tasks_dir),
-    D(val_documents, F_BOOL),      D(max_target_sequence_length, F_INT),
-    D(val_all_documents, F_BOOL),
+    F(data.val_documents, F_BOOL, 0, 0, 0),
+    F(data.max_target_sequence_length, F_INT, 0, IMAX, 0),
+    F(data.val_all_documents, F_BOOL, 0, 0, 0),
 };
-#undef M
-#undef T
+#undef F
+#undef TX
 #undef TE
-#undef D
 #undef DS
 
 /* by enum olmo_schedule_kind; cos_with_warmup and linear_with_warmup (OLMo-core's names) are accepted too */
@@ -127,10 +166,123 @@ void olmo_config_defaults(struct olmo_config *cfg) {
     snprintf(cfg->data.order, sizeof cfg->data.order, "olmo_core");
 }
 
+static void format_field(const struct olmo_config *cfg, const struct field *f, char *buf, size_t n);
+
 static const struct field *find_field(const char *key) {
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
         if (strcmp(fields[i].key, key) == 0) return &fields[i];
     return NULL;
+}
+
+/* Levenshtein distance of two short strings (keys; longer ones count as far apart). */
+static size_t edit_distance(const char *a, const char *b) {
+    const size_t na = strlen(a), nb = strlen(b);
+    if (na > 255 || nb > 255) return SIZE_MAX;
+    size_t row[256];
+    for (size_t j = 0; j <= nb; j++) row[j] = j;
+    for (size_t i = 1; i <= na; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= nb; j++) {
+            const size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[nb];
+}
+
+/* " (did you mean 'KEY'?)" for the known key closest to an unknown one, or "" when none is close: within a
+ * third of its length in edits, or the same name in another section (model.lr -> train.lr). */
+static void suggest_key(const char *key, char *out, size_t n) {
+    const char *dot = strchr(key, '.'), *name = dot ? dot + 1 : key;
+    const char *best = NULL;
+    size_t best_d = SIZE_MAX;
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        const char *fname = strchr(fields[i].key, '.') + 1;
+        size_t d = !strcmp(name, fname) ? 1 : edit_distance(key, fields[i].key);
+        if (!dot) { /* no section given: compare the names */
+            const size_t dn = edit_distance(name, fname);
+            if (dn != SIZE_MAX && dn + 1 < d) d = dn + 1;
+        }
+        if (d < best_d) best_d = d, best = fields[i].key;
+    }
+    const size_t len = strlen(key);
+    if (best && (best_d <= 2 || best_d * 3 <= len)) snprintf(out, n, " (did you mean '%s'?)", best);
+    else if (n) out[0] = 0;
+}
+
+/* Decimal text as YAML and C write numbers: [+-]digits[.digits][e[+-]digits] (integers: no fraction or
+ * exponent).  strtod and strtoull take more: leading blanks, hexadecimal (0x10 read as 16), inf, nan, and
+ * strtoull a minus sign (-1 read as 2^64-1). */
+static bool is_decimal(const char *s, bool integer) {
+    const char *p = s;
+    if (*p == '+' || *p == '-') p++;
+    const char *digits = p;
+    while (*p >= '0' && *p <= '9') p++;
+    bool any = p > digits;
+    if (!integer && *p == '.') {
+        const char *frac = ++p;
+        while (*p >= '0' && *p <= '9') p++;
+        any |= p > frac;
+    }
+    if (!any) return false;
+    if (!integer && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (*p == '+' || *p == '-') p++;
+        const char *exp = p;
+        while (*p >= '0' && *p <= '9') p++;
+        if (p == exp) return false;
+    }
+    return *p == 0;
+}
+
+/* A bound as text: integers whole, doubles in the fewest digits that read back. */
+static void format_bound(double v, enum field_type type, char *buf, size_t n) {
+    if (type == F_LONG && v >= LMAX) { /* LONG_MAX rounds up to 2^63 as a double */
+        snprintf(buf, n, "%ld", LONG_MAX);
+        return;
+    }
+    if (type != F_DOUBLE) {
+        snprintf(buf, n, "%.0f", v);
+        return;
+    }
+    for (int digits = 6; digits <= 17; digits++) {
+        snprintf(buf, n, "%.*g", digits, v);
+        if (strtod(buf, NULL) == v) return;
+    }
+}
+
+/* The field's range refusal: "KEY must be in [lo, hi], got VALUE" (or >= lo / <= hi for one-sided ones;
+ * both ends for a value beyond what the type holds). */
+static int range_error(const struct field *f, const char *value, bool beyond_type) {
+    const double type_max = f->type == F_INT ? IMAX : f->type == F_LONG ? LMAX : DMAX;
+    const double type_min = f->type == F_INT ? (double)INT_MIN : f->type == F_LONG ? (double)LONG_MIN : -DMAX;
+    char lo[40], hi[40];
+    format_bound(f->lo, f->type, lo, sizeof lo);
+    format_bound(f->hi, f->type, hi, sizeof hi);
+    const bool has_lo = f->lo > type_min, has_hi = f->hi < type_max || beyond_type;
+    if (has_lo && has_hi)
+        return olmo_error("%s must be in %c%s, %s%c, got %s", f->key, f->open & OPEN_LO ? '(' : '[', lo, hi,
+                          f->open & OPEN_HI ? ')' : ']', value);
+    if (has_lo) return olmo_error("%s must be %s %s, got %s", f->key, f->open & OPEN_LO ? ">" : ">=", lo, value);
+    return olmo_error("%s must be %s %s, got %s", f->key, f->open & OPEN_HI ? "<" : "<=", hi, value);
+}
+
+static bool in_range(const struct field *f, double v) {
+    if (v == 0 && (f->open & UNSET_0)) return true;
+    return ((f->open & OPEN_LO) ? v > f->lo : v >= f->lo) && ((f->open & OPEN_HI) ? v < f->hi : v <= f->hi);
+}
+
+/* What a number that is not decimal text is told. */
+static int not_decimal(const struct field *f, const char *value, const char *what) {
+    const char *p = value + (value[0] == '+' || value[0] == '-');
+    const bool hex = p[0] == '0' && (p[1] == 'x' || p[1] == 'X');
+    return olmo_error("'%s' expects %s, got '%s'%s", f->key, what, value,
+                      hex ? " (numbers are read as decimal; hexadecimal is not)" : "");
 }
 
 static int parse_value(struct olmo_config *cfg, const struct field *f, const char *value) {
@@ -140,33 +292,32 @@ static int parse_value(struct olmo_config *cfg, const struct field *f, const cha
     switch (f->type) {
     case F_INT:
     case F_LONG: {
+        if (!is_decimal(value, true)) return not_decimal(f, value, "an integer");
         long long v = strtoll(value, &end, 10);
-        if (end == value || *end || errno) return olmo_error("'%s' expects an integer, got '%s'", f->key, value);
-        if (f->type == F_INT) {
-            if (v < INT_MIN || v > INT_MAX) return olmo_error("'%s' is out of range: %s", f->key, value);
-            *(int *)base = (int)v;
-        } else {
-            *(long *)base = (long)v;
-        }
+        if (errno || (f->type == F_INT && (v < INT_MIN || v > INT_MAX))) return range_error(f, value, true);
+        if (!in_range(f, (double)v)) return range_error(f, value, false);
+        if (f->type == F_INT) *(int *)base = (int)v;
+        else *(long *)base = (long)v;
         return 0;
     }
     case F_U64: {
-        if (value[0] == '-') return olmo_error("'%s' expects a non-negative integer, got '%s'", f->key, value);
+        if (!is_decimal(value, true) || value[0] == '-')
+            return not_decimal(f, value, "a non-negative integer");
         unsigned long long v = strtoull(value, &end, 10);
-        if (end == value || *end || errno) return olmo_error("'%s' expects an integer, got '%s'", f->key, value);
+        if (errno) return olmo_error("%s must be in [0, %llu], got %s", f->key, (unsigned long long)UINT64_MAX, value);
         *(uint64_t *)base = v;
         return 0;
     }
     case F_DOUBLE: {
+        if (!is_decimal(value, false)) return not_decimal(f, value, "a number");
         double v = strtod(value, &end);
-        if (end == value || *end) return olmo_error("'%s' expects a number, got '%s'", f->key, value);
         /* ERANGE: overflow (inf), or underflow, where a subnormal result is still the number written */
         if (isinf(v) || (errno == ERANGE && fabs(v) >= DBL_MIN))
             return olmo_error("'%s' is out of range: %s (a double ends at %g)", f->key, value, DBL_MAX);
         if (errno == ERANGE && v == 0)
             return olmo_error("'%s' underflows to 0: %s (the smallest positive double is %g)", f->key, value,
                               4.9406564584124654e-324);
-        if (isnan(v)) return olmo_error("'%s' expects a number, got '%s'", f->key, value);
+        if (!in_range(f, v)) return range_error(f, value, false);
         *(double *)base = v;
         return 0;
     }
@@ -218,8 +369,21 @@ static int parse_value(struct olmo_config *cfg, const struct field *f, const cha
 
 static int set_key(struct olmo_config *cfg, const char *key, const char *value) {
     const struct field *f = find_field(key);
-    if (!f) return olmo_error("unknown key '%s'", key);
-    return parse_value(cfg, f, value);
+    if (!f) {
+        char hint[300];
+        suggest_key(key, hint, sizeof hint);
+        return olmo_error("unknown key '%s'%s", key, hint);
+    }
+    if (f->type == F_STRING) return parse_value(cfg, f, value);
+    /* blanks around a number or a name (--set 'train.seed= -1'), as YAML drops them around a plain scalar */
+    while (*value == ' ' || *value == '\t') value++;
+    char trimmed[128];
+    size_t len = strlen(value);
+    while (len && (value[len - 1] == ' ' || value[len - 1] == '\t')) len--;
+    if (len >= sizeof trimmed) return olmo_error("'%s' does not take a value of %zu characters", key, len);
+    memcpy(trimmed, value, len);
+    trimmed[len] = 0;
+    return parse_value(cfg, f, trimmed);
 }
 
 int olmo_config_set(struct olmo_config *cfg, const char *assignment) {
@@ -260,6 +424,10 @@ static int on_section(struct load_state *ls, const char *text, size_t line) {
         ls->section_line[i] = line;
         return 0;
     }
+    const char *near = NULL;
+    for (int i = 0; i < N_SECTIONS; i++)
+        if (edit_distance(text, section_names[i]) <= 2) near = section_names[i];
+    if (near) return olmo_error("%s:%zu: unknown section '%s' (did you mean '%s'?)", ls->path, line, text, near);
     return olmo_error("%s:%zu: unknown section '%s' (expected model, train or data)", ls->path, line, text);
 }
 
@@ -268,7 +436,11 @@ static int on_value(struct olmo_config *cfg, struct load_state *ls, const char *
     snprintf(full, sizeof full, "%s.%s", ls->section, ls->key);
     ls->expect_key = true;
     const struct field *f = find_field(full);
-    if (!f) return olmo_error("%s:%zu: unknown key '%s'", ls->path, ls->key_line, full);
+    if (!f) {
+        char hint[300];
+        suggest_key(full, hint, sizeof hint);
+        return olmo_error("%s:%zu: unknown key '%s'%s", ls->path, ls->key_line, full, hint);
+    }
     size_t *seen = &ls->field_line[f - fields];
     if (*seen)
         return olmo_error("%s:%zu: key '%s' appears twice (first at line %zu)", ls->path, ls->key_line, full, *seen);
@@ -467,6 +639,20 @@ int olmo_config_validate(const struct olmo_config *cfg) {
         return olmo_error("data.order must be olmo_core or olmoc; got '%s'", cfg->data.order);
     if (!!cfg->data.mix[0] + !!cfg->data.train_path[0] + !!cfg->data.mix_file[0] > 1)
         return olmo_error("set one of data.train_path, data.mix and data.mix_file");
+    for (size_t i = 0; i < N_FIELDS; i++) { /* every range of the table, for configs not read from text */
+        const struct field *f = &fields[i];
+        const char *base = (const char *)cfg + f->offset;
+        double v;
+        if (f->type == F_INT) v = *(const int *)base;
+        else if (f->type == F_LONG) v = (double)*(const long *)base;
+        else if (f->type == F_DOUBLE) v = *(const double *)base;
+        else continue;
+        if (!in_range(f, v)) {
+            char text[64];
+            format_field(cfg, f, text, sizeof text);
+            return range_error(f, text, false);
+        }
+    }
     size_t chunk;
     return olmo_config_chunk_instances(cfg, &chunk);
 }
@@ -498,6 +684,16 @@ static void format_field(const struct olmo_config *cfg, const struct field *f, c
     case F_NONFINITE: snprintf(buf, n, "%s", nonfinite_names[*(const enum olmo_nonfinite_policy *)base]); break;
     case F_ENUM: snprintf(buf, n, "%s", f->names[*(const int *)base]); break;
     }
+}
+
+int olmo_config_check_range(const char *key, double value) {
+    const struct field *f = find_field(key);
+    if (!f || (f->type != F_INT && f->type != F_LONG && f->type != F_DOUBLE))
+        return olmo_error("internal: '%s' is not a numeric key", key);
+    if (in_range(f, value)) return 0;
+    char text[64];
+    format_bound(value, F_DOUBLE, text, sizeof text);
+    return range_error(f, text, false);
 }
 
 const char *olmo_config_key(int index) {

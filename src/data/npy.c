@@ -1,6 +1,9 @@
 #include "data/npy.h"
 
+#include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "util/error.h"
@@ -21,6 +24,22 @@ int olmo_npy_write_header(FILE *f, int elem_size, uint64_t n) {
     return 0;
 }
 
+static const char *skip_blanks(const char *s) {
+    while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r') s++;
+    return s;
+}
+
+/* The value of key in a dict literal ('key': value or "key": value), blanks skipped; NULL if absent. */
+static const char *dict_value(const char *dict, const char *key) {
+    const size_t n = strlen(key);
+    for (const char *k = dict; (k = strpbrk(k, "'\"")); k++) {
+        if (strncmp(k + 1, key, n) || k[n + 1] != k[0]) continue;
+        const char *colon = skip_blanks(k + n + 2);
+        if (*colon == ':') return skip_blanks(colon + 1);
+    }
+    return NULL;
+}
+
 int olmo_npy_parse_header(const uint8_t *p, size_t size, const char *path, int *elem_size, size_t *data_offset,
                           size_t *n_elems) {
     if (size < 10) return olmo_error("'%s': truncated .npy header (file has %zu bytes)", path, size);
@@ -33,44 +52,73 @@ int olmo_npy_parse_header(const uint8_t *p, size_t size, const char *path, int *
         hlen = (size_t)p[8] | (size_t)p[9] << 8 | (size_t)p[10] << 16 | (size_t)p[11] << 24;
         hstart = 12;
     } else {
-        return olmo_error("'%s': unsupported .npy version %d at byte offset 6", path, p[6]);
+        return olmo_error("'%s': unsupported .npy version %d at byte offset 6 (1, 2 and 3 are read)", path, p[6]);
     }
-    if (hlen > 65536 || hstart + hlen > size)
+    if (hlen > 65536)
+        return olmo_error("'%s': the .npy header length at offset 8 is %zu bytes, more than olmoc reads (65536)", path,
+                          hlen);
+    if (hstart + hlen > size)
         return olmo_error("'%s': truncated .npy header: %zu header bytes announced at offset 8, file has %zu bytes",
                           path, hlen, size);
     char header[65537];
     memcpy(header, p + hstart, hlen);
     header[hlen] = 0;
-    const char *descr = strstr(header, "'descr':");
-    const char *order = strstr(header, "'fortran_order':");
-    const char *shape = strstr(header, "'shape':");
-    if (!descr || !order || !shape) return olmo_error("'%s': .npy header lacks descr/fortran_order/shape", path);
-    const char *dt = descr + 8;
-    while (*dt == ' ') dt++;
-    if (!strncmp(dt, "'<u2'", 5))
+    /* the header is a Python dict literal: keys and strings in either quote (numpy reads it with
+     * ast.literal_eval), blanks anywhere between tokens */
+    const char *descr = dict_value(header, "descr"), *order = dict_value(header, "fortran_order"),
+               *shape = dict_value(header, "shape");
+    if (!descr || !order || !shape) {
+        return olmo_error("'%s': .npy header has no '%s' entry: %.80s", path,
+                          !descr ? "descr" : !order ? "fortran_order" : "shape", header);
+    }
+    const char q = *descr;
+    const char *dt = descr + 1, *dt_end = q == '\'' || q == '"' ? strchr(dt, q) : NULL;
+    const size_t dt_len = dt_end ? (size_t)(dt_end - dt) : 0;
+    if (dt_end && dt_len == 3 && !strncmp(dt, "<u2", 3))
         *elem_size = 2;
-    else if (!strncmp(dt, "'<u4'", 5) || !strncmp(dt, "'<i4'", 5))
+    else if (dt_end && dt_len == 3 && (!strncmp(dt, "<u4", 3) || !strncmp(dt, "<i4", 3)))
         *elem_size = 4;
     else
         return olmo_error("'%s': wrong dtype at byte offset %zu: token arrays must be uint16, uint32 or int32 "
-                          "(little-endian), header says %.8s",
-                          path, hstart + (size_t)(dt - header), dt);
-    const char *fo = order + 16;
-    while (*fo == ' ') fo++;
-    if (strncmp(fo, "False", 5)) return olmo_error("'%s': Fortran-ordered arrays are not supported", path);
-    const char *s = shape + 8;
-    while (*s == ' ') s++;
+                          "(little-endian: '<u2', '<u4', '<i4'), header says %.*s",
+                          path, hstart + (size_t)(descr - header), dt_end ? (int)dt_len + 2 : 12, descr);
+    const bool fortran = !strncmp(order, "True", 4);
+    if (!fortran && strncmp(order, "False", 5))
+        return olmo_error("'%s': .npy header's fortran_order is neither True nor False: %.12s", path, order);
+    /* shape: "(N,)" with any blanks; anything else is a shape of another rank, said as such */
+    const char *sp = shape;
+    int rank = -1;
     unsigned long long n = 0;
-    int consumed = 0;
-    if (sscanf(s, "(%llu,)%n", &n, &consumed) != 1 || consumed == 0)
-        return olmo_error("'%s': token array must be 1-D, shape is %.40s", path, s);
+    if (*sp == '(') {
+        sp = skip_blanks(sp + 1);
+        if (*sp == ')') {
+            rank = 0;
+        } else if (*sp >= '0' && *sp <= '9') {
+            char *end;
+            errno = 0;
+            n = strtoull(sp, &end, 10);
+            const char *after = skip_blanks(end);
+            if (errno) return olmo_error("'%s': .npy shape %.40s is too large", path, shape);
+            if (*after == ',' && *skip_blanks(after + 1) == ')') rank = 1;
+            else if (*after == ',') rank = 2; /* (a, b, ...) */
+        }
+    }
+    if (rank != 1) {
+        const char *close = strchr(shape, ')');
+        const int len = close && close - shape < 80 ? (int)(close - shape) + 1 : 40;
+        if (rank == 0 || rank == 2)
+            return olmo_error("'%s': token array must be 1-D, the .npy header's shape %.*s has %s", path, len, shape,
+                              rank == 0 ? "no dimension (a scalar)" : "two or more dimensions");
+        return olmo_error("'%s': .npy header's shape is not a tuple of sizes: %.*s", path, len, shape);
+    }
+    /* Fortran or C order: the same bytes for one dimension */
     *data_offset = hstart + hlen;
     *n_elems = (size_t)n;
     size_t have = size - *data_offset;
     if (*n_elems > have / (size_t)*elem_size)
-        return olmo_error("'%s': truncated: header promises %zu tokens (%zu bytes from offset %zu) but the file "
-                          "ends at offset %zu",
-                          path, *n_elems, *n_elems * (size_t)*elem_size, *data_offset, size);
+        return olmo_error("'%s': truncated: header promises %zu tokens of %d bytes from offset %zu, but the file "
+                          "ends at offset %zu (room for %zu)",
+                          path, *n_elems, *elem_size, *data_offset, size, have / (size_t)*elem_size);
     return 0;
 }
 

@@ -23,8 +23,11 @@ static int get_int(const cJSON *o, const char *k, int def, bool required, int *o
         *out = def;
         return 0;
     }
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 2147483647.0)
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
         return olmo_error("%s: '%s' must be an integer", path, k);
+    if (fabs(v->valuedouble) > 2147483647.0)
+        return olmo_error("%s: '%s' is %.17g, beyond olmoc's integers (at most 2147483647 in size)", path, k,
+                          v->valuedouble);
     *out = (int)v->valuedouble;
     return 0;
 }
@@ -40,18 +43,79 @@ static int get_double(const cJSON *o, const char *k, double def, double *out, co
     return 0;
 }
 
-/* A token id that may be null or a list (the first entry is taken). */
-static int get_token_id(const cJSON *o, const char *k, int def, int *out, const char *path) {
+/* A token id of the vocabulary [0, vocab) */
+static int check_token_id(const cJSON *v, const char *k, int vocab, const char *path) {
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
+        return olmo_error("%s: '%s' must be a token id (an integer)", path, k);
+    if (v->valuedouble < 0 || v->valuedouble >= vocab)
+        return olmo_error("%s: '%s' is %.17g, outside the vocabulary [0, %d) (vocab_size)", path, k, v->valuedouble,
+                          vocab);
+    return 0;
+}
+
+/* A token id that may be null or a list (the first entry is taken; every one must be a token). */
+static int get_token_id(const cJSON *o, const char *k, int def, int vocab, int *out, const char *path) {
     const cJSON *v = get(o, k);
-    if (cJSON_IsArray(v)) v = cJSON_GetArrayItem(v, 0);
+    if (cJSON_IsArray(v)) {
+        for (const cJSON *e = v->child; e; e = e->next)
+            if (check_token_id(e, k, vocab, path)) return -1;
+        v = cJSON_GetArrayItem(v, 0);
+    }
     if (!v || cJSON_IsNull(v)) {
         *out = def;
         return 0;
     }
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 || v->valuedouble > 2147483647.0)
-        return olmo_error("%s: '%s' must be a token id", path, k);
+    if (check_token_id(v, k, vocab, path)) return -1;
     *out = (int)v->valuedouble;
     return 0;
+}
+
+/* Every object of the document has each key once: Python's json (transformers) keeps the last of
+ * duplicates, cJSON's lookups the first, so a duplicate would be read differently. */
+static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+static int check_unique_keys(const cJSON *node, const char *path) {
+    if (cJSON_IsObject(node)) {
+        size_t n = 0;
+        for (const cJSON *c = node->child; c; c = c->next) n++;
+        const char **names = olmo_malloc(sizeof(char *) * (n ? n : 1), "JSON keys");
+        if (!names) return -1;
+        n = 0;
+        for (const cJSON *c = node->child; c; c = c->next) names[n++] = c->string ? c->string : "";
+        qsort(names, n, sizeof *names, cmp_str);
+        for (size_t i = 1; i < n; i++)
+            if (!strcmp(names[i - 1], names[i])) {
+                olmo_error("%s: key '%s' appears twice in one object (Python's json would take the last, cJSON "
+                           "the first)",
+                           path, names[i]);
+                free(names);
+                return -1;
+            }
+        free(names);
+    }
+    for (const cJSON *c = node ? node->child : NULL; c; c = c->next)
+        if ((cJSON_IsObject(c) || cJSON_IsArray(c)) && check_unique_keys(c, path)) return -1;
+    return 0;
+}
+
+/* text (len bytes) as one JSON document with unique keys; NULL with the error set, naming the byte offset of
+ * a syntax error. */
+static cJSON *parse_json(const char *text, size_t len, const char *path) {
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
+    if (root && end) /* after the value: only blanks (Python's json refuses anything else) */
+        while (end < text + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
+    if (!root || (end && end < text + len)) {
+        const size_t at = end && end >= text && end <= text + len ? (size_t)(end - text) : 0;
+        cJSON_Delete(root);
+        olmo_error("%s: not valid JSON (%s at byte offset %zu)", path, root ? "text after the document" : "syntax error",
+                   at);
+        return NULL;
+    }
+    if (check_unique_keys(root, path)) {
+        cJSON_Delete(root);
+        return NULL;
+    }
+    return root;
 }
 
 /* One RoPE parameter set: only the default (unscaled) type is implemented. */
@@ -143,6 +207,20 @@ static int read_layer_types(const cJSON *root, struct olmo_model_config *m, cons
     return 0;
 }
 
+/* The sizes are positive (vocab_size 0 was refused later as model.vocab_size). */
+static int check_sizes(const struct olmo_model_config *m, const char *path) {
+    const struct {
+        const char *key;
+        int value;
+    } sizes[] = {
+        {"vocab_size", m->vocab_size},   {"hidden_size", m->d_model},           {"num_hidden_layers", m->n_layers},
+        {"num_attention_heads", m->n_heads}, {"num_key_value_heads", m->n_kv_heads}, {"intermediate_size", m->mlp_hidden},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (sizes[i].value <= 0) return olmo_error("%s: '%s' is %d; it must be positive", path, sizes[i].key, sizes[i].value);
+    return 0;
+}
+
 /* olmoc's shape limits (config.h), checked before anything is sized by them
  * (2^31-1 layers took 72 s and 2 GB before failing). */
 static int check_limits(const struct olmo_model_config *m, const char *path) {
@@ -189,7 +267,8 @@ const char *olmo_hf_config_assumed(void) { return assumed; }
 #define DOLMA2_PAD 100277
 #define OLMO3_SEQ_LEN 8192
 
-static int read_token_id(const cJSON *root, const char *k, int absent, int null_id, int *out, const char *path) {
+static int read_token_id(const cJSON *root, const char *k, int absent, int null_id, int vocab, int *out,
+                         const char *path) {
     const cJSON *v = get(root, k);
     if (v && cJSON_IsNull(v)) {
         *out = null_id;
@@ -197,15 +276,17 @@ static int read_token_id(const cJSON *root, const char *k, int absent, int null_
                strcmp(k, "eos_token_id") ? "pad_token_id" : "eos_token_id");
         return 0;
     }
-    return get_token_id(root, k, absent, out, path);
+    return get_token_id(root, k, absent, vocab, out, path);
 }
 
 int olmo_hf_read_config(const char *path, struct olmo_config *cfg) {
     assumed[0] = '\0';
     char *text;
-    if (olmo_read_file(path, 1u << 20, &text, NULL)) return -1;
-    cJSON *root = cJSON_Parse(text);
+    size_t len;
+    if (olmo_read_file(path, 1u << 20, &text, &len)) return -1;
+    cJSON *root = parse_json(text, len, path);
     free(text);
+    if (!root) return -1;
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return olmo_error("%s: not a JSON object", path);
@@ -248,16 +329,28 @@ int olmo_hf_read_config(const char *path, struct olmo_config *cfg) {
         get_int(root, "intermediate_size", 0, true, &m->mlp_hidden, path) ||
         get_int(root, "max_position_embeddings", 2048, false, &max_pos, path) ||
         get_double(root, "rms_norm_eps", 1e-5, &m->rms_norm_eps, path) ||
-        get_double(root, "initializer_range", 0.02, &m->init_std, path) ||
-        read_token_id(root, "eos_token_id", 50279, DOLMA2_EOS, &m->eos_token_id, path) ||
-        read_token_id(root, "pad_token_id", 1, DOLMA2_PAD, &m->pad_token_id, path) ||
-        read_rope(root, &m->rope_theta, path))
+        get_double(root, "initializer_range", 0.02, &m->init_std, path) || read_rope(root, &m->rope_theta, path))
         goto done;
-    if (m->n_layers <= 0 || m->n_heads <= 0 || m->d_model <= 0) {
-        olmo_error("%s: hidden_size, num_hidden_layers and num_attention_heads must be positive", path);
+    if (check_sizes(m, path) || check_limits(m, path)) goto done;
+    /* the ranges olmoc's config keys have (config.c), named by config.json's keys */
+    const struct {
+        const char *hf, *key;
+        double value;
+    } ranged[] = {
+        {"rms_norm_eps", "model.rms_norm_eps", m->rms_norm_eps},
+        {"initializer_range", "model.init_std", m->init_std},
+        {"rope_theta", "model.rope_theta", m->rope_theta},
+    };
+    for (size_t i = 0; i < sizeof ranged / sizeof ranged[0]; i++)
+        if (olmo_config_check_range(ranged[i].key, ranged[i].value)) {
+            olmo_error_context("%s: '%s'", path, ranged[i].hf);
+            goto done;
+        }
+    int bos = -1;
+    if (read_token_id(root, "eos_token_id", 50279, DOLMA2_EOS, m->vocab_size, &m->eos_token_id, path) ||
+        read_token_id(root, "pad_token_id", 1, DOLMA2_PAD, m->vocab_size, &m->pad_token_id, path) ||
+        get_token_id(root, "bos_token_id", -1, m->vocab_size, &bos, path))
         goto done;
-    }
-    if (check_limits(m, path)) goto done;
     int head_dim = 0;
     if (get_int(root, "head_dim", m->d_model / m->n_heads, false, &head_dim, path)) goto done;
     if (head_dim * m->n_heads != m->d_model) {
@@ -269,6 +362,10 @@ int olmo_hf_read_config(const char *path, struct olmo_config *cfg) {
     if (!sw) m->sliding_window = 4096;
     else if (cJSON_IsNull(sw)) m->sliding_window = 0; /* sliding layers attend to everything */
     else if (get_int(root, "sliding_window", 0, true, &m->sliding_window, path)) goto done;
+    else if (m->sliding_window <= 0) {
+        olmo_error("%s: 'sliding_window' is %d; it must be positive (or null: no window)", path, m->sliding_window);
+        goto done;
+    }
     if (read_layer_types(root, m, path)) goto done;
     if (max_pos <= 0) {
         assume("max_position_embeddings is %d (no limit recorded, as OLMo-core's exporter writes): Olmo 3's %d "
@@ -378,9 +475,14 @@ int olmo_hf_load_weights(struct olmo_model *m, const char *dir) {
     const cJSON *map = NULL;
     if (olmo_is_file(index_path)) {
         char *text;
-        if ((rc = olmo_read_file(index_path, 64u << 20, &text, NULL))) goto done;
-        root = cJSON_Parse(text);
+        size_t len;
+        if ((rc = olmo_read_file(index_path, 64u << 20, &text, &len))) goto done;
+        root = parse_json(text, len, index_path);
         free(text);
+        if (!root) {
+            rc = -1;
+            goto done;
+        }
         map = get(root, "weight_map");
         if (!cJSON_IsObject(map)) {
             rc = olmo_error("'%s' has no weight_map object", index_path);

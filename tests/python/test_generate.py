@@ -13,12 +13,14 @@ from test_cli import builds, olmoc
 from test_convert import HF_MODEL, make_hf_model
 
 transformers = pytest.importorskip("transformers")
+CONTEXT = 1024  # max_position_embeddings of the test models: train.seq_len when olmoc reads them
 
 
 @pytest.fixture(scope="module")
 def hf_pair(tmp_path_factory, build_dir):
     tmp = tmp_path_factory.mktemp("gen")
     hf = make_hf_model(HF_MODEL, seed=8)
+    hf.config.max_position_embeddings = CONTEXT  # generate stays within the context (no effect on RoPE's values)
     hf.save_pretrained(tmp / "hf")
     r = olmoc(build_dir, "convert", "--from-hf", tmp / "hf", tmp / "olmoc")
     assert r.returncode == 0, r.stderr
@@ -99,6 +101,7 @@ def text_pair(tmp_path_factory, build_dir):
     tok = train_tokenizer(tmp / "tokenizer.json", texts, vocab_size=TEXT_MODEL["vocab_size"])
     assert tok.get_vocab_size() == TEXT_MODEL["vocab_size"] and tok.token_to_id("<|endoftext|>") == 0
     hf = make_hf_model(TEXT_MODEL, seed=5)
+    hf.config.max_position_embeddings = CONTEXT
     hf.save_pretrained(tmp / "hf")
     (tmp / "hf" / "tokenizer.json").write_bytes((tmp / "tokenizer.json").read_bytes())
     r = olmoc(build_dir, "convert", "--from-hf", tmp / "hf", tmp / "olmoc")
@@ -201,7 +204,8 @@ def test_text_streaming(text_pair, build_dir):
     assert len(multibyte) >= 3 and "\ufffd" in expected, expected  # the case this test is about happens
     assert olmoc_text(build_dir, *args, "--max-new-tokens", "400") == expected
     # streaming: read the pipe while olmoc runs
-    p = subprocess.Popen([str(build_dir / "olmoc"), *map(str, args), "--max-new-tokens", "8000"],
+    p = subprocess.Popen([str(build_dir / "olmoc"), *map(str, args), "--max-new-tokens", "8000", "--set",
+                          "train.seq_len=8192"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     chunks, running_at_first = [], None
     while True:
