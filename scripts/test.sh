@@ -6,6 +6,16 @@ cd "$(dirname "$0")/.."
 # each step's wall-clock time (and the total so far), printed when it ends; pytest's summary stays the last line
 last=$SECONDS
 took() { echo "   (took $((SECONDS - last)) s; $SECONDS s so far)"; last=$SECONDS; }
+# ctest in BUILD with the given arguments, then each skipped test's reason (ctest shows output only on failure)
+run_ctest() {
+  local dir=$1 junit rc=0
+  shift
+  junit=$(mktemp)
+  ctest --test-dir "$dir" -j2 --output-on-failure --output-junit "$junit" "$@" || rc=$?
+  .venv/bin/python scripts/ctest_skips.py "$junit" || rc=1
+  rm -f "$junit"
+  return $rc
+}
 
 echo "== Layer check (includes only point down: docs/architecture.md)"
 .venv/bin/python scripts/check_layers.py
@@ -15,7 +25,7 @@ cmake --build build -j"$(nproc)" >/dev/null
 cmake --build build-asan -j"$(nproc)" >/dev/null
 # two tests at a time: the emulated CUDA parity tests (the longest: 31-62 s Release, 56-159 s ASan) run on one thread
 echo "== C tests (Release)"
-ctest --test-dir build -j2 --output-on-failure
+run_ctest build
 took
 if [ -d build-clang ]; then
   # clang's build (OpenBLAS only, scripts/setup.sh): the op checks, bitwise vector-vs-scalar ones included
@@ -27,7 +37,7 @@ else
 fi
 took
 echo "== C tests (ASan + UBSan)"
-ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan -j2 --output-on-failure
+ASAN_OPTIONS=detect_leaks=1 run_ctest build-asan
 took
 echo "== Fuzzing (libFuzzer, ASan + UBSan; bounded: scripts/fuzz.sh --help)"
 # a fixed seed and input count: the same inputs every run (scripts/fuzz.sh --help)
