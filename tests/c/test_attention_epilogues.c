@@ -103,7 +103,7 @@ int main(void) {
 #if !defined(__AVX512F__)
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
-        printf("skipped: the processor has no AVX2 and FMA\n");
+        printf("SKIP: the processor has no AVX2 and FMA\n");
         return 77;
     }
 #endif
@@ -152,7 +152,7 @@ int main(void) {
 
 #else
 int main(void) {
-    printf("skipped: this build has no fused attention epilogues (neither AVX-512 nor AVX2 kernels)\n");
+    printf("SKIP: this build has no fused attention epilogues (neither AVX-512 nor AVX2 kernels)\n");
     return 77;
 }
 #endif

@@ -144,6 +144,7 @@ def test_chunked_reference_matches_olmo3_ref():
     assert rel_err(ours, dense) < 1e-12
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SLOW, reason="the 7B block shape takes 13-30 minutes and ~12 GiB: set OLMOC_SLOW_TESTS=1")
 def test_7b_block_forward_backward(build_dir, tmp_path):
     cfg = SHAPE_7B

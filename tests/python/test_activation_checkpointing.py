@@ -194,7 +194,7 @@ def metrics(path):
 EMULATED = ["cuda-bf16", "cuda-bf16+all"]
 
 
-@pytest.mark.parametrize("spec", BACKENDS + ["cpu-bf16+all"] + EMULATED)
+@pytest.mark.parametrize("spec", BACKENDS + ["cpu-bf16+all"] + [pytest.param(s, marks=pytest.mark.slow) for s in EMULATED])
 def test_olmoc_train_bit_identical(spec, build_dir, tiny, tmp_path):  # noqa: F811
     cfg, data = tiny
     backend, variant = spec.partition("+")[::2]

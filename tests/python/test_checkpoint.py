@@ -282,6 +282,7 @@ def test_interrupted_save_leaves_no_checkpoint(build_dir, tiny, tmp_path):
     assert not partial.exists() and (out / "step-000010" / "state.json").exists()
 
 
+@pytest.mark.slow
 def test_plot_runs(build_dir, tiny, tmp_path):
     cfg, data = tiny
     for name in ("a", "b"):

@@ -223,6 +223,7 @@ def losses(stdout):
     return [float(line.split("loss ")[1].split()[0]) for line in stdout.splitlines() if line.startswith("step ")]
 
 
+@pytest.mark.slow
 def test_cpu_gemm_libraries_agree(build_dir, tiny, tmp_path):
     """Backend cpu (oneDNN's GEMMs when the build has oneDNN) and cpu-openblas
     train the same trajectory up to fp32 rounding, and say which library runs."""
@@ -251,6 +252,7 @@ def test_cpu_gemm_libraries_agree(build_dir, tiny, tmp_path):
         assert r.returncode == 1 and "this build has no oneDNN" in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["default", "convert"])
 def test_cpu_bf16_trains_like_fp32(build_dir, tiny, tmp_path, monkeypatch, path):
     """cpu-bf16 (bf16 operands of the GEMMs and attention's products, fp32 accumulation,

@@ -56,6 +56,7 @@ def assert_same_trajectory(a_rows, b_rows, loss_tol=1e-5, norm_tol=1e-4):
         assert a["lr"] == b["lr"]
 
 
+@pytest.mark.slow
 def test_train_on_cuda_matches_cpu(build_dir, emu, tiny, tmp_path):  # noqa: F811
     cfg, data = tiny
     # a tenth of the tiny config's learning rate: at 2e-2 the fp32 rounding differences between the
@@ -69,6 +70,7 @@ def test_train_on_cuda_matches_cpu(build_dir, emu, tiny, tmp_path):  # noqa: F81
     assert_same_trajectory(cpu, cuda)
 
 
+@pytest.mark.slow
 def test_profile_on_cuda(build_dir, emu, tiny, tmp_path):  # noqa: F811
     """OLMOC_PROFILE=1 on the device backend, whose ops run asynchronously on a GPU: the profiler
     waits for the device around each op (backend synchronize) and reports the same ops and
@@ -86,6 +88,7 @@ def test_profile_on_cuda(build_dir, emu, tiny, tmp_path):  # noqa: F811
     assert calls[0] == calls[1] and len(calls[0]) == 13, reports["cuda"]
 
 
+@pytest.mark.slow
 def test_checkpoint_moves_between_backends(build_dir, emu, tiny, tmp_path):  # noqa: F811
     cfg, data = tiny
     gentle = ("--set", "train.steps=6", "--set", "train.lr=2e-3", "--set", "train.save_every=3")
@@ -114,6 +117,7 @@ def test_eval_and_generate_on_cuda_match_cpu(build_dir, emu, tiny, tmp_path):  #
     assert gens[0]["generated"] == gens[1]["generated"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MPIRUN is None, reason="OpenMPI (mpirun) is not installed")
 def test_data_parallel_through_nccl(emu, tiny, tmp_path):  # noqa: F811
     cfg, data = tiny

@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 from test_cli import tiny  # noqa: F401  (fixture: tiny config + token file)
 
 MPIRUN = shutil.which("mpirun")
-pytestmark = pytest.mark.skipif(MPIRUN is None, reason="OpenMPI (mpirun) is not installed")
+pytestmark = [pytest.mark.skipif(MPIRUN is None, reason="OpenMPI (mpirun) is not installed"), pytest.mark.slow]
 
 STEPS = 20
 # As in test_mpi.py: at lr 2e-3 the rounding differences of another summation

@@ -185,6 +185,7 @@ def test_text_stops_at_eos(text_pair, build_dir):
     print(f"\nEOS {free[6]}: stopped after {free.index(free[6]) + 1} tokens as transformers did")
 
 
+@pytest.mark.slow
 def test_text_streaming(text_pair, build_dir):
     """Sampled bytes (most tokens are single bytes, so characters are split across
     tokens and invalid sequences occur): the streamed text equals tokenizers'

@@ -127,6 +127,7 @@ def check(build_dir, exe, backend, config, ranks, mode, tiny, tmp_path, toleranc
         assert abs(err) <= tolerance, f"rank {rank}: plan {planned}, measured {peak}\n{table}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks", [1, 2, 4])
 @pytest.mark.parametrize("config", ["1m", "tiny4"])
 def test_plan_matches_measured_peak_cpu(build_dir, tiny, tmp_path, config, ranks):
@@ -156,9 +157,11 @@ def test_plan_matches_measured_peak_with_probe(build_dir, tiny, tmp_path):
     check(build_dir, build_dir / "olmoc", "cpu-bf16", "tiny2", 1, "probe", tiny, tmp_path)
 
 
-@pytest.mark.parametrize("backend,ranks,mode", [("cuda", 1, "zero1"), ("cuda-bf16", 1, "zero1"),
-                                               ("cuda-bf16", 2, "zero1"), ("cuda-bf16", 1, "all16_ff"),
-                                               ("cuda-bf16", 2, "all16_fsdp")])
+@pytest.mark.parametrize("backend,ranks,mode", [pytest.param("cuda", 1, "zero1", marks=pytest.mark.slow),
+                                               pytest.param("cuda-bf16", 1, "zero1", marks=pytest.mark.slow),
+                                               pytest.param("cuda-bf16", 2, "zero1", marks=pytest.mark.slow),
+                                               ("cuda-bf16", 1, "all16_ff"),
+                                               pytest.param("cuda-bf16", 2, "all16_fsdp", marks=pytest.mark.slow)])
 def test_plan_matches_measured_peak_emulated_cuda(build_dir, tiny, tmp_path, backend, ranks, mode):
     """The CUDA backend's counters (device buffers at cudaMalloc's 256-byte rounding, its
     1.25x-growing scratch) on the emulated CUDA runtime; 2 ranks: NCCL (emulated) in place;

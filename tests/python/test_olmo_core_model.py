@@ -110,6 +110,7 @@ def olmoc_config(conv_dir, path):
     path.write_text("\n".join(model_lines + ["train:"] + [f"  {k}: {v}" for k, v in train.items()]) + "\n")
 
 
+@pytest.mark.slow
 def test_olmo_core_model_matches_olmoc(build_dir, olmo_core_export, tmp_path):
     model, hf_dir = olmo_core_export
     assert convert(build_dir, hf_dir, tmp_path / "conv").returncode == 0

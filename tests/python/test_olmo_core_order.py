@@ -216,6 +216,7 @@ def test_olmo3_stage1_mix_file(build_dir, tmp_path):
             assert np.array_equal(ours[b, r], ref[r][b]), (r, b)
 
 
+@pytest.mark.slow
 def test_train_run_feeds_olmo_core_batches(build_dir, tmp_path):
     """End to end: the batches `olmoc train` trains on (its --dump-batches), one rank and, with
     mpirun, two ranks dealt OLMo-core's way."""

@@ -100,6 +100,7 @@ def test_schedule_length_in_tokens_as_olmo_core_trainer(build_dir, tmp_path, wor
     assert_same(ours, reference(sched, 3e-4, t_max, 1, t_max + 5), 1)
 
 
+@pytest.mark.slow
 def test_olmo3_7b_stage1_schedule(build_dir, tmp_path):
     """configs/olmo3-7b.yaml against OLMo-core's objects as the official scripts configure them
     (src/scripts/official/OLMo3/OLMo-3-1025-7B-pretrain-1.py and -2.py), every step of the run."""

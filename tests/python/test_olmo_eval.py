@@ -137,6 +137,7 @@ def compare(spec, got, task, ref, worst):
         worst[kind] = max(worst.get(kind, 0.0), err)
 
 
+@pytest.mark.slow
 def test_metrics_match_olmo_eval(setup, build_dir, monkeypatch):
     tmp, hf_dir, hf, tasks_dir, requests = setup
     ours = run_olmoc(build_dir, hf_dir, tasks_dir, [t[0] for t in TASKS])
@@ -152,6 +153,7 @@ def test_metrics_match_olmo_eval(setup, build_dir, monkeypatch):
     assert n_bytes_differ > 0  # some continuations have more bytes than characters
 
 
+@pytest.mark.slow
 def test_bos_token(setup, build_dir, monkeypatch):
     """A tokenizer config with a BOS id (OLMo prepends it to every context): --bos."""
     _, hf_dir, hf, tasks_dir, _ = setup
@@ -260,6 +262,7 @@ def test_in_loop_equals_olmoc_eval(setup, build_dir, tmp_path):
             {k: v for k, v in offline[name].items() if k != "type"}, name
 
 
+@pytest.mark.slow
 def test_metrics_match_olmo_eval_dolma2(build_dir, tmp_path, monkeypatch):
     """The same with the real Olmo 3 tokenizer (dolma2, vocabulary 100278; scripts/setup.sh
     fetches it) on a tiny model of that vocabulary, a few documents of three tasks."""

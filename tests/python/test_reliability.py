@@ -363,6 +363,7 @@ def mpi_cmd(build_dir, ranks, args):
             *map(str, args)]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MPIRUN is None, reason="OpenMPI (mpirun) is not installed")
 def test_signals_under_mpirun_stop_every_rank_at_the_same_step(build_dir, tiny, tmp_path):  # noqa: F811
     """Three ranks; the scheduler's SIGTERM reaches rank 1, then (a little

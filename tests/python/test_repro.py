@@ -11,9 +11,12 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_quick_study_agrees(build_dir, tmp_path):
     if not (ROOT / "data/demo/corpus.jsonl").exists():
         subprocess.run([sys.executable, ROOT / "scripts/make_demo_data.py", "--olmoc", build_dir / "olmoc"],

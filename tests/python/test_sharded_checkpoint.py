@@ -65,6 +65,7 @@ def assert_continues(full, resumed, exact):
 STEPS = ["--set", "train.steps=6", "--set", "train.save_every=3", "--set", "train.keep_last=0"]
 
 
+@pytest.mark.slow
 @needs_mpi
 def test_save_on_4_ranks_resumes_on_1_2_3_and_4(build_dir, tiny, tmp_path):  # noqa: F811
     cfg, data = tiny
@@ -147,6 +148,7 @@ def test_export_from_shards_is_the_unsharded_export(build_dir, tiny, tmp_path): 
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow
 @needs_mpi
 def test_missing_or_corrupt_shard_is_refused(build_dir, tiny, tmp_path):  # noqa: F811
     cfg, data = tiny

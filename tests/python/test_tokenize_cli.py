@@ -135,6 +135,7 @@ def big_text(seed, n_bytes, newlines=True):
     return "".join(parts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("unit", ["file", "paragraph", "line"])
 def test_text_formats_and_long_documents(build_dir, tok, tmp_path, unit):
     path, t = tok
@@ -218,6 +219,7 @@ def test_help(build_dir):
     assert "tokenize" in top.stdout
 
 
+@pytest.mark.slow
 def test_under_sanitizers(tok, tmp_path):
     """The threaded pipeline and the streaming path under ASan + UBSan."""
     asan = os.environ.get("OLMOC_BUILD_ASAN")
@@ -299,6 +301,7 @@ def decoded(t, path):
     return [t.decode(ids[s:e].tolist()) for s, e in zip(starts, ends)]
 
 
+@pytest.mark.slow
 def test_long_word_and_whitespace_run_stay_bounded(build_dir, tok, tmp_path):
     """An 8 MB single word took ~40 bytes of BPE scratch per byte (a 100 MB
     one: 2.8 GB, 30 s); an 11 MB run of spaces exceeded PCRE2's match limit
@@ -327,6 +330,7 @@ def test_long_word_and_whitespace_run_stay_bounded(build_dir, tok, tmp_path):
         assert decoded(t, out) == [text]
 
 
+@pytest.mark.slow
 def test_streamed_document_under_sanitizers(tok, tmp_path):
     """The reader kept attaching pieces to a streamed document whose stream
     the writer had already freed (its only submitted piece was done):
@@ -347,6 +351,7 @@ def test_streamed_document_under_sanitizers(tok, tmp_path):
     assert decoded(t, tmp_path / "o.npy") == [text]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("char", ["é", "€", "😀"])
 def test_text_document_read_across_a_character_boundary(build_dir, tok, tmp_path, char):
     """A text document is read in 1 MiB pieces; a piece that ended inside a

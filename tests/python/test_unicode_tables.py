@@ -96,6 +96,7 @@ def test_probe_sees_the_classes(probe):
     assert merged("!", "?") and not merged("!", " ")
 
 
+@pytest.mark.slow
 def test_every_code_point_classified_as_the_reference(build_dir, probe, tmp_path):
     cps = scalar_values()
     docs = list(documents(cps))
