@@ -50,7 +50,9 @@ static const struct olmo_cli_option tokenize_options[] = {
              "skipped and counted"},
     {.kind = OLMO_CLI_SECTION, .help = "output:"},
     {.kind = OLMO_CLI_STRING, .name = "--output", .alias = "-o", .offset = ARG(o.output), .metavar = "FILE",
-     .help = "the token file to write (via FILE.tmp, renamed when complete)"},
+     .help = "the token file to write (via FILE.tmp, renamed when complete;\n"
+             "an existing FILE that is not a regular file, such as a device\n"
+             "or a FIFO, is refused)"},
     {.kind = OLMO_CLI_FLAG, .name = "--raw", .offset = ARG(o.raw),
      .help = "write a headerless array (OLMo / dolma memmap) instead of .npy"},
     {.kind = OLMO_CLI_CHOICE, .name = "--dtype", .offset = ARG(dtype), .metavar = "T", .choices = dtypes,

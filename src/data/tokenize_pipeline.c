@@ -16,6 +16,7 @@
 #include "tokenizer/tokenizer.h"
 #include "util/clock.h"
 #include "util/error.h"
+#include "util/fs.h"
 #include "util/utf8.h"
 
 #define ITEM_BYTES (1u << 20)
@@ -650,9 +651,15 @@ static int setup(struct ctx *c) {
     char tmp[sizeof c->tmp_path];
     snprintf(tmp, sizeof tmp, "%s.tmp", c->opt.output);
     if (check_output_not_input(&c->opt, tmp)) return -1;
+    /* refuses an output that is a device or FIFO; removes a killed run's .tmp */
+    const int fd = olmo_open_tmp(c->opt.output, "token file", tmp, sizeof tmp);
+    if (fd < 0) return -1;
     memcpy(c->tmp_path, tmp, sizeof tmp); /* ours to remove from here on */
-    c->out = fopen(c->tmp_path, "wb");
-    if (!c->out) return olmo_error("cannot create '%s': %s", c->tmp_path, strerror(errno));
+    c->out = fdopen(fd, "wb");
+    if (!c->out) {
+        close(fd);
+        return olmo_error("cannot create '%s': %s", c->tmp_path, strerror(errno));
+    }
     setvbuf(c->out, NULL, _IOFBF, 1 << 20);
     if (!c->opt.raw && olmo_npy_write_header(c->out, c->opt.elem_size, 0))
         return olmo_error("writing '%s' failed", c->tmp_path);
@@ -708,8 +715,7 @@ static int finish(struct ctx *c) {
     FILE *out = c->out;
     c->out = NULL;
     if (fclose(out)) return olmo_error("writing '%s' failed: %s", c->tmp_path, strerror(errno));
-    if (rename(c->tmp_path, c->opt.output))
-        return olmo_error("cannot rename '%s' to '%s': %s", c->tmp_path, c->opt.output, strerror(errno));
+    if (olmo_commit_tmp(c->tmp_path, c->opt.output, "token file")) return -1;
     progress(c, true);
     double dt = olmo_now_seconds() - c->t0;
     fprintf(stderr,

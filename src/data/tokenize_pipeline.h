@@ -35,7 +35,9 @@ struct olmo_tokenize_options {
 };
 
 /* Tokenizes o->inputs into o->output (written as OUTPUT.tmp, renamed when
- * complete; an output that is one of the inputs is refused).  Progress and
+ * complete; an output that is one of the inputs, or an existing one that is
+ * not a regular file, such as a device or a FIFO, is refused; a killed run's
+ * OUTPUT.tmp is removed at the start).  Progress and
  * a summary go to stderr. */
 int olmo_tokenize(const struct olmo_tokenize_options *o);
 
