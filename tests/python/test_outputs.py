@@ -1,7 +1,8 @@
 """Outputs of `olmoc tokenize` and `olmoc train` (written as FILE.tmp, then renamed into place):
 an existing output that is a character device or a FIFO is refused, never replaced by a regular file
 (before, `-o NODE` and `--save NODE` turned the node into a regular file); a start removes the .tmp
-files a killed run left beside its outputs, and never writes through one.  The device is a null device node made in
+files a killed run left beside its outputs, and never writes through one; and tokenize bounds a JSONL
+line (--max-line-bytes: before, a 200 MB line cost 2.7 GB).  The device is a null device node made in
 the test's temporary directory (mknod c 1 3, as root; skipped otherwise), never a system device."""
 import json
 import os
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from test_cli import builds, olmoc, tiny  # noqa: F401  (tiny is a fixture)
-from test_tokenize_cli import tok  # noqa: F401  (tok is a fixture)
+from test_tokenize_cli import run_measured, tok  # noqa: F401  (tok is a fixture)
 
 
 def null_node(path):
@@ -101,6 +102,43 @@ def test_tokenize_killed_then_restarted(build_dir, tok, tmp_path):
         assert r.returncode == 1 and f"'{tmp}' is a FIFO, not a temporary olmoc wrote" in r.stderr, r.stderr
         assert kind(tmp) == stat.S_IFIFO
         tmp.unlink()
+
+
+def test_tokenize_bounds_a_jsonl_line(build_dir, tok, tmp_path):
+    """A JSONL line is held whole while it is decoded and encoded (about ten times its size): one over
+    --max-line-bytes (default 64 MiB) stops the run with an error naming the file and line, before
+    it is read whole.  Before, a 69 MB line was tokenized in ~1 GB and a 200 MB one took 2.7 GB."""
+    path, t = tok
+    huge = tmp_path / "huge.jsonl"
+    with open(huge, "w") as f:
+        f.write('{"text": "first"}\n{"text": "')
+        f.write("ab " * 23_000_000)
+        f.write('"}\n')
+    (tmp_path / "tiny.txt").write_text("a b")
+    rc, base_mb, err = run_measured(build_dir, "--tokenizer", path, "-o", tmp_path / "tiny.npy", "--quiet",
+                                    tmp_path / "tiny.txt")
+    assert rc == 0, err
+    rc, rss_mb, err = run_measured(build_dir, "--tokenizer", path, "-o", tmp_path / "h.npy", "--quiet", huge,
+                                   timeout=300)
+    assert rc == 1 and f"{huge}:2 (byte offset 18): a line longer than --max-line-bytes 67108864" in err, err
+    assert rss_mb - base_mb < 250, f"peak RSS {rss_mb} MB, {rss_mb - base_mb} MB over the baseline"
+    assert leftover_tmp(tmp_path) == []
+    # --max-line-bytes: the reader's bound (a 5 MB line) and the exact one (a 3 MB line, read whole)
+    for n in (5_000_000, 3_000_000):
+        (tmp_path / "long.jsonl").write_text('{"text": "x"}\n\n' + json.dumps({"text": "a" * n}) + "\n")
+        for build in builds(build_dir):
+            r = olmoc(build, "tokenize", "--tokenizer", path, "-o", tmp_path / "l.npy", "--quiet",
+                      "--max-line-bytes", "2MiB", tmp_path / "long.jsonl")
+            assert r.returncode == 1 and f"long.jsonl:3 (byte offset 15): a line" in r.stderr, r.stderr
+            assert "longer than --max-line-bytes 2097152" in r.stderr, r.stderr
+            assert not (tmp_path / "l.npy").exists() and leftover_tmp(tmp_path) == []
+    for build in builds(build_dir):
+        r = olmoc(build, "tokenize", "--tokenizer", path, "-o", tmp_path / "l.npy", "--quiet",
+                  "--max-line-bytes", "4MiB", tmp_path / "long.jsonl")
+        assert r.returncode == 0, r.stderr
+        r = olmoc(build, "tokenize", "--tokenizer", path, "-o", tmp_path / "l.npy", "--max-line-bytes", "0",
+                  tmp_path / "long.jsonl")
+        assert r.returncode == 2 and "--max-line-bytes" in r.stderr, r.stderr
 
 
 # --------------------------------------------------------------------------------------- train
