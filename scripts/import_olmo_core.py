@@ -39,6 +39,7 @@ state.json's file hashes are XXH3-64 ("hash": "xxh3_64", src/train/checkpoint_ha
 here with the xxhash package.
 """
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -147,22 +148,144 @@ def hf_name_map(olmo_core_names):
     return out
 
 
-def read_olmo_core(step_dir):
+# ------------------------------------------------------------- no code from a checkpoint
+#
+# A pickle can name any callable and call it (a __reduce__), so nothing of a checkpoint is unpickled
+# without an allow-list: train/rank0.pt and the pickled values inside the DCP files (the param groups'
+# floats and tuples) go through torch.load(weights_only=True), which admits containers, numbers,
+# strings and tensors (and here numpy arrays: the Trainer state's numpy RNG state); the DCP .metadata
+# through MetadataUnpickler, which admits the classes of torch.distributed.checkpoint's metadata and
+# nothing else.
+
+# (module, name) -> what a .metadata pickle may name: its dataclasses, torch.Size, and the layout
+# and dtype constants (checked to be those: see find_class)
+DCP_METADATA_CLASSES = {
+    ("torch.distributed.checkpoint.metadata", n) for n in (
+        "Metadata", "MetadataIndex", "ChunkStorageMetadata", "TensorStorageMetadata", "BytesStorageMetadata",
+        "TensorProperties", "StorageMeta", "_MEM_FORMAT_ENCODING")} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("olmo_core.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"), ("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"),
+}
+
+
+class MetadataUnpickler(__import__("pickle").Unpickler):
+    """Unpickles a torch.distributed.checkpoint .metadata file, refusing every global outside
+    DCP_METADATA_CLASSES (besides torch's dtypes and its layout lookup, which return only
+    torch.dtype / torch.layout values)."""
+
+    def find_class(self, module, name):
+        import pickle
+
+        import torch
+
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if (module, name) == ("torch.serialization", "_get_layout"):
+            from torch.serialization import _get_layout
+
+            def layout(s):
+                v = _get_layout(s)
+                if not isinstance(v, torch.layout):
+                    raise pickle.UnpicklingError(f"'{s}' is not a torch layout")
+                return v
+            return layout
+        if (module, name) not in DCP_METADATA_CLASSES:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which a checkpoint's metadata never holds "
+                                         "(a planted pickle that could run code?)")
+        return super().find_class(module, name)
+
+
+class _RestrictedPickle:
+    """Stands in for the pickle module in OLMo-core's checkpoint reader (its read_metadata calls
+    pickle.load), so that every reading of .metadata, load_keys' included, is restricted."""
+
+    def __getattr__(self, name):
+        return getattr(__import__("pickle"), name)
+
+    @staticmethod
+    def load(f):
+        return MetadataUnpickler(f).load()
+
+
+def checkpoint_problem(what, path, e):
+    """A one-line Refused for an unreadable or planted checkpoint file."""
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()] or [""]
+    # torch.distributed.checkpoint wraps a rank's error with its traceback: its last line says what
+    first = lines[-1] if "Traceback" in str(e) else lines[0]
+    if "weights_only" in str(e) or "Unsupported global" in str(e) or "Unsupported operand" in str(e):
+        first = "it holds objects other than containers, numbers, strings and tensors (a planted pickle " \
+                "that could run code?): " + next((ln.strip() for ln in str(e).splitlines()
+                                                  if "Unsupported" in ln or "GLOBAL" in ln
+                                                  or "Can only build" in ln), first)
+    return Refused(f"cannot read {what} '{path}': {first or type(e).__name__}")
+
+
+@contextlib.contextmanager
+def restricted_loading():
+    """While the import runs: every torch.load of this process, DCP's own of pickled values included,
+    admits only data (TORCH_FORCE_WEIGHTS_ONLY_LOAD), and OLMo-core's reader unpickles .metadata
+    through MetadataUnpickler."""
+    import olmo_core.distributed.checkpoint.filesystem as oc_fs
     import torch
-    from olmo_core.distributed.checkpoint import get_checkpoint_metadata, load_keys
+
+    saved_env, saved_pickle = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD"), oc_fs.pickle
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    oc_fs.pickle = _RestrictedPickle()
+    try:
+        # the Trainer state holds numpy's RNG state: a uint32 ndarray (numpy arrays of plain dtypes
+        # are data; their constructor only ever makes an ndarray)
+        core = getattr(np, "_core", None) or np.core
+        dtypes = [type(np.dtype(t)) for t in (np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32,
+                                              np.int64, np.uint64, np.float16, np.float32, np.float64)]
+        with torch.serialization.safe_globals([core.multiarray._reconstruct, np.ndarray, np.dtype, *dtypes]):
+            yield
+    finally:
+        oc_fs.pickle = saved_pickle
+        if saved_env is None:
+            del os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"]
+        else:
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = saved_env
+
+
+def read_olmo_core(step_dir):
+    import pickle
+
+    import torch
+    import olmo_core.distributed.checkpoint.filesystem as oc_fs
+    from olmo_core.distributed.checkpoint import load_keys
+    from torch.distributed.checkpoint.metadata import Metadata
 
     mo = step_dir / "model_and_optim"
     train_pt = step_dir / "train" / "rank0.pt"
     if not (mo / ".metadata").is_file() or not train_pt.is_file():
         raise Refused(f"'{step_dir}' is not an OLMo-core checkpoint (no model_and_optim/.metadata or "
                       "train/rank0.pt)")
-    meta = get_checkpoint_metadata(str(mo)).state_dict_metadata
-    train_state = torch.load(train_pt, map_location="cpu", weights_only=False)
+    assert isinstance(oc_fs.pickle, _RestrictedPickle), "read_olmo_core runs inside restricted_loading()"
+    try:
+        with open(mo / ".metadata", "rb") as f:
+            metadata = MetadataUnpickler(f).load()
+    except Exception as e:
+        raise checkpoint_problem("the checkpoint metadata", mo / ".metadata", e) from None
+    if not isinstance(metadata, Metadata) or not isinstance(getattr(metadata, "state_dict_metadata", None), dict):
+        raise Refused(f"'{mo / '.metadata'}' is a {type(metadata).__name__}, not torch.distributed.checkpoint "
+                      "Metadata")
+    try:
+        train_state = torch.load(train_pt, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as e:
+        raise checkpoint_problem("the Trainer state", train_pt, e) from None
+    if not isinstance(train_state, dict):
+        raise Refused(f"'{train_pt}' holds a {type(train_state).__name__}, not an OLMo-core Trainer state (a dict)")
 
     def load(keys):
-        return list(load_keys(str(mo), keys))
+        try:
+            return list(load_keys(str(mo), keys))
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # DCP's CheckpointException is a BaseException
+            raise checkpoint_problem("the checkpoint data in", mo, e) from None
 
-    return meta, train_state, load
+    return metadata.state_dict_metadata, train_state, load
 
 
 def check_close(what, ours, theirs, rel=1e-12):
@@ -186,9 +309,21 @@ def main(argv=None):
                     help="the olmoc binary (default $OLMOC or build/olmoc)")
     a = ap.parse_args(argv)
     try:
-        path = run_import(a)
+        with restricted_loading():
+            path = run_import(a)
     except Refused as e:
         print(f"import_olmo_core: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("import_olmo_core: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit:
+        raise
+    except BaseException as e:  # anything unforeseen: one line, never a traceback (OLMOC_TRACEBACK=1 shows it)
+        if os.environ.get("OLMOC_TRACEBACK"):
+            raise
+        first = (str(e).strip().splitlines() or [""])[0]
+        print(f"import_olmo_core: {type(e).__name__}: {first} (OLMOC_TRACEBACK=1 shows where)", file=sys.stderr)
         return 1
     print(f"wrote {path}\ncontinue with: {a.olmoc} train {path}/config.yaml --resume")
     return 0
@@ -203,8 +338,16 @@ def run_import(a):
     for k in ("global_step", "global_train_tokens_seen", "data_loader"):
         if k not in ts:
             raise Refused(f"'{a.step_dir}/train/rank0.pt' has no '{k}': not an OLMo-core Trainer state")
-    step = int(ts["global_step"])
     dl = ts["data_loader"]
+    if not isinstance(dl, dict):
+        raise Refused(f"'{a.step_dir}/train/rank0.pt': data_loader is a {type(dl).__name__}, not a dict")
+    try:
+        step = int(ts["global_step"])
+        for k in ("sequence_length", "seed", "batches_processed", "tokens_processed", "epoch"):
+            int(dl[k])
+    except (KeyError, TypeError, ValueError) as e:
+        raise Refused(f"'{a.step_dir}/train/rank0.pt': the Trainer state's global_step or data loader state is "
+                      f"missing or not a number ({type(e).__name__}: {e})") from None
     if dl.get("dataset_type", "fsl") != "fsl":
         raise Refused(f"OLMo-core data loader type '{dl.get('dataset_type')}': olmoc continues only the "
                       "fixed-sequence-length (fsl) NumpyFSLDataLoader")

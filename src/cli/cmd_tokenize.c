@@ -15,6 +15,7 @@ struct tokenize_args {
     struct olmo_tokenize_options o;
     int format, docs, dtype; /* indices into the choices below; format -1: from the first input's name */
     bool no_strip;
+    double max_line; /* --max-line-bytes; -1: not given (the default) */
     struct olmo_cli_list inputs;
 };
 
@@ -44,13 +45,20 @@ static const struct olmo_cli_option tokenize_options[] = {
     {.kind = OLMO_CLI_FLAG, .name = "--skip-bad-lines", .offset = ARG(o.skip_bad),
      .help = "JSONL: skip malformed lines and lines without the text field\n"
              "(counted) instead of stopping with an error"},
+    {.kind = OLMO_CLI_SIZE, .name = "--max-line-bytes", .offset = ARG(max_line), .metavar = "SIZE",
+     .help = "JSONL: the longest line accepted, as 64MiB (the default) or\n"
+             "200MB; a longer line stops the run with an error naming the\n"
+             "file and line (a line is held whole: it costs about ten\n"
+             "times its size in memory)"},
     {.kind = OLMO_CLI_CHOICE, .name = "--docs", .offset = ARG(docs), .metavar = "UNIT", .choices = doc_units,
      .help = "text: what one document is: file (default), paragraph\n"
              "(separated by blank lines) or line; empty documents are\n"
              "skipped and counted"},
     {.kind = OLMO_CLI_SECTION, .help = "output:"},
     {.kind = OLMO_CLI_STRING, .name = "--output", .alias = "-o", .offset = ARG(o.output), .metavar = "FILE",
-     .help = "the token file to write (via FILE.tmp, renamed when complete)"},
+     .help = "the token file to write (via FILE.tmp, renamed when complete;\n"
+             "an existing FILE that is not a regular file, such as a device\n"
+             "or a FIFO, is refused)"},
     {.kind = OLMO_CLI_FLAG, .name = "--raw", .offset = ARG(o.raw),
      .help = "write a headerless array (OLMo / dolma memmap) instead of .npy"},
     {.kind = OLMO_CLI_CHOICE, .name = "--dtype", .offset = ARG(dtype), .metavar = "T", .choices = dtypes,
@@ -97,11 +105,15 @@ static int parse_args(struct tokenize_args *a, int argc, char **argv) {
     a->format = -1;
     a->docs = 0;
     a->dtype = 2;
+    a->max_line = -1;
     int status;
     if (olmo_cli_parse(&tokenize_command, a, argc, argv, &status)) return status;
     o->strip = !a->no_strip;
     o->docs = doc_unit_values[a->docs];
     o->elem_size = dtype_sizes[a->dtype];
+    if (a->max_line != -1 && !(a->max_line >= 1 && a->max_line <= 1e15))
+        return olmo_cli_error(&tokenize_command, "--max-line-bytes must be at least 1 byte");
+    o->max_line_bytes = a->max_line == -1 ? 0 : (size_t)a->max_line;
     if (!o->tokenizer) return olmo_cli_error(&tokenize_command, "--tokenizer TOKENIZER.json is required");
     if (!o->output) return olmo_cli_error(&tokenize_command, "-o OUTPUT is required");
     if (!a->inputs.n) return olmo_cli_error(&tokenize_command, "no input files");

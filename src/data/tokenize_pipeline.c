@@ -16,6 +16,7 @@
 #include "tokenizer/tokenizer.h"
 #include "util/clock.h"
 #include "util/error.h"
+#include "util/fs.h"
 #include "util/utf8.h"
 
 #define ITEM_BYTES (1u << 20)
@@ -64,6 +65,7 @@ struct ctx {
     /* output */
     FILE *out;
     char tmp_path[1100];
+    size_t max_line; /* JSONL: the longest line accepted, in bytes */
     uint64_t n_tokens, n_docs, n_empty, n_bad, n_replaced, bytes_in;
     double t0, last_progress;
     bool tty;
@@ -175,6 +177,13 @@ static int process_jsonl(struct ctx *c, struct olmo_encoder *enc, struct item *i
         const uint8_t *nl = memchr(p, '\n', (size_t)(end - p));
         const uint8_t *le = nl ? nl : end;
         size_t n = (size_t)(le - p);
+        if (n > c->max_line) {
+            olmo_error("%s:%llu (byte offset %llu): a line of %zu bytes, longer than --max-line-bytes %zu (raise "
+                       "it to tokenize such a line whole: it is held in memory several times over)",
+                       c->opt.inputs[it->file], (unsigned long long)line,
+                       (unsigned long long)(it->offset0 + (uint64_t)(p - it->buf)), n, c->max_line);
+            return -1;
+        }
         if (olmo_text_blank_line(p, n)) {
             it->empty++; /* a blank line: an empty document */
         } else {
@@ -582,7 +591,17 @@ static int read_file(struct ctx *c, int fi) {
         }
         bool last_continues;
         size_t cut = reader_cut(c, &r, &last_continues);
-        if (!cut && !r.eof) { /* a JSONL line longer than the buffer: read on */
+        if (!cut && !r.eof) { /* a JSONL line longer than the buffer: read on, up to --max-line-bytes */
+            if (r.n > c->max_line) {
+                char msg[1400];
+                snprintf(msg, sizeof msg,
+                         "%s:%llu (byte offset %llu): a line longer than --max-line-bytes %zu (raise it to "
+                         "tokenize such a line whole: it is held in memory several times over)",
+                         r.path, (unsigned long long)r.line, (unsigned long long)r.offset, c->max_line);
+                reader_error(c, msg);
+                rc = -1;
+                break;
+            }
             rc = reader_fill(c, &r);
             continue;
         }
@@ -650,9 +669,15 @@ static int setup(struct ctx *c) {
     char tmp[sizeof c->tmp_path];
     snprintf(tmp, sizeof tmp, "%s.tmp", c->opt.output);
     if (check_output_not_input(&c->opt, tmp)) return -1;
+    /* refuses an output that is a device or FIFO; removes a killed run's .tmp */
+    const int fd = olmo_open_tmp(c->opt.output, "token file", tmp, sizeof tmp);
+    if (fd < 0) return -1;
     memcpy(c->tmp_path, tmp, sizeof tmp); /* ours to remove from here on */
-    c->out = fopen(c->tmp_path, "wb");
-    if (!c->out) return olmo_error("cannot create '%s': %s", c->tmp_path, strerror(errno));
+    c->out = fdopen(fd, "wb");
+    if (!c->out) {
+        close(fd);
+        return olmo_error("cannot create '%s': %s", c->tmp_path, strerror(errno));
+    }
     setvbuf(c->out, NULL, _IOFBF, 1 << 20);
     if (!c->opt.raw && olmo_npy_write_header(c->out, c->opt.elem_size, 0))
         return olmo_error("writing '%s' failed", c->tmp_path);
@@ -708,8 +733,7 @@ static int finish(struct ctx *c) {
     FILE *out = c->out;
     c->out = NULL;
     if (fclose(out)) return olmo_error("writing '%s' failed: %s", c->tmp_path, strerror(errno));
-    if (rename(c->tmp_path, c->opt.output))
-        return olmo_error("cannot rename '%s' to '%s': %s", c->tmp_path, c->opt.output, strerror(errno));
+    if (olmo_commit_tmp(c->tmp_path, c->opt.output, "token file")) return -1;
     progress(c, true);
     double dt = olmo_now_seconds() - c->t0;
     fprintf(stderr,
@@ -725,6 +749,7 @@ int olmo_tokenize(const struct olmo_tokenize_options *o) {
     struct ctx *c = calloc(1, sizeof *c);
     if (!c) return olmo_error("out of memory");
     c->opt = *o;
+    c->max_line = o->max_line_bytes ? o->max_line_bytes : OLMO_TOKENIZE_MAX_LINE_DEFAULT;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv_work, NULL);
     pthread_cond_init(&c->cv_done, NULL);

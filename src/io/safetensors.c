@@ -377,12 +377,16 @@ int olmo_st_writer_save(struct olmo_st_writer *w, const char *path) {
     size_t hlen, padded;
     char *json = writer_header(w, &hlen, &padded);
     if (!json) return olmo_error("out of memory writing '%s'", path);
-    char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *fp = fopen(tmp, "wb");
+    char tmp[4200];
+    const int fd = olmo_open_tmp(path, "safetensors file", tmp, sizeof tmp);
+    FILE *fp = fd >= 0 ? fdopen(fd, "wb") : NULL;
     if (!fp) {
         free(json);
-        return olmo_error("cannot write '%s': %s", tmp, strerror(errno));
+        if (fd < 0) return -1;
+        const int err = errno;
+        close(fd);
+        unlink(tmp);
+        return olmo_error("cannot write '%s': %s", tmp, strerror(err));
     }
     uint8_t len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
@@ -395,11 +399,7 @@ int olmo_st_writer_save(struct olmo_st_writer *w, const char *path) {
         unlink(tmp);
         return olmo_error("writing '%s' failed: %s", path, strerror(errno));
     }
-    if (rename(tmp, path)) {
-        unlink(tmp);
-        return olmo_error("cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
-    }
-    return 0;
+    return olmo_commit_tmp(tmp, path, "safetensors file");
 }
 
 /* ---- streaming writer ---- */
@@ -466,10 +466,10 @@ int olmo_st_stream_begin(struct olmo_st_stream *s, const struct olmo_st_writer *
     size_t hlen, padded;
     char *json = writer_header(w, &hlen, &padded);
     if (!json) return olmo_error("out of memory writing '%s'", path);
-    s->fd = open(s->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    s->fd = olmo_open_tmp(path, "safetensors file", s->tmp, sizeof s->tmp);
     if (s->fd < 0) {
         free(json);
-        return olmo_error("cannot write '%s': %s", s->tmp, strerror(errno));
+        return -1;
     }
     for (int i = 0; i < w->n; i++) s->expected += w->items[i].bytes;
     uint8_t len8[8];
@@ -504,12 +504,7 @@ int olmo_st_stream_finish(struct olmo_st_stream *s) {
         unlink(s->tmp);
         return olmo_error("writing '%s' failed: %s", s->path, strerror(errno));
     }
-    if (rename(s->tmp, s->path)) {
-        const int err = errno;
-        unlink(s->tmp);
-        return olmo_error("cannot rename '%s' to '%s': %s", s->tmp, s->path, strerror(err));
-    }
-    return 0;
+    return olmo_commit_tmp(s->tmp, s->path, "safetensors file");
 }
 
 void olmo_st_stream_abort(struct olmo_st_stream *s) {

@@ -203,6 +203,28 @@ static int start_weights(struct olmo_run *run) {
     return olmo_trainer_init_weights(&run->tr, cfg->train.seed);
 }
 
+/* Where the final weights go: --save, else data.out_dir/model.safetensors. */
+static const char *weights_path(const struct olmo_run *run, char *buf, size_t n) {
+    if (run->o.save_path) return run->o.save_path;
+    snprintf(buf, n, "%s/model.safetensors", run->cfg.data.out_dir);
+    return buf;
+}
+
+/* Before any work (rank 0): a weights output that is a device or FIFO is
+ * refused now rather than after training, and the .tmp files a killed run
+ * left beside this run's outputs are removed. */
+static int prepare_outputs(struct olmo_run *run) {
+    char path[4200];
+    const char *save = weights_path(run, path, sizeof path);
+    if (olmo_check_output(save, "weights file") || olmo_remove_stale_tmp(save)) return -1;
+    static const char *const own[] = {"model.safetensors", "metrics.jsonl"}; /* out_dir is locked: ours */
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", run->cfg.data.out_dir, own[i]);
+        if (olmo_remove_stale_tmp(path)) return -1;
+    }
+    return 0;
+}
+
 /* config.yaml, the metrics log and the batch dump (rank 0). */
 static int open_outputs(struct olmo_run *run) {
     const struct olmo_run_options *o = &run->o;
@@ -273,7 +295,8 @@ int olmo_run_open(struct olmo_run *run, const struct olmo_run_options *opts) {
         return olmo_error("a step of %zu instances x train.seq_len %d tokens is more than %d tokens", run->rows,
                           cfg->train.seq_len, INT_MAX);
     if (opts->write_files) {
-        if (run->leader && (olmo_make_dirs(cfg->data.out_dir) || lock_out_dir(cfg->data.out_dir, &run->lock_fd)))
+        if (run->leader && (olmo_make_dirs(cfg->data.out_dir) || lock_out_dir(cfg->data.out_dir, &run->lock_fd) ||
+                            prepare_outputs(run)))
             return -1;
         if (choose_start(run)) return -1;
     }
@@ -470,12 +493,8 @@ int olmo_run_finish(struct olmo_run *run) {
     }
     if (o->profile && o->log) olmo_profile_report(o->be, o->log);
     const double total = olmo_now_seconds() - run->start;
-    char weights_path[4200];
-    const char *save = o->save_path;
-    if (o->write_files && !save) {
-        snprintf(weights_path, sizeof weights_path, "%s/model.safetensors", run->cfg.data.out_dir);
-        save = weights_path;
-    }
+    char path[4200];
+    const char *save = o->write_files ? weights_path(run, path, sizeof path) : o->save_path;
     if (o->write_files && olmo_ckpt_export_weights(&run->tr, save)) return -1; /* collective: rank 0 writes */
     const long done = run->step - run->st.step;
     if (o->log && run->tr.fully_sharded)

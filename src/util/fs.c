@@ -44,11 +44,68 @@ void olmo_dirname(const char *path, char *out, size_t n) {
     else snprintf(out, n, "%.*s", (int)(slash - path), path);
 }
 
+static const char *file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "directory";
+    if (S_ISFIFO(m)) return "FIFO";
+    if (S_ISCHR(m)) return "character device";
+    if (S_ISBLK(m)) return "block device";
+    if (S_ISSOCK(m)) return "socket";
+    return "special file";
+}
+
+int olmo_check_output(const char *path, const char *what) {
+    struct stat st;
+    if (stat(path, &st)) return 0; /* new (or unreadable: creating it will say why) */
+    if (!S_ISREG(st.st_mode))
+        return olmo_error("the output %s '%s' exists and is a %s, not a regular file: refusing to replace it "
+                          "(choose a file path)",
+                          what, path, file_kind(st.st_mode));
+    return 0;
+}
+
+static int tmp_name(const char *path, char *tmp, size_t n) {
+    if (snprintf(tmp, n, "%s.tmp", path) >= (int)n) return olmo_error("path too long: '%s'", path);
+    return 0;
+}
+
+static int remove_tmp(const char *tmp) {
+    struct stat st;
+    if (lstat(tmp, &st)) return errno == ENOENT ? 0 : olmo_error("cannot stat '%s': %s", tmp, strerror(errno));
+    if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode))
+        return olmo_error("'%s' is a %s, not a temporary olmoc wrote: move it away", tmp, file_kind(st.st_mode));
+    if (unlink(tmp) && errno != ENOENT) return olmo_error("cannot remove the stale '%s': %s", tmp, strerror(errno));
+    return 0;
+}
+
+int olmo_remove_stale_tmp(const char *path) {
+    char tmp[4200];
+    return tmp_name(path, tmp, sizeof tmp) || remove_tmp(tmp) ? -1 : 0;
+}
+
+int olmo_open_tmp(const char *path, const char *what, char *tmp, size_t n) {
+    if (olmo_check_output(path, what) || tmp_name(path, tmp, n) || remove_tmp(tmp)) return -1;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) return olmo_error("cannot create '%s': %s", tmp, strerror(errno));
+    return fd;
+}
+
+int olmo_commit_tmp(const char *tmp, const char *path, const char *what) {
+    if (olmo_check_output(path, what)) {
+        unlink(tmp);
+        return -1;
+    }
+    if (rename(tmp, path)) {
+        int err = errno;
+        unlink(tmp);
+        return olmo_error("cannot rename '%s' to '%s': %s", tmp, path, strerror(err));
+    }
+    return 0;
+}
+
 int olmo_write_file_atomic(const char *path, const void *data, size_t len) {
     char tmp[4200], dir[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return olmo_error("cannot write '%s': %s", tmp, strerror(errno));
+    int fd = olmo_open_tmp(path, "file", tmp, sizeof tmp);
+    if (fd < 0) return -1;
     const char *p = data;
     size_t left = len;
     while (left) {
@@ -67,22 +124,9 @@ int olmo_write_file_atomic(const char *path, const void *data, size_t len) {
         unlink(tmp);
         return olmo_error("writing '%s' failed: %s", tmp, strerror(errno));
     }
-    if (rename(tmp, path)) {
-        int err = errno;
-        unlink(tmp);
-        return olmo_error("cannot rename '%s' to '%s': %s", tmp, path, strerror(err));
-    }
+    if (olmo_commit_tmp(tmp, path, "file")) return -1;
     olmo_dirname(path, dir, sizeof dir);
     return olmo_fsync_path(dir);
-}
-
-static const char *file_kind(mode_t m) {
-    if (S_ISDIR(m)) return "directory";
-    if (S_ISFIFO(m)) return "FIFO";
-    if (S_ISCHR(m)) return "character device";
-    if (S_ISBLK(m)) return "block device";
-    if (S_ISSOCK(m)) return "socket";
-    return "special file";
 }
 
 int olmo_open_regular(const char *path, const char *what, size_t *size) {

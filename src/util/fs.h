@@ -12,8 +12,27 @@
 int olmo_make_dirs(const char *path);
 /* fsync a file or directory by path. */
 int olmo_fsync_path(const char *path);
-/* Writes `len` bytes to `path` atomically: path.tmp, fsync, rename, fsync of the parent. */
+/* Writes `len` bytes to `path` atomically: path.tmp, fsync, rename, fsync of the parent
+ * (through olmo_open_tmp / olmo_commit_tmp). */
 int olmo_write_file_atomic(const char *path, const void *data, size_t len);
+
+/* Outputs written as path.tmp and renamed into place.  An existing output
+ * that is not a regular file (a character or block device such as
+ * /dev/null, a FIFO, a socket, a directory; a symlink is judged by its
+ * target) is refused, never replaced: the rename would turn a device into a
+ * regular file.  `what` names the output in messages ("token file"). */
+int olmo_check_output(const char *path, const char *what);
+/* Removes path.tmp, the temporary a killed writer of path left behind (0 when
+ * there is none; one that is not a regular file or a symlink is refused). */
+int olmo_remove_stale_tmp(const char *path);
+/* Starts a new version of the output path: olmo_check_output, removes a stale
+ * path.tmp, creates path.tmp exclusively (O_EXCL, not following a symlink)
+ * and writes its name to tmp (n bytes).  Returns the descriptor, or -1 with
+ * the error set. */
+int olmo_open_tmp(const char *path, const char *what, char *tmp, size_t n);
+/* Renames tmp (written and closed) onto path, checking path again first;
+ * removes tmp on failure. */
+int olmo_commit_tmp(const char *tmp, const char *path, const char *what);
 /* Opens path read-only, refusing anything but a regular file (a FIFO is not
  * waited on); `what` names it in messages ("token file", "config").  Returns
  * the descriptor, with the file's size in *size, or -1 with the error set. */
