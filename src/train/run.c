@@ -413,14 +413,14 @@ static int stop_nonfinite(struct olmo_run *run, const char *why) {
     return OLMO_RUN_STOPPED;
 }
 
-/* After a step, on every rank: stop if any rank was sent SIGTERM/SIGINT,
- * with a checkpoint of this step. */
+/* After a step, on every rank: stop if any rank was sent SIGTERM, SIGINT or
+ * SIGHUP, with a checkpoint of this step. */
 static int stop_on_signal(struct olmo_run *run, long limit) {
     int sig;
     if (!run->signals_installed || run->step >= limit) return 0; /* the last step: the run ends anyway */
     if (olmo_signals_agree(run->o.dist, &sig)) return -1;
     if (!sig) return 0;
-    const char *name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    const char *name = olmo_signals_name(sig);
     if (!run->o.write_files) {
         olmo_error("stopped by %s after step %ld (this run writes no checkpoints)", name, run->step);
         return OLMO_RUN_STOPPED;

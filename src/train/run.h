@@ -48,8 +48,8 @@ struct olmo_run_options {
     const char *save_path;        /* final weights; NULL: data.out_dir/model.safetensors */
     const char *dump_path;        /* append each step's batch (raw int32) here */
     long stop_after;              /* stop after this many steps (0: train.steps, which also sets the LR schedule) */
-    bool handle_signals;          /* SIGTERM/SIGINT stop the run after the current step, with a checkpoint
-                                   * (train/signals.h); installed by open, put back by close */
+    bool handle_signals;          /* SIGTERM/SIGINT/SIGHUP stop the run after the current step, with a
+                                   * checkpoint (train/signals.h); listened to from open, released by close */
     bool profile;                 /* be is profiled (backend/profile.h): reset after step 1, report at the end */
     FILE *log;                    /* progress lines as olmoc train prints them; NULL: none */
     /* Instead of data.train_path / data.mix: fills rows x seq_len tokens per step. */
@@ -101,7 +101,7 @@ int olmo_run_open(struct olmo_run *run, const struct olmo_run_options *opts);
  *   - its loss or gradient norm was not finite and train.nonfinite is stop:
  *     nothing of the step is applied or saved (the last checkpoint stays the
  *     newest); train.nonfinite: skip logs the step and applies no update;
- *   - SIGTERM or SIGINT (opts.handle_signals): the step was finished and a
+ *   - SIGTERM, SIGINT or SIGHUP (opts.handle_signals): the step was finished and a
  *     checkpoint written (olmo_signals_stopped_by() says which signal). */
 #define OLMO_RUN_STOPPED (-2)
 int olmo_run_step(struct olmo_run *run, struct olmo_run_step *out);

@@ -1,72 +1,145 @@
 #include "train/signals.h"
 
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "util/error.h"
 
-static volatile sig_atomic_t pending; /* the first signal received, 0 none */
+#define N_SIGNALS 3
+static const int signals[N_SIGNALS] = {SIGTERM, SIGINT, SIGHUP};
+
+static atomic_int pending; /* the first signal since the run started listening, 0 none */
+static atomic_int armed;   /* 1: a signal asks for a stop; 0: it has its default action */
 static int agreed;
-static struct sigaction saved_term, saved_int;
-static int installed;
+static int started, installed;
+static sigset_t waited;                      /* the signals the thread takes */
+static struct sigaction before[N_SIGNALS];   /* what the process had */
+
+const char *olmo_signals_name(int sig) {
+    switch (sig) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGHUP: return "SIGHUP";
+    default: return "a signal";
+    }
+}
 
 static void say(const char *msg) {
     ssize_t ignored = write(STDERR_FILENO, msg, strlen(msg));
     (void)ignored;
 }
 
-static void on_signal(int sig) {
-    if (pending) {
-        say("olmoc: second signal: exiting at once, without a checkpoint\n");
-        signal(sig, SIG_DFL); /* delivered as soon as this handler returns */
-        raise(sig);
-        return;
-    }
-    pending = sig;
-    say(sig == SIGTERM ? "olmoc: SIGTERM: finishing this step, then writing a checkpoint (send it again to exit at "
-                         "once)\n"
-                       : "olmoc: SIGINT: finishing this step, then writing a checkpoint (press Ctrl-C again to exit "
-                         "at once)\n");
+/* Ends the process by sig's default action, from this thread. */
+static void die(int sig) {
+    signal(sig, SIG_DFL);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    pthread_sigmask(SIG_UNBLOCK, &one, NULL);
+    raise(sig);
+    _exit(128 + sig); /* not reached */
 }
 
-int olmo_signals_install(void) {
-    if (installed) { /* a second run in this process: start afresh, keep what was saved */
-        pending = 0;
-        agreed = 0;
-        return 0;
+static int ignored_before(int sig) {
+    for (int i = 0; i < N_SIGNALS; i++)
+        if (signals[i] == sig) return before[i].sa_handler == SIG_IGN;
+    return 0;
+}
+
+/* From the waiting thread, or from the handler on a thread that unblocked
+ * the signal: only async-signal-safe calls. */
+static void got(int sig) {
+    if (!atomic_load(&armed)) {
+        if (!ignored_before(sig)) die(sig);
+        return;
+    }
+    int none = 0;
+    if (!atomic_compare_exchange_strong(&pending, &none, sig)) {
+        say("olmoc: second signal: exiting at once, without a checkpoint\n");
+        die(sig);
+    }
+    say(sig == SIGINT ? "olmoc: SIGINT: finishing this step, then writing a checkpoint (press Ctrl-C again to exit "
+                        "at once)\n"
+        : sig == SIGHUP ? "olmoc: SIGHUP: finishing this step, then writing a checkpoint (send it again to exit at "
+                          "once)\n"
+                        : "olmoc: SIGTERM: finishing this step, then writing a checkpoint (send it again to exit at "
+                          "once)\n");
+}
+
+static void on_signal(int sig) { got(sig); }
+
+static void *wait_for_signals(void *arg) {
+    (void)arg;
+    for (;;) {
+        int sig;
+        if (!sigwait(&waited, &sig)) got(sig);
+    }
+    return NULL;
+}
+
+/* A child process (fork, then exec) does not inherit the blocked mask. */
+static void unblock_in_child(void) { pthread_sigmask(SIG_UNBLOCK, &waited, NULL); }
+
+int olmo_signals_start(void) {
+    if (started) return 0;
+    sigemptyset(&waited);
+    for (int i = 0; i < N_SIGNALS; i++) {
+        if (sigaction(signals[i], NULL, &before[i])) return olmo_error("cannot read the handler of %s",
+                                                                        olmo_signals_name(signals[i]));
+        /* nohup's SIGHUP stays ignored; SIGTERM and SIGINT stop a run even if ignored by the parent */
+        if (signals[i] == SIGHUP && before[i].sa_handler == SIG_IGN) continue;
+        sigaddset(&waited, signals[i]);
     }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    pending = 0;
-    agreed = 0;
-    if (sigaction(SIGTERM, &sa, &saved_term) || sigaction(SIGINT, &sa, &saved_int))
-        return olmo_error("cannot install the SIGTERM/SIGINT handlers");
-    installed = 1;
+    sigfillset(&sa.sa_mask);
+    atomic_store(&pending, 0);
+    atomic_store(&armed, 1);
+    for (int i = 0; i < N_SIGNALS; i++)
+        if (sigismember(&waited, signals[i]) && sigaction(signals[i], &sa, NULL))
+            return olmo_error("cannot install the %s handler", olmo_signals_name(signals[i]));
+    int e = pthread_sigmask(SIG_BLOCK, &waited, NULL);
+    if (e) return olmo_error("cannot block SIGTERM, SIGINT and SIGHUP: %s", strerror(e));
+    if ((e = pthread_atfork(NULL, NULL, unblock_in_child)))
+        return olmo_error("cannot register the fork handler: %s", strerror(e));
+    pthread_attr_t attr;
+    pthread_t thread;
+    if ((e = pthread_attr_init(&attr))) return olmo_error("cannot start the signal thread: %s", strerror(e));
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    e = pthread_create(&thread, &attr, wait_for_signals, NULL);
+    pthread_attr_destroy(&attr);
+    if (e) return olmo_error("cannot start the signal thread: %s", strerror(e));
+    started = 1;
     return 0;
 }
 
-void olmo_signals_restore(void) {
-    if (!installed) return;
-    sigaction(SIGTERM, &saved_term, NULL);
-    sigaction(SIGINT, &saved_int, NULL);
-    installed = 0;
+int olmo_signals_install(void) {
+    if (!started && olmo_signals_start()) return -1;
+    if (installed) atomic_store(&pending, 0); /* a second run in this process: start afresh */
+    installed = 1;
+    agreed = 0;
+    atomic_store(&armed, 1);
+    return 0;
 }
+
+void olmo_signals_restore(void) { atomic_store(&armed, 0); }
 
 void olmo_signals_release(void) {
     if (!agreed) olmo_signals_restore();
 }
 
 int olmo_signals_agree(const struct olmo_dist *dist, int *sig) {
-    const int mine = pending;
+    const int mine = atomic_load(&pending);
     *sig = mine;
     if (dist && dist->world > 1) {
-        double got[2] = {mine == SIGTERM, mine == SIGINT}; /* ranks that got each */
-        if (olmo_dist_allreduce_f64(dist, got, 2)) return -1;
-        *sig = got[0] > 0 ? SIGTERM : got[1] > 0 ? SIGINT : 0;
+        double got_by[N_SIGNALS] = {mine == SIGTERM, mine == SIGHUP, mine == SIGINT}; /* ranks that got each */
+        if (olmo_dist_allreduce_f64(dist, got_by, N_SIGNALS)) return -1;
+        *sig = got_by[0] > 0 ? SIGTERM : got_by[1] > 0 ? SIGHUP : got_by[2] > 0 ? SIGINT : 0;
     }
     if (*sig) agreed = *sig;
     return 0;
