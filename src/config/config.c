@@ -671,13 +671,25 @@ int olmo_config_chunk_instances(const struct olmo_config *cfg, size_t *chunk) {
     return 0;
 }
 
+/* The shortest decimal that reads back as v (3e-4, not 0.00029999999999999997): as the user wrote it. */
+static void shortest_double(char *buf, size_t n, double v) {
+    if (v == floor(v) && fabs(v) < 1e15) { /* 500000, not 5e+05 */
+        snprintf(buf, n, "%.0f", v);
+        return;
+    }
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(buf, n, "%.*g", digits, v);
+        if (strtod(buf, NULL) == v) return;
+    }
+}
+
 static void format_field(const struct olmo_config *cfg, const struct field *f, char *buf, size_t n) {
     const char *base = (const char *)cfg + f->offset;
     switch (f->type) {
     case F_INT: snprintf(buf, n, "%d", *(const int *)base); break;
     case F_LONG: snprintf(buf, n, "%ld", *(const long *)base); break;
     case F_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t *)base); break;
-    case F_DOUBLE: snprintf(buf, n, "%.17g", *(const double *)base); break;
+    case F_DOUBLE: shortest_double(buf, n, *(const double *)base); break;
     case F_BOOL: snprintf(buf, n, "%s", *(const bool *)base ? "true" : "false"); break;
     case F_STRING: snprintf(buf, n, "%s", base); break;
     case F_SCHEDULE: snprintf(buf, n, "%s", schedule_names[*(const enum olmo_schedule_kind *)base]); break;

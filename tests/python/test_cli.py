@@ -389,3 +389,21 @@ def test_info_redirected_to_a_file(build_dir, tmp_path):
         assert text.startswith("model:\n") and "# attention: SSSF" in text
         piped = olmoc(build, "info", cfg)
         assert piped.returncode == 0 and piped.stdout == text
+
+
+def test_info_prints_floats_as_written(build_dir, tmp_path):
+    """olmoc info (and every config.yaml olmoc writes) prints a float as the shortest decimal that reads
+    back as the same double: 0.003, not 0.0030000000000000001; and the printed config re-reads to itself."""
+    cfg = ROOT / "configs" / "olmo3-1m.yaml"
+    r = olmoc(build_dir, "info", cfg, "--set", "train.lr=0.00020712352850360292", "--set", "train.z_loss=1e-5")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    for want in ("  lr: 0.00020712352850360292", "  z_loss: 1e-05", "  rope_theta: 500000", "  init_std: 0.02",
+                 "  beta2: 0.95"):
+        assert want in lines, (want, [x for x in lines if x.startswith(want.split(":")[0])])
+    yaml_part = tmp_path / "again.yaml"
+    yaml_part.write_text("\n".join(x for x in lines if not x.startswith("#")) + "\n")
+    again = olmoc(build_dir, "info", yaml_part)
+    assert again.returncode == 0, again.stderr
+    strip = lambda out: [x for x in out.splitlines() if not x.startswith("#")]  # noqa: E731
+    assert strip(again.stdout) == strip(r.stdout)
