@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "util/threads.h"
 
 struct command {
     const char *name;
@@ -27,6 +28,7 @@ static void usage(FILE *out) {
 }
 
 int main(int argc, char **argv) {
+    olmo_openmp_wait_default(argv); /* before anything else: it may run olmoc again */
     if (argc < 2) {
         usage(stderr);
         return 2;
