@@ -72,6 +72,9 @@ struct olmo_backend;
  * fixed when the instance is made, and only the ops change `state`. */
 struct olmo_backend {
     const char *name;
+    /* The device's name (CUDA: cudaDeviceProp.name, e.g. "NVIDIA H100 80GB HBM3"), for the datasheet
+     * peak of MFU (train/peak.h); NULL on the host. */
+    const char *device;
     bool host_memory; /* alloc returns host memory (MPI can move it directly) */
     void *state;      /* the implementation's own; callers never touch it */
     /* The type its GEMMs multiply in: OLMO_BF16 (cpu-bf16, cuda-bf16) makes the

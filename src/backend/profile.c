@@ -244,6 +244,7 @@ struct olmo_backend *olmo_backend_profiled(const struct olmo_backend *inner) {
     /* the inner instance's optional ops stay optional (NULL) in the wrapper */
     *be = (struct olmo_backend){
         .name = inner->name, /* callers dispatch on it */
+        .device = inner->device,
         .host_memory = inner->host_memory, .state = p, .compute_dtype = inner->compute_dtype, .destroy = p_destroy,
         .convert = p_convert,
         .describe = inner->describe ? p_describe : NULL, .alloc = p_alloc, .free = p_free,

@@ -212,7 +212,9 @@ static const struct olmo_cli_command eval_command = {
     "eval",
     "olmoc eval SRC [--val A.npy,B.npy] [--task T,...] [options]",
     "Evaluates a model: SRC is a checkpoint (step-NNNNNN/), a run directory (its newest\n"
-    "checkpoint), a Hugging Face directory, or a .safetensors file with --config.",
+    "checkpoint), a Hugging Face directory, or a .safetensors file with --config.\n"
+    "While a set or task runs, a progress line on stderr every few seconds (done / total,\n"
+    "rate, ETA; OLMOC_EVAL_PROGRESS_SECONDS sets the interval, default 5).",
     eval_options,
     NULL,
 };
@@ -299,7 +301,8 @@ int cmd_eval(int argc, char **argv) {
         .pad_id = olmo_eval_pad_id(&cfg.model),
     };
     const struct olmo_eval_sink out = {
-        .step = -1, .text = json ? NULL : stdout, .scores = scores, .record = take_record, .ctx = &watch};
+        .step = -1, .text = json ? NULL : stdout, .progress = stderr, .scores = scores, .record = take_record,
+        .ctx = &watch};
     if (olmo_eval_run(&model, &ev, &settings, &out)) goto fail;
     if (scores && fclose(scores)) {
         scores = NULL;

@@ -5,6 +5,7 @@
 #include "cli/commands.h"
 #include "train/signals.h"
 #include "util/error.h"
+#include "util/threads.h"
 
 struct command {
     const char *name;
@@ -30,6 +31,7 @@ static void usage(FILE *out) {
 }
 
 int main(int argc, char **argv) {
+    olmo_openmp_wait_default(argv); /* before anything else: it may run olmoc again */
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -221,7 +221,8 @@ static int add_batch_ce(struct olmo_model *m, const int32_t *inputs, const int32
 }
 
 int olmo_eval_val_documents(struct olmo_model *m, const struct olmo_val_set *s, int max_batches, int pad_id,
-                            const struct olmo_tokenizer *tok, struct olmo_val_result *r) {
+                            const struct olmo_tokenizer *tok, struct olmo_val_result *r,
+                            const struct olmo_eval_progress *progress) {
     const int B = m->batch, T = m->seq_len;
     memset(r, 0, sizeof *r);
     if (!s->doc_start) return olmo_error("validation set '%s' is not in documents mode", s->name);
@@ -258,6 +259,8 @@ int olmo_eval_val_documents(struct olmo_model *m, const struct olmo_val_set *s, 
             labels += L - 1;
         }
         if (rc || (rc = add_batch_ce(m, inputs, targets, false, &ce))) break;
+        const size_t done = d0 + (size_t)B < n_docs ? d0 + (size_t)B : n_docs;
+        olmo_eval_progress_tick(progress, (long)done, (long)n_docs);
     }
     free(inputs);
     free(targets);
@@ -280,7 +283,7 @@ void olmo_val_metric_name(char *out, size_t n, const char *set, const char *metr
 }
 
 int olmo_eval_val_set(struct olmo_model *m, const struct olmo_val_set *s, int max_batches, bool doc_masking,
-                      double *loss, long *n_tokens) {
+                      double *loss, long *n_tokens, const struct olmo_eval_progress *progress) {
     const int B = m->batch, T = m->seq_len;
     size_t batches = s->n_instances / (size_t)B;
     if (batches > (size_t)max_batches) batches = (size_t)max_batches;
@@ -302,6 +305,7 @@ int olmo_eval_val_set(struct olmo_model *m, const struct olmo_val_set *s, int ma
             labels += T - 1;
         }
         if ((rc = add_batch_ce(m, inputs, targets, doc_masking, &ce))) break;
+        olmo_eval_progress_tick(progress, (long)(b + 1), (long)batches);
     }
     free(inputs);
     free(targets);
@@ -488,7 +492,7 @@ struct mc_row {
 };
 
 int olmo_mc_eval(struct olmo_model *m, const struct olmo_mc_task *t, int pad_id, struct olmo_mc_result *r,
-                 FILE *scores) {
+                 FILE *scores, const struct olmo_eval_progress *progress) {
     const int B = m->batch, T = m->seq_len, V = m->cfg.vocab_size;
     int total_rows = 0;
     for (int i = 0; i < t->n; i++) total_rows += t->ex[i].n_choices;
@@ -537,6 +541,7 @@ int olmo_mc_eval(struct olmo_model *m, const struct olmo_mc_task *t, int pad_id,
             }
             lp[first + b] = sum;
         }
+        if (!rc) olmo_eval_progress_tick(progress, first + nb, total_rows);
     }
     int correct = 0, correct_tok = 0;
     k = 0;

@@ -23,6 +23,16 @@
 #include "data/token_file.h"
 #include "model/model.h"
 
+/* How far a long evaluation is: report(ctx, done, total) after each batch
+ * (eval/evaluator.c turns it into progress lines).  NULL: no reports. */
+struct olmo_eval_progress {
+    void (*report)(void *ctx, long done, long total);
+    void *ctx;
+};
+static inline void olmo_eval_progress_tick(const struct olmo_eval_progress *p, long done, long total) {
+    if (p && p->report) p->report(p->ctx, done, total);
+}
+
 struct olmo_val_set {
     char name[256]; /* LABEL of a LABEL=PATH entry, else the file name without .npy */
     struct olmo_token_file file;
@@ -45,9 +55,10 @@ struct olmo_val_set {
 int olmo_val_sets_open(const char *paths, int seq_len, enum olmo_dtype dtype, struct olmo_val_set **sets, int *n);
 void olmo_val_sets_close(struct olmo_val_set *sets, int n);
 /* Mean next-token cross-entropy over the first max_batches micro-batches of
- * the set (m is reserved as micro_batch x seq_len); labels as in training. */
+ * the set (m is reserved as micro_batch x seq_len); labels as in training.
+ * progress counts micro-batches. */
 int olmo_eval_val_set(struct olmo_model *m, const struct olmo_val_set *s, int max_batches, bool doc_masking,
-                      double *loss, long *n_tokens);
+                      double *loss, long *n_tokens, const struct olmo_eval_progress *progress);
 
 /* OLMo-core's LM evaluator (olmo_core.eval.LMEvaluator over a
  * NumpyPaddedFSLDataset): documents end at each eos_id (tokens after the last
@@ -84,9 +95,10 @@ struct olmo_tokenizer;
  * micro-batches of them).  tok (may be NULL) gives each label token's bytes
  * for bits per byte.  When none of the set's documents is in the global
  * batches read (OLMo-core reports NaN for it), r->docs is 0 and the rest of
- * r is zero. */
+ * r is zero.  progress counts documents. */
 int olmo_eval_val_documents(struct olmo_model *m, const struct olmo_val_set *s, int max_batches, int pad_id,
-                            const struct olmo_tokenizer *tok, struct olmo_val_result *r);
+                            const struct olmo_tokenizer *tok, struct olmo_val_result *r,
+                            const struct olmo_eval_progress *progress);
 /* OLMo-core's metric name for a set: "eval/lm/<set>/<metric>" (metric "CE loss", "PPL"). */
 void olmo_val_metric_name(char *out, size_t n, const char *set, const char *metric);
 
@@ -118,8 +130,9 @@ struct olmo_mc_result {
 };
 
 /* Scores every example with the model (reserved as batch x seq_len rows).
- * scores: when non-NULL, one JSON line per example with each choice's log-likelihood. */
+ * scores: when non-NULL, one JSON line per example with each choice's log-likelihood.
+ * progress counts scored choices. */
 int olmo_mc_eval(struct olmo_model *m, const struct olmo_mc_task *t, int pad_id, struct olmo_mc_result *r,
-                 FILE *scores);
+                 FILE *scores, const struct olmo_eval_progress *progress);
 
 #endif

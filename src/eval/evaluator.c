@@ -47,6 +47,38 @@ int olmo_eval_pad_id(const struct olmo_model_config *mc) {
     return mc->pad_token_id >= 0 && mc->pad_token_id < mc->vocab_size ? mc->pad_token_id : mc->eos_token_id;
 }
 
+/* Progress lines of one set or task: "eval step N | NAME | done/total UNIT | rate/s | ETA". */
+struct progress_line {
+    const struct olmo_eval_sink *out;
+    const char *name, *unit;
+    double start, last, every;
+};
+
+static void progress_report(void *ctx, long done, long total) {
+    struct progress_line *p = ctx;
+    const double now = olmo_now_seconds();
+    if (done >= total || done <= 0 || now - p->last < p->every) return;
+    p->last = now;
+    const double rate = (double)done / (now - p->start > 0 ? now - p->start : 1e-9);
+    char eta[32];
+    olmo_format_duration(eta, sizeof eta, (double)(total - done) / rate);
+    FILE *f = p->out->progress;
+    if (p->out->step >= 0) fprintf(f, "eval step %ld | ", p->out->step);
+    fprintf(f, "%s | %ld/%ld %s | %.1f %s/s | ETA %s\n", p->name, done, total, p->unit, rate, p->unit, eta);
+    fflush(f);
+}
+
+/* The progress reporter for one set or task (its .report NULL when the sink wants none). */
+static struct olmo_eval_progress progress_start(struct progress_line *p, const struct olmo_eval_sink *out,
+                                                const char *name, const char *unit) {
+    const char *e = getenv("OLMOC_EVAL_PROGRESS_SECONDS");
+    char *end = NULL;
+    const double every = e && *e ? strtod(e, &end) : 5.0;
+    *p = (struct progress_line){.out = out, .name = name, .unit = unit, .every = end && *end ? 5.0 : every};
+    p->start = p->last = olmo_now_seconds();
+    return (struct olmo_eval_progress){.report = out->progress ? progress_report : NULL, .ctx = p};
+}
+
 /* {"type": type} with "step" when there is one. */
 static cJSON *new_record(const char *type, const struct olmo_eval_sink *out) {
     cJSON *rec = cJSON_CreateObject();
@@ -69,7 +101,9 @@ static int eval_documents(struct olmo_model *m, const struct olmo_val_set *set, 
                           const struct olmo_tokenizer *tok, const struct olmo_eval_sink *out) {
     struct olmo_val_result r;
     const double t0 = olmo_now_seconds();
-    if (olmo_eval_val_documents(m, set, s->doc_batches, s->pad_id, tok, &r)) return -1;
+    struct progress_line pl;
+    const struct olmo_eval_progress pr = progress_start(&pl, out, set->name, "documents");
+    if (olmo_eval_val_documents(m, set, s->doc_batches, s->pad_id, tok, &r, &pr)) return -1;
     if (!r.docs) { /* a batch limit that reads none of this set's documents: no figure to report */
         if (out->text)
             fprintf(out->text, "%s: none of its documents is in the first %d global batches of %zu documents read\n",
@@ -111,7 +145,9 @@ static int eval_windows(struct olmo_model *m, const struct olmo_val_set *set, co
     double loss;
     long tokens;
     const double t0 = olmo_now_seconds();
-    if (olmo_eval_val_set(m, set, s->val_batches, s->doc_masking, &loss, &tokens)) return -1;
+    struct progress_line pl;
+    const struct olmo_eval_progress pr = progress_start(&pl, out, set->name, "batches");
+    if (olmo_eval_val_set(m, set, s->val_batches, s->doc_masking, &loss, &tokens, &pr)) return -1;
     if (out->text && out->step < 0)
         fprintf(out->text, "%s: loss %.6f | ppl %.4f | %ld tokens\n", set->name, loss, exp(loss), tokens);
     else if (out->text)
@@ -129,7 +165,9 @@ static int eval_windows(struct olmo_model *m, const struct olmo_val_set *set, co
 static int eval_mc(struct olmo_model *m, const struct olmo_mc_task *t, const struct olmo_eval_settings *s,
                    const struct olmo_eval_sink *out) {
     struct olmo_mc_result r;
-    if (olmo_mc_eval(m, t, s->pad_id, &r, out->scores)) return -1;
+    struct progress_line pl;
+    const struct olmo_eval_progress pr = progress_start(&pl, out, t->name, "choices");
+    if (olmo_mc_eval(m, t, s->pad_id, &r, out->scores, &pr)) return -1;
     if (out->text && out->step < 0)
         fprintf(out->text, "%s: acc %.4f | acc_per_token %.4f | %d examples\n", t->name, r.acc, r.acc_per_token, r.n);
     else if (out->text)
@@ -163,7 +201,9 @@ static int eval_olmo_task(struct olmo_model *m, const struct olmo_eval_task *t, 
     const double t0 = olmo_now_seconds();
     double *lp = olmo_malloc(sizeof(double) * (size_t)(t->n ? t->n : 1), "task scores");
     struct olmo_eval_result r;
-    if (!lp || olmo_eval_score(m, t, s->pad_id, lp) || olmo_eval_metrics(t, lp, &r) ||
+    struct progress_line pl;
+    const struct olmo_eval_progress pr = progress_start(&pl, out, t->name, "requests");
+    if (!lp || olmo_eval_score(m, t, s->pad_id, lp, &pr) || olmo_eval_metrics(t, lp, &r) ||
         (out->scores && write_task_scores(out->scores, t, lp))) {
         free(lp);
         return -1;

@@ -75,6 +75,9 @@ struct olmo_eval_sink {
      * documents-mode records also carry "labels" and "bytes". */
     long step;
     FILE *text;   /* one text line per result; NULL: none */
+    /* While a set or task runs, a line at most every few seconds: done / total, rate, ETA
+     * (OLMOC_EVAL_PROGRESS_SECONDS sets the interval, default 5).  NULL: none. */
+    FILE *progress;
     FILE *scores; /* per-example log-likelihoods, one JSON line each; NULL: none */
     /* Takes each record (ownership passes); nonzero stops the evaluation.  NULL: records are dropped. */
     int (*record)(void *ctx, cJSON *rec);

@@ -150,8 +150,11 @@ int olmo_eval_documents(const struct olmo_eval_task *t, int **order, int **start
 /* Metrics from each instance's continuation log-likelihood (sum over its tokens). */
 int olmo_eval_metrics(const struct olmo_eval_task *t, const double *logprob, struct olmo_eval_result *r);
 /* Scores every instance with the model (reserved as batch x seq_len);
- * instances with the same query share one row. */
-int olmo_eval_score(struct olmo_model *m, const struct olmo_eval_task *t, int pad_id, double *logprob);
+ * instances with the same query share one row.  progress (eval/evaluate.h;
+ * may be NULL) counts scored instances (requests). */
+struct olmo_eval_progress;
+int olmo_eval_score(struct olmo_model *m, const struct olmo_eval_task *t, int pad_id, double *logprob,
+                    const struct olmo_eval_progress *progress);
 /* Adds the metric, document count and values (OLMo's names) to a JSON object. */
 struct cJSON;
 void olmo_eval_result_add_json(struct cJSON *rec, const struct olmo_eval_result *r);

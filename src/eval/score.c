@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "eval/evaluate.h"
 #include "eval/olmo_tasks.h"
 #include "model/generate.h"
 #include "util/error.h"
@@ -77,7 +78,8 @@ static int cmp_prefix(const void *a, const void *b) {
  * is what the batched forward computes for each query, without recomputing
  * the shared context for every choice or the padding up to T.  Returns 1
  * (nothing done) when the cache cannot be allocated. */
-static int score_cached(struct olmo_model *m, const struct olmo_eval_task *t, double *logprob) {
+static int score_cached(struct olmo_model *m, const struct olmo_eval_task *t, double *logprob,
+                        const struct olmo_eval_progress *progress) {
     const int T = m->seq_len, V = m->cfg.vocab_size;
     struct olmo_gen gen;
     if (olmo_gen_create(&gen, m, T, T)) return 1; /* no room for the cache: the caller uses the batched forward */
@@ -116,6 +118,7 @@ static int score_cached(struct olmo_model *m, const struct olmo_eval_task *t, do
             }
             logprob[order[k]] = sum;
         }
+        if (!rc) olmo_eval_progress_tick(progress, k1, t->n);
     }
     olmo_gen_destroy(&gen);
     free(order);
@@ -133,14 +136,15 @@ static bool use_cached(const struct olmo_model *m) {
     return m->be->attention_cached && !(e && !strcmp(e, "batched"));
 }
 
-int olmo_eval_score(struct olmo_model *m, const struct olmo_eval_task *t, int pad_id, double *logprob) {
+int olmo_eval_score(struct olmo_model *m, const struct olmo_eval_task *t, int pad_id, double *logprob,
+                    const struct olmo_eval_progress *progress) {
     const int B = m->batch, T = m->seq_len;
     if (use_cached(m)) {
         for (int i = 0; i < t->n; i++)
             if (t->inst[i].n_cont > T)
                 return olmo_error("task '%s' doc %ld: the continuation has %d tokens, more than seq_len %d", t->name,
                                   t->inst[i].doc_id, t->inst[i].n_cont, T);
-        const int rc = t->n ? score_cached(m, t, logprob) : 0;
+        const int rc = t->n ? score_cached(m, t, logprob, progress) : 0;
         if (rc <= 0) return rc;
     }
     for (int i = 0; i < t->n; i++)
@@ -188,6 +192,7 @@ int olmo_eval_score(struct olmo_model *m, const struct olmo_eval_task *t, int pa
                     rc = add_token_logprob(m, (size_t)b * T + (size_t)(ctx_len - 1 + j), in->cont[j], row, &sum);
                 logprob[order[k]] = sum;
             }
+        if (!rc) olmo_eval_progress_tick(progress, row_start[r0 + nb], t->n);
     }
     free(order);
     free(row_start);

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <omp.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,30 +19,7 @@
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/fs.h"
-
-double olmo_measure_peak_flops(const struct olmo_backend *be) {
-    const int n = 2048; /* 1024^3 products, timed right after start-up, came out at half the speed on 2 cores */
-    const size_t bytes = sizeof(float) * (size_t)n * n;
-    float *a = be->alloc(be, bytes), *b = be->alloc(be, bytes), *c = be->alloc(be, bytes);
-    double best = 0.0;
-    /* a failed product leaves best at 0: the caller then has no measured peak */
-#define PRODUCT()                                                                                              \
-    (be->gemm(be, false, false, n, n, n, 1.0f, a, OLMO_F32, n, b, OLMO_F32, n, 0.0f, c, n) == 0 &&              \
-     (!be->synchronize || be->synchronize(be) == 0)) /* a device only queues the product */
-    if (a && b && c && PRODUCT()) { /* warm-up */
-        for (int rep = 0; rep < 3; rep++) {
-            const double t0 = olmo_now_seconds();
-            if (!PRODUCT()) break;
-            const double dt = olmo_now_seconds() - t0;
-            if (dt > 0 && 2.0 * n * n * (double)n / dt > best) best = 2.0 * n * n * (double)n / dt;
-        }
-    }
-#undef PRODUCT
-    be->free(be, a);
-    be->free(be, b);
-    be->free(be, c);
-    return best;
-}
+#include "util/threads.h"
 
 /* flock on out_dir/.lock, which then holds this process's PID for the next one to name. */
 static int lock_out_dir(const char *dir, int *fd_out) {
@@ -266,8 +244,9 @@ static void print_header(const struct olmo_run *run) {
                 world, cfg->train.grad_accum, cfg->train.micro_batch, run->tr.device_comm ? "NCCL" : "MPI");
     fprintf(log, "backend %s", be->name);
     if (be->describe) fprintf(log, " (%s)", be->describe(be));
-    fprintf(log, " | MFU: %.4g FLOPs/token, peak %.4g FLOP/s (%s)\n", run->flops_per_token, run->peak,
-            run->peak_source);
+    fprintf(log, " | MFU: %.4g FLOPs/token, peak %.4g FLOP/s (%s), raised by a faster step\n",
+            run->flops_per_token, run->peak, run->peak_source);
+    if (be->host_memory) fprintf(log, "OpenMP: %d threads, wait %s\n", omp_get_max_threads(), olmo_openmp_wait_describe());
     if (run->ckpt[0])
         fprintf(log, "resumed from %s at step %ld (epoch %ld, instance %zu)\n", run->ckpt, run->st.step,
                 run->st.loader_epoch, run->st.loader_pos);
@@ -307,8 +286,18 @@ int olmo_run_open(struct olmo_run *run, const struct olmo_run_options *opts) {
     run->peak = cfg->train.peak_flops;
     run->peak_source = "train.peak_flops";
     if (run->peak <= 0) {
-        run->peak = olmo_measure_peak_flops(opts->be);
-        run->peak_source = "measured: best of 3 SGEMMs 2048^3";
+        /* the probe runs on every backend, so the memory plan (train/memplan.c) holds on a GPU too */
+        const double probe = olmo_measure_peak_flops(opts->be);
+        run->peak = olmo_datasheet_peak_flops(opts->be->device, opts->be->name, run->peak_text,
+                                              sizeof run->peak_text - 48);
+        if (run->peak > 0) {
+            const size_t len = strlen(run->peak_text);
+            snprintf(run->peak_text + len, sizeof run->peak_text - len, "; the SGEMM probe measured %.4g", probe);
+        } else {
+            run->peak = probe;
+            snprintf(run->peak_text, sizeof run->peak_text, "measured: best of 3 SGEMMs 2048^3");
+        }
+        run->peak_source = run->peak_text;
     }
     run->peak *= world; /* every rank has the same peak */
     print_header(run);
@@ -316,12 +305,6 @@ int olmo_run_open(struct olmo_run *run, const struct olmo_run_options *opts) {
     run->tokens = run->st.tokens;
     run->start = run->last = olmo_now_seconds();
     return 0;
-}
-
-static void format_duration(char *buf, size_t n, double s) {
-    const long t = (long)(s + 0.5);
-    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
-    else snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
 }
 
 static int write_record(void *metrics, cJSON *rec) { return olmo_metrics_write(metrics, rec); }
@@ -336,8 +319,12 @@ static int run_evals(struct olmo_run *run) {
         .pad_id = olmo_eval_pad_id(&cfg->model),
     };
     const struct olmo_eval_sink out = {
-        .step = run->step, .text = run->o.log, .record = write_record, .ctx = &run->metrics};
-    return olmo_eval_run(&run->tr.model, &run->ev, &s, &out);
+        .step = run->step, .text = run->o.log, .progress = run->o.log, .record = write_record, .ctx = &run->metrics};
+    const double t0 = olmo_now_seconds();
+    const int rc = olmo_eval_run(&run->tr.model, &run->ev, &s, &out);
+    run->last_eval_seconds = olmo_now_seconds() - t0;
+    run->eval_seconds += run->last_eval_seconds;
+    return rc;
 }
 
 static int save_checkpoint(struct olmo_run *run) {
@@ -373,6 +360,29 @@ static int save_checkpoint(struct olmo_run *run) {
     return 0;
 }
 
+/* In-loop evaluations still to come at the progress line of step, its own included (train.eval_every, and
+ * the last step). */
+static long evals_left(const struct olmo_run *run, long step) {
+    const struct olmo_train_config *t = &run->cfg.train;
+    if (t->eval_every <= 0 || !(run->ev.n_val || run->ev.n_tasks || run->ev.n_olmo_tasks) || step > t->steps)
+        return 0;
+    return t->steps / t->eval_every - (step - 1) / t->eval_every + (t->steps % t->eval_every != 0);
+}
+
+/* Time to the last step: the steps at their mean so far (checkpoints included,
+ * evaluations not), plus each evaluation still to come at the last one's
+ * duration; before the first evaluation, how many are still to come. */
+static void format_eta(const struct olmo_run *run, long step, double now, char *buf, size_t n) {
+    const long done = step - run->st.step, left = evals_left(run, step);
+    const double steps_s = (now - run->start - run->eval_seconds) / (double)done * (double)(run->cfg.train.steps - step);
+    const bool timed = run->last_eval_seconds > 0;
+    olmo_format_duration(buf, n, steps_s + (timed ? (double)left * run->last_eval_seconds : 0.0));
+    if (left && !timed) {
+        const size_t len = strlen(buf);
+        snprintf(buf + len, n - len, " + %ld evaluation%s", left, left == 1 ? "" : "s");
+    }
+}
+
 /* The metrics record of a step, and every log_every steps the progress line. */
 static int report_step(struct olmo_run *run, const struct olmo_run_step *s, double now) {
     const struct olmo_train_config *t = &run->cfg.train;
@@ -389,9 +399,8 @@ static int report_step(struct olmo_run *run, const struct olmo_run_step *s, doub
     if (olmo_metrics_write(&run->metrics, rec)) return -1;
     if (!run->o.log || (s->step % t->log_every != 0 && s->step != t->steps)) return 0;
     const double tok_s = (double)(run->steps_since_log * run->tokens_per_step) / run->interval;
-    char eta[32];
-    const long done = s->step - run->st.step;
-    format_duration(eta, sizeof eta, (now - run->start) / (double)done * (double)(t->steps - s->step));
+    char eta[64];
+    format_eta(run, s->step, now, eta, sizeof eta);
     fprintf(run->o.log,
             "step %ld/%ld | loss %.4f | z %.2e | grad norm %.3f | lr %.3e | %.0f tok/s | MFU %.2f%% | ETA %s\n",
             s->step, t->steps, s->res.ce_loss, s->res.z_loss, s->res.grad_norm, s->res.lr, tok_s,
@@ -431,6 +440,22 @@ static int stop_on_signal(struct olmo_run *run, long limit) {
     return OLMO_RUN_STOPPED;
 }
 
+/* A step faster than the peak makes its FLOP/s the peak (noted once): MFU never exceeds 100%. */
+static void raise_peak(struct olmo_run *run, const struct olmo_run_step *s) {
+    const double achieved = s->tokens_per_s * run->flops_per_token;
+    if (run->peak <= 0 || achieved <= run->peak) return;
+    if (!run->peak_raised && run->o.log) {
+        fprintf(run->o.log,
+                "note: step %ld ran at %.4g FLOP/s, above the peak of %.4g (%s): MFU is against the fastest step "
+                "from here on\n",
+                s->step, achieved, run->peak, run->peak_source);
+        fflush(run->o.log);
+    }
+    run->peak_raised = true;
+    run->peak = achieved;
+    run->peak_source = "the fastest step";
+}
+
 /* Gradients, the step guard, and the update (or none). */
 static int train_step(struct olmo_run *run, struct olmo_run_step *s, char *why, size_t n) {
     if (olmo_trainer_accumulate(&run->tr, run->batch, &s->res)) return -1;
@@ -462,6 +487,7 @@ int olmo_run_step(struct olmo_run *run, struct olmo_run_step *out) {
     const double now = olmo_now_seconds();
     s.seconds = now - run->last > 0 ? now - run->last : 1e-9;
     s.tokens_per_s = (double)run->tokens_per_step / s.seconds;
+    raise_peak(run, &s);
     s.mfu = run->peak > 0 ? s.tokens_per_s * run->flops_per_token / run->peak : 0.0;
     run->interval += s.seconds;
     if (report_step(run, &s, now)) return -1;
@@ -497,6 +523,8 @@ int olmo_run_finish(struct olmo_run *run) {
     const char *save = o->write_files ? weights_path(run, path, sizeof path) : o->save_path;
     if (o->write_files && olmo_ckpt_export_weights(&run->tr, save)) return -1; /* collective: rank 0 writes */
     const long done = run->step - run->st.step;
+    if (o->log && run->peak_raised)
+        fprintf(o->log, "MFU peak: %.4g FLOP/s, the fastest step's (the start-up peak was lower)\n", run->peak);
     if (o->log && run->tr.fully_sharded)
         fprintf(o->log, "fsdp: %ld block gathers when a block was needed, %ld ahead on the side stream%s\n",
                 run->tr.fsdp.gathers, run->tr.fsdp.prefetches,

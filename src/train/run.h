@@ -12,8 +12,12 @@
  *   - writes config.yaml, metrics.jsonl (train/metrics.h), step-NNNNNN/
  *     checkpoints every train.save_every steps (train/checkpoint.h) and the
  *     final weights; evaluates every train.eval_every steps.
- * MFU is against train.peak_flops, or a peak measured at startup (an SGEMM
- * timed with the backend synchronised), times the number of ranks.
+ * MFU is against a peak (train/peak.h), times the number of ranks:
+ * train.peak_flops when set; else a GPU's datasheet peak for the backend's
+ * precision when the device is in the table; else an SGEMM probe at
+ * start-up.  If a step runs faster than that peak (a probe that read low on
+ * a busy machine, a train.peak_flops set too low), the fastest step's FLOP/s
+ * becomes the peak, with a note in the log: MFU never exceeds 100%.
  * Under MPI every rank runs the same steps; rank 0 alone writes files and
  * progress lines.  A function that fails on one rank returns -1 there only:
  * the caller must bring the job down (olmo_dist_abort), or the other ranks
@@ -32,6 +36,7 @@
 #include "eval/evaluator.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
+#include "train/peak.h"
 #include "train/trainer.h"
 
 struct olmo_run_options {
@@ -88,7 +93,10 @@ struct olmo_run {
     bool signals_installed;
     double flops_per_token, peak; /* peak over all ranks */
     const char *peak_source;
+    char peak_text[160]; /* peak_source's text when it is built at start-up */
+    bool peak_raised;    /* a step ran faster than the start-up peak: the fastest step is the peak */
     double start, last, interval;
+    double eval_seconds, last_eval_seconds; /* in-loop evaluations: all so far, the last one (for the ETA) */
 };
 
 /* Sets everything up (lock, starting point, model, data, evaluators, logs);
@@ -111,9 +119,5 @@ void olmo_run_close(struct olmo_run *run);
 /* open, every step, finish, close: 0, -1 or OLMO_RUN_STOPPED. */
 int olmo_run_train(const struct olmo_run_options *opts);
 
-/* Peak FLOP/s of the backend's SGEMM: best of a few 2048^3 products, each
- * timed until the backend has finished it (synchronize).  0 when it cannot
- * allocate. */
-double olmo_measure_peak_flops(const struct olmo_backend *be);
 
 #endif

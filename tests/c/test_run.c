@@ -1,5 +1,6 @@
 /* The training run's pieces that need no data files: the startup peak FLOP/s
- * measurement on a backend that only queues work, the micro-batch size limit,
+ * measurement on a backend that only queues work, the datasheet GPU peaks,
+ * the micro-batch size limit,
  * and the metrics log (JSON for non-finite values, escaped names, checked
  * writes, what resume keeps and what it refuses). */
 #include <cjson/cJSON.h>
@@ -57,6 +58,36 @@ static void test_peak_waits_for_the_device(void) {
     olmo_backend_destroy(cpu);
     printf("     measured %.3g FLOP/s on a device that takes %.2fs a product\n", peak, QUEUED_SECONDS);
     check(peak > 0 && peak <= 2 * n * n * n / QUEUED_SECONDS * 1.01, "peak FLOP/s counts the device's time");
+}
+
+/* MFU's datasheet peak by device name and backend precision (train/peak.h). */
+static void test_datasheet_peaks(void) {
+    const struct {
+        const char *device, *backend;
+        double tflops;
+        const char *what;
+    } cases[] = {
+        {"NVIDIA H100 80GB HBM3", "cuda-bf16", 989.4, "datasheet bf16 dense peak of H100 SXM"},
+        {"NVIDIA H100 80GB HBM3", "cuda-bf16-cublas", 989.4, "datasheet bf16 dense peak of H100 SXM"},
+        {"NVIDIA H100 80GB HBM3", "cuda-tf32", 494.7, "datasheet tf32 dense peak of H100 SXM"},
+        {"NVIDIA H100 80GB HBM3", "cuda", 66.9, "datasheet fp32 dense peak of H100 SXM"},
+        {"NVIDIA H100 PCIe", "cuda-bf16", 756.0, "datasheet bf16 dense peak of H100 PCIe"},
+        {"NVIDIA H100 NVL", "cuda-bf16", 835.5, "datasheet bf16 dense peak of H100 NVL"},
+        {"NVIDIA H200", "cuda-bf16", 989.4, "datasheet bf16 dense peak of H200 SXM"},
+        {"NVIDIA H200 NVL", "cuda", 60.0, "datasheet fp32 dense peak of H200 NVL"},
+        {"NVIDIA A100-SXM4-80GB", "cuda-bf16", 312.0, "datasheet bf16 dense peak of A100"},
+        {"NVIDIA A100 80GB PCIe", "cuda-tf32", 156.0, "datasheet tf32 dense peak of A100"},
+        {"NVIDIA GeForce RTX 4090", "cuda-bf16", 0.0, ""},
+        {NULL, "cpu", 0.0, ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char what[160] = "";
+        const double peak = olmo_datasheet_peak_flops(cases[i].device, cases[i].backend, what, sizeof what);
+        char name[200];
+        snprintf(name, sizeof name, "datasheet peak of %s on %s", cases[i].device ? cases[i].device : "the host",
+                 cases[i].backend);
+        check(fabs(peak - cases[i].tflops * 1e12) < 1e6 && (!peak || !strcmp(what, cases[i].what)), name);
+    }
 }
 
 static void tiny_config(struct olmo_config *cfg) {
@@ -190,6 +221,7 @@ int main(void) {
     char dir[] = "/tmp/olmoc_test_run_XXXXXX";
     if (!mkdtemp(dir)) return 1;
     test_peak_waits_for_the_device();
+    test_datasheet_peaks();
     test_micro_batch_must_fit_int();
     test_records(dir);
     test_full_disk();

@@ -34,6 +34,7 @@ static struct {
     bool initialised, usable;
     bool sync_each_launch;
     char why_unusable[256];
+    char device_name[256]; /* the selected device's, "" when CUDA does not say */
 } g_cuda;
 
 /* what up to its first '(': the called function's name, without its arguments */
@@ -344,6 +345,11 @@ static bool cuda_init(void) {
             break;
         }
     }
+    int dev = 0;
+    cudaDeviceProp prop;
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess)
+        snprintf(g_cuda.device_name, sizeof g_cuda.device_name, "%s", prop.name);
+    cudaGetLastError(); /* the name only labels the MFU peak: a failure here is not the run's */
     const char *sync = getenv("OLMOC_CUDA_SYNC");
     g_cuda.sync_each_launch = sync && *sync && strcmp(sync, "0") != 0;
     g_cuda.usable = true;
@@ -402,6 +408,7 @@ extern "C" struct olmo_backend *olmo_backend_cuda_create(enum olmo_cuda_gemm_pre
     }
     const bool bf16 = precision == OLMO_CUDA_BF16 || precision == OLMO_CUDA_BF16_CUBLAS;
     be->name = variant_names[precision];
+    be->device = g_cuda.device_name[0] ? g_cuda.device_name : NULL;
     be->alloc = cu_alloc;
     be->free = cu_free;
     be->mem_stats = cu_mem_stats;

@@ -559,6 +559,18 @@ cudaError_t cudaSetDevice(int device) {
     return cudaSuccess;
 }
 
+cudaError_t cudaGetDevice(int *device) {
+    *device = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
+    if (device != 0) return last_error = cudaErrorInvalidValue;
+    const char *name = getenv("OLMOC_EMU_DEVICE_NAME");
+    snprintf(prop->name, sizeof prop->name, "%s", name && *name ? name : "emulated CUDA device");
+    return cudaSuccess;
+}
+
 cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value) {
     if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || (size_t)value > kOptinSmemLimit)
         return last_error = cudaErrorInvalidValue;

@@ -152,6 +152,12 @@ cudaError_t cudaDeviceSynchronize(void);
 const char *cudaGetErrorString(cudaError_t err);
 cudaError_t cudaGetDeviceCount(int *count);
 cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDevice(int *device);
+struct cudaDeviceProp {
+    char name[256];
+};
+/* name: $OLMOC_EMU_DEVICE_NAME, else "emulated CUDA device" (the tests name a real GPU for the MFU peak). */
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device);
 cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value);
 
 /* ---- bf16 ---- */
