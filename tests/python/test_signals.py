@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 
 from test_cli import builds, olmoc
+
+pytestmark = pytest.mark.slow  # 60 stopped runs and 12 mpirun jobs: about 2 minutes
 from test_reliability import (CONSTANT, MPIRUN, checkpoints, deterministic, mpi_cmd, no_sanitizer_report, rank_pids,
                               records, sanitizer_env, train_args)
 
