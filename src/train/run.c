@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backend/profile.h"
@@ -274,6 +275,8 @@ int olmo_run_open(struct olmo_run *run, const struct olmo_run_options *opts) {
         return olmo_error("a step of %zu instances x train.seq_len %d tokens is more than %d tokens", run->rows,
                           cfg->train.seq_len, INT_MAX);
     if (opts->write_files) {
+        struct stat st;
+        run->created_out_dir = run->leader && stat(cfg->data.out_dir, &st) != 0 && errno == ENOENT;
         if (run->leader && (olmo_make_dirs(cfg->data.out_dir) || lock_out_dir(cfg->data.out_dir, &run->lock_fd) ||
                             prepare_outputs(run)))
             return -1;
@@ -304,7 +307,20 @@ int olmo_run_open(struct olmo_run *run, const struct olmo_run_options *opts) {
     run->step = run->st.step;
     run->tokens = run->st.tokens;
     run->start = run->last = olmo_now_seconds();
+    run->opened = true;
     return 0;
+}
+
+/* A start that failed leaves no out_dir behind that it made itself: the files it wrote there (the lock,
+ * the resolved config, the metrics log) go, then the directory if nothing else is in it. */
+static void remove_failed_start(const struct olmo_run *run) {
+    static const char *const ours[] = {".lock", "config.yaml", "metrics.jsonl"};
+    char path[4200];
+    for (size_t i = 0; i < sizeof ours / sizeof *ours; i++) {
+        snprintf(path, sizeof path, "%s/%s", run->cfg.data.out_dir, ours[i]);
+        unlink(path);
+    }
+    rmdir(run->cfg.data.out_dir);
 }
 
 static int write_record(void *metrics, cJSON *rec) { return olmo_metrics_write(metrics, rec); }
@@ -542,6 +558,7 @@ void olmo_run_close(struct olmo_run *run) {
     olmo_evaluators_close(&run->ev);
     if (run->trainer_ready) olmo_trainer_destroy(&run->tr);
     if (run->loader_ready) olmo_loader_close(&run->loader);
+    if (!run->opened && run->created_out_dir) remove_failed_start(run);
     if (run->lock_fd >= 0) close(run->lock_fd);
     if (run->signals_installed) olmo_signals_release();
     memset(run, 0, sizeof *run);

@@ -84,6 +84,8 @@ struct olmo_run {
     struct olmo_ckpt_state st; /* where the run started */
     char ckpt[4096];           /* the checkpoint it resumed from, or "" */
     int lock_fd;               /* -1: none */
+    bool created_out_dir;      /* this run made data.out_dir: a failed start removes it again */
+    bool opened;               /* olmo_run_open succeeded */
     bool leader;
     FILE *dump;
     int32_t *batch;

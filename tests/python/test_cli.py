@@ -407,3 +407,20 @@ def test_info_prints_floats_as_written(build_dir, tmp_path):
     assert again.returncode == 0, again.stderr
     strip = lambda out: [x for x in out.splitlines() if not x.startswith("#")]  # noqa: E731
     assert strip(again.stdout) == strip(r.stdout)
+
+
+def test_failed_start_removes_the_out_dir_it_made(build_dir, tiny, tmp_path):
+    """A start that fails (here: a missing token file) removes the data.out_dir it created, with its .lock;
+    an out_dir that was there before is kept."""
+    cfg, _ = tiny
+    out = tmp_path / "runs" / "new"
+    r = olmoc(build_dir, "train", cfg, "--set", "data.train_path=/nonexistent/train.npy",
+              "--set", f"data.out_dir={out}")
+    assert r.returncode != 0 and "nonexistent" in r.stderr, r.stderr
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine\n")
+    r = olmoc(build_dir, "train", cfg, "--set", "data.train_path=/nonexistent/train.npy",
+              "--set", f"data.out_dir={kept}")
+    assert r.returncode != 0 and (kept / "notes.txt").read_text() == "mine\n"
