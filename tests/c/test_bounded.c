@@ -31,13 +31,6 @@
 #include "util/error.h"
 #include "util/fs.h"
 
-static void on_alarm(int sig) {
-    (void)sig;
-    static const char msg[] = "FAIL: timed out (a hang, or work that is not bounded)\n";
-    if (write(1, msg, sizeof msg - 1)) _exit(1);
-    _exit(1);
-}
-
 static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -343,11 +336,7 @@ static void test_eval_of_a_live_run(void) {
     olmo_backend_destroy(be);
 }
 
-static const struct {
-    const char *name;
-    void (*fn)(void);
-    unsigned seconds; /* the alarm: far above the case's time with its fix, below it without */
-} tests[] = {
+static const struct check_case tests[] = {
     {"safetensors_colliding_names", test_safetensors_colliding_names, 40},
     {"request_gzip_bomb", test_request_gzip_bomb, 60},
     {"request_lines_64bit", test_request_lines_64bit, 120},
@@ -358,23 +347,5 @@ static const struct {
 
 /* test_bounded [NAME...]: the named cases only (all by default). */
 int main(int argc, char **argv) {
-    snprintf(check_dir, sizeof check_dir, "/tmp/olmoc_test_bounded_XXXXXX");
-    if (!mkdtemp(check_dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    signal(SIGALRM, on_alarm);
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
-        bool run = argc < 2;
-        for (int a = 1; a < argc; a++) run |= !strcmp(argv[a], tests[i].name);
-        if (!run) continue;
-        const int before = failures;
-        alarm(tests[i].seconds);
-        tests[i].fn();
-        alarm(0);
-        printf("%s %s\n", failures == before ? "ok  " : "FAIL", tests[i].name);
-        fflush(stdout);
-    }
-    olmo_remove_tree(check_dir);
-    return check_summary();
+    return check_main("test_bounded", tests, sizeof tests / sizeof tests[0], argc, argv);
 }

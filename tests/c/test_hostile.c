@@ -25,13 +25,6 @@
 #include "eval/evaluate.h"
 #include "util/error.h"
 
-static void on_alarm(int sig) {
-    (void)sig;
-    static const char msg[] = "FAIL: timed out (a hang)\n";
-    if (write(1, msg, sizeof msg - 1)) _exit(1);
-    _exit(1);
-}
-
 /* ---------------------------------------------------------------- token files */
 
 /* Weights whose sum overflows to inf: the per-source counts were NaN-derived
@@ -406,47 +399,23 @@ static void test_sharded_model_refused(void) {
     olmo_backend_destroy(be);
 }
 
-static const struct {
-    const char *name;
-    void (*fn)(void);
-} tests[] = {
-    {"mix_weight_overflow", test_mix_weight_overflow},
-    {"fifo_token_file", test_fifo_token_file},
-    {"token_file_shrinks", test_token_file_shrinks},
-    {"config_yaml_round_trip", test_config_yaml_round_trip},
-    {"config_duplicates", test_config_duplicates},
-    {"config_empty", test_config_empty},
-    {"config_numbers", test_config_numbers},
-    {"config_limits", test_config_limits},
-    {"safetensors_format", test_safetensors_format},
-    {"safetensors_many_tensors", test_safetensors_many_tensors},
-    {"safetensors_f64_message", test_safetensors_f64_message},
-    {"task_file_nul", test_task_file_nul},
-    {"sharded_model_refused", test_sharded_model_refused},
+static const struct check_case tests[] = {
+    {"mix_weight_overflow", test_mix_weight_overflow, 0},
+    {"fifo_token_file", test_fifo_token_file, 0},
+    {"token_file_shrinks", test_token_file_shrinks, 0},
+    {"config_yaml_round_trip", test_config_yaml_round_trip, 0},
+    {"config_duplicates", test_config_duplicates, 0},
+    {"config_empty", test_config_empty, 0},
+    {"config_numbers", test_config_numbers, 0},
+    {"config_limits", test_config_limits, 0},
+    {"safetensors_format", test_safetensors_format, 0},
+    {"safetensors_many_tensors", test_safetensors_many_tensors, 0},
+    {"safetensors_f64_message", test_safetensors_f64_message, 0},
+    {"task_file_nul", test_task_file_nul, 0},
+    {"sharded_model_refused", test_sharded_model_refused, 0},
 };
 
 /* test_hostile [NAME...]: the named cases only (all by default). */
 int main(int argc, char **argv) {
-    snprintf(check_dir, sizeof check_dir, "/tmp/olmoc_test_hostile_XXXXXX");
-    if (!mkdtemp(check_dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    signal(SIGALRM, on_alarm);
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
-        bool run = argc < 2;
-        for (int a = 1; a < argc; a++) run |= !strcmp(argv[a], tests[i].name);
-        if (!run) continue;
-        int before = failures;
-        alarm(30); /* a hang fails the run instead of blocking it */
-        tests[i].fn();
-        alarm(0);
-        printf("%s %s\n", failures == before ? "ok  " : "FAIL", tests[i].name);
-        fflush(stdout);
-    }
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", check_dir);
-    if (system(cmd)) printf("warning: could not remove %s\n", check_dir);
-    printf("%d checks, %d failures\n", checks, failures);
-    return failures ? 1 : 0;
+    return check_main("test_hostile", tests, sizeof tests / sizeof tests[0], argc, argv);
 }

@@ -24,13 +24,6 @@
 #include "util/error.h"
 #include "util/fs.h"
 
-static void on_alarm(int sig) {
-    (void)sig;
-    static const char msg[] = "FAIL: timed out (a hang)\n";
-    if (write(1, msg, sizeof msg - 1)) _exit(1);
-    _exit(1);
-}
-
 static mode_t kind_of(const char *path) {
     struct stat st;
     return lstat(path, &st) ? 0 : (st.st_mode & S_IFMT);
@@ -136,31 +129,12 @@ static void test_stale_tmp(void) {
     CHECK(kind_of(path_of("f.tmp")) == S_IFIFO && !exists(path_of("f")), "FIFO at .tmp changed");
 }
 
-static const struct {
-    const char *name;
-    void (*fn)(void);
-} tests[] = {
-    {"special_outputs_refused", test_special_outputs_refused},
-    {"stale_tmp", test_stale_tmp},
+static const struct check_case tests[] = {
+    {"special_outputs_refused", test_special_outputs_refused, 0},
+    {"stale_tmp", test_stale_tmp, 0},
 };
 
-int main(void) {
-    snprintf(check_dir, sizeof check_dir, "/tmp/olmoc_test_outputs_XXXXXX");
-    if (!mkdtemp(check_dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    signal(SIGALRM, on_alarm);
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
-        int before = failures;
-        alarm(30);
-        tests[i].fn();
-        alarm(0);
-        printf("%s %s\n", failures == before ? "ok  " : "FAIL", tests[i].name);
-        fflush(stdout); /* a hang in the next case exits without flushing */
-    }
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", check_dir);
-    if (system(cmd)) printf("warning: could not remove %s\n", check_dir);
-    return check_summary();
+/* test_outputs [NAME...]: the named cases only (all by default). */
+int main(int argc, char **argv) {
+    return check_main("test_outputs", tests, sizeof tests / sizeof tests[0], argc, argv);
 }

@@ -239,35 +239,15 @@ static void test_npy_messages(void) {
           "long header: %s", olmo_last_error());
 }
 
-static const struct {
-    const char *name;
-    void (*fn)(void);
-} tests[] = {
-    {"config_number_syntax", test_config_number_syntax},
-    {"config_ranges", test_config_ranges},
-    {"config_did_you_mean", test_config_did_you_mean},
-    {"hf_config_strict", test_hf_config_strict},
-    {"npy_messages", test_npy_messages},
+static const struct check_case tests[] = {
+    {"config_number_syntax", test_config_number_syntax, 0},
+    {"config_ranges", test_config_ranges, 0},
+    {"config_did_you_mean", test_config_did_you_mean, 0},
+    {"hf_config_strict", test_hf_config_strict, 0},
+    {"npy_messages", test_npy_messages, 0},
 };
 
 /* test_strict [NAME...]: the named cases only (all by default). */
 int main(int argc, char **argv) {
-    snprintf(check_dir, sizeof check_dir, "/tmp/olmoc_test_strict_XXXXXX");
-    if (!mkdtemp(check_dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
-        bool run = argc < 2;
-        for (int a = 1; a < argc; a++) run |= !strcmp(argv[a], tests[i].name);
-        if (!run) continue;
-        int before = failures;
-        tests[i].fn();
-        printf("%s %s\n", failures == before ? "ok  " : "FAIL", tests[i].name);
-        fflush(stdout);
-    }
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", check_dir);
-    if (system(cmd)) printf("warning: could not remove %s\n", check_dir);
-    return check_summary();
+    return check_main("test_strict", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
