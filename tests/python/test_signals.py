@@ -11,6 +11,7 @@ import concurrent.futures
 import os
 import pathlib
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -221,7 +222,7 @@ def test_stops_under_mpirun_at_random_moments(build_dir, small, tmp_path):
         at = stopped_at(stderr, name)
         assert rc == 128 + sig and sorted(at) == [0, 1] and len(set(at.values())) == 1, (out, rc, stderr)
         n = at[0]
-        assert checkpoints(out) == [f"step-{n:06d}"] and [x["step"] for x in records(out)] == list(range(1, n + 1))
+        assert checkpoints(out)[-1] == f"step-{n:06d}" and [x["step"] for x in records(out)] == list(range(1, n + 1))
         stops.append((out, n))
     print(f"\n{len(results)} mpirun jobs (2 ranks) stopped cleanly after steps {sorted(n for _, n in stops)}")
     last = max(n for _, n in stops) + 2
@@ -238,9 +239,11 @@ def test_stops_under_mpirun_at_random_moments(build_dir, small, tmp_path):
 @pytest.mark.parametrize("delay_ms", [0, 5, 20, 50])
 def test_a_signal_in_the_first_50_ms(build_dir, tmp_path, delay_ms):
     """SIGTERM 0-50 ms after olmoc's main started (it blocks the signals
-    first thing, before any other thread starts), long before the run is set up:
-    the run trains one step, writes step-000001, exits 143, and resumes. On
-    both builds, with nothing leaked."""
+    first thing, before any other thread starts), during start-up on a loaded
+    machine (on an idle one this tiny run may already be a few steps in by
+    50 ms): the run stops at the first step boundary it reaches, writes that
+    step's checkpoint, exits 143, and resumes. On both builds, with nothing
+    leaked."""
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(TINY)
     data = tmp_path / "train.npy"
@@ -258,9 +261,12 @@ def test_a_signal_in_the_first_50_ms(build_dir, tmp_path, delay_ms):
         stdout, stderr = p.communicate(timeout=300)
         assert p.returncode == 128 + signal.SIGTERM, (p.returncode, stderr)
         no_sanitizer_report(stderr)
-        assert f"stopped by SIGTERM after step 1: checkpoint '{out}/step-000001' written" in stderr, stderr
-        assert checkpoints(out) == ["step-000001"] and [x["step"] for x in records(out)] == [1]
-        r = olmoc(build, *run_args(cfg, data, out, 2, "--resume"))
+        stop = re.search(r"stopped by SIGTERM after step (\d+): checkpoint '(.*)' written", stderr)
+        assert stop, stderr
+        n = int(stop.group(1))
+        assert stop.group(2) == f"{out}/step-{n:06d}", stderr
+        assert checkpoints(out)[-1] == f"step-{n:06d}" and [x["step"] for x in records(out)] == list(range(1, n + 1))
+        r = olmoc(build, *run_args(cfg, data, out, n + 1, "--resume"))
         assert r.returncode == 0 and "resumed from" in r.stdout, r.stderr
 
 
