@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config/config.h"
 #include "train/memplan.h"
 
 /* Where an option's help text starts; an option too wide for it puts its
@@ -252,4 +253,10 @@ int olmo_cli_usage_error(const struct olmo_cli_command *c) {
     print_usage(c, stderr);
     fprintf(stderr, "Run 'olmoc %s --help' for the options.\n", c->name);
     return 2;
+}
+
+static int set_one(void *cfg, const char *kv) { return olmo_config_set(cfg, kv); }
+
+int olmo_cli_apply_sets(const struct olmo_cli_list *l, struct olmo_config *cfg) {
+    return olmo_cli_each(l, set_one, cfg);
 }

@@ -78,6 +78,13 @@ int olmo_cli_parse(const struct olmo_cli_command *c, void *args, int argc, char 
 /* Calls fn(ctx, value) for each value of l in order; returns 0, or -1 at
  * the first call that returns nonzero. */
 int olmo_cli_each(const struct olmo_cli_list *l, int (*fn)(void *ctx, const char *value), void *ctx);
+/* --backend's help where a command does not list the backends itself (olmoc train --help does). */
+#define OLMO_CLI_BACKEND_HELP                                                   \
+    "cpu (default), cpu-openblas, cpu-onednn, cpu-bf16, or in a CUDA\n"        \
+    "build cuda, cuda-tf32, cuda-bf16, cuda-bf16-cublas (see olmoc train --help)"
+/* The --set KEY=VALUE overrides of l applied to cfg in order (olmo_config_set); 0, or -1 with the error set. */
+struct olmo_config;
+int olmo_cli_apply_sets(const struct olmo_cli_list *l, struct olmo_config *cfg);
 
 /* The help: usage, about, one entry per option (with -h, --help), epilog. */
 void olmo_cli_help(const struct olmo_cli_command *c, FILE *out);

@@ -62,8 +62,6 @@ static const struct olmo_cli_command convert_command = {
     NULL,
 };
 
-static int set_one(void *cfg, const char *kv) { return olmo_config_set(cfg, kv); }
-
 int cmd_convert(int argc, char **argv) {
     struct convert_args a = {0};
     int status;
@@ -89,7 +87,7 @@ int cmd_convert(int argc, char **argv) {
     }
     if (!to_hf && olmo_hf_config_assumed()[0])
         fprintf(stderr, "olmoc convert: %s/config.json: %s\n", src, olmo_hf_config_assumed());
-    if (olmo_cli_each(&a.sets, set_one, &cfg)) goto fail;
+    if (olmo_cli_apply_sets(&a.sets, &cfg)) goto fail;
     if (olmo_config_validate(&cfg)) goto fail;
     if (!(backend = olmo_backend_create("cpu")) || olmo_model_create(&model, &cfg.model, backend)) goto fail;
     if (olmo_source_load_weights(&source, &model)) goto fail;

@@ -202,8 +202,7 @@ static const struct olmo_cli_option eval_options[] = {
     {.kind = OLMO_CLI_LIST, .name = "--set", .offset = ARG(sets), .metavar = "KEY=VALUE",
      .help = "override a config value (e.g. train.micro_batch, train.seq_len)"},
     {.kind = OLMO_CLI_STRING, .name = "--backend", .offset = ARG(backend_name), .metavar = "NAME",
-     .help = "cpu (default), cpu-openblas, cpu-onednn, cpu-bf16, or in a CUDA\n"
-             "build cuda, cuda-tf32, cuda-bf16, cuda-bf16-cublas (see olmoc train --help)"},
+     .help = OLMO_CLI_BACKEND_HELP},
     {.kind = OLMO_CLI_END},
 };
 #undef ARG
@@ -218,8 +217,6 @@ static const struct olmo_cli_command eval_command = {
     eval_options,
     NULL,
 };
-
-static int set_one(void *cfg, const char *kv) { return olmo_config_set(cfg, kv); }
 
 /* Returns -1 to go on, else the exit code. */
 static int parse_args(int argc, char **argv, struct eval_args *a) {
@@ -251,7 +248,7 @@ int cmd_eval(int argc, char **argv) {
     FILE *scores = NULL;
     struct nonfinite_watch watch = {.json = json};
     if (olmo_source_resolve(src, config_path, &source, &cfg)) goto fail;
-    if (olmo_cli_each(&args.sets, set_one, &cfg)) goto fail;
+    if (olmo_cli_apply_sets(&args.sets, &cfg)) goto fail;
     if (olmo_config_validate(&cfg)) goto fail;
     if (!val && !tasks_arg) { /* nothing named on the command line: what the run evaluated */
         val = cfg.data.val_paths;

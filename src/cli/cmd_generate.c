@@ -100,8 +100,7 @@ static const struct olmo_cli_option generate_options[] = {
     {.kind = OLMO_CLI_LIST, .name = "--set", .offset = ARG(sets), .metavar = "KEY=VALUE",
      .help = "override a config value"},
     {.kind = OLMO_CLI_STRING, .name = "--backend", .offset = ARG(backend_name), .metavar = "NAME",
-     .help = "cpu (default), cpu-openblas, cpu-onednn, cpu-bf16, or in a CUDA\n"
-             "build cuda, cuda-tf32, cuda-bf16, cuda-bf16-cublas (see olmoc train --help)"},
+     .help = OLMO_CLI_BACKEND_HELP},
     {.kind = OLMO_CLI_END},
 };
 #undef ARG
@@ -117,8 +116,6 @@ static const struct olmo_cli_command generate_command = {
     generate_options,
     NULL,
 };
-
-static int set_one(void *cfg, const char *kv) { return olmo_config_set(cfg, kv); }
 
 /* Returns -1 to go on, else the exit code. */
 static int parse_args(int argc, char **argv, struct gen_args *a) {
@@ -204,7 +201,7 @@ int cmd_generate(int argc, char **argv) {
     int n_prompt;
     char tokpath[4200];
     if (olmo_source_resolve(a.src, a.config_path, &source, &cfg)) goto fail;
-    if (olmo_cli_each(&a.sets, set_one, &cfg)) goto fail;
+    if (olmo_cli_apply_sets(&a.sets, &cfg)) goto fail;
     if (olmo_config_validate(&cfg)) goto fail;
     tokenizer_path(&a, &source, &cfg, tokpath, sizeof tokpath);
     const bool text_prompt = !a.ids_text;

@@ -72,8 +72,6 @@ static const struct olmo_cli_command info_command = {
     NULL,
 };
 
-static int set_one(void *cfg, const char *kv) { return olmo_config_set(cfg, kv); }
-
 /* "--data": the training data as olmoc train opens it on `ranks` ranks (l opened by the caller). */
 static void print_data(const struct olmo_config *cfg, int ranks, const struct olmo_loader *l) {
     printf("# data: %zu instances per epoch, %zu in the files, global batch %zu, fingerprint %llu\n", l->n_instances,
@@ -96,7 +94,7 @@ int cmd_info(int argc, char **argv) {
     struct olmo_config cfg;
     olmo_config_defaults(&cfg);
     if (olmo_config_load(&cfg, path)) goto fail;
-    if (olmo_cli_each(&a.sets, set_one, &cfg)) goto fail;
+    if (olmo_cli_apply_sets(&a.sets, &cfg)) goto fail;
     if (olmo_config_validate(&cfg)) {
         /* A memory mode this build does not run yet is still planned (from its design): the rest of
          * the config must be valid. */

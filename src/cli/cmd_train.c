@@ -125,8 +125,6 @@ static const struct olmo_cli_command train_command = {
     "                      (the backend line names the kernels that run)",
 };
 
-static int set_one(void *cfg, const char *kv) { return olmo_config_set(cfg, kv); }
-
 /* Reads the command line into cfg (the config file, then --set) and o.
  * Returns -1 when cmd_train should stop: with *status 0 (--help), 2 (usage)
  * or 1 (an error, in olmo_last_error). */
@@ -141,7 +139,7 @@ static int parse_args(int argc, char **argv, struct olmo_config *cfg, struct olm
     }
     *status = 1;
     o->config_path = a.config;
-    if (olmo_config_load(cfg, o->config_path) || olmo_cli_each(&a.sets, set_one, cfg)) return -1;
+    if (olmo_config_load(cfg, o->config_path) || olmo_cli_apply_sets(&a.sets, cfg)) return -1;
     o->resume = a.resume;
     o->init_optimizer = a.with_optimizer_state;
     o->init_path = a.init;
