@@ -52,73 +52,10 @@ static void task_tokenizer(const struct olmo_task_args *a, const struct olmo_mod
     }
 }
 
-/* Non-finite results: olmo_json_num writes them as null, the only null an evaluation record or a
- * --scores-out line holds, so they are counted as records and score lines go by. */
-struct nonfinite_watch {
-    bool json;          /* print each record on stdout (--json) */
-    long records;       /* null values in the records */
-    char first[300];    /* the first of them, "SET/TASK: KEY" */
-    FILE *scores;       /* the --scores-out file the lines go on to */
-    long score_values;  /* null values written to it */
-    int state;          /* the scanner's: 0 outside strings, 1 in a string, 2 after a backslash in one */
-    int matched;        /* characters of "null" matched so far outside strings */
-};
-
-static long count_nulls(const cJSON *item, const char **first_key) {
-    long n = 0;
-    for (const cJSON *c = item->child; c; c = c->next) {
-        if (cJSON_IsNull(c)) {
-            if (!n && !*first_key) *first_key = c->string ? c->string : "(a list entry)";
-            n++;
-        }
-        n += count_nulls(c, first_key);
-    }
-    return n;
-}
-
-/* Each result record: non-finite values counted, and with --json printed as one line on stdout. */
+/* Each result record: with --json printed as one line on stdout. */
 static int take_record(void *ctx, cJSON *rec) {
-    struct nonfinite_watch *w = ctx;
-    const char *key = NULL;
-    const long n = rec ? count_nulls(rec, &key) : 0;
-    if (n && !w->records) {
-        const cJSON *set = cJSON_GetObjectItemCaseSensitive(rec, "set");
-        const cJSON *task = cJSON_GetObjectItemCaseSensitive(rec, "task");
-        const cJSON *name = cJSON_IsString(set) ? set : task;
-        snprintf(w->first, sizeof w->first, "%s: %s", cJSON_IsString(name) ? name->valuestring : "?", key ? key : "?");
-    }
-    w->records += n;
-    if (!w->json) {
-        cJSON_Delete(rec);
-        return 0;
-    }
+    (void)ctx;
     return olmo_json_write_line(stdout, rec, "the output");
-}
-
-/* The --scores-out stream: the bytes go on to the file, null literals outside strings are counted. */
-static ssize_t scores_write(void *cookie, const char *buf, size_t size) {
-    struct nonfinite_watch *w = cookie;
-    static const char null_word[] = "null";
-    for (size_t i = 0; i < size; i++) {
-        const char ch = buf[i];
-        if (w->state == 2) w->state = 1;
-        else if (w->state == 1) w->state = ch == '\\' ? 2 : ch == '"' ? 0 : 1;
-        else if (ch == '"') w->state = 1, w->matched = 0;
-        else if (ch == null_word[w->matched]) {
-            if (++w->matched == 4) w->score_values++, w->matched = 0;
-        } else {
-            w->matched = ch == 'n';
-        }
-    }
-    const size_t put = fwrite(buf, 1, size, w->scores);
-    return put == size ? (ssize_t)size : -1;
-}
-
-static int scores_close(void *cookie) {
-    struct nonfinite_watch *w = cookie;
-    const int rc = fclose(w->scores);
-    w->scores = NULL;
-    return rc;
 }
 
 struct eval_args {
@@ -246,7 +183,7 @@ int cmd_eval(int argc, char **argv) {
     struct olmo_backend *backend = NULL; /* destroyed after the model */
     struct olmo_evaluators ev = {0};
     FILE *scores = NULL;
-    struct nonfinite_watch watch = {.json = json};
+    struct olmo_eval_check check = {0};
     if (olmo_source_resolve(src, config_path, &source, &cfg)) goto fail;
     if (olmo_cli_apply_sets(&args.sets, &cfg)) goto fail;
     if (olmo_config_validate(&cfg)) goto fail;
@@ -279,12 +216,7 @@ int cmd_eval(int argc, char **argv) {
         olmo_model_reserve(&model, cfg.train.micro_batch, cfg.train.seq_len))
         goto fail;
     if (source.note[0]) fprintf(stderr, "note: %s\n", source.note); /* a live run's checkpoint rotated away */
-    if (scores_path && !(watch.scores = fopen(scores_path, "w"))) {
-        olmo_error("cannot write '%s': %s", scores_path, strerror(errno));
-        goto fail;
-    }
-    if (watch.scores &&
-        !(scores = fopencookie(&watch, "w", (cookie_io_functions_t){.write = scores_write, .close = scores_close}))) {
+    if (scores_path && !(scores = fopen(scores_path, "w"))) {
         olmo_error("cannot write '%s': %s", scores_path, strerror(errno));
         goto fail;
     }
@@ -298,8 +230,8 @@ int cmd_eval(int argc, char **argv) {
         .pad_id = olmo_eval_pad_id(&cfg.model),
     };
     const struct olmo_eval_sink out = {
-        .step = -1, .text = json ? NULL : stdout, .progress = stderr, .scores = scores, .record = take_record,
-        .ctx = &watch};
+        .step = -1, .text = json ? NULL : stdout, .progress = stderr, .scores = scores,
+        .record = json ? take_record : NULL, .check = &check};
     if (olmo_eval_run(&model, &ev, &settings, &out)) goto fail;
     if (scores && fclose(scores)) {
         scores = NULL;
@@ -307,17 +239,17 @@ int cmd_eval(int argc, char **argv) {
         goto fail;
     }
     scores = NULL;
-    if (watch.records || watch.score_values) { /* results were written; they are not a valid evaluation */
+    if (check.values || check.logprobs) { /* results were written; they are not a valid evaluation */
         fflush(stdout);
-        if (watch.records)
+        if (check.values)
             olmo_error("the evaluation is not finite: %ld result value%s NaN or infinite (written as null; the first, "
                        "%s); the model's outputs are not finite",
-                       watch.records, watch.records == 1 ? " is" : "s are", watch.first);
+                       check.values, check.values == 1 ? " is" : "s are", check.first);
         else
-            olmo_error("the evaluation is not finite: %ld log-likelihood%s in '%s' %s NaN or infinite (written as "
-                       "null); the model's outputs are not finite",
-                       watch.score_values, watch.score_values == 1 ? "" : "s", scores_path,
-                       watch.score_values == 1 ? "is" : "are");
+            olmo_error("the evaluation is not finite: %ld log-likelihood%s NaN or infinite (the first, %s%s%s); "
+                       "the model's outputs are not finite",
+                       check.logprobs, check.logprobs == 1 ? " is" : "s are", check.first,
+                       scores_path ? "; written as null in " : "", scores_path ? scores_path : "");
         goto fail;
     }
     olmo_evaluators_close(&ev);
@@ -327,7 +259,6 @@ int cmd_eval(int argc, char **argv) {
 fail:
     fprintf(stderr, "olmoc eval: %s\n", olmo_last_error());
     if (scores) fclose(scores);
-    else if (watch.scores) fclose(watch.scores);
     olmo_evaluators_close(&ev);
     olmo_model_destroy(&model);
     olmo_backend_destroy(backend);

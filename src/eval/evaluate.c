@@ -544,6 +544,8 @@ int olmo_mc_eval(struct olmo_model *m, const struct olmo_mc_task *t, int pad_id,
         if (!rc) olmo_eval_progress_tick(progress, first + nb, total_rows);
     }
     int correct = 0, correct_tok = 0;
+    r->nonfinite = 0;
+    for (k = 0; k < total_rows && !rc; k++) r->nonfinite += !isfinite(lp[k]);
     k = 0;
     for (int i = 0; i < t->n && !rc; i++) {
         const struct olmo_mc_example *e = &t->ex[i];

@@ -127,6 +127,7 @@ void olmo_mc_tasks_free(struct olmo_mc_task *tasks, int n);
 struct olmo_mc_result {
     int n;
     double acc, acc_per_token;
+    int nonfinite; /* choices whose log-likelihood is NaN or infinite */
 };
 
 /* Scores every example with the model (reserved as batch x seq_len rows).

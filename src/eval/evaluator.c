@@ -87,14 +87,47 @@ static cJSON *new_record(const char *type, const struct olmo_eval_sink *out) {
     return rec;
 }
 
-static int emit(const struct olmo_eval_sink *out, cJSON *rec) {
+static long count_nulls(const cJSON *item, const char **first_key) {
+    long n = 0;
+    for (const cJSON *c = item->child; c; c = c->next) {
+        if (cJSON_IsNull(c)) {
+            if (!n && !*first_key) *first_key = c->string ? c->string : "(a list entry)";
+            n++;
+        }
+        n += count_nulls(c, first_key);
+    }
+    return n;
+}
+
+/* n values of the set or task named by rec are not finite; what names the first is key */
+static void note_nonfinite(struct olmo_eval_check *check, const cJSON *rec, const char *key) {
+    if (!check->values && !check->logprobs) {
+        const cJSON *set = cJSON_GetObjectItemCaseSensitive(rec, "set");
+        const cJSON *task = cJSON_GetObjectItemCaseSensitive(rec, "task");
+        const cJSON *name = cJSON_IsString(set) ? set : task;
+        snprintf(check->first, sizeof check->first, "%s: %s", cJSON_IsString(name) ? name->valuestring : "?", key);
+    }
+}
+
+/* rec to the sink; its null values (what was not finite) and logprobs non-finite log-likelihoods counted */
+static int emit_counted(const struct olmo_eval_sink *out, cJSON *rec, long logprobs) {
     if (!rec) return olmo_error("out of memory building an evaluation record");
+    if (out->check) {
+        const char *key = NULL;
+        const long n = count_nulls(rec, &key);
+        if (n) note_nonfinite(out->check, rec, key ? key : "?");
+        else if (logprobs) note_nonfinite(out->check, rec, "a log-likelihood");
+        out->check->values += n;
+        out->check->logprobs += logprobs;
+    }
     if (!out->record) {
         cJSON_Delete(rec);
         return 0;
     }
     return out->record(out->ctx, rec);
 }
+
+static int emit(const struct olmo_eval_sink *out, cJSON *rec) { return emit_counted(out, rec, 0); }
 
 /* A set in documents mode: OLMo-core's LM evaluator, its metric names. */
 static int eval_documents(struct olmo_model *m, const struct olmo_val_set *set, const struct olmo_eval_settings *s,
@@ -178,7 +211,7 @@ static int eval_mc(struct olmo_model *m, const struct olmo_mc_task *t, const str
     olmo_json_add_num(rec, "acc", "%.17g", r.acc);
     olmo_json_add_num(rec, "acc_per_token", "%.17g", r.acc_per_token);
     olmo_json_add_int(rec, "n", r.n);
-    return emit(out, rec);
+    return emit_counted(out, rec, r.nonfinite);
 }
 
 /* Each instance's continuation log-likelihood, one JSON line each. */
@@ -208,6 +241,8 @@ static int eval_olmo_task(struct olmo_model *m, const struct olmo_eval_task *t, 
         free(lp);
         return -1;
     }
+    long nonfinite = 0;
+    for (int k = 0; k < t->n; k++) nonfinite += !isfinite(lp[k]);
     free(lp);
     if (out->text && out->step < 0) {
         olmo_eval_result_print(out->text, t->name, &r, false);
@@ -219,7 +254,7 @@ static int eval_olmo_task(struct olmo_model *m, const struct olmo_eval_task *t, 
     cJSON *rec = new_record("downstream", out);
     cJSON_AddStringToObject(rec, "task", t->name);
     olmo_eval_result_add_json(rec, &r);
-    return emit(out, rec);
+    return emit_counted(out, rec, nonfinite);
 }
 
 int olmo_eval_run(struct olmo_model *m, const struct olmo_evaluators *ev, const struct olmo_eval_settings *s,

@@ -68,6 +68,13 @@ struct olmo_eval_settings {
     int pad_id;       /* olmo_eval_pad_id */
 };
 
+/* Values that are not finite: a model whose outputs are NaN or infinite gives no valid evaluation. */
+struct olmo_eval_check {
+    long values;     /* result values that are not finite (null in their records) */
+    long logprobs;   /* per-choice or per-request log-likelihoods that are not finite */
+    char first[300]; /* the first of them: "SET-or-TASK: KEY" */
+};
+
 struct olmo_eval_sink {
     /* >= 0: the in-loop evaluation after this training step: records carry
      * "step" after "type", text lines are progress lines ("eval step N | ...")
@@ -82,6 +89,7 @@ struct olmo_eval_sink {
     /* Takes each record (ownership passes); nonzero stops the evaluation.  NULL: records are dropped. */
     int (*record)(void *ctx, cJSON *rec);
     void *ctx;
+    struct olmo_eval_check *check; /* counts what is not finite; NULL: nothing counted */
 };
 
 /* Evaluates m (reserved as micro_batch x seq_len) on every set and task of ev. */

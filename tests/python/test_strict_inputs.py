@@ -89,7 +89,11 @@ def test_nonfinite_evaluation_fails_with_valid_json(build_dir, tiny, tmp_path): 
         assert lines and any(None in line["logprobs"] for line in lines), lines[:2]
         # the token-id task alone: its accuracy is finite, its log-likelihoods are not
         r = olmoc(build, "eval", w, "--config", cfg, "--task", TASK, "--scores-out", scores)
-        assert r.returncode == 1 and "log-likelihoods in" in r.stderr and "are NaN or infinite" in r.stderr, r.stderr
+        assert r.returncode == 1 and "log-likelihoods are NaN or infinite" in r.stderr, r.stderr
+        assert f"written as null in {scores}" in r.stderr, r.stderr
+        # ... and without --scores-out, where no null is written anywhere: the evaluator counts them
+        r = olmoc(build, "eval", w, "--config", cfg, "--task", TASK)
+        assert r.returncode == 1 and "log-likelihoods are NaN or infinite" in r.stderr, r.stdout + r.stderr
         # a finite model: exit 0 (null inside a name, quoted and escaped in the JSON, is not a value)
         task = tmp_path / 'say "null" \\ null.jsonl'
         task.write_bytes(TASK.read_bytes())
