@@ -266,22 +266,35 @@ int olmo_ckpt_find_latest(const char *out_dir, char *buf, size_t n) {
     return found;
 }
 
-int olmo_ckpt_retain(const char *out_dir, int keep) {
-    /* Temporaries of an interrupted save are never valid checkpoints. */
+int olmo_ckpt_clean_stale(const char *out_dir) {
     DIR *d = opendir(out_dir);
-    if (d) {
-        struct dirent *e;
-        int rc = 0;
-        while (!rc && (e = readdir(d))) {
-            if (parse_step_name(e->d_name, CKPT_TMP_PREFIX) < 0 && parse_step_name(e->d_name, CKPT_OLD_PREFIX) < 0)
+    if (!d) return 0;
+    struct dirent *e;
+    int rc = 0;
+    while (!rc && (e = readdir(d))) {
+        const long tmp_step = parse_step_name(e->d_name, CKPT_TMP_PREFIX);
+        const long old_step = parse_step_name(e->d_name, CKPT_OLD_PREFIX);
+        if (tmp_step < 0 && old_step < 0) continue;
+        char path[4096], final[4096];
+        snprintf(path, sizeof path, "%s/%s", out_dir, e->d_name);
+        if (old_step >= 0) {
+            /* moved aside for a new checkpoint of the same step: stale once that one is in place; without it,
+             * the only complete copy of the step (a save killed between its two renames) */
+            snprintf(final, sizeof final, "%s/" CKPT_PREFIX "%06ld", out_dir, old_step);
+            if (!olmo_is_dir(final)) {
+                fprintf(stderr, "note: '%s' is the complete checkpoint of step %ld that an interrupted save moved "
+                                "aside: rename it to '%s' to use it\n", path, old_step, final);
                 continue;
-            char path[4096];
-            snprintf(path, sizeof path, "%s/%s", out_dir, e->d_name);
-            rc = olmo_remove_tree(path);
+            }
         }
-        closedir(d);
-        if (rc) return rc;
+        rc = olmo_remove_tree(path);
     }
+    closedir(d);
+    return rc;
+}
+
+int olmo_ckpt_retain(const char *out_dir, int keep) {
+    if (olmo_ckpt_clean_stale(out_dir)) return -1;
     if (keep <= 0) return 0;
     long *steps;
     int count;

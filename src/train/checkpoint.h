@@ -97,6 +97,10 @@ int olmo_ckpt_load_weights_file(const char *path, struct olmo_trainer *tr);
 int olmo_ckpt_export_weights(const struct olmo_trainer *tr, const char *path);
 /* Removes all but the newest `keep` checkpoints (keep 0: remove none), and stale temporaries. */
 int olmo_ckpt_retain(const char *out_dir, int keep);
+/* Removes what interrupted saves left in out_dir: .tmp-step-* directories (never complete checkpoints) and
+ * .old-step-N ones whose step-N is in place (a lone .old-step-N, the only copy of its step, is kept with a
+ * note on stderr).  Rank 0, with out_dir locked: at a run's start and after each save (olmo_ckpt_retain). */
+int olmo_ckpt_clean_stale(const char *out_dir);
 /* Restores a loader's position; fails when the checkpoint was written
  * reading other data (the fingerprint differs). */
 int olmo_ckpt_seek_loader(struct olmo_loader *l, const struct olmo_ckpt_state *st);

@@ -191,11 +191,13 @@ static const char *weights_path(const struct olmo_run *run, char *buf, size_t n)
 
 /* Before any work (rank 0): a weights output that is a device or FIFO is
  * refused now rather than after training, and the .tmp files a killed run
- * left beside this run's outputs are removed. */
+ * left beside this run's outputs, and its incomplete checkpoints, are removed. */
 static int prepare_outputs(struct olmo_run *run) {
     char path[4200];
     const char *save = weights_path(run, path, sizeof path);
-    if (olmo_check_output(save, "weights file") || olmo_remove_stale_tmp(save)) return -1;
+    if (olmo_check_output(save, "weights file") || olmo_remove_stale_tmp(save) ||
+        olmo_ckpt_clean_stale(run->cfg.data.out_dir))
+        return -1;
     static const char *const own[] = {"model.safetensors", "metrics.jsonl"}; /* out_dir is locked: ours */
     for (int i = 0; i < 2; i++) {
         snprintf(path, sizeof path, "%s/%s", run->cfg.data.out_dir, own[i]);

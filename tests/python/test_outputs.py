@@ -201,3 +201,24 @@ def test_train_start_removes_stale_tmp(build_dir, tiny, tmp_path):
             assert p.returncode == -signal.SIGKILL, err
             assert not any(s.exists() for s in watched), [s.name for s in watched if s.exists()]
             (out / "metrics.jsonl").unlink(missing_ok=True)
+
+
+def test_train_start_removes_incomplete_checkpoints(build_dir, tiny, tmp_path):
+    """A save killed before its rename leaves .tmp-step-N/ (never a complete checkpoint): the next start
+    removes it, not only the next save (before, a run that saved no checkpoint kept it forever).  A
+    .old-step-N/ (a same-step checkpoint moved aside) goes once step-N/ is in place; a lone one, the only
+    copy of its step, is kept with a note."""
+    cfg, data = tiny
+    for build in builds(build_dir):
+        out = tmp_path / f"run-{build.name}"
+        stale, replaced, lone = out / ".tmp-step-000003", out / ".old-step-000002", out / ".old-step-000007"
+        for d in (stale, replaced, lone, out / "step-000002"):
+            d.mkdir(parents=True)
+            (d / "model.safetensors").write_bytes(b"\0" * 64)
+        r = olmoc(build, "train", cfg, "--set", f"data.train_path={data}", "--set", f"data.out_dir={out}",
+                  "--set", "train.steps=1", "--set", "train.save_every=1000", "--save", tmp_path / "w.st")
+        # the start refuses to overwrite step-000002 without --resume, after the clean-up
+        assert r.returncode == 1 and "already holds checkpoint" in r.stderr, r.stderr
+        assert not stale.exists() and not replaced.exists(), sorted(p.name for p in out.iterdir())
+        assert lone.exists() and f"'{lone}' is the complete checkpoint of step 7" in r.stderr, r.stderr
+
