@@ -810,6 +810,11 @@ int olmo_config_write(const struct olmo_config *cfg, const char *path) {
         free(abs);
         return olmo_error_context("writing '%s'", path);
     }
+    /* a FIFO there would block the writer; a device would be written through */
+    if (olmo_check_output(path, "config")) {
+        free(abs);
+        return -1;
+    }
     FILE *fp = fopen(path, "w");
     if (!fp) {
         free(abs);

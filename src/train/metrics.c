@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "util/error.h"
@@ -224,6 +225,12 @@ int olmo_metrics_open(struct olmo_metrics *m, const char *path, long keep_throug
     if (!path) return 0;
     snprintf(m->path, sizeof m->path, "%s", path);
     if (truncate_log(path, keep_through, log)) return -1;
+    /* a device such as /dev/null takes the records; a FIFO would block the run until read, a directory or
+     * socket cannot be appended to */
+    struct stat st;
+    if (!stat(path, &st) && !S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode))
+        return olmo_error("the metrics log '%s' is a %s, not a regular file: remove it or choose another data.out_dir",
+                          path, S_ISFIFO(st.st_mode) ? "FIFO" : S_ISDIR(st.st_mode) ? "directory" : "special file");
     if (!(m->f = fopen(path, "a"))) return olmo_error("cannot open '%s': %s", path, strerror(errno));
     return 0;
 }

@@ -222,3 +222,22 @@ def test_train_start_removes_incomplete_checkpoints(build_dir, tiny, tmp_path):
         assert not stale.exists() and not replaced.exists(), sorted(p.name for p in out.iterdir())
         assert lone.exists() and f"'{lone}' is the complete checkpoint of step 7" in r.stderr, r.stderr
 
+
+def test_train_refuses_a_fifo_for_its_config_or_metrics(build_dir, tiny, tmp_path):
+    """A FIFO as out_dir/config.yaml or out_dir/metrics.jsonl blocked the run forever (opening it for
+    writing waits for a reader): now refused at the start, naming it."""
+    cfg, data = tiny
+    for build in builds(build_dir):
+        for name, words in (("config.yaml", "config"), ("metrics.jsonl", "metrics log")):
+            out = tmp_path / f"{build.name}-{name}"
+            out.mkdir()
+            os.mkfifo(out / name)
+            try:
+                r = subprocess.run([str(build / "olmoc"), "train", str(cfg), "--set", f"data.train_path={data}",
+                                    "--set", f"data.out_dir={out}", "--set", "train.steps=1"],
+                                   capture_output=True, text=True, timeout=120)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"a FIFO as {name} blocked the run")
+            assert r.returncode == 1, r.stderr
+            assert words in r.stderr and "FIFO" in r.stderr and str(out / name) in r.stderr, r.stderr
+            assert kind(out / name) == stat.S_IFIFO
