@@ -151,8 +151,8 @@ int olmo_ckpt_save(const char *out_dir, const struct olmo_trainer *tr, const str
         static const char *const names[] = {"model.safetensors", "optim.safetensors", "config.yaml"};
         struct written files[3] = {{0}};
         const int q_w = Q_MASTER, q_mv[2] = {Q_M, Q_V};
-        rc = path_join(path, sizeof path, tmp, names[0]) || ckpt_write_gathered(tr, &q_w, 1, false, path, &files[0]) ||
-             path_join(path, sizeof path, tmp, names[1]) || ckpt_write_gathered(tr, q_mv, 2, true, path, &files[1]) ||
+        rc = path_join(path, sizeof path, tmp, names[0]) || ckpt_write_gathered(tr, &q_w, 1, NULL, path, &files[0]) ||
+             path_join(path, sizeof path, tmp, names[1]) || ckpt_write_gathered(tr, q_mv, 2, st, path, &files[1]) ||
              finish_save(out_dir, tmp, final, old, tr, st, names, files, 3, NULL, NULL, 1);
         if (rc) goto fail;
     } else {

@@ -139,7 +139,8 @@ static int declare_quantity(struct olmo_st_writer *w, const struct olmo_model *m
 /* A safetensors file of whole tensors (Hugging Face names) gathered from every
  * rank's shard: the weights (q_list {Q_MASTER}) or the optimizer moments
  * ({Q_M, Q_V} and "step").  Collective; root writes path. */
-int ckpt_write_gathered(const struct olmo_trainer *tr, const int *q_list, int n_q, bool with_step, const char *path,
+int ckpt_write_gathered(const struct olmo_trainer *tr, const int *q_list, int n_q, const struct olmo_ckpt_state *st,
+                        const char *path,
                         struct written *out) {
     const bool root = rank_of(tr->dist) == 0;
     struct piece_table t;
@@ -152,6 +153,12 @@ int ckpt_write_gathered(const struct olmo_trainer *tr, const int *q_list, int n_
     gb.send = malloc(CHUNK_FLOATS * sizeof(float));
     if (root) gb.out = malloc(CHUNK_FLOATS * sizeof(float));
     if (!gb.send || (root && !gb.out)) rc = olmo_error("out of memory writing '%s'", path);
+    const bool with_step = st != NULL;
+    if (root && !rc && st) { /* the run state, under the content hash, as a shard records it */
+        char *state = ckpt_state_record(st);
+        rc = !state || olmo_st_writer_set_metadata(&w, "state", state);
+        free(state);
+    }
     if (root && !rc) {
         for (int k = 0; k < n_q && !rc; k++) rc = declare_quantity(&w, &tr->model, q_list[k]);
         int64_t one = 1;
@@ -177,6 +184,6 @@ int ckpt_write_gathered(const struct olmo_trainer *tr, const int *q_list, int n_
 int olmo_ckpt_export_weights(const struct olmo_trainer *tr, const char *path) {
     const int q = Q_MASTER;
     struct written wr;
-    int rc = ckpt_write_gathered(tr, &q, 1, false, path, &wr);
+    int rc = ckpt_write_gathered(tr, &q, 1, NULL, path, &wr);
     return ckpt_agree(tr->dist, rc, "writing the weights");
 }

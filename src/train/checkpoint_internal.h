@@ -124,10 +124,11 @@ struct written {
 /* ---- writing (checkpoint_export.c, checkpoint_state.c) ---- */
 
 /* A safetensors file of whole tensors (Hugging Face names) gathered from every
- * rank's shard: the weights (q_list {Q_MASTER}) or the optimizer moments
- * ({Q_M, Q_V} and "step").  Collective; root writes path. */
-int ckpt_write_gathered(const struct olmo_trainer *tr, const int *q_list, int n_q, bool with_step, const char *path,
-                        struct written *out);
+ * rank's shard: the weights (q_list {Q_MASTER}; st NULL) or the optimizer
+ * moments ({Q_M, Q_V}; with st: "step", and the run state recorded in its
+ * __metadata__ as a shard records it).  Collective; root writes path. */
+int ckpt_write_gathered(const struct olmo_trainer *tr, const int *q_list, int n_q, const struct olmo_ckpt_state *st,
+                        const char *path, struct written *out);
 /* state.json.  files: the whole-tensor files (version 1) and config.yaml;
  * shards (version 2, NULL otherwise): one record per rank, as gathered:
  * bytes, hash, n_local, n_ranges, then n_ranges x (global, local, len). */

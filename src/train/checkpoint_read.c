@@ -176,10 +176,20 @@ static int check_shard_record(const struct manifest *mf, int r, const struct olm
     return ckpt_check_state_record(mf, f, path);
 }
 
-/* The records of the shards marked needed agree with state.json: checked
- * once their hashes are, after the checks of state.json's own consistency
- * (their messages are the more specific ones). */
+/* The records of the shards (version 2) or of optim.safetensors (version 1)
+ * marked needed agree with state.json: checked once their hashes are, after
+ * the checks of state.json's own consistency (their messages are the more
+ * specific ones). */
 int ckpt_check_records(const struct manifest *mf) {
+    for (int i = 0; mf->version == 1 && i < mf->n_files; i++) { /* optim.safetensors records the run state */
+        if (!mf->files[i].need || strcmp(mf->files[i].name, "optim.safetensors")) continue;
+        char path[4096];
+        struct olmo_st_file f;
+        if (file_path(mf, i, path, sizeof path) || olmo_st_open(&f, path)) return -1;
+        const int rc = ckpt_check_state_record(mf, &f, path);
+        olmo_st_close(&f);
+        if (rc) return -1;
+    }
     for (int r = 0; mf->version == 2 && r < mf->world; r++) {
         if (!mf->files[mf->shards[r].file].need) continue;
         char path[4096];

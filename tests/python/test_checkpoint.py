@@ -178,6 +178,20 @@ def test_resume_rules_and_errors(build_dir, tiny, tmp_path):
             r = olmoc(build, "eval", bad, "--val", data)
             assert r.returncode == 1 and message in r.stderr, (name, r.stderr)
 
+    # an edit of state.json that keeps the loader's epoch, position and tokens consistent with each other
+    # (one step further on) was accepted: optim.safetensors records the run state under its content hash
+    def one_step_on(d):
+        st = json.loads((d / "state.json").read_text())
+        per_step = st["tokens"] // st["step"], st["loader"]["pos"] // st["step"]
+        st["tokens"] += per_step[0]
+        st["loader"]["pos"] += per_step[1]
+        (d / "state.json").write_text(json.dumps(st))
+    bad = corrupted("consistent", one_step_on)
+    for build in builds(build_dir):
+        r = olmoc(build, *train_args(cfg, data, tmp_path / "o3", *base, "--resume-from", bad))
+        assert r.returncode == 1 and "state.json is inconsistent with its files: it says tokens = 768" in r.stderr \
+            and "optim.safetensors' (under the content hash) records 640" in r.stderr, r.stderr
+
 
 M64 = (1 << 64) - 1
 
