@@ -249,6 +249,7 @@ compare_losses() {
 
 RUNS="${TMPDIR:-/tmp}/olmoc-gpu-check" # checkpoints stay out of the logs archive
 step_cli() {
+  [ "$DRY" = 1 ] && { note "SKIP  cli: compares cpu with cuda (no dry run)"; return 0; }
   if [ ! -f data/demo/validation.npy ]; then
     note "SKIP  cli: data/demo/validation.npy is missing (scripts/setup.sh builds it; carry it)"; return 0
   fi
