@@ -1,47 +1,54 @@
 #!/usr/bin/env bash
-# The CUDA backend's checks that need a GPU, in one go:
-#   1. build with CUDA (sm_90 = H100/H200 by default; CUDA_ARCH=80 for A100), or use a
-#      build made elsewhere (--skip-build; scripts/gpu_bundle.sh makes gpu-bundle/ for a
-#      machine without our Debian libraries);
-#   2. backend parity: every op and a few training steps of two tiny models on the
-#      CPU backend vs cuda (fp32), cuda-tf32, cuda-bf16 and cuda-bf16-cublas, with the
-#      tolerances of tests/c/test_backend_parity.c, plus bitwise run-to-run reproducibility;
-#   3. the command line on the GPU (needs data/demo/validation.npy): 6 steps of
-#      configs/olmo3-1m-8k.yaml through `olmoc train` on cpu and on cuda must give the same
-#      losses (1e-4 relative), and `olmoc generate` runs on both (greedy tokens compared);
-#   4. training throughput of configs/olmo3-1b.yaml (Olmo 3 1B, seq_len 8192) on
-#      cuda-bf16, cuda-bf16-cublas, cuda-tf32 and cuda (fp32): tokens/s, model TFLOP/s, MFU
-#      against the H200 bf16 dense peak (989.4 TFLOP/s) and against the precision's own peak;
-#      then one more step with every op timed (time per op, GFLOP/s of each GEMM shape and of
-#      attention: where the time goes);
-#   5. the memory plan (olmoc info --ranks 1 --backend cuda-bf16) against the backend's counted
-#      peak (OLMOC_MEMSTATS=1) and nvidia-smi's memory.used, 3 steps of configs/olmo3-1b.yaml
-#      with bf16 saved activations per activation-checkpointing mode, and fully sharded on one
-#      rank (its block gathers on the side stream; its losses against the unsharded run's)
-#      (needs data/demo/validation.npy).
+# The CUDA backend's checks that need a GPU, as named steps (step_NAME below):
+#   facts          the device: GPU, memory (nvidia-smi), driver, CUDA, cuDNN and NCCL versions and the
+#                  libraries' paths (cuDNN and NCCL: the ones PyTorch's wheel ships, found under its
+#                  site-packages nvidia/ folders; put on LD_LIBRARY_PATH for the later steps)
+#   build          cmake with CUDA (sm_90 = H100/H200 by default; CUDA_ARCH=80 for A100), unless
+#                  --skip-build (a build made elsewhere: scripts/gpu_bundle.sh makes gpu-bundle/)
+#   parity         every op and a few training steps of two tiny models on the CPU backend vs each
+#                  CUDA variant, with the tolerances of tests/c/test_backend_parity.c, plus bitwise
+#                  run-to-run reproducibility (OLMOC_CUDA_SYNC=1: a fault is reported at its op)
+#   sanitize       (--sanitize) compute-sanitizer memcheck and racecheck on the quick parity test
+#   cli            6 steps of configs/olmo3-1m-8k.yaml through `olmoc train` on cpu and on cuda (same
+#                  losses within 1e-4) and `olmoc generate` on both (needs data/demo/validation.npy)
+#   memplan        the memory plan (olmoc info --ranks 1, device memory from nvidia-smi) against the
+#                  counted peak (OLMOC_MEMSTATS=1) and nvidia-smi's memory.used: 3 steps of
+#                  configs/olmo3-1b.yaml per activation-checkpointing mode and fully sharded on one
+#                  rank, whose losses must be the unsharded run's (needs data/demo/validation.npy)
+#   bench          throughput of configs/olmo3-1b.yaml (seq_len 8192, one sequence per step): tokens/s,
+#                  model TFLOP/s, MFU, then one step with every op timed (the per-op profile, GEMM and
+#                  attention TFLOP/s); with --quick on cuda-bf16 only, and its counted peak is checked
+#                  against the memory plan (the memplan step's check on the measured run itself)
+#   sdpa           PyTorch SDPA (cuDNN, flash, memory-efficient backends) forward + backward at the 1B's
+#                  attention shape: the attention ceiling (bench/sdpa_ceiling.py)
+#   anchor         OLMo-core 3.0.0 training its Olmo 3 1B on the same GPU, seq_len 8192, micro-batch 1,
+#                  bf16 (bench/olmo_core_anchor.py; eager, then torch.compile): tokens/s and MFU counted
+#                  as olmoc counts them; its wheels come from BUILD/wheels when it is not installed
+#   table          GPU | olmoc tok/s, MFU | OLMo-core tok/s, MFU | ratio | attention TFLOP/s olmoc vs
+#                  PyTorch's best | parity | memory plan vs peak
 #
-# usage: scripts/gpu_check.sh [--build-dir DIR] [--skip-build] [--bench-steps N] [--no-bench]
-#                             [--sanitize]
-#   --skip-build   use an existing build in DIR (default build-gpu); DIR/env.sh is sourced
-#                  when present (gpu-bundle/env.sh puts its libraries on LD_LIBRARY_PATH)
-#   --sanitize     also run compute-sanitizer memcheck and racecheck on the quick parity test
-# environment: CUDA_ARCH (default 90), JOBS (default nproc), OUT (where summary.txt and
-#              logs.tar.gz go; the logs themselves are in gpu_check_logs/),
-#              GPU_CHECK_DRY_RUN=1 (go through the stages without a GPU).  Every stage has a
-#              time limit; the whole run is meant to fit in about 8 minutes on one H200.
-# On a GPU machine where nothing can be installed (built elsewhere with gpu_bundle.sh):
-#   build machine: bash scripts/setup.sh && bash scripts/gpu_bundle.sh
-#   GPU machine:   with gpu-bundle/ and data/demo/validation.npy copied into the checkout,
-#                  bash scripts/gpu_check.sh --skip-build --build-dir gpu-bundle   (under 9 minutes)
-# Exit status: 0 when every stage passed.
+# usage: scripts/gpu_check.sh [--quick] [--dry-run] [--steps a,b,...] [--build-dir DIR] [--skip-build]
+#                             [--bench-steps N] [--no-bench] [--sanitize]
+#   (no flag)      the full check: facts build parity cli memplan bench table (about 8 minutes on an H200)
+#   --quick        facts parity(cuda-bf16) bench(cuda-bf16, + memory plan) sdpa anchor table, within
+#                  QUICK_BUDGET seconds (default 280): each step has its own time limit, the anchor
+#                  (last) gets what is left; implies --skip-build
+#   --steps LIST   these steps only, in this order
+#   --dry-run      no GPU: the same steps on this machine's CPU build (DIR default build): parity on the
+#                  emulated CUDA backend (tests/test_backend_parity_emu), bench/memplan with
+#                  configs/olmo3-1m-8k.yaml on cpu-bf16, the anchor and SDPA in their --tiny sizes
+#   --skip-build   use the build in DIR (default build-gpu); DIR/env.sh is sourced when present
+# environment: CUDA_ARCH (default 90), JOBS (default nproc), PYTHON (default python3, or .venv/bin/python),
+#   OUT: summary.txt there gets every result line as it is produced (a stopped run keeps what it
+#   measured), steps.log each step's output, table.txt the final table, logs.tar.gz all logs at the end.
+# On a GPU machine where nothing can be installed: build machine `bash scripts/gpu_bundle.sh`, then on the
+#   GPU machine (gpu-bundle/ carried along) `bash scripts/gpu_check.sh --quick --build-dir gpu-bundle`.
+#   The device tool's command is in src/backend/cuda/README.md.
+# Exit status: 0 when every step passed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
-BUILD=build-gpu
-SKIP_BUILD=0
-BENCH_STEPS=4
-BENCH=1
-SANITIZE=0
+BUILD="" SKIP_BUILD=0 BENCH_STEPS=4 BENCH=1 SANITIZE=0 QUICK=0 DRY=${GPU_CHECK_DRY_RUN:-0} STEPS=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) BUILD="$2"; shift 2 ;;
@@ -49,85 +56,188 @@ while [ $# -gt 0 ]; do
     --bench-steps) BENCH_STEPS="$2"; shift 2 ;;
     --no-bench) BENCH=0; shift ;;
     --sanitize) SANITIZE=1; shift ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    --quick) QUICK=1; SKIP_BUILD=1; shift ;;
+    --dry-run) DRY=1; shift ;;
+    --steps) STEPS="$2"; shift 2 ;;
+    -h|--help) sed -n '2,47p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
   esac
 done
+[ "$DRY" = 1 ] && SKIP_BUILD=1
+[ -n "$BUILD" ] || { [ "$DRY" = 1 ] && BUILD=build || BUILD=build-gpu; }
+if [ -z "${PYTHON:-}" ]; then
+  if [ "$DRY" = 1 ] && [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+if [ -z "$STEPS" ]; then
+  if [ $QUICK -eq 1 ]; then STEPS="facts parity bench sdpa anchor table"
+  elif [ $SKIP_BUILD -eq 1 ]; then STEPS="facts parity sanitize cli memplan bench table"
+  else STEPS="facts build parity sanitize cli memplan bench table"; fi
+fi
+STEPS=${STEPS//,/ }
+
+# What the steps run: the real sizes on a GPU, small ones on the CPU for --dry-run.
+if [ "$DRY" = 1 ]; then
+  PARITY_BIN="$BUILD/tests/test_backend_parity_emu" PARITY_VARIANTS="cuda-bf16" PARITY_ARGS=(--quick)
+  BENCH_CFG=configs/olmo3-1m-8k.yaml BENCH_VARIANTS="cpu-bf16" PLAN_BACKEND=cpu-bf16
+  ANCHOR_ARGS=(--tiny --device cpu --steps 1 --warmup 1) SDPA_ARGS=(--tiny)
+else
+  PARITY_BIN="$BUILD/tests/test_backend_parity" PARITY_VARIANTS="cuda cuda-tf32 cuda-bf16 cuda-bf16-cublas"
+  PARITY_ARGS=() BENCH_CFG=configs/olmo3-1b.yaml BENCH_VARIANTS="cuda-bf16 cuda-bf16-cublas cuda-tf32 cuda"
+  PLAN_BACKEND=cuda-bf16 ANCHOR_ARGS=(--device cuda --steps 3 --warmup 1) SDPA_ARGS=()
+fi
+PARITY_LIMIT=300 BENCH_LIMIT=300
+[ $QUICK -eq 1 ] && { PARITY_VARIANTS="cuda-bf16"; BENCH_VARIANTS="${BENCH_VARIANTS%% *}"; BENCH_STEPS=3; PARITY_LIMIT=90
+                      BENCH_LIMIT=90; }
+# the dry run's emulated parity takes minutes on a busy 2-core machine; its budget is not the device's
+[ "$DRY" = 1 ] && { PARITY_LIMIT=600; QUICK_BUDGET=${QUICK_BUDGET:-1200}; }
+
 LOGS=gpu_check_logs
 rm -rf "$LOGS"
 mkdir -p "$LOGS"
-# $OUT (the device tool's folder) takes at most 8 files: the summary and one archive of the logs.
-finish() {
-  if [ -n "${OUT:-}" ]; then
-    cp "$SUMMARY" "$OUT/summary.txt"
-    tar -czf "$OUT/logs.tar.gz" "$LOGS"
-  fi
-}
-trap finish EXIT
 SUMMARY="$LOGS/summary.txt"
 : >"$SUMMARY"
+# Every result line goes to $OUT/summary.txt as it is produced, every step's output to $OUT/steps.log
+# as it is written (the device tool's $OUT takes at most 8 files).
+OUTD="${OUT:-}"
+if [ -n "$OUTD" ]; then mkdir -p "$OUTD" && : >"$OUTD/summary.txt" && : >"$OUTD/steps.log" || OUTD=""; fi
+finish() {
+  [ -n "$OUTD" ] && tar -czf "$OUTD/logs.tar.gz" "$LOGS" 2>/dev/null
+}
+trap finish EXIT
 status=0
+T_START=$SECONDS
+export PYTHONUNBUFFERED=1
+STDBUF=()
+command -v stdbuf >/dev/null && STDBUF=(stdbuf -oL -eL)
+QUICK_BUDGET=${QUICK_BUDGET:-280}
 
-note() { echo "$*" | tee -a "$SUMMARY"; }
-# stage NAME LIMIT_SECONDS COMMAND...: runs with a time limit, logs to $LOGS/NAME.log
+note() {
+  echo "$*" | tee -a "$SUMMARY"
+  [ -z "$OUTD" ] || echo "$*" >>"$OUTD/summary.txt"
+}
+# stage NAME LIMIT_SECONDS COMMAND...: runs with a time limit; output to $LOGS/NAME.log and $OUT/steps.log
 stage() {
   local name="$1" limit="$2"; shift 2
-  local t0=$SECONDS
-  echo "== $name: $*"
-  timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
-  local rc=$?
+  local t0=$SECONDS rc
+  echo "== $name (limit ${limit}s): $*"
+  [ -z "$OUTD" ] || echo "== $name (limit ${limit}s): $*" >>"$OUTD/steps.log"
+  if [ -n "$OUTD" ]; then # line-buffered, so that a stopped run keeps each line printed
+    timeout -k 10 "$limit" ${STDBUF[@]+"${STDBUF[@]}"} "$@" 2>&1 | tee "$LOGS/$name.log" >>"$OUTD/steps.log"
+    rc=${PIPESTATUS[0]}
+  else
+    timeout -k 10 "$limit" "$@" >"$LOGS/$name.log" 2>&1
+    rc=$?
+  fi
   tail -n 25 "$LOGS/$name.log"
   if [ $rc -eq 0 ]; then note "PASS  $name ($((SECONDS - t0))s)"
   elif [ $rc -eq 77 ]; then note "SKIP  $name (no usable CUDA device)"; status=1
-  elif [ $rc -eq 124 ]; then note "FAIL  $name: timed out after ${limit}s"; status=1
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then note "FAIL  $name: timed out after ${limit}s"; status=1
   else note "FAIL  $name: exit $rc (log: $LOGS/$name.log)"; status=1
   fi
   return $rc
 }
+# limit SECONDS: SECONDS, or with --quick no more than what is left of QUICK_BUDGET (at least 20)
+limit() {
+  local want=$1 left
+  if [ $QUICK -eq 1 ]; then
+    left=$((QUICK_BUDGET - (SECONDS - T_START)))
+    [ $left -lt "$want" ] && want=$left
+    [ "$want" -lt 20 ] && want=20
+  fi
+  echo "$want"
+}
+# kv FILE KEY: the value of KEY=VALUE in the last line of FILE that has it
+kv() { grep -o "\b$2=[^ ]*" "$1" 2>/dev/null | tail -n1 | cut -d= -f2-; }
 
-echo "== device"
-if ! nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 | tee "$LOGS/device.txt"; then
-  note "FAIL  nvidia-smi: no GPU visible"
-  # GPU_CHECK_DRY_RUN=1 walks through the stages anyway (to test this script without a GPU).
-  [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ] || exit 1
-  status=1
-fi
+DEVICE_MEMORY="" GPU_NAME=""
+step_facts() {
+  echo "== facts"
+  if nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,compute_cap --format=csv,noheader \
+      >"$LOGS/device.txt" 2>&1; then
+    IFS=, read -r GPU_NAME mem driver clock cap <"$LOGS/device.txt"
+    GPU_NAME=$(echo "$GPU_NAME" | xargs) mem=$(echo "$mem" | tr -dc 0-9)
+    DEVICE_MEMORY="${mem}MiB"
+    note "INFO  device: $GPU_NAME | memory $mem MiB (nvidia-smi) | driver$driver | max SM clock$clock | sm$cap" \
+      "| driver's CUDA $(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -n1)"
+  else
+    note "INFO  device: nvidia-smi found no GPU ($(head -c 200 "$LOGS/device.txt" | tr '\n' ' '))"
+    if [ "$DRY" != 1 ]; then note "FAIL  facts: no GPU visible"; status=1; return 1; fi
+    GPU_NAME="cpu (dry run)"
+    DEVICE_MEMORY="$(awk '/MemTotal/ { print $2 }' /proc/meminfo)KiB"
+  fi
+  command -v nvcc >/dev/null && note "INFO  nvcc: $(nvcc --version | grep -o 'release [0-9.]*, V[0-9.]*')"
+  # PyTorch's view, and the cuDNN / NCCL its wheel ships (site-packages nvidia/*/lib)
+  timeout 60 "$PYTHON" - >"$LOGS/facts-python.txt" 2>&1 <<'PY'
+import glob, os, site, sys
+dirs = [d for d in site.getsitepackages() + [site.getusersitepackages()] + sys.path if d and os.path.isdir(d)]
+def find(pattern):
+    for d in dict.fromkeys(dirs):
+        hits = sorted(glob.glob(os.path.join(d, pattern)))
+        if hits:
+            return hits[-1]
+    return ""
+try:
+    import torch
+    cuda = torch.cuda.is_available()
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda else "-"
+    print(f"INFO  torch {torch.__version__} ({torch.__file__.rsplit('/', 2)[0]}) | its CUDA {torch.version.cuda} | "
+          f"cuDNN {torch.backends.cudnn.version()} | NCCL {nccl} | GPU {torch.cuda.get_device_name(0) if cuda else '-'}")
+except Exception as e:
+    print(f"INFO  torch not importable: {e}")
+for name, pattern in (("cudnn", "nvidia/cudnn/lib/libcudnn.so*"), ("nccl", "nvidia/nccl/lib/libnccl.so*"),
+                      ("cudart", "nvidia/cuda_runtime/lib/libcudart.so*"), ("cublas", "nvidia/cublas/lib/libcublas.so*")):
+    path = find(pattern)
+    print(f"LIB {name} {path or '-'}")
+PY
+  grep '^INFO' "$LOGS/facts-python.txt" | while read -r line; do note "$line"; done
+  local libdirs=""
+  while read -r _ name path; do
+    [ "$path" = - ] && continue
+    note "INFO  $name library of PyTorch's wheel: $path"
+    case "$name" in cudnn|nccl) libdirs="$libdirs:$(dirname "$path")" ;; esac
+  done < <(grep '^LIB' "$LOGS/facts-python.txt")
+  # cuDNN and NCCL for olmoc: the wheel's, found above (the device image's CUDA has neither)
+  [ -n "$libdirs" ] && export LD_LIBRARY_PATH="${libdirs#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  local bin="$BUILD/tests/bench_train"
+  [ -x "$bin" ] && note "INFO  $bin loads: $(ldd "$bin" 2>/dev/null | grep -E 'cudart|cublas|cudnn|nccl|openblas' |
+    awk '{ printf "%s%s => %s", sep, $1, $3; sep = ", " }')"
+  return 0
+}
 
-if [ $SKIP_BUILD -eq 0 ]; then
+step_build() {
   # Build prerequisites (scripts/setup.sh installs them; the device machine may be offline).
-  missing=""
+  local missing="" t m
   for t in cmake pkg-config nvcc; do command -v $t >/dev/null || missing="$missing $t"; done
   for m in yaml-0.1 libcjson openblas libxxhash; do pkg-config --exists $m 2>/dev/null || missing="$missing $m(pkg-config)"; done
   if [ -n "$missing" ]; then
     note "FAIL  build prerequisites missing:$missing (install them, or build elsewhere and use --skip-build)"
-    exit 1
+    return 1
   fi
   stage configure 180 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DOLMOC_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DOLMOC_CUDA_EMULATION_TEST=OFF || exit 1
-  stage build 600 cmake --build "$BUILD" -j"${JOBS:-$(nproc)}" || exit 1
-fi
-if [ -f "$BUILD/env.sh" ]; then
-  # shellcheck disable=SC1091
-  source "$BUILD/env.sh"
-fi
-P="$BUILD/tests/test_backend_parity"
-[ -x "$P" ] || { note "FAIL  $P is missing"; exit 1; }
+    -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DOLMOC_CUDA_EMULATION_TEST=OFF || return 1
+  stage build 600 cmake --build "$BUILD" -j"${JOBS:-$(nproc)}"
+}
 
-# Parity: OLMOC_CUDA_SYNC=1 reports a device fault at the op that caused it.
-for b in cuda cuda-tf32 cuda-bf16 cuda-bf16-cublas; do
-  stage "parity-$b" 300 env OLMOC_CUDA_SYNC=1 "$P" "$b"
-  grep -E "^FAIL" "$LOGS/parity-$b.log" | head -20 >>"$SUMMARY"
-done
-stage parity-cpu-sanity 300 "$P" cpu
+step_parity() {
+  [ -x "$PARITY_BIN" ] || { note "FAIL  parity: $PARITY_BIN is missing"; status=1; return 1; }
+  local b
+  for b in $PARITY_VARIANTS; do
+    stage "parity-$b" "$(limit "$PARITY_LIMIT")" \
+      env OLMOC_CUDA_SYNC=1 "$PARITY_BIN" "$b" "${PARITY_ARGS[@]}"
+    grep -E "^FAIL" "$LOGS/parity-$b.log" | head -20 >>"$SUMMARY"
+  done
+  [ $QUICK -eq 1 ] || [ "$DRY" = 1 ] || stage parity-cpu-sanity 300 "$PARITY_BIN" cpu
+}
 
-if [ $SANITIZE -eq 1 ]; then
+step_sanitize() {
+  [ $SANITIZE -eq 1 ] || return 0
   if command -v compute-sanitizer >/dev/null; then
-    stage memcheck 600 compute-sanitizer --tool memcheck --error-exitcode 1 "$P" cuda --quick
-    stage racecheck 600 compute-sanitizer --tool racecheck --error-exitcode 1 "$P" cuda --quick
+    stage memcheck 600 compute-sanitizer --tool memcheck --error-exitcode 1 "$PARITY_BIN" cuda --quick
+    stage racecheck 600 compute-sanitizer --tool racecheck --error-exitcode 1 "$PARITY_BIN" cuda --quick
   else
     note "SKIP  compute-sanitizer not found"
   fi
-fi
+}
 
 # compare_losses A B: the per-step training losses of two metrics.jsonl files agree within 1e-4.
 compare_losses() {
@@ -137,8 +247,13 @@ compare_losses() {
            if (r > worst) worst = r } END { printf "worst %.2e\n", worst; exit (NR == 0 || worst > 1e-4) }'
 }
 
-if [ -f data/demo/validation.npy ]; then
-  RUNS="${TMPDIR:-/tmp}/olmoc-gpu-check" # checkpoints stay out of the logs archive
+RUNS="${TMPDIR:-/tmp}/olmoc-gpu-check" # checkpoints stay out of the logs archive
+step_cli() {
+  [ "$DRY" = 1 ] && { note "SKIP  cli: compares cpu with cuda (no dry run)"; return 0; }
+  if [ ! -f data/demo/validation.npy ]; then
+    note "SKIP  cli: data/demo/validation.npy is missing (scripts/setup.sh builds it; carry it)"; return 0
+  fi
+  local b same
   rm -rf "$RUNS"
   for b in cpu cuda; do
     stage "cli-train-$b" 300 "$BUILD/olmoc" train configs/olmo3-1m-8k.yaml --backend "$b" --set train.steps=6 \
@@ -161,53 +276,57 @@ if [ -f data/demo/validation.npy ]; then
          <(grep -m1 -E "^[0-9,]+$" "$LOGS/cli-generate-cuda.log" | tr , '\n') | paste - - |
          awk '$1 != $2 { exit } { n++ } END { print n + 0 }')
   note "INFO  cli-generate: the first $same of 300 greedy tokens are the same on cpu and cuda"
-else
-  note "SKIP  cli stages: data/demo/validation.npy is missing (scripts/setup.sh builds it; carry it)"
-fi
+}
 
-# Memory plan vs measured: configs/olmo3-1b.yaml (seq_len 8192) on cuda-bf16 for 3 steps with each
-# activation-checkpointing mode: the backend's counted peak (OLMOC_MEMSTATS=1) against the plan
-# (`olmoc info --ranks 1 --backend cuda-bf16`), and nvidia-smi's highest memory.used during the run
-# (the counted bytes plus what the counters do not see: CUDA context, cuBLAS, cudaMalloc granularity)
-# against the plan's need (which adds its runtime allowance).  A mode this build refuses is skipped.
-if [ -f data/demo/validation.npy ]; then
-  RUNS="${TMPDIR:-/tmp}/olmoc-gpu-check"
+# plan_check NAME LOG SETS...: the counted peak in LOG (an `olmoc memstats` line) against the plan of
+# `olmoc info` for the same settings, and nvidia-smi's highest memory.used ($LOGS/NAME-smi.txt)
+plan_check() {
+  local name="$1" log="$2" measured planned need smi_mib; shift 2
+  "$BUILD/olmoc" info "$BENCH_CFG" --ranks 1 --backend "$PLAN_BACKEND" --device-memory "$DEVICE_MEMORY" "$@" \
+    >"$LOGS/$name-plan.txt" 2>&1
+  measured=$(sed -n 's/.*olmoc memstats: .*| peak \([0-9]*\) bytes.*/\1/p' "$log" | head -n1)
+  read -r _ _ _ _ _ planned _ need < <(grep -m1 "# plan bytes:" "$LOGS/$name-plan.txt" | tr -d '#')
+  smi_mib=$(sort -n "$LOGS/$name-smi.txt" 2>/dev/null | tail -n1)
+  if [ -n "$measured" ] && [ -n "$planned" ]; then
+    note "INFO  $name: counted peak $measured B, plan $planned B ($(awk -v m="$measured" -v p="$planned" \
+      'BEGIN { printf "%+.2f%%", 100 * (p - m) / m }')); nvidia-smi max ${smi_mib:-?} MiB used, plan need $need B" \
+      "(device memory $DEVICE_MEMORY)"
+  else
+    note "FAIL  $name: no memstats line or no plan (logs: $log, $LOGS/$name-plan.txt)"; status=1
+  fi
+}
+smi_start() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$LOGS/$1-smi.txt" 2>/dev/null & SMI=$!; }
+smi_stop() { kill "$SMI" 2>/dev/null; wait "$SMI" 2>/dev/null; }
+
+step_memplan() {
+  if [ ! -f data/demo/validation.npy ]; then
+    note "SKIP  memplan: data/demo/validation.npy is missing (scripts/setup.sh builds it; carry it)"; return 0
+  fi
+  local mode name ckpt rc
   for mode in none feed_forward block fsdp; do
     name="memplan-$mode"
     # fsdp: one rank fully sharded, no checkpointing: the block gathers run on the side stream (the
     # next block's gather overlaps this one's compute); its losses must be those of "none"
-    ckpt=$mode extra=()
+    ckpt=$mode
+    local extra=()
     [ "$mode" = fsdp ] && ckpt=none extra=(--set train.sharding=fsdp)
-    sets=(--set train.steps=3 --set train.eval_every=0 --set train.save_every=0 --set train.peak_flops=1e15
+    local sets=(--set train.steps=3 --set train.eval_every=0 --set train.save_every=0 --set train.peak_flops=1e15
           --set train.saved_activations=bf16 --set "train.activation_checkpointing=$ckpt" "${extra[@]}"
           --set data.train_path=data/demo/validation.npy --set "data.out_dir=$RUNS/memplan-$mode")
     rm -rf "$RUNS/memplan-$mode"
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$LOGS/$name-smi.txt" 2>/dev/null &
-    smi=$!
-    stage "$name" 300 env OLMOC_MEMSTATS=1 "$BUILD/olmoc" train configs/olmo3-1b.yaml --backend cuda-bf16 "${sets[@]}"
+    smi_start "$name"
+    stage "$name" 300 env OLMOC_MEMSTATS=1 "$BUILD/olmoc" train "$BENCH_CFG" --backend "$PLAN_BACKEND" "${sets[@]}"
     rc=$?
-    kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+    smi_stop
     if [ $rc -ne 0 ] && grep -q "in this build" "$LOGS/$name.log"; then
       note "SKIP  $name: $(grep -m1 'in this build' "$LOGS/$name.log")"
       continue
     fi
-    "$BUILD/olmoc" info configs/olmo3-1b.yaml --ranks 1 --backend cuda-bf16 --device-memory 141GB "${sets[@]}" \
-      >"$LOGS/$name-plan.txt" 2>&1
-    measured=$(sed -n 's/.*olmoc memstats: .*| peak \([0-9]*\) bytes.*/\1/p' "$LOGS/$name.log" | head -n1)
-    read -r _ _ _ _ _ planned _ need < <(grep -m1 "# plan bytes:" "$LOGS/$name-plan.txt" | tr -d '#')
-    smi_mib=$(sort -n "$LOGS/$name-smi.txt" 2>/dev/null | tail -n1)
-    if [ -n "$measured" ] && [ -n "$planned" ]; then
-      note "INFO  $name: counted peak $measured B, plan $planned B ($(awk -v m="$measured" -v p="$planned" \
-        'BEGIN { printf "%+.2f%%", 100 * (p - m) / m }')); nvidia-smi max ${smi_mib:-?} MiB used, plan need $need B"
-    else
-      note "FAIL  $name: no memstats line or no plan (logs: $LOGS/$name.log, $LOGS/$name-plan.txt)"; status=1
-    fi
+    plan_check "$name" "$LOGS/$name.log" "${sets[@]}"
   done
   # the side stream's gathers give the same weights as gathering in place: same losses (1e-5 relative)
-  if ! command -v python3 >/dev/null; then
-    note "SKIP  memplan-fsdp vs memplan-none losses: no python3 on this machine"
-  elif [ -f "$RUNS/memplan-none/metrics.jsonl" ] && [ -f "$RUNS/memplan-fsdp/metrics.jsonl" ]; then
-    if python3 - "$RUNS/memplan-none/metrics.jsonl" "$RUNS/memplan-fsdp/metrics.jsonl" >>"$SUMMARY" <<'PY'
+  if [ -f "$RUNS/memplan-none/metrics.jsonl" ] && [ -f "$RUNS/memplan-fsdp/metrics.jsonl" ]; then
+    if "$PYTHON" - "$RUNS/memplan-none/metrics.jsonl" "$RUNS/memplan-fsdp/metrics.jsonl" >>"$SUMMARY" <<'PY'
 import json, sys
 def losses(p):
     return [r["loss"] for r in map(json.loads, open(p)) if r.get("type") == "train"]
@@ -220,23 +339,115 @@ PY
     else note "FAIL  memplan-fsdp losses differ from memplan-none"; status=1
     fi
   fi
-fi
+}
 
-if [ $BENCH -eq 1 ]; then
-  # Olmo 3 1B at its pre-training sequence length; one micro-batch of 8192 tokens per step
-  # (about 55 GB of device memory in fp32 activations + weights, grads and AdamW state).
-  for b in cuda-bf16 cuda-bf16-cublas cuda-tf32 cuda; do
+step_bench() {
+  [ $BENCH -eq 1 ] || return 0
+  local b steps
+  for b in $BENCH_VARIANTS; do
     steps=$BENCH_STEPS
     [ "$b" = cuda ] && steps=2 # fp32 CUDA-core GEMMs: a few seconds per step
-    stage "bench-$b" 300 "$BUILD/tests/bench_train" configs/olmo3-1b.yaml "$b" --quick-init --warmup 1 \
-      --steps "$steps" --profile-steps 1
+    smi_start "bench-$b"
+    # OLMOC_MEMSTATS: the run's counted peak, checked against the plan below
+    stage "bench-$b" "$(limit "$BENCH_LIMIT")" env OLMOC_MEMSTATS=1 \
+      "$BUILD/tests/bench_train" "$BENCH_CFG" "$b" --quick-init --warmup 1 --steps "$steps" --profile-steps 1
+    smi_stop
     # the per-op table and the GEMM / attention rates; the per-shape lines stay in the log
-    grep -E "^(throughput|device|RESULT|profile: [a-z].*%|profile: (gemm|attention [bf]wd) [0-9])" "$LOGS/bench-$b.log" \
-      >>"$SUMMARY"
+    grep -E "^(throughput|device|RESULT|profile: [a-z].*%|profile: (gemm|attention [bf]wd) [0-9])" "$LOGS/bench-$b.log" |
+      while read -r line; do note "$line"; done
+    # bench_train sets train.peak_flops itself (no start-up GEMM): the plan of that run
+    [ "$b" = "$PLAN_BACKEND" ] && plan_check "memplan-bench-$b" "$LOGS/bench-$b.log" --set train.peak_flops=1e15
   done
-fi
+}
 
-echo
-echo "== summary (also in $SUMMARY)"
-cat "$SUMMARY"
+step_sdpa() {
+  stage sdpa "$(limit 40)" "$PYTHON" bench/sdpa_ceiling.py "${SDPA_ARGS[@]}"
+  grep -E "^(sdpa:|SDPA )" "$LOGS/sdpa.log" | while read -r line; do note "$line"; done
+}
+
+step_anchor() {
+  # OLMo-core from BUILD/wheels (gpu_bundle.sh) when this Python lacks it
+  if ! "$PYTHON" -c "import olmo_core" 2>/dev/null; then
+    if ls "$BUILD"/wheels/*.whl >/dev/null 2>&1; then
+      local site="${TMPDIR:-/tmp}/olmoc-gpu-check-site"
+      rm -rf "$site"
+      if "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+          "$BUILD"/wheels/*.whl >"$LOGS/anchor-pip.log" 2>&1; then
+        export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+        note "INFO  anchor: installed $(cd "$BUILD/wheels" && ls *.whl | tr '\n' ' ')into $site"
+      else
+        note "FAIL  anchor: pip could not install $BUILD/wheels (log: $LOGS/anchor-pip.log)"; status=1; return 1
+      fi
+    else
+      note "FAIL  anchor: olmo_core is not importable and $BUILD/wheels has no wheels (scripts/gpu_bundle.sh)"
+      status=1; return 1
+    fi
+  fi
+  # each result line lands in $OUT/summary.txt as the anchor prints it (--out), a stopped run keeps them
+  local out_args=()
+  [ -n "$OUTD" ] && out_args=(--out "$OUTD/summary.txt")
+  stage anchor "$(limit 240)" env PYTHONUNBUFFERED=1 "$PYTHON" bench/olmo_core_anchor.py "${ANCHOR_ARGS[@]}" \
+    "${out_args[@]}"
+  grep -E "^(anchor:|ANCHOR )" "$LOGS/anchor.log" | while read -r line; do echo "$line" >>"$SUMMARY"; done
+}
+
+step_table() {
+  "$PYTHON" - "$LOGS" "$GPU_NAME" "$DEVICE_MEMORY" "$PLAN_BACKEND" >"$LOGS/table.txt" <<'PY'
+import pathlib, re, sys
+logs, gpu, mem, plan_backend = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+def read(name):
+    p = logs / name
+    return p.read_text(errors="replace") if p.exists() else ""
+def kv(text, prefix):
+    lines = [l for l in text.splitlines() if l.startswith(prefix)]
+    return dict(re.findall(r"(\w+)=(\S+)", lines[-1])) if lines else {}
+summary = read("summary.txt")
+bench = read(f"bench-{plan_backend}.log")
+r = kv(bench, "RESULT")
+olmoc = f"{float(r['tokens_per_s']):.0f}, {100 * float(r['mfu_bf16_peak']):.1f}%" if r else "-"
+anchor_text = read("anchor.log")
+a = kv(anchor_text, "ANCHOR mode=compiled") or kv(anchor_text, "ANCHOR mode=eager")
+core = f"{float(a['tokens_per_s']):.0f}, {100 * float(a['mfu']):.1f}% ({a['mode']}, {a['attention']})" if a else "-"
+ratio = f"{float(r['tokens_per_s']) / float(a['tokens_per_s']):.2f}x" if r and a else "-"
+# olmoc's attention: the profile's fwd and bwd rates over their model FLOPs, combined
+att = {m[0]: (float(m[1]), float(m[2])) for m in re.findall(r"profile: attention (fwd|bwd) ([0-9.]+) GFLOP/s over ([0-9.e+]+)", bench)}
+olmoc_att = "-"
+if "fwd" in att and "bwd" in att:
+    (rf, ff), (rb, fb) = att["fwd"], att["bwd"]
+    olmoc_att = f"{(ff + fb) / (ff / rf + fb / rb) / 1e3:.1f} (fwd {rf / 1e3:.1f}, bwd {rb / 1e3:.1f})"
+s = kv(read("sdpa.log"), "SDPA best=")
+torch_att = f"{s['best']} {float(s['fwd_bwd_tflops']):.1f} (fwd {float(s['fwd_tflops']):.1f}, bwd {float(s['bwd_tflops']):.1f})" if s else "-"
+par = re.findall(r"^(PASS|FAIL|SKIP)  (parity-[\w-]+)", summary, re.M)
+parity = ", ".join(f"{n} {v}" for v, n in par) or "-"
+m = re.findall(r"INFO  memplan-bench-\S+: counted peak (\d+) B, plan (\d+) B \(([-+0-9.]+%)\)", summary) or \
+    re.findall(r"INFO  memplan-none: counted peak (\d+) B, plan (\d+) B \(([-+0-9.]+%)\)", summary)
+memory = f"{m[-1][2]} ({int(m[-1][1]) / 2**30:.2f} vs {int(m[-1][0]) / 2**30:.2f} GiB)" if m else "-"
+head = ["GPU", "olmoc tok/s, MFU", "OLMo-core tok/s, MFU", "ratio", "attention TFLOP/s olmoc vs PyTorch best",
+        "parity", "memory plan vs peak"]
+row = [f"{gpu} ({mem})", olmoc, core, ratio, f"{olmoc_att} vs {torch_att}", parity, memory]
+print("| " + " | ".join(head) + " |")
+print("|" + "|".join(" --- " for _ in head) + "|")
+print("| " + " | ".join(c.replace("|", "/") for c in row) + " |")
+PY
+  local rc=$?
+  echo "== table"
+  cat "$LOGS/table.txt"
+  [ -z "$OUTD" ] || cp "$LOGS/table.txt" "$OUTD/table.txt"
+  while read -r line; do note "TABLE $line"; done <"$LOGS/table.txt"
+  return $rc
+}
+
+if [ -f "$BUILD/env.sh" ]; then
+  # shellcheck disable=SC1091
+  source "$BUILD/env.sh"
+fi
+note "INFO  gpu_check: steps $STEPS | build $BUILD$([ $QUICK -eq 1 ] && echo " | quick, ${QUICK_BUDGET}s budget")$([ "$DRY" = 1 ] && echo " | dry run")"
+for s in $STEPS; do
+  if ! declare -F "step_$s" >/dev/null; then note "FAIL  unknown step $s"; status=1; continue; fi
+  "step_$s"
+  rc=$?
+  # without a device or a build, the later steps have nothing to run on
+  if [ $rc -ne 0 ] && { [ "$s" = facts ] || [ "$s" = build ]; }; then status=1; break; fi
+done
+note "INFO  gpu_check: done in $((SECONDS - T_START))s, status $status"
 exit $status

@@ -10,6 +10,8 @@
  * device each op then waits for the one before, so these steps are not part
  * of the throughput.
  *
+ * OLMOC_MEMSTATS=1 prints the backend's counted peak at the end, as olmoc train does.
+ *
  * --quick-init fills the matrices with uniform noise of the configured std (a
  * few seconds for 1.5e9 parameters) instead of the seeded truncated normal
  * (a minute on one core); throughput does not depend on the values.
@@ -250,6 +252,14 @@ int main(int argc, char **argv) {
         olmo_profile_report(be, stdout);
     }
     olmo_run_close(&run);
+    /* OLMOC_MEMSTATS=1: the backend's counted peak, in olmoc train's format (scripts/gpu_check.sh checks it
+     * against the memory plan of `olmoc info`) */
+    const char *mem_env = getenv("OLMOC_MEMSTATS");
+    struct olmo_mem_stats mem;
+    if (mem_env && *mem_env && strcmp(mem_env, "0") != 0 && !olmo_backend_mem_stats(backend, &mem))
+        printf("olmoc memstats: rank 0 of 1 | backend %s | peak %zu bytes | scratch %zu bytes | live at exit %zu bytes "
+               "in %zu buffers\n",
+               backend->name, mem.peak, mem.scratch, mem.live, mem.n_live);
     olmo_backend_destroy(profiled);
     olmo_backend_destroy(backend);
     return 0;
