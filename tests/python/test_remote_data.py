@@ -302,6 +302,51 @@ def test_s3_batches_equal_local(build_dir, s3, tmp_path):
     assert r.returncode == 1 and "HEAD 's3://tokens/mix/v1/nope.npy': HTTP 404" in r.stderr, r.stderr
 
 
+def test_s3_signatures_verified(build_dir, tmp_path):
+    """moto with its access control on (INITIAL_NO_AUTH_ACTION_COUNT: the first 4 requests set up an
+    IAM user, the rest are checked) verifies each request's SigV4 signature as AWS does: the right
+    key reads, a wrong secret is refused with 403, at once.  The key has characters SigV4 encodes."""
+    exe = ROOT / ".venv" / "bin" / "moto_server"
+    port = free_port()
+    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=clean_env(INITIAL_NO_AUTH_ACTION_COUNT="4"))
+    try:
+        for _ in range(300):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        import boto3
+        ep = f"http://127.0.0.1:{port}"
+        iam = boto3.client("iam", endpoint_url=ep, aws_access_key_id="setup", aws_secret_access_key="setup",
+                           region_name="us-east-1")
+        iam.create_user(UserName="reader")
+        policy = iam.create_policy(PolicyName="s3", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+        iam.attach_user_policy(UserName="reader", PolicyArn=policy["Policy"]["Arn"])
+        key = iam.create_access_key(UserName="reader")["AccessKey"]
+        client = boto3.client("s3", endpoint_url=ep, aws_access_key_id=key["AccessKeyId"],
+                              aws_secret_access_key=key["SecretAccessKey"], region_name="eu-west-1")
+        client.create_bucket(Bucket="signed", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+        names = token_files(tmp_path)
+        client.upload_file(str(tmp_path / names[0]), "signed", "a dir/part 0+(1).npy")
+        data_set = ["--set", "data.train_path=s3://signed/a dir/part 0+(1).npy", "--set", "data.dtype=uint16"]
+        local = batches(build_dir, tmp_path, "l", ["--set", f"data.train_path={tmp_path / names[0]}",
+                                                   "--set", "data.dtype=uint16"], clean_env(), n=8)
+        env = clean_env(AWS_ENDPOINT_URL=ep, AWS_ACCESS_KEY_ID=key["AccessKeyId"],
+                        AWS_SECRET_ACCESS_KEY=key["SecretAccessKey"], AWS_DEFAULT_REGION="eu-west-1")
+        assert batches(build_dir, tmp_path, "s", data_set, env, n=8) == local
+        env["AWS_SECRET_ACCESS_KEY"] = "wrong"
+        t = time.perf_counter()
+        r = order_tool(build_dir, tmp_path / "x.bin", 1, 2, data_set, env)
+        assert r.returncode == 1 and "HEAD 's3://signed/a dir/part 0+(1).npy': HTTP 403" in r.stderr, r.stderr
+        assert time.perf_counter() - t < 20  # not retried (5 retries back off for ~8 s)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
 def train(build_dir, tmp_path, tag, train_path, env, *extra):
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(TINY.replace("vocab_size: 64", "vocab_size: 50000"))
@@ -366,23 +411,33 @@ def test_s3_training_identical_and_size_change_refused(build_dir, s3, tmp_path):
     assert r.returncode == 1 and "data loader state was saved for other data" in r.stderr, r.stdout + r.stderr
 
 
-def test_s3_loader_throughput(build_dir, s3, tmp_path):
-    """The loader's throughput from moto's server against the same files on disk (printed; the
-    figures depend on the machine, so only a sanity bound is asserted)."""
+def test_s3_loader_throughput_and_read_ahead(build_dir, s3, tmp_path):
+    """The loader's throughput from moto's server against the same files on disk, and the time a
+    step waits for its batch when each step takes 250 ms (the read-ahead fetches the next batch
+    meanwhile).  Figures depend on the machine: printed, with only a loose bound asserted (the
+    waits with steps must be below those without, per batch)."""
     rng = np.random.default_rng(3)
     rng.integers(0, 50000, 2048 * 2000, dtype=np.uint16).tofile(tmp_path / "big.npy")  # 8 MB, 2000 instances
     s3.upload_file(str(tmp_path / "big.npy"), "tokens", "bench/big.npy")
-    sets = {"local": (str(tmp_path / "big.npy"), clean_env()), "s3": ("s3://tokens/bench/big.npy", s3_env(s3))}
-    times, dumps = {}, {}
-    for tag, (path, env) in sets.items():
+    shape = ["--set", "data.dtype=uint16", "--set", "train.seq_len=2048", "--set", "train.micro_batch=8",
+             "--set", "train.grad_accum=4"]
+    runs = {"local": (str(tmp_path / "big.npy"), clean_env(), 60, 0), "s3": ("s3://tokens/bench/big.npy",
+                                                                          s3_env(s3), 60, 0),
+            "s3-steps": ("s3://tokens/bench/big.npy", s3_env(s3), 16, 250)}
+    times, waits, dumps = {}, {}, {}
+    for tag, (path, env, n, think) in runs.items():
         t = time.perf_counter()
-        r = order_tool(build_dir, tmp_path / f"{tag}.bin", 1, 60, ["--set", f"data.train_path={path}",
-                                                                     "--set", "data.dtype=uint16"], env,
-                       "--set", "train.seq_len=2048", "--set", "train.micro_batch=8", "--set", "train.grad_accum=4")
+        r = order_tool(build_dir, tmp_path / f"{tag}.bin", 1, n, ["--set", f"data.train_path={path}"], env,
+                       *shape, "--think-ms", str(think))
         times[tag] = time.perf_counter() - t
         assert r.returncode == 0, r.stderr
+        waits[tag] = float(r.stderr.split("waited ")[1].split()[0]) / n if think else None
         dumps[tag] = (tmp_path / f"{tag}.bin").read_bytes()
-    assert dumps["s3"] == dumps["local"]
+    assert dumps["s3"] == dumps["local"] and dumps["s3"].startswith(dumps["s3-steps"])
     mb = 60 * 32 * 2048 * 2 / 1e6
-    print(f"\nloader, 60 batches of 32 x 2048 uint16 tokens ({mb:.0f} MB of tokens): local {mb / times['local']:.0f} "
-          f"MB/s, moto S3 {mb / times['s3']:.1f} MB/s ({times['s3']:.2f} s)")
+    per_batch = times["s3"] / 60
+    print(f"\nloader, 60 global batches of 32 x 2048 uint16 tokens ({mb:.1f} MB): local files {mb / times['local']:.0f} "
+          f"MB/s, moto's S3 server {mb / times['s3']:.2f} MB/s ({per_batch * 1e3:.0f} ms a batch); with 250 ms "
+          f"steps a step waited {waits['s3-steps'] * 1e3:.1f} ms on average for its batch (16 steps, the first "
+          f"one's read included)")
+    assert waits["s3-steps"] < per_batch
