@@ -253,7 +253,7 @@ static void s3_code(const struct xfer *x, char *out, size_t cap) {
 
 enum { OK = 0, RETRY = 1, FATAL = 2 };
 
-/* what: "HEAD", "GET bytes a-b" or "GET"; off/len: the range (len 0: none) */
+/* One HEAD or GET (of [off, off + len), or the whole file when len is 0): OK, RETRY or FATAL. */
 static int request(struct olmo_remote *r, CURL *h, bool head, uint64_t off, size_t len, struct xfer *x) {
     char range[64], ifmatch[300];
     struct curl_slist *hdr = NULL;
@@ -343,12 +343,7 @@ static int perform(struct olmo_remote *r, bool head, uint64_t off, size_t len, s
     double delay = 0.25;
     int rc = FATAL;
     for (int t = 0; t < tries; t++) {
-        uint8_t *dst = x->dst;
-        memset(x, 0, sizeof *x);
-        x->h = h;
-        x->dst = dst;
-        x->out = out;
-        x->cap = len;
+        *x = (struct xfer){.h = h, .dst = x->dst, .out = out, .cap = len};
         if (out && (fseek(out, 0, SEEK_SET) || ftruncate(fileno(out), 0))) {
             rc = FATAL;
             olmo_error("'%s': cannot rewrite the cache file: %s", r->url, strerror(errno));
