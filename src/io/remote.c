@@ -17,8 +17,8 @@
 struct olmo_remote {
     char url[1024];       /* as the user wrote it: every message names it */
     char http_url[2048];  /* what is requested */
-    char sigv4[96];       /* CURLOPT_AWS_SIGV4 ("aws:amz:REGION:s3"), "" = unsigned */
-    char userpwd[512];    /* ACCESS_KEY:SECRET */
+    char sigv4[160];      /* CURLOPT_AWS_SIGV4 ("aws:amz:REGION:s3"), "" = unsigned */
+    char userpwd[520];    /* ACCESS_KEY:SECRET */
     char token_hdr[2100]; /* x-amz-security-token: ... */
     char etag[256];       /* a strong ETag from the HEAD ("" = none) */
     uint64_t size;
