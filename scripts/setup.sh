@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 # clang + libclang-rt-dev: the warning check build below and libFuzzer (scripts/fuzz.sh)
 APT_PACKAGES="build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin
   libyaml-dev libcjson-dev libpcre2-dev zlib1g-dev libxxhash-dev libomp-dev python3-venv python3-doc
-  clang libclang-rt-dev"
+  clang libclang-rt-dev libcurl4-openssl-dev"
 missing=""
 for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

@@ -113,6 +113,7 @@ static const struct field fields[] = {
     DS(order),                     DS(mix_file),
     DS(mix_base_dir),              DS(mix_tokenizer),
     DS(val_paths),                 DS(eval_tasks),
+    DS(remote_cache_dir),
     DS(tokenizer),                 DS(eval_tasks_dir),
     F(data.val_documents, F_BOOL, 0, 0, 0),
     F(data.max_target_sequence_length, F_INT, 0, IMAX, 0),

@@ -114,6 +114,7 @@ struct olmo_data_config {
     char mix_file[1024];      /* an OLMo-core data mix .txt ("label,path" lines): its files, concatenated */
     char mix_base_dir[1024];  /* OLMo-core's mix_base_dir, prefixed to every path of mix_file */
     char mix_tokenizer[128];  /* the id OLMo-core puts for {TOKENIZER} (e.g. allenai/dolma3-tokenizer) */
+    char remote_cache_dir[1024]; /* local copies of http(s):// and s3:// token files; empty = none */
     char out_dir[1024];
     char val_paths[8192];  /* comma-separated validation token files (.npy); empty = none */
     char eval_tasks[8192]; /* comma-separated downstream tasks: OLMo-eval task / task-set names, task

@@ -16,6 +16,7 @@
 
 #include "config/config.h"
 #include "data/npy.h"
+#include "io/remote.h"
 #include "util/error.h"
 #include "util/fs.h"
 #include "util/rng.h"
@@ -63,13 +64,50 @@ static int setup_raw(struct olmo_token_file *f, enum olmo_dtype dtype) {
     return 0;
 }
 
+/* A remote file: its size from the server; the header (if any) from its first bytes.  With a cache
+ * directory, the local copy is mapped instead. */
+static int open_remote(struct olmo_token_file *f, const char *path, uint8_t **head, size_t *head_len) {
+    if (olmo_remote_open(&f->remote, path)) return -1;
+    char local[2048];
+    const int cached = olmo_remote_cached(f->remote, local, sizeof local);
+    if (cached) {
+        olmo_remote_close(f->remote);
+        f->remote = NULL;
+        if (cached < 0) return -1;
+        *head = NULL;
+        return olmo_map_file(local, "token file", &f->map, &f->map_size);
+    }
+    f->map_size = (size_t)olmo_remote_size(f->remote);
+    /* enough for any .npy header olmoc reads (12 + 65536 bytes) */
+    *head_len = f->map_size < 65548 ? f->map_size : 65548;
+    if (!(*head = olmo_malloc(*head_len, "token file header"))) return -1;
+    const size_t first = *head_len < 4096 ? *head_len : 4096;
+    if (olmo_remote_read(f->remote, 0, first, *head)) return -1;
+    if (first < *head_len && olmo_npy_is_npy(*head, first)) /* a long header: the rest of it */
+        return olmo_remote_read(f->remote, first, *head_len - first, *head + first);
+    *head_len = first;
+    return 0;
+}
+
 int olmo_token_file_open_ex(struct olmo_token_file *f, const char *path, enum olmo_dtype dtype) {
     memset(f, 0, sizeof *f);
     snprintf(f->path, sizeof f->path, "%s", path);
-    if (olmo_map_file(path, "token file", &f->map, &f->map_size)) return -1;
+    uint8_t *head = NULL;
+    size_t head_len = 0;
+    if (olmo_remote_is_url(path)) {
+        if (open_remote(f, path, &head, &head_len)) {
+            free(head);
+            olmo_token_file_close(f);
+            return -1;
+        }
+    } else if (olmo_map_file(path, "token file", &f->map, &f->map_size)) {
+        return -1;
+    }
     int rc;
-    if (olmo_npy_is_npy(f->map, f->map_size)) {
-        rc = parse_npy_header(f);
+    if (head ? olmo_npy_is_npy(head, head_len) : olmo_npy_is_npy(f->map, f->map_size)) {
+        /* the header parser reads no further than the header's end, which a remote file's head holds */
+        rc = head ? olmo_npy_parse_header(head, f->map_size, f->path, &f->elem_size, &f->data_offset, &f->n_tokens)
+                  : parse_npy_header(f);
         if (!rc && dtype != OLMO_DTYPE_AUTO && f->elem_size != (dtype == OLMO_DTYPE_UINT16 ? 2 : 4))
             rc = olmo_error("'%s': the .npy header says %d-byte tokens but uint%d was requested", path, f->elem_size,
                             dtype == OLMO_DTYPE_UINT16 ? 16 : 32);
@@ -80,6 +118,7 @@ int olmo_token_file_open_ex(struct olmo_token_file *f, const char *path, enum ol
     } else {
         rc = setup_raw(f, dtype);
     }
+    free(head);
     if (rc) {
         olmo_token_file_close(f);
         return -1;
@@ -93,6 +132,7 @@ int olmo_token_file_open(struct olmo_token_file *f, const char *path) {
 
 void olmo_token_file_close(struct olmo_token_file *f) {
     if (f->map) munmap(f->map, f->map_size);
+    olmo_remote_close(f->remote);
     memset(f, 0, sizeof *f);
 }
 
@@ -155,10 +195,30 @@ static int copy_tokens(const struct olmo_token_file *f, size_t start, size_t n, 
     return 0;
 }
 
+/* The bytes land in dst itself, then widen in place from the last token back (token i's 2 or 4
+ * bytes lie at or after its int32's start only when read backwards). */
+static int read_remote(const struct olmo_token_file *f, size_t start, size_t n, int vocab_size, int32_t *dst) {
+    const size_t es = (size_t)f->elem_size;
+    if (olmo_remote_read(f->remote, f->data_offset + start * es, n * es, dst)) return -1;
+    const uint8_t *raw = (const uint8_t *)dst;
+    if (es == 2)
+        for (size_t i = n; i-- > 0;) {
+            uint16_t h;
+            memcpy(&h, raw + i * 2, 2);
+            dst[i] = (int32_t)h;
+        }
+    for (size_t i = 0; i < n; i++)
+        if ((uint32_t)dst[i] >= (uint32_t)vocab_size)
+            return olmo_error("'%s': token id %u at byte offset %zu is >= vocab size %d", f->path, (uint32_t)dst[i],
+                              f->data_offset + (start + i) * es, vocab_size);
+    return 0;
+}
+
 int olmo_token_file_read(const struct olmo_token_file *f, size_t start, size_t n, int vocab_size, int32_t *dst) {
     if (start > f->n_tokens || n > f->n_tokens - start)
         return olmo_error("'%s': tokens [%zu, %zu + %zu) are outside its %zu tokens", f->path, start, start, n,
                           f->n_tokens);
+    if (f->remote) return read_remote(f, start, n, vocab_size, dst);
     pthread_once(&sigbus_once, install_sigbus_handler);
     read_guard.lo = f->map;
     read_guard.hi = f->map + f->map_size;
@@ -411,6 +471,7 @@ static int open_entries(struct olmo_loader *l, struct mix_entry *entries, int n_
         for (int k = 0; k < entries[s].n_paths; k++) {
             struct olmo_token_file *f = &l->files[l->n_files];
             if (olmo_token_file_open_ex(f, entries[s].paths[k], dtype)) goto fail;
+            l->n_remote += f->remote != NULL;
             l->file_first[l->n_files] = src->n_instances;
             /* OLMo-core's max_target_sequence_length: a file holds whole chunks of `chunk` instances */
             src->n_instances += f->n_tokens / ((size_t)seq_len * chunk) * chunk;
@@ -512,6 +573,7 @@ static int open_data_config(struct olmo_loader *l, const struct olmo_data_config
     memset(l, 0, sizeof *l);
     enum olmo_dtype dtype = OLMO_DTYPE_AUTO;
     if (olmo_dtype_parse(d->dtype, &dtype)) return olmo_error_context("data.dtype");
+    olmo_remote_set_cache_dir(d->remote_cache_dir);
     struct mix_entry *e;
     int n;
     if (d->mix[0]) {
@@ -567,7 +629,8 @@ void olmo_loader_close(struct olmo_loader *l) {
     memset(l, 0, sizeof *l);
 }
 
-static int read_instance(const struct olmo_loader *l, uint64_t packed, int32_t *dst) {
+/* The file of an instance and the instance's index within it. */
+static int locate(const struct olmo_loader *l, uint64_t packed, size_t *local) {
     const struct olmo_loader_source *src = &l->sources[packed >> SOURCE_SHIFT];
     size_t idx = (size_t)(packed & INDEX_MASK);
     /* last file of the source whose first instance is <= idx */
@@ -577,8 +640,28 @@ static int read_instance(const struct olmo_loader *l, uint64_t packed, int32_t *
         if (l->file_first[mid] <= idx) lo = mid;
         else hi = mid - 1;
     }
-    size_t local = idx - l->file_first[lo];
-    return olmo_token_file_read(&l->files[lo], local * (size_t)l->seq_len, (size_t)l->seq_len, l->vocab_size, dst);
+    *local = idx - l->file_first[lo];
+    return lo;
+}
+
+static int read_instance(const struct olmo_loader *l, uint64_t packed, int32_t *dst) {
+    size_t local;
+    const int file = locate(l, packed, &local);
+    return olmo_token_file_read(&l->files[file], local * (size_t)l->seq_len, (size_t)l->seq_len, l->vocab_size, dst);
+}
+
+/* Read-ahead of remote files: the instances of the next n_rows positions of this epoch are queued
+ * for the background fetch (io/remote.h) while the caller trains on this batch.  The next epoch's
+ * order is built only when it starts, so its first batch is read when it is asked for. */
+static void prefetch_next(const struct olmo_loader *l, size_t n_rows) {
+    if (!l->n_remote || l->pos + n_rows > l->n_instances) return;
+    for (size_t k = 0; k < n_rows; k++) {
+        const uint64_t packed = l->order_kind == OLMO_ORDER_OLMO_CORE ? l->perm[l->pos + k] : l->order[l->pos + k];
+        size_t local;
+        const struct olmo_token_file *f = &l->files[locate(l, packed, &local)];
+        const size_t bytes = (size_t)l->seq_len * (size_t)f->elem_size;
+        if (f->remote) olmo_remote_prefetch(f->remote, f->data_offset + local * bytes, bytes);
+    }
 }
 
 /* OLMo-core: one global batch, rank r's instances (r, r + W, ...) in rows [r * B/W, (r+1) * B/W) */
@@ -597,6 +680,7 @@ static int next_olmo_core(struct olmo_loader *l, int32_t *dst, int n_rows) {
             if (read_instance(l, idx, dst + (r * per_rank + k) * (size_t)l->seq_len)) return -1;
         }
     l->pos += B;
+    prefetch_next(l, B);
     return 0;
 }
 
@@ -609,6 +693,7 @@ int olmo_loader_next(struct olmo_loader *l, int32_t *dst, int n_rows) {
         }
         if (read_instance(l, l->order[l->pos++], dst + (size_t)r * l->seq_len)) return -1;
     }
+    if (n_rows > 0) prefetch_next(l, (size_t)n_rows);
     return 0;
 }
 
@@ -640,5 +725,7 @@ int olmo_loader_state_set(struct olmo_loader *l, const struct olmo_loader_state 
         }
     }
     l->pos = (size_t)s->position;
+    for (int i = 0; i < l->n_files; i++)
+        if (l->files[i].remote) olmo_remote_discard(l->files[i].remote); /* read ahead for the old position */
     return 0;
 }

@@ -62,8 +62,10 @@ enum olmo_data_order {
 /* "olmo_core" or "olmoc"; anything else is an error. */
 int olmo_data_order_parse(const char *s, enum olmo_data_order *out);
 
+struct olmo_remote;
 struct olmo_token_file {
     char path[1024];
+    struct olmo_remote *remote; /* an http(s):// or s3:// file read by ranges (map NULL); see io/remote.h */
     uint8_t *map;
     size_t map_size;
     const uint8_t *data;
@@ -72,7 +74,9 @@ struct olmo_token_file {
     size_t data_offset;
 };
 
-/* Opens a .npy token file (dtype from its header). */
+/* Opens a .npy token file (dtype from its header).  A path may be an
+ * http(s):// or s3:// URL (io/remote.h): read by byte ranges, or mapped from
+ * a local copy when a cache directory is set (data.remote_cache_dir). */
 int olmo_token_file_open(struct olmo_token_file *f, const char *path);
 /* Opens a .npy file or a raw token file.  With a dtype other than AUTO a raw
  * file is read as that dtype; a .npy header must then agree with it. */
@@ -93,6 +97,7 @@ struct olmo_loader {
     struct olmo_token_file *files;
     size_t *file_first; /* first instance index of each file within its source */
     int n_files;
+    int n_remote; /* files read from a URL by ranges: the loader reads their next batch ahead */
     struct olmo_loader_source *sources;
     int n_sources;
     int seq_len, vocab_size;

@@ -10,15 +10,19 @@
  *       data-parallel ranks and writes N global batches (int32, rows as
  *       olmo_loader_next returns them) to OUT.  --resume-at K: after K batches
  *       the position is saved and a fresh loader restored from it reads the
- *       rest.  Prints the final loader state "epoch position n_instances". */
+ *       rest.  --think-ms M: sleeps M ms after each batch (a training step)
+ *       and prints to stderr the seconds spent waiting in olmo_loader_next.
+ *       Prints the final loader state "epoch position n_instances". */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "config/config.h"
 #include "data/np_random.h"
 #include "data/token_file.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 static int die(const char *what) {
@@ -31,11 +35,13 @@ static int batches(int argc, char **argv) {
     const char *out = argv[2];
     const int world = atoi(argv[3]);
     const long n = atol(argv[4]);
-    long resume_at = -1;
+    long resume_at = -1, think_ms = 0;
+    double waited = 0;
     struct olmo_config cfg;
     olmo_config_defaults(&cfg);
     for (int i = 5; i < argc; i++) {
         if (!strcmp(argv[i], "--resume-at") && i + 1 < argc) resume_at = atol(argv[++i]);
+        else if (!strcmp(argv[i], "--think-ms") && i + 1 < argc) think_ms = atol(argv[++i]);
         else if (!strcmp(argv[i], "--set") && i + 1 < argc) {
             if (olmo_config_set(&cfg, argv[++i])) return die("--set");
         } else return fprintf(stderr, "order_tool: unknown argument '%s'\n", argv[i]), 2;
@@ -53,11 +59,15 @@ static int batches(int argc, char **argv) {
             olmo_loader_close(&l);
             if (olmo_loader_open_run(&l, &cfg, world) || olmo_loader_state_set(&l, &st)) return die("resume");
         }
+        const double t0 = olmo_now_seconds();
         if (olmo_loader_next(&l, buf, (int)rows)) return die("next");
+        waited += olmo_now_seconds() - t0;
+        if (think_ms > 0) nanosleep(&(struct timespec){think_ms / 1000, think_ms % 1000 * 1000000L}, NULL);
         if (fwrite(buf, sizeof(int32_t), rows * (size_t)cfg.train.seq_len, f) != rows * (size_t)cfg.train.seq_len)
             return fprintf(stderr, "order_tool: short write\n"), 1;
     }
     fclose(f);
+    if (think_ms > 0) fprintf(stderr, "waited %.3f s in olmo_loader_next over %ld batches\n", waited, n);
     struct olmo_loader_state st;
     olmo_loader_state_get(&l, &st);
     printf("%" PRIu64 " %" PRIu64 " %zu\n", st.epoch, st.position, l.n_instances);
