@@ -31,6 +31,7 @@ static const struct {
     {"data." #name, offsetof(struct olmo_config, data.name), sizeof(((struct olmo_config *)0)->data.name), kind}
     P(train_path, ONE),  P(mix, MIX),           P(mix_file, ONE), P(mix_base_dir, ONE), P(out_dir, ONE),
     P(val_paths, LIST),  P(eval_tasks, TASKS), P(tokenizer, ONE), P(eval_tasks_dir, SEARCH),
+    P(remote_cache_dir, ONE),
 #undef P
 };
 #define N_PATH_KEYS (sizeof path_keys / sizeof path_keys[0])
