@@ -72,6 +72,7 @@ static void fire(double waited) {
 static void *watch(void *arg) {
     (void)arg;
     const long long poll_ns = wd.timeout < 4 ? (long long)(wd.timeout * 2.5e8) : 1000000000LL;
+    long long last = now_ns();
     pthread_mutex_lock(&wd.lock);
     while (!wd.stop) {
         struct timespec until;
@@ -81,8 +82,13 @@ static void *watch(void *arg) {
         until.tv_nsec = (long)(ns % 1000000000LL);
         const int rc = pthread_cond_timedwait(&wd.wake, &wd.lock, &until);
         if (wd.stop || (rc && rc != ETIMEDOUT)) break;
-        const long long since = atomic_load(&wd.since);
-        if (since && (double)(now_ns() - since) * 1e-9 > wd.timeout) fire((double)(now_ns() - since) * 1e-9);
+        /* a gap far longer than the poll: this process itself was stopped (SIGSTOP, a suspended machine);
+         * that time is not a wait for the other ranks */
+        const long long now = now_ns(), paused = now - last - 2 * poll_ns - 1000000000LL;
+        last = now;
+        long long since = atomic_load(&wd.since);
+        if (since && paused > 0 && atomic_compare_exchange_strong(&wd.since, &since, since + paused)) since += paused;
+        if (since && (double)(now - since) * 1e-9 > wd.timeout) fire((double)(now - since) * 1e-9);
     }
     pthread_mutex_unlock(&wd.lock);
     return NULL;
