@@ -102,6 +102,7 @@ static const struct field fields[] = {
     F(train.eval_every, F_LONG, 0, LMAX, 0),
     F(train.eval_batches, F_INT, 1, IMAX, 0),
     F(train.peak_flops, F_DOUBLE, 0, DMAX, 0),
+    F(train.collective_timeout, F_DOUBLE, 0, DMAX, 0), /* 0: no watchdog */
     TX(train.nonfinite, F_NONFINITE),
     TE(activation_checkpointing, act_ckpt_names),
     F(train.block_every, F_INT, 1, IMAX, 0),
@@ -162,6 +163,7 @@ void olmo_config_defaults(struct olmo_config *cfg) {
     cfg->train.keep_last = 3;
     cfg->train.eval_batches = 8;
     cfg->train.block_every = 1;
+    cfg->train.collective_timeout = 600; /* longer than a 7B checkpoint save, which the other ranks wait for */
     snprintf(cfg->data.out_dir, sizeof cfg->data.out_dir, "runs/default");
     snprintf(cfg->data.dtype, sizeof cfg->data.dtype, "auto");
     snprintf(cfg->data.order, sizeof cfg->data.order, "olmo_core");
@@ -638,6 +640,8 @@ int olmo_config_validate(const struct olmo_config *cfg) {
     if (t->eval_every < 0) return olmo_error("train.eval_every must be >= 0 (0 = no evaluation)");
     if (t->eval_batches <= 0) return olmo_error("train.eval_batches must be positive");
     if (t->peak_flops < 0) return olmo_error("train.peak_flops must be >= 0 (0 = measure at startup)");
+    if (!(t->collective_timeout >= 0 && t->collective_timeout <= DBL_MAX))
+        return olmo_error("train.collective_timeout must be a number of seconds >= 0 (0 = no watchdog)");
     if (t->block_every < 1) return olmo_error("train.block_every must be >= 1 (1 = every block)");
     if (t->shard_degree < 0) return olmo_error("train.shard_degree must be >= 0 (0 = all ranks in one group)");
     if (t->sharding == OLMO_SHARDING_ZERO1 && t->shard_degree)

@@ -91,6 +91,9 @@ struct olmo_train_config {
     long eval_every;   /* validation loss / downstream tasks every N steps and at the end; 0 = off */
     int eval_batches;  /* micro-batches of each validation set per evaluation */
     double peak_flops; /* FLOP/s for MFU; 0 = measure with an SGEMM at startup */
+    /* seconds one collective may wait for the other ranks before this rank ends the job (a rank stopped
+     * responding; dist/watchdog.c); 0 = wait for ever */
+    double collective_timeout;
     /* a step whose loss or gradient norm is NaN/inf: stop the run (keeping the
      * last checkpoint) or skip it (no optimizer update) */
     enum olmo_nonfinite_policy nonfinite;

@@ -15,6 +15,13 @@
 /* d's communicator: a sub-group's, or every rank's */
 static MPI_Comm comm_of(const struct olmo_dist *d) { return d->comm ? *(MPI_Comm *)d->comm : MPI_COMM_WORLD; }
 
+/* A blocking MPI call, watched (olmo_watchdog_enter): its status */
+static int left(int rc) {
+    olmo_watchdog_leave();
+    return rc;
+}
+#define WATCHED(what, call) (olmo_watchdog_enter(what), left(call))
+
 static int launched_by_mpi(void) {
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK") || getenv("MPI_LOCALNRANKS");
 }
@@ -31,8 +38,9 @@ int olmo_dist_init(struct olmo_dist *d, int *argc, char ***argv) {
 }
 
 void olmo_dist_finalize(struct olmo_dist *d) {
-    if (d->mpi_active) MPI_Finalize();
+    if (d->mpi_active) (void)WATCHED("MPI_Finalize", MPI_Finalize());
     d->mpi_active = 0;
+    olmo_watchdog_stop();
 }
 
 void olmo_dist_abort(const struct olmo_dist *d, int code) {
@@ -43,7 +51,8 @@ static int allreduce(const struct olmo_dist *d, void *buf, size_t n, MPI_Datatyp
     if (d->world == 1) return 0;
     for (size_t off = 0; off < n; off += MPI_CHUNK) {
         size_t count = n - off < MPI_CHUNK ? n - off : MPI_CHUNK;
-        if (MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * elem, (int)count, type, MPI_SUM, comm_of(d)) !=
+        void *at = (char *)buf + off * elem;
+        if (WATCHED("MPI all-reduce", MPI_Allreduce(MPI_IN_PLACE, at, (int)count, type, MPI_SUM, comm_of(d))) !=
             MPI_SUCCESS)
             return olmo_error("MPI_Allreduce failed");
     }
@@ -64,7 +73,8 @@ int olmo_dist_allgather_f32(const struct olmo_dist *d, float *buf, const size_t 
     for (int r = 0; r < d->world; r++)
         for (size_t off = offsets[r]; off < offsets[r + 1]; off += MPI_CHUNK) {
             size_t count = offsets[r + 1] - off < MPI_CHUNK ? offsets[r + 1] - off : MPI_CHUNK;
-            if (MPI_Bcast(buf + off, (int)count, MPI_FLOAT, r, comm_of(d)) != MPI_SUCCESS)
+            if (WATCHED("MPI all-gather (broadcasts)", MPI_Bcast(buf + off, (int)count, MPI_FLOAT, r, comm_of(d))) !=
+                MPI_SUCCESS)
                 return olmo_error("MPI_Bcast failed");
         }
     return 0;
@@ -73,7 +83,7 @@ int olmo_dist_allgather_f32(const struct olmo_dist *d, float *buf, const size_t 
 int olmo_dist_broadcast_bytes(const struct olmo_dist *d, void *buf, size_t bytes, int root) {
     if (d->world == 1) return 0;
     if (bytes > (size_t)1 << 30) return olmo_error("broadcast of %zu bytes: too large", bytes);
-    if (MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, comm_of(d)) != MPI_SUCCESS)
+    if (WATCHED("MPI broadcast", MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, comm_of(d))) != MPI_SUCCESS)
         return olmo_error("MPI_Bcast failed");
     return 0;
 }
@@ -98,7 +108,8 @@ int olmo_dist_gather_bytes(const struct olmo_dist *d, const void *send, size_t n
     }
     int rc = is_root && (!all || !cnt || !displ) ? olmo_error("out of memory gathering") : 0;
     /* every rank joins both collectives, even after a failure on root */
-    if (MPI_Gather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all, 1, MPI_UNSIGNED_LONG_LONG, root, MPI_COMM_WORLD) !=
+    if (WATCHED("MPI gather",
+                MPI_Gather(&mine, 1, MPI_UNSIGNED_LONG_LONG, all, 1, MPI_UNSIGNED_LONG_LONG, root, MPI_COMM_WORLD)) !=
         MPI_SUCCESS)
         rc = olmo_error("MPI_Gather failed");
     size_t total = 0;
@@ -112,7 +123,8 @@ int olmo_dist_gather_bytes(const struct olmo_dist *d, const void *send, size_t n
         if (total > (size_t)1 << 30) rc = olmo_error("gather of %zu bytes: too large", total);
         else if (!(*recv = malloc(total ? total : 1))) rc = olmo_error("out of memory gathering %zu bytes", total);
     }
-    if (!rc && MPI_Gatherv(send, (int)n, MPI_BYTE, *recv, cnt, displ, MPI_BYTE, root, MPI_COMM_WORLD) != MPI_SUCCESS)
+    if (!rc && WATCHED("MPI gather", MPI_Gatherv(send, (int)n, MPI_BYTE, *recv, cnt, displ, MPI_BYTE, root,
+                                                 MPI_COMM_WORLD)) != MPI_SUCCESS)
         rc = olmo_error("MPI_Gatherv failed");
     free(all);
     free(cnt);
@@ -130,7 +142,7 @@ int olmo_dist_split(const struct olmo_dist *d, int color, int key, struct olmo_d
     if (d->world == 1) return 0;
     MPI_Comm *c = olmo_malloc(sizeof *c, "communicator");
     if (!c) return -1;
-    if (MPI_Comm_split(comm_of(d), color, key, c) != MPI_SUCCESS) {
+    if (WATCHED("MPI_Comm_split", MPI_Comm_split(comm_of(d), color, key, c)) != MPI_SUCCESS) {
         free(c);
         return olmo_error("MPI_Comm_split failed");
     }
@@ -152,7 +164,8 @@ void olmo_dist_free_group(struct olmo_dist *sub) {
 int olmo_dist_allgather_equal_bytes(const struct olmo_dist *d, void *buf, size_t n) {
     if (d->world == 1) return 0;
     if (n > MPI_CHUNK) return olmo_error("all-gather of %zu bytes per rank: too large", n);
-    if (MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)n, MPI_BYTE, comm_of(d)) != MPI_SUCCESS)
+    if (WATCHED("MPI all-gather", MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)n, MPI_BYTE,
+                                                comm_of(d))) != MPI_SUCCESS)
         return olmo_error("MPI_Allgather failed");
     return 0;
 }
@@ -160,7 +173,8 @@ int olmo_dist_allgather_equal_bytes(const struct olmo_dist *d, void *buf, size_t
 int olmo_dist_reduce_scatter_f32(const struct olmo_dist *d, const float *in, float *out, size_t n) {
     if (d->world == 1) return n && out != in ? (memcpy(out, in, n * sizeof(float)), 0) : 0;
     if (n > MPI_CHUNK) return olmo_error("reduce-scatter of %zu floats per rank: too large", n);
-    if (MPI_Reduce_scatter_block(in, out, (int)n, MPI_FLOAT, MPI_SUM, comm_of(d)) != MPI_SUCCESS)
+    if (WATCHED("MPI reduce-scatter", MPI_Reduce_scatter_block(in, out, (int)n, MPI_FLOAT, MPI_SUM, comm_of(d))) !=
+        MPI_SUCCESS)
         return olmo_error("MPI_Reduce_scatter_block failed");
     return 0;
 }

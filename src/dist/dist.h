@@ -50,4 +50,21 @@ int olmo_dist_gather_bytes(const struct olmo_dist *d, const void *send, size_t n
 /* Copies root's bytes to every rank (e.g. an NCCL unique id). */
 int olmo_dist_broadcast_bytes(const struct olmo_dist *d, void *buf, size_t bytes, int root);
 
+/* The collective watchdog (train.collective_timeout; dist/watchdog.c): a thread
+ * that ends the process with OLMO_WATCHDOG_EXIT, naming the collective and the
+ * step, when one blocking collective has waited more than timeout_s seconds
+ * (a rank stopped responding).  Started only over several ranks and with
+ * timeout_s > 0; the process holds one, until olmo_dist_finalize. */
+#define OLMO_WATCHDOG_EXIT 3
+/* A second start replaces the first (its timeout). */
+int olmo_watchdog_start(const struct olmo_dist *d, double timeout_s);
+void olmo_watchdog_stop(void);
+/* The step that the messages name. */
+void olmo_watchdog_step(long step);
+/* Around a blocking wait for other ranks (what: a static string, e.g. "MPI
+ * all-reduce"); they nest, the outermost names the wait.  Cheap: two atomic
+ * stores; no-ops in effect while no watchdog runs. */
+void olmo_watchdog_enter(const char *what);
+void olmo_watchdog_leave(void);
+
 #endif

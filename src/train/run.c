@@ -310,6 +310,11 @@ int olmo_run_open(struct olmo_run *run, const struct olmo_run_options *opts) {
     run->tokens = run->st.tokens;
     run->start = run->last = olmo_now_seconds();
     run->opened = true;
+    /* from here on, a collective that waits longer than train.collective_timeout ends the job (dist/dist.h) */
+    if (opts->dist) {
+        olmo_watchdog_step(run->step);
+        if (olmo_watchdog_start(opts->dist, cfg->train.collective_timeout)) return -1;
+    }
     return 0;
 }
 
@@ -491,6 +496,7 @@ int olmo_run_step(struct olmo_run *run, struct olmo_run_step *out) {
     if (run->step >= limit) return 0;
     const int seq = t->seq_len;
     struct olmo_run_step s = {.step = ++run->step};
+    olmo_watchdog_step(s.step);
     const int rc = o->next_batch ? o->next_batch(o->ctx, run->batch, run->rows, seq)
                                  : olmo_loader_next(&run->loader, run->batch, (int)run->rows);
     if (rc) return -1;

@@ -130,7 +130,7 @@ static int cu_to_device(OLMO_BE, void *dst, const void *src, size_t bytes) {
 
 static int cu_to_host(OLMO_BE, void *dst, const void *src, size_t bytes) {
     (void)be;
-    if (bytes) OLMO_CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    if (bytes) OLMO_CUDA_WAIT(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
     return 0;
 }
 
@@ -197,7 +197,7 @@ static int cu_side_wait(OLMO_BE, int slot) {
 
 static int cu_synchronize(OLMO_BE) {
     (void)be;
-    OLMO_CUDA_TRY(cudaDeviceSynchronize());
+    OLMO_CUDA_WAIT(cudaDeviceSynchronize());
     return 0;
 }
 

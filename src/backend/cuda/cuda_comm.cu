@@ -14,9 +14,16 @@
 #include <nccl.h>
 #endif
 
-extern "C" {
-#include "dist/dist.h"
-}
+/* A collective, watched (dist/dist.h's collective watchdog): NCCL may block
+ * in the call (on the emulation it always does); on a GPU the wait for its
+ * kernels is watched where the host waits for the device (OLMO_CUDA_WAIT). */
+#define NCCL_WAIT(call, what)                                                                  \
+    do {                                                                                       \
+        olmo_watchdog_enter("NCCL " what);                                                     \
+        ncclResult_t r_ = (call);                                                              \
+        olmo_watchdog_leave();                                                                 \
+        if (r_ != ncclSuccess) return olmo_error("NCCL %s failed: %s", what, ncclGetErrorString(r_)); \
+    } while (0)
 
 /* The instance's communicator */
 #define COMM(be) ((ncclComm_t)CUDA_STATE(be)->comm)
@@ -33,7 +40,7 @@ int olmo_cuda_comm_init(OLMO_BE, const struct olmo_dist *dist) {
     if (dist->rank == 0) NCCL_TRY(ncclGetUniqueId(&id), "ncclGetUniqueId");
     if (olmo_dist_broadcast_bytes(dist, &id, sizeof id, 0)) return -1;
     ncclComm_t comm;
-    NCCL_TRY(ncclCommInitRank(&comm, dist->world, id, dist->rank), "ncclCommInitRank");
+    NCCL_WAIT(ncclCommInitRank(&comm, dist->world, id, dist->rank), "ncclCommInitRank");
     CUDA_STATE(be)->comm = comm;
     CUDA_STATE(be)->comm_world = dist->world;
     return 0;
@@ -41,14 +48,13 @@ int olmo_cuda_comm_init(OLMO_BE, const struct olmo_dist *dist) {
 
 int olmo_cuda_comm_allreduce_sum(OLMO_BE, float *buf, size_t n) {
     if (!COMM(be)) return olmo_error("NCCL all-reduce before the communicator was set up");
-    NCCL_TRY(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, COMM(be), 0), "all-reduce");
+    NCCL_WAIT(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, COMM(be), 0), "all-reduce");
     return 0;
 }
 
 /* Shards differ in size by one element at most, but ncclAllGather needs equal
  * counts: one broadcast per owner, in a group so NCCL runs them together. */
-int olmo_cuda_comm_allgather(OLMO_BE, float *buf, const size_t *offsets) {
-    if (!COMM(be)) return olmo_error("NCCL all-gather before the communicator was set up");
+static int broadcast_shards(OLMO_BE, float *buf, const size_t *offsets) {
     NCCL_TRY(ncclGroupStart(), "group start");
     for (int r = 0; r < CUDA_STATE(be)->comm_world; r++) {
         float *slice = buf + offsets[r];
@@ -60,6 +66,14 @@ int olmo_cuda_comm_allgather(OLMO_BE, float *buf, const size_t *offsets) {
     }
     NCCL_TRY(ncclGroupEnd(), "group end");
     return 0;
+}
+
+int olmo_cuda_comm_allgather(OLMO_BE, float *buf, const size_t *offsets) {
+    if (!COMM(be)) return olmo_error("NCCL all-gather before the communicator was set up");
+    olmo_watchdog_enter("NCCL all-gather (broadcasts)");
+    const int rc = broadcast_shards(be, buf, offsets);
+    olmo_watchdog_leave();
+    return rc;
 }
 
 void olmo_cuda_comm_destroy(OLMO_BE) {
@@ -80,7 +94,10 @@ void *olmo_cuda_comm_group_create(OLMO_BE, const struct olmo_dist *group) {
     }
     if (olmo_dist_broadcast_bytes(group, &id, sizeof id, 0)) return NULL;
     ncclComm_t comm;
-    if ((r = ncclCommInitRank(&comm, group->world, id, group->rank)) != ncclSuccess) {
+    olmo_watchdog_enter("NCCL ncclCommInitRank");
+    r = ncclCommInitRank(&comm, group->world, id, group->rank);
+    olmo_watchdog_leave();
+    if (r != ncclSuccess) {
         olmo_error("NCCL ncclCommInitRank (a group of %d ranks) failed: %s", group->world, ncclGetErrorString(r));
         return NULL;
     }
@@ -92,7 +109,7 @@ void *olmo_cuda_comm_group_create(OLMO_BE, const struct olmo_dist *group) {
 int olmo_cuda_comm_group_allgather(OLMO_BE, void *comm, void *buf, size_t n) {
     int rank;
     NCCL_TRY(ncclCommUserRank((ncclComm_t)comm, &rank), "ncclCommUserRank");
-    NCCL_TRY(ncclAllGather((char *)buf + (size_t)rank * n, buf, n, ncclInt8, (ncclComm_t)comm,
+    NCCL_WAIT(ncclAllGather((char *)buf + (size_t)rank * n, buf, n, ncclInt8, (ncclComm_t)comm,
                            olmo_cuda_current_stream(be)),
              "all-gather");
     return 0;
@@ -100,13 +117,13 @@ int olmo_cuda_comm_group_allgather(OLMO_BE, void *comm, void *buf, size_t n) {
 
 int olmo_cuda_comm_group_reduce_scatter(OLMO_BE, void *comm, const float *in, float *out, size_t n) {
     (void)be;
-    NCCL_TRY(ncclReduceScatter(in, out, n, ncclFloat32, ncclSum, (ncclComm_t)comm, 0), "reduce-scatter");
+    NCCL_WAIT(ncclReduceScatter(in, out, n, ncclFloat32, ncclSum, (ncclComm_t)comm, 0), "reduce-scatter");
     return 0;
 }
 
 int olmo_cuda_comm_group_allreduce_sum(OLMO_BE, void *comm, float *buf, size_t n) {
     (void)be;
-    NCCL_TRY(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, (ncclComm_t)comm, 0), "all-reduce");
+    NCCL_WAIT(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, (ncclComm_t)comm, 0), "all-reduce");
     return 0;
 }
 

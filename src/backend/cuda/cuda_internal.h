@@ -45,6 +45,7 @@
 extern "C" {
 #include "backend/backend.h"
 #include "backend/memcount.h"
+#include "dist/dist.h"
 #include "util/error.h"
 }
 
@@ -66,6 +67,17 @@ int olmo_cuda_check_launch(const char *kernel, const char *file, int line);
         cublasStatus_t st_ = (call);                                                               \
         if (st_ != CUBLAS_STATUS_SUCCESS)                                                          \
             return olmo_cuda_failed(#call, __FILE__, __LINE__, cublasGetStatusString(st_));       \
+    } while (0)
+/* OLMO_CUDA_TRY for a call that makes the host wait for the device: NCCL
+ * collectives run as kernels, so a rank that stopped responding shows here as
+ * a wait that never ends; the collective watchdog (train.collective_timeout,
+ * dist/dist.h) ends the process then. */
+#define OLMO_CUDA_WAIT(call)                                                                       \
+    do {                                                                                           \
+        olmo_watchdog_enter("a wait for the GPU (its kernels and NCCL collectives)");              \
+        cudaError_t err_ = (call);                                                                 \
+        olmo_watchdog_leave();                                                                     \
+        if (err_ != cudaSuccess) return olmo_cuda_failed(#call, __FILE__, __LINE__, cudaGetErrorString(err_)); \
     } while (0)
 /* After a kernel launch, in a function returning int. */
 #define OLMO_CUDA_LAUNCHED(name)                                                                   \

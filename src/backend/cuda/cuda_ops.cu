@@ -382,7 +382,7 @@ int olmo_cuda_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int 
     OLMO_LAUNCH(sum_doubles_kernel, 1, 1024, 0, out + 1, rows + n, (size_t)n);
     OLMO_CUDA_LAUNCHED("sum_doubles_kernel");
     double host[2];
-    OLMO_CUDA_TRY(cudaMemcpy(host, out, sizeof host, cudaMemcpyDeviceToHost));
+    OLMO_CUDA_WAIT(cudaMemcpy(host, out, sizeof host, cudaMemcpyDeviceToHost));
     *ce_sum = host[0];
     *z_sum = host[1];
     return 0;
@@ -412,7 +412,7 @@ int olmo_cuda_sum_squares(OLMO_BE, const float *x, size_t n, double *result) {
     OLMO_LAUNCH(sum_doubles_kernel, 1, 1024, 0, out, partial, SUMSQ_BLOCKS);
     OLMO_CUDA_LAUNCHED("sum_doubles_kernel");
     double host;
-    OLMO_CUDA_TRY(cudaMemcpy(&host, out, sizeof host, cudaMemcpyDeviceToHost));
+    OLMO_CUDA_WAIT(cudaMemcpy(&host, out, sizeof host, cudaMemcpyDeviceToHost));
     *result = host;
     return 0;
 }
