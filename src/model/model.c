@@ -441,10 +441,11 @@ int olmo_layer_forward(const struct olmo_model *m, int layer, const struct olmo_
     const struct olmo_layer_tensors *w = &m->lw[layer];
     const int N = shape->batch * shape->seq_len, D = c->d_model, Q = m->q_dim, K = m->kv_dim, F = c->mlp_hidden;
     const float eps = (float)c->rms_norm_eps;
-    /* attention block: h = x + norm(o_proj(attn(rope(qnorm(q)), rope(knorm(k)), v))) */
-    TRY(be->gemm(be, false, true, N, Q, D, 1.0f, a->x, OLMO_F32, D, WEIGHT(w->wq), D, 0.0f, a->q_raw, Q));
-    TRY(be->gemm(be, false, true, N, K, D, 1.0f, a->x, OLMO_F32, D, WEIGHT(w->wk), D, 0.0f, a->k_raw, K));
-    TRY(be->gemm(be, false, true, N, K, D, 1.0f, a->x, OLMO_F32, D, WEIGHT(w->wv), D, 0.0f, a->v, K));
+    /* attention block: h = x + norm(o_proj(attn(rope(qnorm(q)), rope(knorm(k)), v))); x and h are read
+     * from their bf16 copies where the layer keeps them (rounded once, the value a bf16 GEMM rounds to) */
+    TRY(be->gemm(be, false, true, N, Q, D, 1.0f, SAVED(a, OLMO_ACT_X, x), D, WEIGHT(w->wq), D, 0.0f, a->q_raw, Q));
+    TRY(be->gemm(be, false, true, N, K, D, 1.0f, SAVED(a, OLMO_ACT_X, x), D, WEIGHT(w->wk), D, 0.0f, a->k_raw, K));
+    TRY(be->gemm(be, false, true, N, K, D, 1.0f, SAVED(a, OLMO_ACT_X, x), D, WEIGHT(w->wv), D, 0.0f, a->v, K));
     TRY(be->rmsnorm_fwd(be, a->q, a->rstd_q, a->q_raw, w->q_norm, N, Q, eps));
     TRY(be->rmsnorm_fwd(be, a->k, a->rstd_k, a->k_raw, w->k_norm, N, K, eps));
     TRY(be->rope_fwd(be, a->q, rope_cos, rope_sin, N, shape->seq_len, c->n_heads, m->head_dim));
@@ -459,7 +460,9 @@ int olmo_layer_forward(const struct olmo_model *m, int layer, const struct olmo_
     TRY(be->gemm(be, false, true, N, D, Q, 1.0f, a->att, OLMO_F32, Q, WEIGHT(w->wo), Q, 0.0f, a->o, D));
     TRY(norm_add(be, a->h, a->rstd_o, a->x, a->o, w->attn_norm, tmp, N, D, eps));
     /* MLP block: out = h + norm(down(silu(gate(h)) * up(h))) */
-    TRY(ffn_inner_forward(m, w, a, a->h, OLMO_F32, N));
+    if (kept_bf16(a, OLMO_ACT_H)) /* here rather than in convert_kept: gate and up read it */
+        TRY(be->convert(be, a->saved[OLMO_ACT_H].data, OLMO_BF16, a->h, OLMO_F32, a->saved[OLMO_ACT_H].numel));
+    TRY(ffn_inner_forward(m, w, a, SAVED(a, OLMO_ACT_H, h), N));
     const bool s16 = s_direct16(m, a);
     TRY(be->gemm(be, false, true, N, D, F, 1.0f, s16 ? a->saved[OLMO_ACT_S].data : (const void *)a->s,
                  s16 ? OLMO_BF16 : OLMO_F32, F, WEIGHT(w->down), F, 0.0f, a->m, D));
@@ -474,7 +477,8 @@ static int convert_kept(const struct olmo_model *m, const struct olmo_layer_acts
     const struct olmo_backend *be = m->be;
     for (int i = 0; i < OLMO_ACT_LAYER_SLOTS; i++) {
         if (i == OLMO_ACT_X || !kept_bf16(a, (enum olmo_act_slot)i)) continue;
-        if (i == OLMO_ACT_S && s_direct16(m, a)) continue; /* written as bf16 by the forward */
+        /* written as bf16 by the forward: h before the MLP, s by swiglu_fwd_bf16 */
+        if (i == OLMO_ACT_H || (i == OLMO_ACT_S && s_direct16(m, a))) continue;
         const struct olmo_buf *b = &a->saved[i];
         if (save) TRY(be->convert(be, b->data, OLMO_BF16, a->slot[i], OLMO_F32, b->numel));
         else if (olmo_act_layer_specs[i].kind == OLMO_ACT_LARGE)
