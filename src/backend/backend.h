@@ -164,6 +164,23 @@ struct olmo_backend {
     int (*cross_entropy)(OLMO_BE, float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
                          float z_mult, double *ce_sum, double *z_sum);
 
+    /* Fused variants for a backend that multiplies in bf16 (NULL where a backend has none: the model
+     * then calls the ops above).  Each computes what the unfused ops compute, in the same fp32
+     * expressions, and rounds to bf16 (nearest even) only where a bf16 GEMM would round the value
+     * anyway, so results are bit-identical to the unfused path:
+     *   cross_entropy_bf16: cross_entropy, writing the gradient as bf16 into dlogits (row i at
+     *     dlogits + i * ld, ld >= vocab, in bf16 elements) instead of over the logits; dlogits may be
+     *     the logits buffer itself with ld = 2 * vocab (each row's gradient in the first half of its
+     *     own fp32 row), and the logits are undefined afterwards;
+     *   swiglu_fwd_bf16: s = bf16(silu(g) * u), the down projection's operand;
+     *   rmsnorm_add_fwd: y = resid + w * (x * rstd) (rmsnorm_fwd then add, without the normed tensor
+     *     in memory); y may alias resid. */
+    int (*cross_entropy_bf16)(OLMO_BE, float *logits, void *dlogits, size_t ld, const int32_t *targets, int n,
+                              int vocab, float grad_scale, float z_mult, double *ce_sum, double *z_sum);
+    int (*swiglu_fwd_bf16)(OLMO_BE, void *s, const float *g, const float *u, size_t n);
+    int (*rmsnorm_add_fwd)(OLMO_BE, float *y, float *rstd, const float *resid, const float *x, const float *w,
+                           int n, int dim, float eps);
+
     int (*sum_squares)(OLMO_BE, const float *x, size_t n, double *out); /* *out = sum of x[i]^2 */
     int (*scale)(OLMO_BE, float *x, size_t n, float s);
 

@@ -169,6 +169,21 @@ static int p_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int n
     TIMED(P_CE, in->cross_entropy(in, logits, targets, n, vocab, grad_scale, z_mult, ce_sum, z_sum));
     return rc;
 }
+static int p_cross_entropy_bf16(OLMO_BE, float *logits, void *dlogits, size_t ld, const int32_t *targets, int n,
+                                int vocab, float grad_scale, float z_mult, double *ce_sum, double *z_sum) {
+    TIMED(P_CE, in->cross_entropy_bf16(in, logits, dlogits, ld, targets, n, vocab, grad_scale, z_mult, ce_sum, z_sum));
+    return rc;
+}
+static int p_swiglu_fwd_bf16(OLMO_BE, void *s, const float *g, const float *u, size_t n) {
+    TIMED(P_SWIGLU_FWD, in->swiglu_fwd_bf16(in, s, g, u, n));
+    return rc;
+}
+/* counted as a norm: the add is a pass over what the norm writes */
+static int p_rmsnorm_add_fwd(OLMO_BE, float *y, float *rstd, const float *resid, const float *x, const float *w, int n,
+                             int dim, float eps) {
+    TIMED(P_RMSNORM_FWD, in->rmsnorm_add_fwd(in, y, rstd, resid, x, w, n, dim, eps));
+    return rc;
+}
 static int p_sum_squares(OLMO_BE, const float *x, size_t n, double *out) {
     TIMED(P_OPTIM, in->sum_squares(in, x, n, out));
     return rc;
@@ -257,6 +272,9 @@ struct olmo_backend *olmo_backend_profiled(const struct olmo_backend *inner) {
         .attention_fwd = p_attention_fwd, .attention_bwd = p_attention_bwd, .swiglu_fwd = p_swiglu_fwd,
         .swiglu_bwd = p_swiglu_bwd, .add = p_add, .cross_entropy = p_cross_entropy, .sum_squares = p_sum_squares,
         .scale = p_scale, .adamw = p_adamw,
+        .cross_entropy_bf16 = inner->cross_entropy_bf16 ? p_cross_entropy_bf16 : NULL,
+        .swiglu_fwd_bf16 = inner->swiglu_fwd_bf16 ? p_swiglu_fwd_bf16 : NULL,
+        .rmsnorm_add_fwd = inner->rmsnorm_add_fwd ? p_rmsnorm_add_fwd : NULL,
         .attention_cached = inner->attention_cached ? p_attention_cached : NULL,
         .comm_init = inner->comm_init ? p_comm_init : NULL,
         .comm_allreduce_sum = inner->comm_allreduce_sum ? p_comm_allreduce_sum : NULL,

@@ -405,6 +405,12 @@ static int cache_store(const struct olmo_backend *be, float *cache, const float 
     return 0;
 }
 
+/* Whether s goes straight into its saved bf16 copy (the backend's swiglu_fwd_bf16: the value the down
+ * projection's GEMM and convert_kept would round it to), with no fp32 s in memory. */
+static bool s_direct16(const struct olmo_model *m, const struct olmo_layer_acts *a) {
+    return m->be->swiglu_fwd_bf16 && kept_bf16(a, OLMO_ACT_S);
+}
+
 /* The MLP's inner activations from its input h: g = gate(h), u = up(h), s = silu(g) * u (the forward
  * pass and the feed_forward recompute run this same code, so the recomputed values are bit-identical). */
 static int ffn_inner_forward(const struct olmo_model *m, const struct olmo_layer_tensors *w,
@@ -413,8 +419,18 @@ static int ffn_inner_forward(const struct olmo_model *m, const struct olmo_layer
     const int D = m->cfg.d_model, F = m->cfg.mlp_hidden;
     TRY(be->gemm(be, false, true, N, F, D, 1.0f, h, h_type, D, WEIGHT(w->gate), D, 0.0f, a->g, F));
     TRY(be->gemm(be, false, true, N, F, D, 1.0f, h, h_type, D, WEIGHT(w->up), D, 0.0f, a->u, F));
-    TRY(be->swiglu_fwd(be, a->s, a->g, a->u, (size_t)N * F));
+    if (s_direct16(m, a)) TRY(be->swiglu_fwd_bf16(be, a->saved[OLMO_ACT_S].data, a->g, a->u, (size_t)N * F));
+    else TRY(be->swiglu_fwd(be, a->s, a->g, a->u, (size_t)N * F));
     return 0;
+}
+
+/* y = resid + rmsnorm(x) (rstd kept): one fused op where the backend has it, else the norm into tmp
+ * and the add, with the same values. */
+static int norm_add(const struct olmo_backend *be, float *y, float *rstd, const float *resid, const float *x,
+                    const float *w, float *tmp, int N, int D, float eps) {
+    if (be->rmsnorm_add_fwd) return be->rmsnorm_add_fwd(be, y, rstd, resid, x, w, N, D, eps);
+    TRY(be->rmsnorm_fwd(be, tmp, rstd, x, w, N, D, eps));
+    return be->add(be, y, resid, tmp, (size_t)N * D);
 }
 
 int olmo_layer_forward(const struct olmo_model *m, int layer, const struct olmo_layer_acts *a, float *out,
@@ -425,10 +441,11 @@ int olmo_layer_forward(const struct olmo_model *m, int layer, const struct olmo_
     const struct olmo_layer_tensors *w = &m->lw[layer];
     const int N = shape->batch * shape->seq_len, D = c->d_model, Q = m->q_dim, K = m->kv_dim, F = c->mlp_hidden;
     const float eps = (float)c->rms_norm_eps;
-    /* attention block: h = x + norm(o_proj(attn(rope(qnorm(q)), rope(knorm(k)), v))) */
-    TRY(be->gemm(be, false, true, N, Q, D, 1.0f, a->x, OLMO_F32, D, WEIGHT(w->wq), D, 0.0f, a->q_raw, Q));
-    TRY(be->gemm(be, false, true, N, K, D, 1.0f, a->x, OLMO_F32, D, WEIGHT(w->wk), D, 0.0f, a->k_raw, K));
-    TRY(be->gemm(be, false, true, N, K, D, 1.0f, a->x, OLMO_F32, D, WEIGHT(w->wv), D, 0.0f, a->v, K));
+    /* attention block: h = x + norm(o_proj(attn(rope(qnorm(q)), rope(knorm(k)), v))); x and h are read
+     * from their bf16 copies where the layer keeps them (rounded once, the value a bf16 GEMM rounds to) */
+    TRY(be->gemm(be, false, true, N, Q, D, 1.0f, SAVED(a, OLMO_ACT_X, x), D, WEIGHT(w->wq), D, 0.0f, a->q_raw, Q));
+    TRY(be->gemm(be, false, true, N, K, D, 1.0f, SAVED(a, OLMO_ACT_X, x), D, WEIGHT(w->wk), D, 0.0f, a->k_raw, K));
+    TRY(be->gemm(be, false, true, N, K, D, 1.0f, SAVED(a, OLMO_ACT_X, x), D, WEIGHT(w->wv), D, 0.0f, a->v, K));
     TRY(be->rmsnorm_fwd(be, a->q, a->rstd_q, a->q_raw, w->q_norm, N, Q, eps));
     TRY(be->rmsnorm_fwd(be, a->k, a->rstd_k, a->k_raw, w->k_norm, N, K, eps));
     TRY(be->rope_fwd(be, a->q, rope_cos, rope_sin, N, shape->seq_len, c->n_heads, m->head_dim));
@@ -441,13 +458,15 @@ int olmo_layer_forward(const struct olmo_model *m, int layer, const struct olmo_
         TRY(be->attention_fwd(be, a->att, a->lse, a->q, a->k, a->v, doc_ids, shape));
     }
     TRY(be->gemm(be, false, true, N, D, Q, 1.0f, a->att, OLMO_F32, Q, WEIGHT(w->wo), Q, 0.0f, a->o, D));
-    TRY(be->rmsnorm_fwd(be, tmp, a->rstd_o, a->o, w->attn_norm, N, D, eps));
-    TRY(be->add(be, a->h, a->x, tmp, (size_t)N * D));
+    TRY(norm_add(be, a->h, a->rstd_o, a->x, a->o, w->attn_norm, tmp, N, D, eps));
     /* MLP block: out = h + norm(down(silu(gate(h)) * up(h))) */
-    TRY(ffn_inner_forward(m, w, a, a->h, OLMO_F32, N));
-    TRY(be->gemm(be, false, true, N, D, F, 1.0f, a->s, OLMO_F32, F, WEIGHT(w->down), F, 0.0f, a->m, D));
-    TRY(be->rmsnorm_fwd(be, tmp, a->rstd_m, a->m, w->ff_norm, N, D, eps));
-    TRY(be->add(be, out, a->h, tmp, (size_t)N * D));
+    if (kept_bf16(a, OLMO_ACT_H)) /* here rather than in convert_kept: gate and up read it */
+        TRY(be->convert(be, a->saved[OLMO_ACT_H].data, OLMO_BF16, a->h, OLMO_F32, a->saved[OLMO_ACT_H].numel));
+    TRY(ffn_inner_forward(m, w, a, SAVED(a, OLMO_ACT_H, h), N));
+    const bool s16 = s_direct16(m, a);
+    TRY(be->gemm(be, false, true, N, D, F, 1.0f, s16 ? a->saved[OLMO_ACT_S].data : (const void *)a->s,
+                 s16 ? OLMO_BF16 : OLMO_F32, F, WEIGHT(w->down), F, 0.0f, a->m, D));
+    TRY(norm_add(be, out, a->rstd_m, a->h, a->m, w->ff_norm, tmp, N, D, eps));
     return 0;
 }
 
@@ -458,6 +477,8 @@ static int convert_kept(const struct olmo_model *m, const struct olmo_layer_acts
     const struct olmo_backend *be = m->be;
     for (int i = 0; i < OLMO_ACT_LAYER_SLOTS; i++) {
         if (i == OLMO_ACT_X || !kept_bf16(a, (enum olmo_act_slot)i)) continue;
+        /* written as bf16 by the forward: h before the MLP, s by swiglu_fwd_bf16 */
+        if (i == OLMO_ACT_H || (i == OLMO_ACT_S && s_direct16(m, a))) continue;
         const struct olmo_buf *b = &a->saved[i];
         if (save) TRY(be->convert(be, b->data, OLMO_BF16, a->slot[i], OLMO_F32, b->numel));
         else if (olmo_act_layer_specs[i].kind == OLMO_ACT_LARGE)
@@ -534,6 +555,7 @@ int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_mas
     float *xn = xn16 ? m->dtmp : xn_saved->data; /* saved as bf16: computed in fp32 scratch first */
     TRY(be->rmsnorm_fwd(be, xn, m->rstd_final, m->x_final, m->final_norm, N, D, eps));
     TRY(be->gemm(be, false, true, N, V, D, 1.0f, xn, OLMO_F32, D, WEIGHT(m->lm_head), D, 0.0f, m->logits, V));
+    m->dlogits_bf16 = false;
     if (xn16) TRY(be->convert(be, xn_saved->data, OLMO_BF16, xn, OLMO_F32, (size_t)N * D));
     return 0;
 }
@@ -542,7 +564,14 @@ int olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_sca
                      double *ce_sum, double *z_sum) {
     const int N = m->batch * m->seq_len;
     TRY(m->be->to_device(m->be, m->targets, targets, sizeof(int32_t) * (size_t)N));
-    TRY(m->be->cross_entropy(m->be, m->logits, m->targets, N, m->cfg.vocab_size, grad_scale, z_mult, ce_sum, z_sum));
+    const int V = m->cfg.vocab_size;
+    if (m->be->cross_entropy_bf16) { /* the gradient as the LM head's bf16 GEMMs read it, in place */
+        TRY(m->be->cross_entropy_bf16(m->be, m->logits, m->logits, 2 * (size_t)V, m->targets, N, V, grad_scale,
+                                      z_mult, ce_sum, z_sum));
+        m->dlogits_bf16 = true;
+        return 0;
+    }
+    TRY(m->be->cross_entropy(m->be, m->logits, m->targets, N, V, grad_scale, z_mult, ce_sum, z_sum));
     return 0;
 }
 
@@ -623,9 +652,12 @@ int olmo_model_backward(struct olmo_model *m) {
         TRY(be->zero(be, m->d_final_norm, sizeof(float) * (size_t)D));
     }
     /* LM head and final norm; m->logits holds dL/dlogits. */
-    TRY(be->gemm(be, false, false, N, D, V, 1.0f, m->logits, OLMO_F32, V, WEIGHT(m->lm_head), D, 0.0f, m->dtmp, D));
+    const enum olmo_float_type dl_type = m->dlogits_bf16 ? OLMO_BF16 : OLMO_F32;
+    const int ld_dl = m->dlogits_bf16 ? 2 * V : V;
+    TRY(be->gemm(be, false, false, N, D, V, 1.0f, m->logits, dl_type, ld_dl, WEIGHT(m->lm_head), D, 0.0f, m->dtmp, D));
     const struct olmo_buf *xn = &m->bufs[OLMO_ACT_XN_FINAL];
-    TRY(be->gemm(be, true, false, V, D, N, 1.0f, m->logits, OLMO_F32, V, xn->data, xn->dtype, D, gb, m->d_lm_head, D));
+    TRY(be->gemm(be, true, false, V, D, N, 1.0f, m->logits, dl_type, ld_dl, xn->data, xn->dtype, D, gb, m->d_lm_head,
+                 D));
     TRY(be->rmsnorm_bwd(be, m->dx, m->d_final_norm, m->dtmp, m->x_final, m->final_norm, m->rstd_final, N, D));
     /* m->dx: gradient w.r.t. the current layer's output. */
     for (int l = c->n_layers - 1; l >= 0; l--) {

@@ -125,6 +125,9 @@ struct olmo_model {
     size_t act_bytes;
     float *resid; /* the fp32 input of the layers that save x as bf16 (NULL when none does) */
     float *x_final, *rstd_final, *logits;
+    /* olmo_model_loss left the logits' gradient as bf16 in the first half of each logits row (the
+     * backend's cross_entropy_bf16; bf16 leading dimension 2 * vocab), not as fp32 over the row */
+    bool dlogits_bf16;
     void *round16;
     float *rope_cos, *rope_sin;
     int32_t *tokens, *targets, *doc_ids;
@@ -201,7 +204,8 @@ const struct olmo_param *olmo_model_find_param(const struct olmo_model *m, const
  * doc_masking: attention does not cross EOS boundaries (the EOS closes its document). */
 int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_masking);
 /* Cross-entropy (+ z-loss) against targets [batch*seq_len] (host; <0 ignored).
- * Replaces m->logits with the gradient of grad_scale * sum(ce + z_mult * lse^2). */
+ * Replaces m->logits with the gradient of grad_scale * sum(ce + z_mult * lse^2): fp32, or as bf16 in
+ * place (m->dlogits_bf16) where the backend has cross_entropy_bf16. */
 int olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_scale, float z_mult,
                     double *ce_sum, double *z_sum);
 /* Backpropagates from the gradient left in m->logits; accumulates into m->grads (or sets them: see

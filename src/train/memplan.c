@@ -34,6 +34,7 @@ struct backend_desc {
     bool device, bf16_compute; /* bf16_compute: the model keeps a bf16 compute copy */
     bool bf16_attention;       /* CPU attention's products in bf16 */
     bool bf16_gemm_operands;   /* GEMMs round fp32 activation operands into bf16 scratch */
+    bool bf16_dlogits;         /* cross_entropy_bf16: the logits' gradient reaches the GEMMs as bf16 */
     enum scratch_kind scratch;
     size_t align;
 };
@@ -66,7 +67,7 @@ static int describe_backend(const char *name, struct backend_desc *d) {
     for (size_t i = 0; i < sizeof cuda_fp32 / sizeof *cuda_fp32; i++)
         if (!strcmp(name, cuda_fp32[i])) return 0;
     if (!strcmp(name, "cuda-bf16")) {
-        d->bf16_compute = d->bf16_gemm_operands = true;
+        d->bf16_compute = d->bf16_gemm_operands = d->bf16_dlogits = true;
         return 0;
     }
     return olmo_error("unknown backend '%s' for the memory plan (cpu, cpu-openblas, cpu-onednn, cpu-bf16, cuda, "
@@ -121,13 +122,15 @@ static double cpu_norm_runs(double n, double dim) {
 static double scratch(const struct backend_desc *d, const struct shapes *s, enum olmo_act_ckpt mode, bool probe,
                       int threads) {
     const double N = s->N, B = s->B, T = s->T, H = s->H, HK = s->HK, hd = s->hd;
-    /* GEMM operands: A is [tokens x max(V, F, D, Q)] at most (the logits in the LM head's backward);
+    /* GEMM operands: A is [tokens x max(V, F, D, Q)] at most (the logits' gradient in the LM head's
+     * backward; [tokens x max(F, D, Q)] where that gradient is bf16 already: dg, du, s);
      * an activation B operand is a weight gradient's (model.c's backward) and the weights are the bf16
      * compute copy.  Rounding every operand (the CPU fallback), the widest B is [tokens x max(D, F, Q)];
      * packing only the fp32 ones (oneDNN's bf16 matmul, cuda-bf16), the bf16 saved s, h and x are read
      * as they are: the fp32 B operands are att [N x Q] always, and what a checkpointed layer
      * recomputes into the shared fp32 set: s [N x F] (feed_forward, block), h and x [N x D] (block). */
-    double a_max = N * max2(max2(s->V, s->F), max2(s->D, s->Q)), b_max = N * max2(s->F, max2(s->D, s->Q));
+    double a_max = N * max2(max2(d->bf16_dlogits ? 0 : s->V, s->F), max2(s->D, s->Q)),
+           b_max = N * max2(s->F, max2(s->D, s->Q));
     if (d->bf16_gemm_operands)
         b_max = N * max2(s->Q, max2(mode == OLMO_ACT_CKPT_BLOCK ? s->D : 0, mode != OLMO_ACT_CKPT_NONE ? s->F : 0));
     if (probe) {

@@ -438,6 +438,13 @@ extern "C" struct olmo_backend *olmo_backend_cuda_create(enum olmo_cuda_gemm_pre
     be->swiglu_bwd = olmo_cuda_swiglu_bwd;
     be->add = olmo_cuda_add;
     be->cross_entropy = olmo_cuda_cross_entropy;
+    /* the fused ops (backend.h) in cuda-bf16, whose GEMMs round operands to bf16 themselves; the other
+     * variants run op for op what the CPU backend runs (the profile's op counts agree) */
+    if (precision == OLMO_CUDA_BF16) {
+        be->cross_entropy_bf16 = olmo_cuda_cross_entropy_bf16;
+        be->swiglu_fwd_bf16 = olmo_cuda_swiglu_fwd_bf16;
+        be->rmsnorm_add_fwd = olmo_cuda_rmsnorm_add_fwd;
+    }
     be->sum_squares = olmo_cuda_sum_squares;
     be->scale = olmo_cuda_scale;
     be->adamw = olmo_cuda_adamw;

@@ -1,6 +1,8 @@
 /* The CUDA backend's elementwise, normalisation and reduction ops (one kernel
  * or a few per op of backend.h): embedding, RMSNorm, RoPE, SwiGLU, add,
- * scale, cross-entropy, sum of squares, AdamW.  Fidelity and determinism
+ * scale, cross-entropy, sum of squares, AdamW, and the fused ops of a
+ * backend that multiplies in bf16 (rmsnorm + add, SwiGLU to bf16,
+ * cross-entropy to bf16 gradients).  Fidelity and determinism
  * rules are at the top of cuda_backend.cu; errors as in cuda_internal.h. */
 #include <math.h>
 #include <stdlib.h>
@@ -166,6 +168,34 @@ int olmo_cuda_rmsnorm_fwd(OLMO_BE, float *y, float *rstd, const float *x, const 
     return 0;
 }
 
+/* y = resid + rmsnorm(x) * w: rmsnorm_fwd_kernel's statistics and expression, then the add (y may alias
+ * resid: each element is read and then written by the same thread). */
+static __global__ void rmsnorm_add_fwd_kernel(float *y, float *rstd, const float *resid, const float *x,
+                                              const float *w, int dim, float eps) {
+    __shared__ double red[32];
+    const size_t row = blockIdx.x;
+    const float *xi = x + row * dim, *ri = resid + row * dim;
+    float *yi = y + row * dim;
+    double ss = 0.0;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += (double)xi[j] * xi[j];
+    ss = block_sum(ss, red);
+    const float r = (float)(1.0 / sqrt(ss / dim + eps));
+    if (threadIdx.x == 0) rstd[row] = r;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+        const float normed = w[j] * (xi[j] * r);
+        yi[j] = ri[j] + normed;
+    }
+}
+
+int olmo_cuda_rmsnorm_add_fwd(OLMO_BE, float *y, float *rstd, const float *resid, const float *x, const float *w,
+                               int n, int dim, float eps) {
+    (void)be;
+    if (n <= 0 || dim <= 0) return 0;
+    OLMO_LAUNCH(rmsnorm_add_fwd_kernel, n, ROW_THREADS, 0, y, rstd, resid, x, w, dim, eps);
+    OLMO_CUDA_LAUNCHED("rmsnorm_add_fwd_kernel");
+    return 0;
+}
+
 /* dw partials: block (column tile, chunk of rows); partial[chunk][j] = sum over the chunk's rows. */
 static __global__ void rmsnorm_dw_partial_kernel(double *partial, const float *dy, const float *x,
                                                  const float *rstd, int n, int dim, int rows_per_chunk) {
@@ -269,62 +299,178 @@ int olmo_cuda_rope_bwd(OLMO_BE, float *dx, const float *cos_t, const float *sin_
 
 /* ------------------------------------------------- SwiGLU, add, scale */
 
+/* The elementwise kernels: each thread takes four consecutive elements at a
+ * time through 16-byte loads and stores (float4) where every pointer of the
+ * call is 16-byte aligned, then the n % 4 left over one by one; otherwise
+ * one element at a time.  Either way every element is the same expression of
+ * its inputs, so the two paths give the same bits. */
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* Blocks for n elements taken four at a time. */
+static unsigned ew4_blocks(size_t n) { return olmo_cuda_ew_blocks(n / 4 + 1); }
+
+/* This thread's first index and the grid's stride (grid-stride loops). */
+#define EW_TID ((size_t)blockIdx.x * blockDim.x + threadIdx.x)
+#define EW_STRIDE ((size_t)gridDim.x * blockDim.x)
+
+static __device__ __forceinline__ float silu_mul(float x, float u) { return x / (1.0f + expf(-x)) * u; }
+
+static __device__ __forceinline__ void swiglu_grad(float gi, float ui, float dsi, float *dg, float *du) {
+    const float sig = 1.0f / (1.0f + expf(-gi));
+    const float sl = gi * sig;
+    *du = dsi * sl;
+    *dg = dsi * ui * sig * (1.0f + gi * (1.0f - sig));
+}
+
+template <bool VEC>
 static __global__ void swiglu_fwd_kernel(float *out, const float *g, const float *u, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const float x = g[i];
-        out[i] = x / (1.0f + expf(-x)) * u[i];
+    if (VEC) {
+        for (size_t v = EW_TID; v < n / 4; v += EW_STRIDE) {
+            const float4 a = ((const float4 *)g)[v], b = ((const float4 *)u)[v];
+            float4 r;
+            r.x = silu_mul(a.x, b.x);
+            r.y = silu_mul(a.y, b.y);
+            r.z = silu_mul(a.z, b.z);
+            r.w = silu_mul(a.w, b.w);
+            ((float4 *)out)[v] = r;
+        }
+        for (size_t i = n / 4 * 4 + EW_TID; i < n; i += EW_STRIDE) out[i] = silu_mul(g[i], u[i]);
+    } else {
+        for (size_t i = EW_TID; i < n; i += EW_STRIDE) out[i] = silu_mul(g[i], u[i]);
     }
 }
 
+/* Four bf16 values: one 8-byte store. */
+struct alignas(8) olmo_bf16x4 {
+    __nv_bfloat16 v[4];
+};
+
+template <bool VEC>
+static __global__ void swiglu_fwd_bf16_kernel(__nv_bfloat16 *out, const float *g, const float *u, size_t n) {
+    if (VEC) {
+        for (size_t v = EW_TID; v < n / 4; v += EW_STRIDE) {
+            const float4 a = ((const float4 *)g)[v], b = ((const float4 *)u)[v];
+            olmo_bf16x4 r;
+            r.v[0] = __float2bfloat16(silu_mul(a.x, b.x));
+            r.v[1] = __float2bfloat16(silu_mul(a.y, b.y));
+            r.v[2] = __float2bfloat16(silu_mul(a.z, b.z));
+            r.v[3] = __float2bfloat16(silu_mul(a.w, b.w));
+            ((olmo_bf16x4 *)out)[v] = r;
+        }
+        for (size_t i = n / 4 * 4 + EW_TID; i < n; i += EW_STRIDE) out[i] = __float2bfloat16(silu_mul(g[i], u[i]));
+    } else {
+        for (size_t i = EW_TID; i < n; i += EW_STRIDE) out[i] = __float2bfloat16(silu_mul(g[i], u[i]));
+    }
+}
+
+template <bool VEC>
 static __global__ void swiglu_bwd_kernel(float *dg, float *du, const float *ds, const float *g, const float *u,
                                          size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const float gi = g[i], ui = u[i], dsi = ds[i];
-        const float sig = 1.0f / (1.0f + expf(-gi));
-        const float sl = gi * sig;
-        du[i] = dsi * sl;
-        dg[i] = dsi * ui * sig * (1.0f + gi * (1.0f - sig));
+    if (VEC) {
+        for (size_t v = EW_TID; v < n / 4; v += EW_STRIDE) {
+            const float4 a = ((const float4 *)g)[v], b = ((const float4 *)u)[v], d = ((const float4 *)ds)[v];
+            float4 rg, ru;
+            swiglu_grad(a.x, b.x, d.x, &rg.x, &ru.x);
+            swiglu_grad(a.y, b.y, d.y, &rg.y, &ru.y);
+            swiglu_grad(a.z, b.z, d.z, &rg.z, &ru.z);
+            swiglu_grad(a.w, b.w, d.w, &rg.w, &ru.w);
+            ((float4 *)dg)[v] = rg;
+            ((float4 *)du)[v] = ru;
+        }
+        for (size_t i = n / 4 * 4 + EW_TID; i < n; i += EW_STRIDE) swiglu_grad(g[i], u[i], ds[i], &dg[i], &du[i]);
+    } else {
+        for (size_t i = EW_TID; i < n; i += EW_STRIDE) swiglu_grad(g[i], u[i], ds[i], &dg[i], &du[i]);
     }
 }
 
 int olmo_cuda_swiglu_fwd(OLMO_BE, float *out, const float *g, const float *u, size_t n) {
     (void)be;
     if (!n) return 0;
-    OLMO_LAUNCH(swiglu_fwd_kernel, olmo_cuda_ew_blocks(n), EW_THREADS, 0, out, g, u, n);
+    if (aligned16(out) && aligned16(g) && aligned16(u))
+        OLMO_LAUNCH(swiglu_fwd_kernel<true>, ew4_blocks(n), EW_THREADS, 0, out, g, u, n);
+    else
+        OLMO_LAUNCH(swiglu_fwd_kernel<false>, olmo_cuda_ew_blocks(n), EW_THREADS, 0, out, g, u, n);
     OLMO_CUDA_LAUNCHED("swiglu_fwd_kernel");
+    return 0;
+}
+
+int olmo_cuda_swiglu_fwd_bf16(OLMO_BE, void *out, const float *g, const float *u, size_t n) {
+    (void)be;
+    if (!n) return 0;
+    __nv_bfloat16 *o = (__nv_bfloat16 *)out;
+    if (((uintptr_t)out & 7u) == 0 && aligned16(g) && aligned16(u))
+        OLMO_LAUNCH(swiglu_fwd_bf16_kernel<true>, ew4_blocks(n), EW_THREADS, 0, o, g, u, n);
+    else
+        OLMO_LAUNCH(swiglu_fwd_bf16_kernel<false>, olmo_cuda_ew_blocks(n), EW_THREADS, 0, o, g, u, n);
+    OLMO_CUDA_LAUNCHED("swiglu_fwd_bf16_kernel");
     return 0;
 }
 
 int olmo_cuda_swiglu_bwd(OLMO_BE, float *dg, float *du, const float *ds, const float *g, const float *u, size_t n) {
     (void)be;
     if (!n) return 0;
-    OLMO_LAUNCH(swiglu_bwd_kernel, olmo_cuda_ew_blocks(n), EW_THREADS, 0, dg, du, ds, g, u, n);
+    if (aligned16(dg) && aligned16(du) && aligned16(ds) && aligned16(g) && aligned16(u))
+        OLMO_LAUNCH(swiglu_bwd_kernel<true>, ew4_blocks(n), EW_THREADS, 0, dg, du, ds, g, u, n);
+    else
+        OLMO_LAUNCH(swiglu_bwd_kernel<false>, olmo_cuda_ew_blocks(n), EW_THREADS, 0, dg, du, ds, g, u, n);
     OLMO_CUDA_LAUNCHED("swiglu_bwd_kernel");
     return 0;
 }
 
+/* y may alias a or b: each element is read and then written by the same thread. */
+template <bool VEC>
 static __global__ void add_kernel(float *y, const float *a, const float *b, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        y[i] = a[i] + b[i];
+    if (VEC) {
+        for (size_t v = EW_TID; v < n / 4; v += EW_STRIDE) {
+            const float4 p = ((const float4 *)a)[v], q = ((const float4 *)b)[v];
+            float4 r;
+            r.x = p.x + q.x;
+            r.y = p.y + q.y;
+            r.z = p.z + q.z;
+            r.w = p.w + q.w;
+            ((float4 *)y)[v] = r;
+        }
+        for (size_t i = n / 4 * 4 + EW_TID; i < n; i += EW_STRIDE) y[i] = a[i] + b[i];
+    } else {
+        for (size_t i = EW_TID; i < n; i += EW_STRIDE) y[i] = a[i] + b[i];
+    }
 }
 
 int olmo_cuda_add(OLMO_BE, float *y, const float *a, const float *b, size_t n) {
     (void)be;
     if (!n) return 0;
-    OLMO_LAUNCH(add_kernel, olmo_cuda_ew_blocks(n), EW_THREADS, 0, y, a, b, n);
+    if (aligned16(y) && aligned16(a) && aligned16(b))
+        OLMO_LAUNCH(add_kernel<true>, ew4_blocks(n), EW_THREADS, 0, y, a, b, n);
+    else
+        OLMO_LAUNCH(add_kernel<false>, olmo_cuda_ew_blocks(n), EW_THREADS, 0, y, a, b, n);
     OLMO_CUDA_LAUNCHED("add_kernel");
     return 0;
 }
 
+template <bool VEC>
 static __global__ void scale_kernel(float *x, size_t n, float s) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        x[i] *= s;
+    if (VEC) {
+        for (size_t v = EW_TID; v < n / 4; v += EW_STRIDE) {
+            float4 p = ((float4 *)x)[v];
+            p.x *= s;
+            p.y *= s;
+            p.z *= s;
+            p.w *= s;
+            ((float4 *)x)[v] = p;
+        }
+        for (size_t i = n / 4 * 4 + EW_TID; i < n; i += EW_STRIDE) x[i] *= s;
+    } else {
+        for (size_t i = EW_TID; i < n; i += EW_STRIDE) x[i] *= s;
+    }
 }
 
 int olmo_cuda_scale(OLMO_BE, float *x, size_t n, float s) {
     (void)be;
     if (!n) return 0;
-    OLMO_LAUNCH(scale_kernel, olmo_cuda_ew_blocks(n), EW_THREADS, 0, x, n, s);
+    if (aligned16(x))
+        OLMO_LAUNCH(scale_kernel<true>, ew4_blocks(n), EW_THREADS, 0, x, n, s);
+    else
+        OLMO_LAUNCH(scale_kernel<false>, olmo_cuda_ew_blocks(n), EW_THREADS, 0, x, n, s);
     OLMO_CUDA_LAUNCHED("scale_kernel");
     return 0;
 }
@@ -334,16 +480,27 @@ int olmo_cuda_scale(OLMO_BE, float *x, size_t n, float s) {
 #define CE_THREADS 512
 
 /* One block per row: max, then sum of fp32 exponentials in double, lse; the
- * row is overwritten with d(grad_scale * (ce + z_mult * lse^2))/dlogits. */
-static __global__ void cross_entropy_kernel(float *logits, const int32_t *targets, int vocab, float grad_scale,
-                                            float z_mult, double *ce_rows, double *z_rows) {
+ * row's d(grad_scale * (ce + z_mult * lse^2))/dlogits goes over the row
+ * (D16 false) or, rounded to bf16, to d16 + row * ld16 (D16 true), which may
+ * be the first half of the row itself (ld16 = 2 * vocab): each chunk of
+ * blockDim.x gradients is computed from the logits, then, after a barrier,
+ * stored, and chunk c's stores land in bytes [2 c B, 2 (c + 1) B) of the row,
+ * below every logit a later chunk reads (from byte 4 (c + 1) B on). */
+template <bool D16>
+static __global__ void cross_entropy_kernel(float *logits, __nv_bfloat16 *d16, size_t ld16, const int32_t *targets,
+                                            int vocab, float grad_scale, float z_mult, double *ce_rows,
+                                            double *z_rows) {
     __shared__ double red[32];
     __shared__ float redf[32];
     const size_t i = blockIdx.x;
     float *row = logits + i * vocab;
+    __nv_bfloat16 *row16 = D16 ? d16 + i * ld16 : NULL;
     const int target = targets[i];
     if (target < 0) { /* block-uniform */
-        for (int j = threadIdx.x; j < vocab; j += blockDim.x) row[j] = 0.0f;
+        for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
+            if (D16) row16[j] = __float2bfloat16(0.0f);
+            else row[j] = 0.0f;
+        }
         if (threadIdx.x == 0) ce_rows[i] = z_rows[i] = 0.0;
         return;
     }
@@ -354,28 +511,44 @@ static __global__ void cross_entropy_kernel(float *logits, const int32_t *target
     mx = block_max(mx, redf);
     double sum = 0.0;
     for (int j = threadIdx.x; j < vocab; j += blockDim.x) sum += expf(row[j] - mx);
-    sum = block_sum(sum, red);
+    sum = block_sum(sum, red); /* ends with a barrier: every logit read above is read before any store */
     const double lse = mx + log(sum);
     if (threadIdx.x == 0) {
         ce_rows[i] = lse - x_target;
         z_rows[i] = lse * lse;
     }
     const float lse_f = (float)lse, soft_scale = (float)(grad_scale * (1.0 + 2.0 * z_mult * lse));
-    for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
-        float d = expf(row[j] - lse_f) * soft_scale;
-        if (j == target) d -= grad_scale;
-        row[j] = d;
+    for (int base = 0; base < vocab; base += blockDim.x) { /* block-uniform trip count (the barrier) */
+        const int j = base + (int)threadIdx.x;
+        float d = 0.0f;
+        if (j < vocab) {
+            d = expf(row[j] - lse_f) * soft_scale;
+            if (j == target) d -= grad_scale;
+        }
+        if (D16) {
+            __syncthreads();
+            if (j < vocab) row16[j] = __float2bfloat16(d);
+        } else if (j < vocab) {
+            row[j] = d;
+        }
     }
 }
 
-int olmo_cuda_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
-                             float z_mult, double *ce_sum, double *z_sum) {
+/* Both variants: the row kernel, then the two sums copied to the host. */
+static int cross_entropy_launch(OLMO_BE, float *logits, __nv_bfloat16 *d16, size_t ld16, const int32_t *targets, int n,
+                                int vocab, float grad_scale, float z_mult, double *ce_sum, double *z_sum) {
     *ce_sum = *z_sum = 0.0;
     if (n <= 0 || vocab <= 0) return 0;
     double *rows = (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE, 2 * sizeof(double) * (size_t)n);
     double *out = rows ? (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE_OUT, 2 * sizeof(double)) : NULL;
     if (!out) return -1;
-    OLMO_LAUNCH(cross_entropy_kernel, n, CE_THREADS, 0, logits, targets, vocab, grad_scale, z_mult, rows, rows + n);
+    if (d16) {
+        OLMO_LAUNCH(cross_entropy_kernel<true>, n, CE_THREADS, 0, logits, d16, ld16, targets, vocab, grad_scale,
+                    z_mult, rows, rows + n);
+    } else {
+        OLMO_LAUNCH(cross_entropy_kernel<false>, n, CE_THREADS, 0, logits, d16, ld16, targets, vocab, grad_scale,
+                    z_mult, rows, rows + n);
+    }
     OLMO_CUDA_LAUNCHED("cross_entropy_kernel");
     OLMO_LAUNCH(sum_doubles_kernel, 1, 1024, 0, out, rows, (size_t)n);
     OLMO_CUDA_LAUNCHED("sum_doubles_kernel");
@@ -386,6 +559,27 @@ int olmo_cuda_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int 
     *ce_sum = host[0];
     *z_sum = host[1];
     return 0;
+}
+
+int olmo_cuda_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
+                             float z_mult, double *ce_sum, double *z_sum) {
+    return cross_entropy_launch(be, logits, NULL, 0, targets, n, vocab, grad_scale, z_mult, ce_sum, z_sum);
+}
+
+int olmo_cuda_cross_entropy_bf16(OLMO_BE, float *logits, void *dlogits, size_t ld, const int32_t *targets, int n,
+                                  int vocab, float grad_scale, float z_mult, double *ce_sum, double *z_sum) {
+    *ce_sum = *z_sum = 0.0;
+    if (ld < (size_t)(vocab > 0 ? vocab : 0))
+        return olmo_error("CUDA cross_entropy_bf16: leading dimension %zu is less than the vocabulary %d", ld, vocab);
+    /* in place: each row's gradient must fall inside its own logits row (ld 2 * vocab) */
+    const char *lo = (const char *)logits, *d = (const char *)dlogits;
+    if (d >= lo && d < lo + sizeof(float) * (size_t)(n > 0 ? n : 0) * (size_t)(vocab > 0 ? vocab : 0) &&
+        (d != lo || ld != 2 * (size_t)vocab))
+        return olmo_error("CUDA cross_entropy_bf16: a gradient inside the logits must start at them with leading "
+                          "dimension 2 * vocab (%d), got offset %td bytes and %zu",
+                          2 * vocab, d - lo, ld);
+    return cross_entropy_launch(be, logits, (__nv_bfloat16 *)dlogits, ld, targets, n, vocab, grad_scale, z_mult,
+                                ce_sum, z_sum);
 }
 
 /* ------------------------------------------------------------ sum_squares */

@@ -73,6 +73,9 @@
 struct uint3 {
     unsigned x, y, z;
 };
+struct alignas(16) float4 { /* the 16-byte vector type of the elementwise kernels */
+    float x, y, z, w;
+};
 struct dim3 {
     unsigned x, y, z;
     dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
