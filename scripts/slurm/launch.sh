@@ -61,10 +61,12 @@ srun)
     # the others in a collective.
     cmd=(srun --mpi=pmix --kill-on-bad-exit=1 "$olmoc") ;;
 mpirun)
-    per_node=${SLURM_NTASKS_PER_NODE%%(*}
-    root=()
-    [ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
-    cmd=(mpirun "${root[@]}" -np "$ntasks" --map-by "ppr:${per_node:-1}:node" --bind-to none "$olmoc") ;;
+    # ranks in blocks of a node's tasks (shard groups within a node); OpenMPI
+    # takes the nodes and their slots from the allocation
+    opts=(-np "$ntasks" --bind-to none)
+    [ -n "${SLURM_NTASKS_PER_NODE:-}" ] && opts+=(--map-by "ppr:${SLURM_NTASKS_PER_NODE%%(*}:node")
+    [ "$(id -u)" = 0 ] && opts+=(--allow-run-as-root)
+    cmd=(mpirun "${opts[@]}" "$olmoc") ;;
 *)
     echo "$0: OLMOC_LAUNCHER must be srun or mpirun, not '$launcher'" >&2
     exit 2 ;;
