@@ -59,6 +59,9 @@ case $launcher in
 srun)
     # --kill-on-bad-exit: a rank that dies ends the step instead of leaving
     # the others in a collective.
+    # srun does not take sbatch's --cpus-per-task from the environment
+    # since Slurm 22.05 unless told
+    [ -n "${SLURM_CPUS_PER_TASK:-}" ] && export SRUN_CPUS_PER_TASK=${SRUN_CPUS_PER_TASK:-$SLURM_CPUS_PER_TASK}
     cmd=(srun --mpi=pmix --kill-on-bad-exit=1 "$olmoc") ;;
 mpirun)
     # ranks in blocks of a node's tasks (shard groups within a node); OpenMPI
