@@ -6,9 +6,11 @@ cd "$(dirname "$0")/.."
 
 # python3-doc: the Python documentation sources, the English corpus of the demo data (PSF License)
 # clang + libclang-rt-dev: the warning check build below and libFuzzer (scripts/fuzz.sh)
+# slurm-wlm + munge + libpmix-dev: tests/python/test_slurm.py runs a real Slurm (srun's PMIx plugin dlopens libpmix.so)
 APT_PACKAGES="build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin
   libyaml-dev libcjson-dev libpcre2-dev zlib1g-dev libxxhash-dev libomp-dev python3-venv python3-doc
-  clang libclang-rt-dev libcurl4-openssl-dev"
+  clang libclang-rt-dev libcurl4-openssl-dev
+  slurm-wlm munge libpmix-dev"
 missing=""
 for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

@@ -11,7 +11,7 @@ struct command {
     const char *name;
     int (*run)(int argc, char **argv);
     const char *summary;
-    int stops_on_signals; /* SIGTERM, SIGINT, SIGHUP ask it to stop (train/signals.h) */
+    int stops_on_signals; /* SIGTERM, SIGINT, SIGHUP, SIGUSR1 ask it to stop (train/signals.h) */
 };
 
 static const struct command commands[] = {

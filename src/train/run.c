@@ -445,8 +445,8 @@ static int stop_nonfinite(struct olmo_run *run, const char *why) {
     return OLMO_RUN_STOPPED;
 }
 
-/* After a step, on every rank: stop if any rank was sent SIGTERM, SIGINT or
- * SIGHUP, with a checkpoint of this step. */
+/* After a step, on every rank: stop if any rank was sent SIGTERM, SIGINT,
+ * SIGHUP or SIGUSR1, with a checkpoint of this step. */
 static int stop_on_signal(struct olmo_run *run, long limit) {
     int sig;
     if (!run->signals_installed || run->step >= limit) return 0; /* the last step: the run ends anyway */

@@ -8,8 +8,11 @@
 
 #include "util/error.h"
 
-#define N_SIGNALS 3
-static const int signals[N_SIGNALS] = {SIGTERM, SIGINT, SIGHUP};
+#define N_SIGNALS 4
+/* SIGUSR1: what a Slurm job asks for with --signal=USR1@SECONDS before its
+ * time limit (SIGTERM is what scancel and preemption send): a job script can
+ * tell the two apart by the exit status, 138 or 143, and requeue only on 138. */
+static const int signals[N_SIGNALS] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1};
 
 static atomic_int pending; /* the first signal since the run started listening, 0 none */
 static atomic_int armed;   /* 1: a signal asks for a stop; 0: it has its default action */
@@ -23,6 +26,7 @@ const char *olmo_signals_name(int sig) {
     case SIGTERM: return "SIGTERM";
     case SIGINT: return "SIGINT";
     case SIGHUP: return "SIGHUP";
+    case SIGUSR1: return "SIGUSR1";
     default: return "a signal";
     }
 }
@@ -61,12 +65,15 @@ static void got(int sig) {
         say("olmoc: second signal: exiting at once, without a checkpoint\n");
         die(sig);
     }
+    /* async-signal-safe: no snprintf; the messages differ only in the name */
     say(sig == SIGINT ? "olmoc: SIGINT: finishing this step, then writing a checkpoint (press Ctrl-C again to exit "
                         "at once)\n"
         : sig == SIGHUP ? "olmoc: SIGHUP: finishing this step, then writing a checkpoint (send it again to exit at "
                           "once)\n"
-                        : "olmoc: SIGTERM: finishing this step, then writing a checkpoint (send it again to exit at "
-                          "once)\n");
+        : sig == SIGUSR1 ? "olmoc: SIGUSR1: finishing this step, then writing a checkpoint (send it again to exit at "
+                           "once)\n"
+                         : "olmoc: SIGTERM: finishing this step, then writing a checkpoint (send it again to exit at "
+                           "once)\n");
 }
 
 static void on_signal(int sig) { got(sig); }
@@ -104,7 +111,7 @@ int olmo_signals_start(void) {
         if (sigismember(&waited, signals[i]) && sigaction(signals[i], &sa, NULL))
             return olmo_error("cannot install the %s handler", olmo_signals_name(signals[i]));
     int e = pthread_sigmask(SIG_BLOCK, &waited, NULL);
-    if (e) return olmo_error("cannot block SIGTERM, SIGINT and SIGHUP: %s", strerror(e));
+    if (e) return olmo_error("cannot block SIGTERM, SIGINT, SIGHUP and SIGUSR1: %s", strerror(e));
     if ((e = pthread_atfork(NULL, NULL, unblock_in_child)))
         return olmo_error("cannot register the fork handler: %s", strerror(e));
     pthread_attr_t attr;
@@ -137,9 +144,14 @@ int olmo_signals_agree(const struct olmo_dist *dist, int *sig) {
     const int mine = atomic_load(&pending);
     *sig = mine;
     if (dist && dist->world > 1) {
-        double got_by[N_SIGNALS] = {mine == SIGTERM, mine == SIGHUP, mine == SIGINT}; /* ranks that got each */
+        /* ranks that got each, in the order that decides */
+        static const int order[N_SIGNALS] = {SIGTERM, SIGUSR1, SIGHUP, SIGINT};
+        double got_by[N_SIGNALS];
+        for (int i = 0; i < N_SIGNALS; i++) got_by[i] = mine == order[i];
         if (olmo_dist_allreduce_f64(dist, got_by, N_SIGNALS)) return -1;
-        *sig = got_by[0] > 0 ? SIGTERM : got_by[1] > 0 ? SIGHUP : got_by[2] > 0 ? SIGINT : 0;
+        *sig = 0;
+        for (int i = N_SIGNALS - 1; i >= 0; i--)
+            if (got_by[i] > 0) *sig = order[i];
     }
     if (*sig) agreed = *sig;
     return 0;

@@ -1,11 +1,12 @@
-/* SIGTERM, SIGINT and SIGHUP (what a cluster scheduler sends some time
- * before it kills a job, Ctrl-C, and a lost terminal): the first one only
+/* SIGTERM, SIGINT, SIGHUP and SIGUSR1 (what a cluster scheduler sends some
+ * time before it kills a job, Ctrl-C, a lost terminal, and the warning a
+ * Slurm job asks for with --signal=USR1@SECONDS): the first one only
  * asks the run to stop, so it finishes the step it is in, writes a checkpoint
  * and exits with 128 + the signal; a second one ends the process at once
  * (the default action of that signal).
  *
  * No signal handler ever runs on a compute thread: olmo_signals_start blocks
- * the three signals in the calling thread, before it starts any other thread
+ * the four signals in the calling thread, before it starts any other thread
  * (OpenMP, oneDNN, MPI progress threads inherit the mask), and one dedicated
  * thread takes them with sigwait. A handler interrupting a library kernel
  * would put its frame wherever the kernel's stack pointer is: oneDNN's JIT
@@ -42,11 +43,11 @@ void olmo_signals_restore(void);
  * 128 + the signal anyway. */
 void olmo_signals_release(void);
 /* Collective when dist has several ranks: the signal to stop on (SIGTERM if
- * any rank got one, else SIGHUP, else SIGINT), or 0 to go on. */
+ * any rank got one, else SIGUSR1, else SIGHUP, else SIGINT), or 0 to go on. */
 int olmo_signals_agree(const struct olmo_dist *dist, int *sig);
 /* The signal agreed on last (0: none). */
 int olmo_signals_stopped_by(void);
-/* "SIGTERM", "SIGINT", "SIGHUP" (or "a signal"). */
+/* "SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1" (or "a signal"). */
 const char *olmo_signals_name(int sig);
 
 #endif

@@ -243,7 +243,7 @@ def no_sanitizer_report(stderr):
 CONSTANT = ["--set", "train.schedule=constant", "--set", "train.save_every=1000", "--set", "train.keep_last=0"]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])
 def test_signal_stops_after_the_step_with_a_checkpoint(build_dir, tiny, tmp_path, sig):  # noqa: F811
     """A signal mid-run: the run finishes its step, writes a checkpoint of it
     (here the only one: train.save_every is far away) and exits 128 + signal;
