@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 # python3-doc: the Python documentation sources, the English corpus of the demo data (PSF License)
 # clang + libclang-rt-dev: the warning check build below and libFuzzer (scripts/fuzz.sh)
+# libcurl4-openssl-dev: http(s):// and s3:// token files (src/io/remote.c)
 # slurm-wlm + munge + libpmix-dev: tests/python/test_slurm.py runs a real Slurm (srun's PMIx plugin dlopens libpmix.so)
 APT_PACKAGES="build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin
   libyaml-dev libcjson-dev libpcre2-dev zlib1g-dev libxxhash-dev libomp-dev python3-venv python3-doc
@@ -23,7 +24,7 @@ fi
 # The venv is (re)made when a reference is missing or torch is not the pinned version.
 TORCH_PIN=$(sed -n 's/^torch==//p' requirements-test.txt)
 if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "
-import torch, transformers, safetensors, pytest, xdist, matplotlib, olmo_core, olmo_eval.metrics, xxhash
+import torch, transformers, safetensors, pytest, xdist, matplotlib, olmo_core, olmo_eval.metrics, xxhash, moto, boto3
 assert torch.__version__.split('+')[0] == '$TORCH_PIN'" 2>/dev/null; then
   echo "setup: creating .venv with the PyTorch, OLMo-core and OLMo-eval references (first time: a few minutes)"
   rm -rf .venv
