@@ -24,7 +24,7 @@ fi
 # The venv is (re)made when a reference is missing or torch is not the pinned version.
 TORCH_PIN=$(sed -n 's/^torch==//p' requirements-test.txt)
 if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "
-import torch, transformers, safetensors, pytest, xdist, matplotlib, olmo_core, olmo_eval.metrics, xxhash, moto, boto3
+import torch, transformers, safetensors, pytest, xdist, matplotlib, olmo_core, olmo_eval.metrics, xxhash, moto, boto3, wandb, tensorboard
 assert torch.__version__.split('+')[0] == '$TORCH_PIN'" 2>/dev/null; then
   echo "setup: creating .venv with the PyTorch, OLMo-core and OLMo-eval references (first time: a few minutes)"
   rm -rf .venv

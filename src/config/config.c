@@ -33,6 +33,7 @@ static const char *const act_ckpt_names[] = {"none", "feed_forward", "block", NU
 static const char *const saved_acts_names[] = {"exact", "bf16", NULL};
 static const char *const sharding_names[] = {"zero1", "fsdp", NULL};
 static const char *const optimizer_names[] = {"adamw", "skip_step_adamw", NULL};
+static const char *const rope_scaling_names[] = {"none", "yarn", NULL};
 
 /* Each numeric key's range: [lo, hi], an end open where `open` says (OPEN_LO, OPEN_HI); the type's own
  * limits (INT_MAX, LONG_MAX, DBL_MAX) mean "no bound" on that side.  The shapes' 0 is "not set yet"
@@ -56,6 +57,12 @@ static const struct field fields[] = {
     F(model.n_kv_heads, F_INT, 1, IMAX, UNSET_0),
     F(model.mlp_hidden, F_INT, 1, IMAX, UNSET_0),
     F(model.rope_theta, F_DOUBLE, 0, DMAX, OPEN_LO),
+    {"model.rope_scaling", F_ENUM, offsetof(struct olmo_config, model.rope_scaling), 0, rope_scaling_names, 0, 0, 0},
+    F(model.rope_factor, F_DOUBLE, 1, DMAX, UNSET_0), /* YaRN's: 0 (a config built in code) refused with yarn */
+    F(model.rope_original_max_position_embeddings, F_INT, 1, IMAX, UNSET_0),
+    F(model.rope_beta_fast, F_DOUBLE, 0, DMAX, OPEN_LO | UNSET_0),
+    F(model.rope_beta_slow, F_DOUBLE, 0, DMAX, OPEN_LO | UNSET_0),
+    F(model.rope_attention_factor, F_DOUBLE, 0, DMAX, 0), /* 0: from rope_factor */
     F(model.sliding_window, F_INT, 0, IMAX, 0),
     F(model.full_attention_every, F_INT, 0, IMAX, 0),
     F(model.full_attention_last, F_BOOL, 0, 0, 0),
@@ -134,6 +141,10 @@ void olmo_config_defaults(struct olmo_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     /* Architecture constants of Olmo 3 (OLMo-core TransformerConfig.olmo3_7B). */
     cfg->model.rope_theta = 500000.0;
+    cfg->model.rope_factor = 8; /* OLMo-core's YaRNRoPEScalingConfig defaults (used with rope_scaling: yarn) */
+    cfg->model.rope_original_max_position_embeddings = 8192;
+    cfg->model.rope_beta_fast = 32;
+    cfg->model.rope_beta_slow = 1;
     cfg->model.full_attention_every = 4;
     cfg->model.full_attention_last = true;
     cfg->model.rms_norm_eps = 1e-6;
@@ -354,7 +365,8 @@ static int parse_value(struct olmo_config *cfg, const struct field *f, const cha
         return olmo_error("'%s' must be stop or skip; got '%s'", f->key, value);
     case F_ENUM: {
         _Static_assert(sizeof(enum olmo_act_ckpt) == sizeof(int) && sizeof(enum olmo_sharding) == sizeof(int) &&
-                           sizeof(enum olmo_optimizer_kind) == sizeof(int),
+                           sizeof(enum olmo_optimizer_kind) == sizeof(int) &&
+                           sizeof(enum olmo_rope_scaling) == sizeof(int),
                        "F_ENUM stores an int");
         char list[256] = "";
         for (int i = 0; f->names[i]; i++) {
@@ -618,6 +630,12 @@ int olmo_config_validate(const struct olmo_config *cfg) {
     if (m->n_heads % m->n_kv_heads)
         return olmo_error("model.n_heads (%d) must be a multiple of model.n_kv_heads (%d)", m->n_heads,
                           m->n_kv_heads);
+    if (m->rope_scaling == OLMO_ROPE_YARN &&
+        (!(m->rope_theta > 1) || !m->rope_factor || !m->rope_original_max_position_embeddings || !m->rope_beta_fast ||
+         !m->rope_beta_slow))
+        return olmo_error("model.rope_scaling: yarn needs model.rope_theta > 1 (got %g) and model.rope_factor, "
+                          "rope_original_max_position_embeddings, rope_beta_fast and rope_beta_slow set",
+                          m->rope_theta);
     if (m->sliding_window < 0) return olmo_error("model.sliding_window must be >= 0 (0 = full attention)");
     if (m->full_attention_every < 0) return olmo_error("model.full_attention_every must be >= 0");
     if (m->eos_token_id < 0 || m->eos_token_id >= m->vocab_size)

@@ -26,6 +26,9 @@ enum olmo_sharding { OLMO_SHARDING_ZERO1, OLMO_SHARDING_FSDP };
 /* train.optimizer: torch.optim.AdamW (OLMo-core's AdamWConfig) or OLMo-core's SkipStepAdamW
  * (SkipStepAdamWConfig: no update on a step whose loss or gradient norm is a spike). */
 enum olmo_optimizer_kind { OLMO_OPTIM_ADAMW, OLMO_OPTIM_SKIP_STEP_ADAMW };
+/* model.rope_scaling: none, or YaRN on the full-attention layers (transformers' Olmo3 and OLMo-core's
+ * YaRNRoPEScalingConfig: sliding-window layers keep unscaled RoPE). */
+enum olmo_rope_scaling { OLMO_ROPE_NONE, OLMO_ROPE_YARN };
 
 struct olmo_model_config {
     int vocab_size;
@@ -35,6 +38,12 @@ struct olmo_model_config {
     int n_kv_heads;
     int mlp_hidden;
     double rope_theta;
+    /* YaRN (rope_scaling: yarn), transformers' rope_parameters of the same names: positions interpolated by
+     * rope_factor beyond rope_original_max_position_embeddings, the ramp between rope_beta_fast and
+     * rope_beta_slow rotations, cos/sin multiplied by rope_attention_factor (0: 0.1 ln(factor) + 1) */
+    enum olmo_rope_scaling rope_scaling;
+    double rope_factor, rope_beta_fast, rope_beta_slow, rope_attention_factor;
+    int rope_original_max_position_embeddings;
     int sliding_window;        /* keys visible per query in sliding layers, self included */
     int full_attention_every;  /* layer i is full attention when (i+1) % this == 0 */
     bool full_attention_last;  /* the last layer is always full (OLMo-core: force_full_attention_on_last_layer) */

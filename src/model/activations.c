@@ -40,8 +40,8 @@ const struct olmo_act_model_spec olmo_act_model_specs[OLMO_ACT_MODEL_SLOTS] = {
     [OLMO_ACT_RSTD_FINAL] = {"rstd_final", OLMO_DIM_N, OLMO_DIM_1, OLMO_ACT_SAVED},
     [OLMO_ACT_ROUND16] = {"round16", OLMO_DIM_N, OLMO_DIM_MAX_DQF, OLMO_ACT_WORK},
     [OLMO_ACT_LOGITS] = {"logits", OLMO_DIM_N, OLMO_DIM_V, OLMO_ACT_OUTPUT},
-    [OLMO_ACT_ROPE_COS] = {"rope_cos", OLMO_DIM_T, OLMO_DIM_HALF_HD, OLMO_ACT_WORK},
-    [OLMO_ACT_ROPE_SIN] = {"rope_sin", OLMO_DIM_T, OLMO_DIM_HALF_HD, OLMO_ACT_WORK},
+    [OLMO_ACT_ROPE_COS] = {"rope_cos", OLMO_DIM_ROPE_T, OLMO_DIM_HALF_HD, OLMO_ACT_WORK},
+    [OLMO_ACT_ROPE_SIN] = {"rope_sin", OLMO_DIM_ROPE_T, OLMO_DIM_HALF_HD, OLMO_ACT_WORK},
     [OLMO_ACT_DX] = {"dx", OLMO_DIM_N, OLMO_DIM_D, OLMO_ACT_WORK},
     [OLMO_ACT_DH] = {"dh", OLMO_DIM_N, OLMO_DIM_D, OLMO_ACT_WORK},
     [OLMO_ACT_DTMP] = {"dtmp", OLMO_DIM_N, OLMO_DIM_D, OLMO_ACT_WORK},
@@ -93,6 +93,7 @@ void olmo_act_layout_init(struct olmo_act_layout *lo, const struct olmo_model_co
     d[OLMO_DIM_1] = 1;
     d[OLMO_DIM_N] = (size_t)batch * (size_t)seq_len;
     d[OLMO_DIM_T] = (size_t)seq_len;
+    d[OLMO_DIM_ROPE_T] = (size_t)seq_len * (cfg->rope_scaling != OLMO_ROPE_NONE ? 2 : 1);
     d[OLMO_DIM_D] = D;
     d[OLMO_DIM_Q] = Q;
     d[OLMO_DIM_K] = (size_t)cfg->n_kv_heads * hd;

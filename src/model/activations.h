@@ -91,6 +91,7 @@ enum olmo_act_dim {
     OLMO_DIM_1,
     OLMO_DIM_N,       /* tokens of the micro-batch (batch x seq_len) */
     OLMO_DIM_T,       /* seq_len */
+    OLMO_DIM_ROPE_T,  /* seq_len x the RoPE tables (2 with model.rope_scaling: unscaled and scaled) */
     OLMO_DIM_D,       /* d_model */
     OLMO_DIM_Q,       /* n_heads x head_dim */
     OLMO_DIM_K,       /* n_kv_heads x head_dim */

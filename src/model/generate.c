@@ -39,8 +39,9 @@ int olmo_gen_create(struct olmo_gen *g, struct olmo_model *m, int max_len, int c
     }
 #define ALLOC(p, count) \
     if (!((p) = be->alloc(be, (count) * sizeof(float)))) goto fail
-    ALLOC(g->rope_cos, (size_t)max_len * half);
-    ALLOC(g->rope_sin, (size_t)max_len * half);
+    const size_t table = (size_t)max_len * half * (size_t)olmo_rope_n_tables(c);
+    ALLOC(g->rope_cos, table);
+    ALLOC(g->rope_sin, table);
     ALLOC(g->x, C * D);
     ALLOC(g->q, C * Q);
     ALLOC(g->k, C * K);
@@ -58,16 +59,16 @@ int olmo_gen_create(struct olmo_gen *g, struct olmo_model *m, int max_len, int c
     ALLOC(g->logits, V);
 #undef ALLOC
     if (!(g->tokens = be->alloc(be, C * sizeof(int32_t)))) goto fail;
-    float *cos_t = malloc(sizeof(float) * (size_t)max_len * half), *sin_t = malloc(sizeof(float) * (size_t)max_len * half);
+    float *cos_t = malloc(sizeof(float) * table), *sin_t = malloc(sizeof(float) * table);
     if (!cos_t || !sin_t) {
         free(cos_t);
         free(sin_t);
         olmo_error("out of memory for RoPE tables");
         goto fail;
     }
-    olmo_rope_tables(cos_t, sin_t, max_len, m->head_dim, c->rope_theta);
-    const int rc = be->to_device(be, g->rope_cos, cos_t, sizeof(float) * (size_t)max_len * half) ||
-                   be->to_device(be, g->rope_sin, sin_t, sizeof(float) * (size_t)max_len * half);
+    olmo_rope_tables(cos_t, sin_t, max_len, m->head_dim, c);
+    const int rc = be->to_device(be, g->rope_cos, cos_t, sizeof(float) * table) ||
+                   be->to_device(be, g->rope_sin, sin_t, sizeof(float) * table);
     free(cos_t);
     free(sin_t);
     if (rc) goto fail;
@@ -119,7 +120,7 @@ static int gen_layers(struct olmo_gen *g, const int32_t *tokens, int n) {
     if (be->to_device(be, g->tokens, tokens, sizeof(int32_t) * (size_t)n) ||
         be->embedding_fwd(be, g->x, m->embed, g->tokens, n, D))
         return -1;
-    const float *cos_t = g->rope_cos + (size_t)p0 * half, *sin_t = g->rope_sin + (size_t)p0 * half;
+    const size_t scaled = (size_t)g->max_len * (size_t)half; /* the YaRN table, after the unscaled one */
     /* one buffer set for every layer (olmo_layer_forward says which may alias) */
     const struct olmo_layer_acts bufs = {
         .x = g->x, .q_raw = g->att, .k_raw = g->o, .q = g->q, .k = g->k, .v = g->v, .rstd_q = g->rstd,
@@ -129,7 +130,9 @@ static int gen_layers(struct olmo_gen *g, const int32_t *tokens, int n) {
         struct olmo_attn_shape shape;
         olmo_model_attn_shape(m, l, 1, n, &shape);
         const struct olmo_kv_cache_layer cache = {g->k_cache[l], g->v_cache[l], p0, g->cap[l]};
-        if (olmo_layer_forward(m, l, &bufs, g->x, g->tmp, cos_t, sin_t, &shape, NULL, &cache)) return -1;
+        const size_t at = (size_t)p0 * half + (olmo_rope_scaled_layer(c, l) ? scaled : 0);
+        if (olmo_layer_forward(m, l, &bufs, g->x, g->tmp, g->rope_cos + at, g->rope_sin + at, &shape, NULL, &cache))
+            return -1;
     }
     g->len += n;
     return 0;

@@ -118,47 +118,161 @@ static cJSON *parse_json(const char *text, size_t len, const char *path) {
     return root;
 }
 
-/* One RoPE parameter set: only the default (unscaled) type is implemented. */
-static int read_rope_entry(const cJSON *r, const char *where, double *theta, const char *path) {
-    if (!r || cJSON_IsNull(r)) return 0;
-    if (!cJSON_IsObject(r)) return olmo_error("%s: '%s' must be an object", path, where);
+/* A RoPE parameter set's type ("rope_type", or the older "type"; "default" when absent). */
+static const char *rope_type(const cJSON *r) {
     const cJSON *type = get(r, "rope_type");
     if (!type) type = get(r, "type");
-    if (type && !(cJSON_IsString(type) && !strcmp(type->valuestring, "default")))
-        return olmo_error("%s: %s has rope_type '%s'; only unscaled RoPE is supported (RoPE scaling such as YaRN, "
-                          "used by the long-context Olmo 3 checkpoints, is not implemented)",
-                          path, where, cJSON_IsString(type) ? type->valuestring : "?");
+    if (!type) return "default";
+    return cJSON_IsString(type) ? type->valuestring : "?";
+}
+
+/* A number of a YaRN entry that may be absent or null (*out keeps its value then). */
+static int yarn_number(const cJSON *r, const char *where, const char *k, double lo, double *out, const char *path) {
+    const cJSON *v = get(r, k);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo))
+        return olmo_error("%s: %s.%s must be a number >= %g", path, where, k, lo);
+    *out = v->valuedouble;
+    return 0;
+}
+
+/* YaRN's settings as transformers reads them (modeling_rope_utils._compute_yarn_parameters): factor
+ * (null: max_position_embeddings / original_max_position_embeddings), original_max_position_embeddings
+ * (default max_position_embeddings), beta_fast / beta_slow (absent or 0: 32 / 1), attention_factor
+ * (absent: from factor, or mscale / mscale_all_dim when both are set); the correction range truncated. */
+static int read_yarn(const cJSON *r, const char *where, int max_pos, struct olmo_model_config *m, const char *path) {
+    static const char *const known[] = {"rope_type", "type", "rope_theta", "factor", "original_max_position_embeddings",
+                                        "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                                        "truncate"};
+    for (const cJSON *c = r->child; c; c = c->next) {
+        size_t i = 0;
+        while (i < sizeof known / sizeof known[0] && strcmp(c->string, known[i])) i++;
+        if (i == sizeof known / sizeof known[0])
+            return olmo_error("%s: %s has '%s', which olmoc's YaRN does not implement", path, where, c->string);
+    }
+    const cJSON *truncate = get(r, "truncate");
+    if (truncate && !cJSON_IsTrue(truncate) && !cJSON_IsNull(truncate))
+        return olmo_error("%s: %s.truncate is not true; olmoc's YaRN truncates the correction range, as "
+                          "transformers' Olmo3 and OLMo-core do",
+                          path, where);
+    m->rope_scaling = OLMO_ROPE_YARN;
+    double orig = max_pos, factor = 0, beta_fast = 0, beta_slow = 0, attention = 0, mscale = 0, mscale_all = 0;
+    if (get(r, "original_max_position_embeddings") && !cJSON_IsNull(get(r, "original_max_position_embeddings"))) {
+        const cJSON *o = get(r, "original_max_position_embeddings");
+        if (!cJSON_IsNumber(o) || o->valuedouble != floor(o->valuedouble) || o->valuedouble < 1 ||
+            o->valuedouble > 2147483647.0)
+            return olmo_error("%s: %s.original_max_position_embeddings must be a positive integer", path, where);
+        orig = o->valuedouble;
+    }
+    if (!(orig >= 1)) return olmo_error("%s: %s needs original_max_position_embeddings", path, where);
+    const cJSON *f = get(r, "factor");
+    if (!f) return olmo_error("%s: %s has no factor", path, where);
+    if (yarn_number(r, where, "factor", 1, &factor, path) || yarn_number(r, where, "beta_fast", 0, &beta_fast, path) ||
+        yarn_number(r, where, "beta_slow", 0, &beta_slow, path) ||
+        yarn_number(r, where, "attention_factor", 0, &attention, path) ||
+        yarn_number(r, where, "mscale", -1e300, &mscale, path) ||
+        yarn_number(r, where, "mscale_all_dim", -1e300, &mscale_all, path))
+        return -1;
+    if (cJSON_IsNull(f)) factor = max_pos / orig;
+    if (get(r, "attention_factor") && !cJSON_IsNull(get(r, "attention_factor")) && !(attention > 0))
+        return olmo_error("%s: %s.attention_factor must be positive", path, where);
+    if (!(factor >= 1))
+        return olmo_error("%s: %s.factor is %g (max_position_embeddings / original_max_position_embeddings); it "
+                          "must be >= 1",
+                          path, where, factor);
+    if (!get(r, "attention_factor") || cJSON_IsNull(get(r, "attention_factor"))) {
+        if (mscale != 0 && mscale_all != 0) { /* get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) */
+            attention = factor <= 1 ? 1.0 : (0.1 * mscale * log(factor) + 1.0) / (0.1 * mscale_all * log(factor) + 1.0);
+        } else {
+            attention = factor <= 1 ? 1.0 : 0.1 * log(factor) + 1.0;
+        }
+        if (!(attention > 0)) return olmo_error("%s: %s gives attention factor %g; it must be positive", path, where,
+                                                attention);
+    }
+    m->rope_factor = factor;
+    m->rope_attention_factor = 0;
+    m->rope_original_max_position_embeddings = (int)orig;
+    m->rope_beta_fast = beta_fast != 0 ? beta_fast : 32; /* transformers: `or 32`, `or 1` */
+    m->rope_beta_slow = beta_slow != 0 ? beta_slow : 1;
+    /* 0 (model.rope_attention_factor's "from rope_factor") when it is that value */
+    m->rope_attention_factor = attention == olmo_rope_attention_factor(m) ? 0 : attention;
+    return 0;
+}
+
+/* One RoPE parameter set: its theta, and for the full-attention layers' set (full) YaRN's settings.
+ * Other scalings (linear, dynamic, llama3, longrope, ...) are refused by name. */
+static int read_rope_entry(const cJSON *r, const char *where, bool full, int max_pos, struct olmo_model_config *m,
+                           const char *path) {
+    if (!r || cJSON_IsNull(r)) return 0;
+    if (!cJSON_IsObject(r)) return olmo_error("%s: '%s' must be an object", path, where);
+    const char *type = rope_type(r);
+    if (strcmp(type, "default") && strcmp(type, "yarn"))
+        return olmo_error("%s: %s has rope_type '%s', a RoPE scaling olmoc does not implement (it implements "
+                          "default and yarn)",
+                          path, where, type);
+    if (!strcmp(type, "yarn")) {
+        if (!full)
+            return olmo_error("%s: %s has rope_type 'yarn'; olmoc scales RoPE on the full-attention layers only, "
+                              "as Olmo 3 does",
+                              path, where);
+        if (read_yarn(r, where, max_pos, m, path)) return -1;
+    }
     const cJSON *t = get(r, "rope_theta");
-    if (t) {
+    if (t && !cJSON_IsNull(t)) {
         if (!cJSON_IsNumber(t) || t->valuedouble <= 0) return olmo_error("%s: %s.rope_theta must be positive", path, where);
-        if (*theta > 0 && *theta != t->valuedouble)
+        if (m->rope_theta > 0 && m->rope_theta != t->valuedouble)
             return olmo_error("%s: different RoPE theta for sliding and full attention layers is not supported", path);
-        *theta = t->valuedouble;
+        m->rope_theta = t->valuedouble;
     }
     return 0;
 }
 
-static int read_rope(const cJSON *root, double *theta, const char *path) {
-    *theta = 0;
-    const cJSON *scaling = get(root, "rope_scaling");
-    if (scaling && !cJSON_IsNull(scaling) && read_rope_entry(scaling, "rope_scaling", theta, path)) return -1;
-    const cJSON *params = get(root, "rope_parameters");
+/* transformers' Olmo3Config: rope_scaling (4.x) updates the full-attention layers' entry of
+ * rope_parameters (5.x: one entry per layer type), its keys replacing that entry's. */
+static int read_rope(const cJSON *root, int max_pos, struct olmo_model_config *m, const char *path) {
+    m->rope_theta = 0;
+    m->rope_scaling = OLMO_ROPE_NONE;
+    const cJSON *scaling = get(root, "rope_scaling"), *params = get(root, "rope_parameters");
+    if (scaling && !cJSON_IsNull(scaling) && !cJSON_IsObject(scaling))
+        return olmo_error("%s: 'rope_scaling' must be an object", path);
+    const cJSON *full = NULL, *sliding = NULL;
     if (params && !cJSON_IsNull(params)) {
-        const cJSON *full = get(params, "full_attention"), *sliding = get(params, "sliding_attention");
-        if (full || sliding) { /* transformers 5: one entry per layer type */
-            if (read_rope_entry(full, "rope_parameters.full_attention", theta, path) ||
-                read_rope_entry(sliding, "rope_parameters.sliding_attention", theta, path))
-                return -1;
-        } else if (read_rope_entry(params, "rope_parameters", theta, path)) {
-            return -1;
+        if (!cJSON_IsObject(params)) return olmo_error("%s: 'rope_parameters' must be an object", path);
+        full = get(params, "full_attention"), sliding = get(params, "sliding_attention");
+        if (!full && !sliding) { /* one set for every layer: unscaled only (transformers 5 ignores it for Olmo3) */
+            if (strcmp(rope_type(params), "default"))
+                return olmo_error("%s: rope_parameters has rope_type '%s' without per-layer-type entries; give it "
+                                  "as rope_scaling or rope_parameters.full_attention",
+                                  path, rope_type(params));
+            if (read_rope_entry(params, "rope_parameters", false, max_pos, m, path)) return -1;
         }
     }
-    const cJSON *legacy = get(root, "rope_theta");
-    if (*theta <= 0 && legacy) {
-        if (!cJSON_IsNumber(legacy) || legacy->valuedouble <= 0) return olmo_error("%s: rope_theta must be positive", path);
-        *theta = legacy->valuedouble;
+    if (full && !cJSON_IsNull(full) && !cJSON_IsObject(full))
+        return olmo_error("%s: 'rope_parameters.full_attention' must be an object", path);
+    cJSON *merged = full && cJSON_IsObject(full) ? cJSON_Duplicate(full, true) : NULL;
+    if (scaling && !cJSON_IsNull(scaling)) {
+        if (!merged && !(merged = cJSON_CreateObject())) return olmo_error("out of memory");
+        for (const cJSON *c = scaling->child; c; c = c->next) {
+            cJSON *copy = cJSON_Duplicate(c, true);
+            if (!copy) {
+                cJSON_Delete(merged);
+                return olmo_error("out of memory");
+            }
+            if (get(merged, c->string)) cJSON_ReplaceItemInObjectCaseSensitive(merged, c->string, copy);
+            else cJSON_AddItemToObject(merged, c->string, copy);
+        }
     }
-    if (*theta <= 0) *theta = 500000.0; /* Olmo3Config.default_theta */
+    const char *where = scaling && !cJSON_IsNull(scaling) ? "rope_scaling" : "rope_parameters.full_attention";
+    int rc = read_rope_entry(merged ? merged : full, where, true, max_pos, m, path) ||
+             read_rope_entry(sliding, "rope_parameters.sliding_attention", false, max_pos, m, path);
+    cJSON_Delete(merged);
+    if (rc) return -1;
+    const cJSON *legacy = get(root, "rope_theta");
+    if (m->rope_theta <= 0 && legacy) {
+        if (!cJSON_IsNumber(legacy) || legacy->valuedouble <= 0) return olmo_error("%s: rope_theta must be positive", path);
+        m->rope_theta = legacy->valuedouble;
+    }
+    if (m->rope_theta <= 0) m->rope_theta = 500000.0; /* Olmo3Config.default_theta */
     return 0;
 }
 
@@ -329,7 +443,7 @@ int olmo_hf_read_config(const char *path, struct olmo_config *cfg) {
         get_int(root, "intermediate_size", 0, true, &m->mlp_hidden, path) ||
         get_int(root, "max_position_embeddings", 2048, false, &max_pos, path) ||
         get_double(root, "rms_norm_eps", 1e-5, &m->rms_norm_eps, path) ||
-        get_double(root, "initializer_range", 0.02, &m->init_std, path) || read_rope(root, &m->rope_theta, path))
+        get_double(root, "initializer_range", 0.02, &m->init_std, path) || read_rope(root, max_pos, m, path))
         goto done;
     if (check_sizes(m, path) || check_limits(m, path)) goto done;
     /* the ranges olmoc's config keys have (config.c), named by config.json's keys */
@@ -340,6 +454,12 @@ int olmo_hf_read_config(const char *path, struct olmo_config *cfg) {
         {"rms_norm_eps", "model.rms_norm_eps", m->rms_norm_eps},
         {"initializer_range", "model.init_std", m->init_std},
         {"rope_theta", "model.rope_theta", m->rope_theta},
+        {"rope_scaling.factor", "model.rope_factor", m->rope_factor},
+        {"rope_scaling.original_max_position_embeddings", "model.rope_original_max_position_embeddings",
+         m->rope_original_max_position_embeddings},
+        {"rope_scaling.beta_fast", "model.rope_beta_fast", m->rope_beta_fast},
+        {"rope_scaling.beta_slow", "model.rope_beta_slow", m->rope_beta_slow},
+        {"rope_scaling.attention_factor", "model.rope_attention_factor", m->rope_attention_factor},
     };
     for (size_t i = 0; i < sizeof ranged / sizeof ranged[0]; i++)
         if (olmo_config_check_range(ranged[i].key, ranged[i].value)) {
@@ -380,6 +500,17 @@ done:
     return rc;
 }
 
+/* YaRN's settings as transformers' rope_parameters and OLMo-core's YaRNRoPEScalingConfig.to_hf_config
+ * name them (the attention factor written out, so the file needs no default of either). */
+static void add_yarn(cJSON *e, const struct olmo_model_config *m) {
+    cJSON_AddStringToObject(e, "rope_type", "yarn");
+    cJSON_AddNumberToObject(e, "factor", m->rope_factor);
+    cJSON_AddNumberToObject(e, "original_max_position_embeddings", m->rope_original_max_position_embeddings);
+    cJSON_AddNumberToObject(e, "beta_fast", m->rope_beta_fast);
+    cJSON_AddNumberToObject(e, "beta_slow", m->rope_beta_slow);
+    cJSON_AddNumberToObject(e, "attention_factor", olmo_rope_attention_factor(m));
+}
+
 int olmo_hf_write_config(const struct olmo_config *cfg, const char *path, const char *dtype_name) {
     const struct olmo_model_config *m = &cfg->model;
     cJSON *root = cJSON_CreateObject();
@@ -406,12 +537,14 @@ int olmo_hf_write_config(const struct olmo_config *cfg, const char *path, const 
     /* Both spellings of the RoPE settings: rope_theta (transformers 4.x, the
      * published Olmo 3 configs) and per-layer-type rope_parameters (5.x). */
     cJSON_AddNumberToObject(root, "rope_theta", m->rope_theta);
-    cJSON_AddNullToObject(root, "rope_scaling");
+    if (m->rope_scaling == OLMO_ROPE_YARN) add_yarn(cJSON_AddObjectToObject(root, "rope_scaling"), m);
+    else cJSON_AddNullToObject(root, "rope_scaling");
     cJSON *rp = cJSON_AddObjectToObject(root, "rope_parameters");
     const char *types[2] = {"full_attention", "sliding_attention"};
     for (int i = 0; i < 2; i++) {
         cJSON *e = cJSON_AddObjectToObject(rp, types[i]);
-        cJSON_AddStringToObject(e, "rope_type", "default");
+        if (i == 0 && m->rope_scaling == OLMO_ROPE_YARN) add_yarn(e, m);
+        else cJSON_AddStringToObject(e, "rope_type", "default");
         cJSON_AddNumberToObject(e, "rope_theta", m->rope_theta);
     }
     if (m->sliding_window > 0) cJSON_AddNumberToObject(root, "sliding_window", m->sliding_window);

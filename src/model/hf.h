@@ -5,10 +5,14 @@
  *   hidden_size = model.d_model, intermediate_size = model.mlp_hidden,
  *   num_hidden_layers, num_attention_heads, num_key_value_heads = model.n_layers / n_heads / n_kv_heads,
  *   rope theta = model.rope_theta, sliding_window = model.sliding_window,
+ *   YaRN (rope_scaling, or rope_parameters.full_attention: rope_type yarn) = model.rope_scaling: yarn with
+ *   model.rope_factor, rope_original_max_position_embeddings, rope_beta_fast, rope_beta_slow and
+ *   rope_attention_factor (resolved from mscale / mscale_all_dim when the file gives those),
  *   layer_types <-> model.full_attention_every / model.full_attention_last,
  *   rms_norm_eps, vocab_size, eos/pad_token_id, initializer_range = model.init_std.
  * Features olmoc does not implement are refused with a clear error: RoPE
- * scaling (YaRN, linear, ...), tied embeddings, attention/MLP biases, another
+ * scalings other than YaRN (linear, dynamic, llama3, longrope, ...: named), YaRN on the
+ * sliding-window layers, tied embeddings, attention/MLP biases, another
  * activation than SiLU, attention dropout, a head_dim other than
  * hidden_size / num_attention_heads. */
 #ifndef OLMOC_HF_H

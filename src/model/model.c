@@ -298,22 +298,68 @@ const struct olmo_param *olmo_model_find_param(const struct olmo_model *m, const
     return NULL;
 }
 
-/* RoPE tables computed in float32 exactly as transformers/OLMo-core do, so
- * rotated values agree bit for bit up to libm rounding. */
-static void rope_tables(float *cos_t, float *sin_t, int seq_len, int head_dim, double theta) {
-    int half = head_dim / 2;
+/* RoPE's inverse frequencies in float32 as transformers computes them: the default
+ * 1 / theta^(2i/d), or with YaRN (modeling_rope_utils._compute_yarn_parameters) a blend of those
+ * (extrapolation) and the same divided by the factor (interpolation), ramping linearly over the
+ * dimensions between the beta_fast and beta_slow rotation counts at the original context length. */
+static float rope_inv_freq(int i, int head_dim, const struct olmo_model_config *c, bool scaled) {
+    const double theta = c->rope_theta;
+    double low = 0, high = 0;
+    if (scaled) {
+        /* find_correction_range with truncate (floor, ceil), clamped to [0, head_dim - 1] */
+        const double d = head_dim, orig = c->rope_original_max_position_embeddings, pi = 3.14159265358979323846;
+        low = floor(d * log(orig / (c->rope_beta_fast * 2 * pi)) / (2 * log(theta)));
+        high = ceil(d * log(orig / (c->rope_beta_slow * 2 * pi)) / (2 * log(theta)));
+        if (low < 0) low = 0;
+        if (high > d - 1) high = d - 1;
+        if (low == high) high += 0.001; /* linear_ramp_factor's guard against a zero span */
+    }
+    const float pos_freq = powf((float)theta, (float)(2 * i) / (float)head_dim);
+    if (!scaled) return 1.0f / pos_freq;
+    const float extrapolation = 1.0f / pos_freq, interpolation = 1.0f / ((float)c->rope_factor * pos_freq);
+    float ramp = ((float)i - (float)low) / (float)(high - low);
+    ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+    const float extrapolation_factor = 1.0f - ramp;
+    return interpolation * (1.0f - extrapolation_factor) + extrapolation * extrapolation_factor;
+}
+
+double olmo_rope_attention_factor(const struct olmo_model_config *c) {
+    if (c->rope_scaling != OLMO_ROPE_YARN) return 1.0;
+    if (c->rope_attention_factor > 0) return c->rope_attention_factor;
+    return c->rope_factor <= 1 ? 1.0 : 0.1 * log(c->rope_factor) + 1.0; /* get_mscale(factor) */
+}
+
+bool olmo_rope_scaled_layer(const struct olmo_model_config *c, int layer) {
+    return c->rope_scaling != OLMO_ROPE_NONE && olmo_layer_is_full_attention(c, layer);
+}
+
+int olmo_rope_n_tables(const struct olmo_model_config *c) { return c->rope_scaling != OLMO_ROPE_NONE ? 2 : 1; }
+
+/* RoPE tables computed in float32 exactly as transformers/OLMo-core do (cos and sin of position x
+ * inverse frequency, times YaRN's attention factor), so rotated values agree up to libm rounding. */
+static void rope_table(float *cos_t, float *sin_t, int seq_len, int head_dim, const struct olmo_model_config *c,
+                       bool scaled) {
+    const int half = head_dim / 2;
+    const float factor = scaled ? (float)olmo_rope_attention_factor(c) : 1.0f;
     for (int i = 0; i < half; i++) {
-        float inv_freq = 1.0f / powf((float)theta, (float)(2 * i) / (float)head_dim);
+        const float inv_freq = rope_inv_freq(i, head_dim, c, scaled);
         for (int t = 0; t < seq_len; t++) {
             float angle = (float)t * inv_freq;
-            cos_t[(size_t)t * half + i] = cosf(angle);
-            sin_t[(size_t)t * half + i] = sinf(angle);
+            cos_t[(size_t)t * half + i] = scaled ? cosf(angle) * factor : cosf(angle);
+            sin_t[(size_t)t * half + i] = scaled ? sinf(angle) * factor : sinf(angle);
         }
     }
 }
 
-void olmo_rope_tables(float *cos_t, float *sin_t, int n_positions, int head_dim, double theta) {
-    rope_tables(cos_t, sin_t, n_positions, head_dim, theta);
+void olmo_rope_tables(float *cos_t, float *sin_t, int n_positions, int head_dim, const struct olmo_model_config *c) {
+    const size_t table = (size_t)n_positions * (size_t)(head_dim / 2);
+    for (int k = 0; k < olmo_rope_n_tables(c); k++)
+        rope_table(cos_t + k * table, sin_t + k * table, n_positions, head_dim, c, k == 1);
+}
+
+/* Layer l's RoPE table within m->rope_cos / m->rope_sin (the YaRN table after the unscaled one). */
+static size_t rope_offset(const struct olmo_model *m, int l) {
+    return olmo_rope_scaled_layer(&m->cfg, l) ? (size_t)m->seq_len * (size_t)(m->head_dim / 2) : 0;
 }
 
 void olmo_model_act_layout(const struct olmo_model *m, int batch, int seq_len, struct olmo_act_layout *lo) {
@@ -352,18 +398,16 @@ int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len) {
     m->batch = batch;
     m->seq_len = seq_len;
     m->act_bytes = (size_t)olmo_act_group_bytes(&lo, OLMO_ACT_SAVED, NULL, NULL);
-    const size_t half = (size_t)m->head_dim / 2;
-    float *cos_t = malloc(sizeof(float) * (size_t)seq_len * half);
-    float *sin_t = malloc(sizeof(float) * (size_t)seq_len * half);
+    const size_t table = sizeof(float) * (size_t)seq_len * (size_t)(m->head_dim / 2) * olmo_rope_n_tables(&m->cfg);
+    float *cos_t = malloc(table), *sin_t = malloc(table);
     if (!cos_t || !sin_t) {
         free(cos_t);
         free(sin_t);
         olmo_model_free_acts(m);
         return olmo_error("out of memory for RoPE tables");
     }
-    rope_tables(cos_t, sin_t, seq_len, m->head_dim, m->cfg.rope_theta);
-    const int rc = be->to_device(be, m->rope_cos, cos_t, sizeof(float) * (size_t)seq_len * half) ||
-                   be->to_device(be, m->rope_sin, sin_t, sizeof(float) * (size_t)seq_len * half);
+    olmo_rope_tables(cos_t, sin_t, seq_len, m->head_dim, &m->cfg);
+    const int rc = be->to_device(be, m->rope_cos, cos_t, table) || be->to_device(be, m->rope_sin, sin_t, table);
     free(cos_t);
     free(sin_t);
     return rc ? -1 : 0;
@@ -514,7 +558,8 @@ int olmo_model_block_forward(struct olmo_model *m, int l) {
     if (kept_bf16(&a, OLMO_ACT_X))
         TRY(be->convert(be, a.saved[OLMO_ACT_X].data, OLMO_BF16, a.x, OLMO_F32, a.saved[OLMO_ACT_X].numel));
     /* m->dtmp is free during the forward pass */
-    TRY(olmo_layer_forward(m, l, &a, layer_output(m, l), m->dtmp, m->rope_cos, m->rope_sin, &shape,
+    TRY(olmo_layer_forward(m, l, &a, layer_output(m, l), m->dtmp, m->rope_cos + rope_offset(m, l),
+                           m->rope_sin + rope_offset(m, l), &shape,
                            m->use_doc_ids ? m->doc_ids : NULL, NULL));
     return convert_kept(m, &a, true);
 }
@@ -584,7 +629,7 @@ static int block_recompute(struct olmo_model *m, int l, const struct olmo_layer_
      * which nothing reads (the backward accumulates in m->dx), and m->dtmp is the forward's scratch */
     struct olmo_attn_shape shape;
     attn_shape(m, l, &shape);
-    return olmo_layer_forward(m, l, a, m->dh, m->dtmp, m->rope_cos, m->rope_sin, &shape,
+    return olmo_layer_forward(m, l, a, m->dh, m->dtmp, m->rope_cos + rope_offset(m, l), m->rope_sin + rope_offset(m, l), &shape,
                               m->use_doc_ids ? m->doc_ids : NULL, NULL);
 }
 
@@ -626,8 +671,9 @@ int olmo_model_block_backward(struct olmo_model *m, int l) {
     TRY(be->gemm(be, true, false, D, Q, N, 1.0f, m->dtmp, OLMO_F32, D, a->att, OLMO_F32, Q, gb, g->wo, Q));
     TRY(be->attention_bwd(be, m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v,
                       m->use_doc_ids ? m->doc_ids : NULL, &shape));
-    TRY(be->rope_bwd(be, m->dq, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_heads, m->head_dim));
-    TRY(be->rope_bwd(be, m->dk, m->rope_cos, m->rope_sin, N, m->seq_len, c->n_kv_heads, m->head_dim));
+    const float *rope_cos = m->rope_cos + rope_offset(m, l), *rope_sin = m->rope_sin + rope_offset(m, l);
+    TRY(be->rope_bwd(be, m->dq, rope_cos, rope_sin, N, m->seq_len, c->n_heads, m->head_dim));
+    TRY(be->rope_bwd(be, m->dk, rope_cos, rope_sin, N, m->seq_len, c->n_kv_heads, m->head_dim));
     TRY(be->rmsnorm_bwd(be, m->dq, g->q_norm, m->dq, a->q_raw, w->q_norm, a->rstd_q, N, Q));
     TRY(be->rmsnorm_bwd(be, m->dk, g->k_norm, m->dk, a->k_raw, w->k_norm, a->rstd_k, N, K));
     TRY(be->gemm(be, false, false, N, D, Q, 1.0f, m->dq, OLMO_F32, Q, WEIGHT(w->wq), D, 1.0f, m->dx, D));

@@ -234,8 +234,15 @@ int olmo_layer_forward(const struct olmo_model *m, int layer, const struct olmo_
                         float *tmp, const float *rope_cos, const float *rope_sin, const struct olmo_attn_shape *shape,
                         const int32_t *doc_ids, const struct olmo_kv_cache_layer *cache);
 
-/* RoPE cos/sin tables [n_positions, head_dim/2] (host memory), as the forward pass uses them. */
-void olmo_rope_tables(float *cos_t, float *sin_t, int n_positions, int head_dim, double theta);
+/* RoPE cos/sin tables (host memory) as the forward pass uses them: [n_positions, head_dim/2] unscaled,
+ * followed, with model.rope_scaling, by the same for the scaled (full-attention) layers:
+ * olmo_rope_n_tables(c) tables in all. */
+void olmo_rope_tables(float *cos_t, float *sin_t, int n_positions, int head_dim, const struct olmo_model_config *c);
+int olmo_rope_n_tables(const struct olmo_model_config *c);
+/* Whether layer l uses the scaled table (YaRN applies to the full-attention layers). */
+bool olmo_rope_scaled_layer(const struct olmo_model_config *c, int layer);
+/* YaRN's factor on cos and sin (1 without scaling). */
+double olmo_rope_attention_factor(const struct olmo_model_config *c);
 
 size_t olmo_model_count_params(const struct olmo_model_config *cfg, bool include_embeddings);
 /* Training FLOPs per token (6 * matmul params + attention), for MFU. */

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -406,6 +407,28 @@ static void format_eta(const struct olmo_run *run, long step, double now, char *
     }
 }
 
+/* Every rank's peak memory so far, in rank order, into rec's "mem_peak_bytes" (collective): the most
+ * its backend instance has held (olmo_backend_mem_stats: buffers and scratch), or the process's peak
+ * resident memory where the backend counts none. */
+static int add_mem_peaks(struct olmo_run *run, cJSON *rec) {
+    const struct olmo_dist *d = run->o.dist;
+    const int world = d ? d->world : 1, rank = d ? d->rank : 0;
+    double *peaks = olmo_calloc((size_t)world, sizeof(double), "memory peaks");
+    if (!peaks) return -1;
+    struct olmo_mem_stats ms;
+    struct rusage ru;
+    if (!olmo_backend_mem_stats(run->o.be, &ms)) peaks[rank] = (double)ms.peak;
+    else if (!getrusage(RUSAGE_SELF, &ru)) peaks[rank] = (double)ru.ru_maxrss * 1024.0; /* KiB on Linux */
+    if (world > 1 && olmo_dist_allgather_equal_bytes(d, peaks, sizeof(double))) {
+        free(peaks);
+        return -1;
+    }
+    cJSON *arr = cJSON_AddArrayToObject(rec, "mem_peak_bytes");
+    for (int r = 0; r < world; r++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(peaks[r]));
+    free(peaks);
+    return 0;
+}
+
 /* The metrics record of a step, and every log_every steps the progress line. */
 static int report_step(struct olmo_run *run, const struct olmo_run_step *s, double now) {
     const struct olmo_train_config *t = &run->cfg.train;
@@ -419,6 +442,12 @@ static int report_step(struct olmo_run *run, const struct olmo_run_step *s, doub
     olmo_metrics_add_num(rec, "mfu", "%.6g", s->mfu);
     olmo_metrics_add_num(rec, "elapsed", "%.6f", run->st.elapsed + (now - run->start));
     if (s->res.skipped) cJSON_AddBoolToObject(rec, "skipped", 1);
+    olmo_metrics_add_num(rec, "tokens_per_s_per_device", "%.6g",
+                         s->tokens_per_s / (run->o.dist ? run->o.dist->world : 1));
+    if (add_mem_peaks(run, rec)) {
+        cJSON_Delete(rec);
+        return -1;
+    }
     if (olmo_metrics_write(&run->metrics, rec)) return -1;
     if (!run->o.log || (s->step % t->log_every != 0 && s->step != t->steps)) return 0;
     const double tok_s = (double)(run->steps_since_log * run->tokens_per_step) / run->interval;

@@ -69,6 +69,14 @@ def hf_config_seeds():
         "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
     }
     out("hf_config", "olmo3", json.dumps(cfg, indent=2))
+    # YaRN: the released long-context spelling (rope_scaling), and transformers 5's per-layer-type one
+    yarn = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 16, "beta_fast": 32,
+            "beta_slow": 1, "attention_factor": 1.2079441541679836}
+    out("hf_config", "olmo3-yarn", json.dumps({**cfg, "rope_scaling": yarn}))
+    out("hf_config", "olmo3-yarn-rope-parameters", json.dumps({**cfg, "rope_scaling": None, "rope_parameters": {
+        "full_attention": {**yarn, "attention_factor": None, "mscale": 1.0, "mscale_all_dim": 0.5,
+                           "rope_theta": 500000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}}}))
     cfg.update({"max_position_embeddings": -1, "eos_token_id": None})  # as OLMo-core's exporter writes
     out("hf_config", "olmo-core-export", json.dumps(cfg))
 

@@ -148,11 +148,11 @@ def test_import_rejects_unsupported(build_dir, tmp_path):
         (d / "config.json").write_text(json.dumps(cfg))
         return d
 
-    yarn = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192, "rope_theta": 500000}
+    linear = {"rope_type": "linear", "factor": 8.0, "rope_theta": 500000}  # YaRN: test_yarn.py
     cases = {
-        "yarn": (lambda c: c["rope_parameters"].update(full_attention=yarn), "rope_type 'yarn'"),
-        "legacy_yarn": (lambda c: (c.pop("rope_parameters"), c.update(rope_theta=500000, rope_scaling=yarn)),
-                        "rope_type 'yarn'"),
+        "linear": (lambda c: c["rope_parameters"].update(full_attention=linear), "rope_type 'linear'"),
+        "legacy_linear": (lambda c: (c.pop("rope_parameters"), c.update(rope_theta=500000, rope_scaling=linear)),
+                          "rope_type 'linear'"),
         "tied": (lambda c: c.update(tie_word_embeddings=True), "tie_word_embeddings is true"),
         "bias": (lambda c: c.update(attention_bias=True), "attention_bias"),
         "olmo2": (lambda c: c.update(model_type="olmo2"), "model_type is 'olmo2'"),
