@@ -178,6 +178,9 @@ int olmo_schedule_validate(const struct olmo_train_config *t);
 int olmo_config_chunk_instances(const struct olmo_config *cfg, size_t *chunk);
 /* The limits above (also part of olmo_config_validate); the error names the key. */
 int olmo_config_check_limits(const struct olmo_config *cfg);
+/* Every numeric key within the range its table gives (also part of olmo_config_validate: a config not read
+ * from text, or changed in code, is checked too); the error names the key, its range and the value. */
+int olmo_config_check_ranges(const struct olmo_config *cfg);
 /* 0 when value is within the range of the numeric key (as a value read for it must be), else -1 with
  * the error naming the key, its range and the value. */
 int olmo_config_check_range(const char *key, double value);

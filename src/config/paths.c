@@ -54,11 +54,14 @@ static bool is_symlink(const char *path) {
     return lstat(path, &st) == 0 && S_ISLNK(st.st_mode);
 }
 
+static bool is_blank(char c) { return c == ' ' || c == '\t'; }
+
 /* BASE/REL with "." and "NAME/.." removed; a ".." after a symbolic link is kept, as the kernel would
- * follow the link first.  An absolute REL, a URL (scheme://) or an empty one is copied unchanged. */
-static bool rebase_one(struct sbuf *b, const char *rel, size_t n, const char *base) {
-    while (n && *rel == ' ') rel++, n--;
-    while (n && rel[n - 1] == ' ') n--;
+ * follow the link first.  An absolute REL, a URL (scheme://) or an empty one is copied unchanged.  A list's
+ * entry (trim) loses its blanks around it, as the lists' readers drop them. */
+static bool rebase_one(struct sbuf *b, const char *rel, size_t n, const char *base, bool trim) {
+    while (trim && n && is_blank(*rel)) rel++, n--;
+    while (trim && n && is_blank(rel[n - 1])) n--;
     char path[8192];
     bool keep = !n || *rel == '/' || memmem(rel, n, "://", 3);
     int w = keep ? snprintf(path, sizeof path, "%.*s", (int)n, rel)
@@ -106,7 +109,7 @@ static bool is_task_path(const char *s, size_t n) {
 
 /* value (of the given kind) with each of its paths rebased on base, into b */
 static bool rebase_value(struct sbuf *b, const char *value, enum path_kind kind, const char *base) {
-    if (kind == ONE) return rebase_one(b, value, strlen(value), base);
+    if (kind == ONE) return rebase_one(b, value, strlen(value), base, false);
     const char sep = kind == SEARCH ? ':' : ',';
     for (const char *item = value;;) {
         const char *end = strchr(item, sep);
@@ -133,7 +136,7 @@ static bool rebase_value(struct sbuf *b, const char *value, enum path_kind kind,
             for (const char *p = item, *pend = item + paths_n; ok;) {
                 const char *plus = memchr(p, '+', (size_t)(pend - p));
                 size_t pn = plus ? (size_t)(plus - p) : (size_t)(pend - p);
-                ok = rebase_one(b, p, pn, base) && (!plus || put(b, "+", 1));
+                ok = rebase_one(b, p, pn, base, true) && (!plus || put(b, "+", 1));
                 if (!plus) break;
                 p = plus + 1;
             }
@@ -141,7 +144,14 @@ static bool rebase_value(struct sbuf *b, const char *value, enum path_kind kind,
         } else if (kind == TASKS && !is_task_path(item, n)) {
             ok = put(b, item, n);
         } else {
-            ok = rebase_one(b, item, n, base);
+            /* a validation set's LABEL=PATH (eval/evaluate.c): a '=' with no '/' before it */
+            const char *a = item;
+            size_t an = n;
+            while (an && is_blank(*a)) a++, an--;
+            const char *eq = kind == LIST ? memchr(a, '=', an) : NULL;
+            if (eq && (eq == a || memchr(a, '/', (size_t)(eq - a)))) eq = NULL;
+            if (eq) ok = put(b, a, (size_t)(eq - a) + 1) && rebase_one(b, eq + 1, an - (size_t)(eq - a) - 1, base, true);
+            else ok = rebase_one(b, item, n, base, true);
         }
         if (!ok) return false;
         if (!end) return true;

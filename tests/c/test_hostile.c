@@ -131,6 +131,7 @@ static void test_config_yaml_round_trip(void) {
         snprintf(a.data.train_path, sizeof a.data.train_path, "%s", hostile[i]);
         snprintf(a.data.eval_tasks, sizeof a.data.eval_tasks, "%s,%s", hostile[i], hostile[i]);
         CHECK(!olmo_config_write(&a, cfg_path), "write %zu: %s", i, olmo_last_error());
+        CHECK(!olmo_config_absolute_paths(&a), "absolute %zu: %s", i, olmo_last_error()); /* as written */
         olmo_config_defaults(&b);
         int rc = olmo_config_load(&b, cfg_path);
         CHECK(!rc, "string %zu reads back: %s", i, olmo_last_error());

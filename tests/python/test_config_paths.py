@@ -31,7 +31,7 @@ def test_relative_paths_follow_the_config_file(build_dir, tmp_path):
     (tmp_path / "link").symlink_to(cfgdir)  # a ".." after a symbolic link stays: the kernel follows the link
     write_config(cfgdir / "a.yaml", [
         "train_path: ../data/train.npy",
-        'val_paths: "../data/v1.npy, v2.npy,/abs/v3.npy"',
+        'val_paths: "../data/v1.npy, v2.npy,/abs/v3.npy,label=../data/v4.npy"',
         "tokenizer: ./tok.json",
         "out_dir: ../runs/a",
         'eval_tasks: "arc_easy_rc_0shot,tasks/mc.jsonl:acc,mine.jsonl,sub/dir"',
@@ -41,7 +41,7 @@ def test_relative_paths_follow_the_config_file(build_dir, tmp_path):
     elsewhere.mkdir()
     v = info_values(build_dir, "../exp/configs/a.yaml", elsewhere)
     assert v["train_path"] == "../exp/data/train.npy"
-    assert v["val_paths"] == "../exp/data/v1.npy,../exp/configs/v2.npy,/abs/v3.npy"
+    assert v["val_paths"] == "../exp/data/v1.npy,../exp/configs/v2.npy,/abs/v3.npy,label=../exp/data/v4.npy"
     assert v["tokenizer"] == "../exp/configs/tok.json"
     assert v["out_dir"] == "../exp/runs/a"
     # task names stay names; entries with a '/' or a .jsonl file are paths
