@@ -3,8 +3,9 @@
  * outputs, lse, dq, dk, dv over windows (none, inside T, 1, 2, = T, > T), GQA,
  * non-power-of-2 T and head sizes 32, 64, 128; the cuDNN forward's lse driving
  * the kernels' backward (the statistics' layout and base); and the fallbacks'
- * messages: cuDNN not loadable, forced off, intra-document masking, a shape
- * cuDNN refuses (head_dim 12: the kernels must give their own results, bitwise).
+ * messages: cuDNN not loadable, forced off, intra-document masking, a head_dim
+ * outside cuda-bf16's bf16 attention (12), a shape cuDNN refuses (injected in
+ * the emulation): the kernels must then give their own results, bitwise.
  * Built against the emulated CUDA runtime (cuDNN: tests/c/cuda_emu/
  * emu_cudnn_sdpa.cpp) and, in CUDA builds, against the device (exit 77 when
  * there is none). */
@@ -16,6 +17,9 @@
 #include "backend/backend.h"
 #include "util/error.h"
 #include "util/rng.h"
+#ifdef OLMOC_CUDA_EMULATION
+#include "cuda_emu_inject.h"
+#endif
 
 /* Errors are max |x - ref| / max(1, max |ref|) per tensor.  Measured on the emulation (bf16
  * operands and outputs against fp32): cuDNN path vs CPU <= 6.7e-3 forward (out, lse), <= 6.9e-3
@@ -200,15 +204,35 @@ int main(void) {
         check(has(cudnn, "intra-document masking: the tensor-core kernels run"), "doc masking: said in describe()");
         run_free(&in), run_free(&a), run_free(&k), run_free(&ref);
     }
-    { /* a shape cuDNN refuses (head_dim not a multiple of 8): the kernels run it */
+    { /* head_dim 12: outside cuda-bf16's bf16 attention, the fp32 kernels run it */
         struct olmo_attn_shape sh = {1, 33, 2, 2, 12, 5, 0};
         sh.scale = 1.0f / sqrtf(12.0f);
         struct run in = inputs(&sh);
         struct run a = attend(cudnn, &in, &sh, NULL, NULL), k = attend(kern, &in, &sh, NULL, NULL);
-        check(bitwise(&a, &k), "head_dim 12 (refused by cuDNN): the kernels' results, bitwise");
+        check(bitwise(&a, &k), "head_dim 12: the kernels' results, bitwise");
+        check(has(cudnn, "head_dim 12: the fp32 kernels run"), "head_dim 12: said in describe()");
+        run_free(&in), run_free(&a), run_free(&k);
+    }
+#ifdef OLMOC_CUDA_EMULATION
+    { /* a shape cuDNN refuses (injected: building its forward graph fails), forward and backward */
+        struct olmo_attn_shape sh = {1, 45, 2, 1, 32, 7, 0};
+        sh.scale = 1.0f / sqrtf(32.0f);
+        struct run in = inputs(&sh);
+        cuda_emu_inject(CUDA_EMU_FAIL_CUDNN, 1);
+        struct run a = attend(cudnn, &in, &sh, NULL, NULL), k = attend(kern, &in, &sh, NULL, NULL);
+        check(!memcmp(a.h[T_OUT], k.h[T_OUT], sizeof(float) * a.n[T_OUT]) &&
+                  !memcmp(a.h[T_LSE], k.h[T_LSE], sizeof(float) * a.n[T_LSE]),
+              "refused forward: the kernels' out and lse, bitwise");
+        check(!bitwise(&a, &k), "its backward (not refused): cuDNN's, from the kernels' out and lse");
+        struct run ref = attend(cpu, &in, &sh, NULL, NULL);
+        compare("refused forward", "cuda-bf16 vs cpu", &a, &ref);
+        run_free(&ref);
         check(has(cudnn, "cuDNN refused a shape, the kernels run it"), "refused shape: said in describe()");
         run_free(&in), run_free(&a), run_free(&k);
     }
+#else
+    printf("SKIP a shape cuDNN refuses: on a device, which shapes its engines refuse is the device's\n");
+#endif
     printf("     %s\n", cudnn->describe(cudnn));
 done:
     olmo_backend_destroy(none);

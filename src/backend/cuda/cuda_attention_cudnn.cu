@@ -3,8 +3,10 @@
  *   - no cuDNN at run time (libcudnn not found, older than 9, cudnnCreate
  *     failed), or OLMOC_CUDNN=0: the tensor-core kernels (cuda_attention_tc.cu),
  *     said once per process on stderr and in describe();
- *   - intra-document masking (the graphs here have no document mask) and a
- *     shape cuDNN refuses: the kernels for that call, said once per instance.
+ *   - intra-document masking (the graphs here have no document mask), a
+ *     shape cuDNN refuses, and a head_dim outside cuda-bf16's bf16 attention
+ *     (a multiple of 16 up to 128; the fp32 kernels, as before): the kernels
+ *     for that call, said once per instance.
  * The backend interface's q, k, v, out and gradients are fp32 rows; they are
  * rounded to bf16 copies in scratch (the rounding the tensor-core kernels also
  * apply to their operands), cuDNN's bf16 O and dQ, dK, dV are widened back.
@@ -20,7 +22,7 @@
 
 void olmo_cuda_cudnn_init(OLMO_BE) {
     struct olmo_cuda_state *st = CUDA_STATE(be);
-    static bool said; /* the path is a property of the process: one line, not one per instance */
+    static char said[sizeof st->attn_line]; /* one line per process, unless an instance's path differs */
 #ifdef OLMOC_NO_CUDNN /* configured with -DOLMOC_CUDNN=OFF */
     snprintf(st->attn_line, sizeof st->attn_line, "attention: tensor-core kernels (built without cuDNN)");
 #else
@@ -36,8 +38,8 @@ void olmo_cuda_cudnn_init(OLMO_BE) {
         snprintf(st->attn_line, sizeof st->attn_line, "attention: tensor-core kernels (%s)", olmo_last_error());
     }
 #endif
-    if (!said) fprintf(stderr, "olmoc: %s: %s\n", be->name, st->attn_line);
-    said = true;
+    if (strcmp(said, st->attn_line)) fprintf(stderr, "olmoc: %s: %s\n", be->name, st->attn_line);
+    memcpy(said, st->attn_line, sizeof said);
 }
 
 #ifdef OLMOC_NO_CUDNN /* nothing is ever loaded: st->sdpa stays NULL and the calls below are never made */
@@ -92,10 +94,19 @@ static struct olmo_sdpa_shape sdpa_shape(const struct olmo_attn_shape *s) {
 }
 
 /* 1 when the kernels must run this call (said once), 0 when cuDNN takes it (*work: its workspace). */
-static int cudnn_takes(OLMO_BE, const int32_t *doc_ids, const struct olmo_sdpa_shape *d, int backward,
-                       void **work) {
+static int cudnn_takes(OLMO_BE, const struct olmo_attn_shape *s, const int32_t *doc_ids,
+                       const struct olmo_sdpa_shape *d, int backward, void **work) {
     struct olmo_cuda_state *st = CUDA_STATE(be);
     if (!st->sdpa) return 1;
+    if (!olmo_cuda_attention_tc_supported(s)) { /* and a shape the kernels refuse is refused there */
+        char dim[16];
+        snprintf(dim, sizeof dim, "%d", s->head_dim);
+        note(be, &st->noted_dim,
+             "head_dim %s: the fp32 kernels run (cuda-bf16's attention is bf16 for head_dim a multiple of 16 up to "
+             "128)",
+             dim);
+        return 1;
+    }
     if (doc_ids) {
         note(be, &st->noted_doc, "intra-document masking: the tensor-core kernels run%s",
              " (the cuDNN graphs have no document mask)");
@@ -116,7 +127,7 @@ int olmo_cuda_cudnn_fwd(OLMO_BE, float *out, float *lse, const float *q, const f
     if (s->batch <= 0 || s->seq_len <= 0) return 1;
     const struct olmo_sdpa_shape d = sdpa_shape(s);
     void *work;
-    const int r = cudnn_takes(be, doc_ids, &d, 0, &work);
+    const int r = cudnn_takes(be, s, doc_ids, &d, 0, &work);
     if (r) return r;
     const size_t N = (size_t)s->batch * s->seq_len, nq = N * s->n_heads * s->head_dim,
                  nk = N * s->n_kv_heads * s->head_dim;
@@ -136,7 +147,7 @@ int olmo_cuda_cudnn_bwd(OLMO_BE, float *dq, float *dk, float *dv, const float *d
     if (s->batch <= 0 || s->seq_len <= 0) return 1;
     const struct olmo_sdpa_shape d = sdpa_shape(s);
     void *work;
-    const int r = cudnn_takes(be, doc_ids, &d, 1, &work);
+    const int r = cudnn_takes(be, s, doc_ids, &d, 1, &work);
     if (r) return r;
     const size_t N = (size_t)s->batch * s->seq_len, nq = N * s->n_heads * s->head_dim,
                  nk = N * s->n_kv_heads * s->head_dim;

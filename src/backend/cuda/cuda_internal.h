@@ -104,7 +104,7 @@ struct olmo_cuda_state {
     /* cuda-bf16's attention through cuDNN (cuda_attention_cudnn.cu): NULL when the kernels run */
     struct olmo_sdpa *sdpa;
     char attn_line[512];              /* which attention runs and why (describe) */
-    bool noted_doc, noted_refused;    /* the one-line fallback messages, once per instance */
+    bool noted_doc, noted_refused, noted_dim; /* the one-line fallback messages, once per instance */
 };
 #define CUDA_STATE(be) ((struct olmo_cuda_state *)(be)->state)
 /* The stream that zero, copy, convert and comm_group_allgather enqueue on (0: the legacy default stream). */

@@ -12,8 +12,10 @@
  *     in the workspace (4 bytes per row, as cuDNN's backward keeps it);
  *     gradients summed in double, rounded once to bf16; GQA's dK, dV summed
  *     over the query heads of a group.
- * It refuses what cuDNN documents it does not run: head_dim not a multiple of 8
- * or above 256.  Availability follows OLMOC_CUDNN_LIB as the real one does: a
+ * It refuses what cuDNN documents it does not run (head_dim not a multiple of 8
+ * or above 256), and a shape whose first prepare meets an injected
+ * CUDA_EMU_FAIL_CUDNN (cuda_emu_inject.h), as the real one caches a refused
+ * graph: that shape stays refused.  Availability follows OLMOC_CUDNN_LIB as the real one does: a
  * path that does not exist is "not loaded". */
 #include <math.h>
 #include <stdint.h>
@@ -22,6 +24,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <tuple>
+#include <set>
 #include <vector>
 
 #include "cuda_emu.h"
@@ -33,6 +37,7 @@ extern "C" {
 
 struct olmo_sdpa {
     int live;
+    std::set<std::tuple<int, int, int, int, int, int, int>> refused; /* batch, seq, heads, kv, dim, window, bwd */
 };
 
 extern "C" struct olmo_sdpa *olmo_sdpa_create(void) {
@@ -41,11 +46,11 @@ extern "C" struct olmo_sdpa *olmo_sdpa_create(void) {
         olmo_error("cuDNN not loaded: %s: cannot open shared object file: No such file or directory", path);
         return NULL;
     }
-    struct olmo_sdpa *sd = (struct olmo_sdpa *)olmo_calloc(1, sizeof *sd, "emulated cuDNN");
-    if (sd) sd->live = 1;
+    struct olmo_sdpa *sd = new olmo_sdpa();
+    sd->live = 1;
     return sd;
 }
-extern "C" void olmo_sdpa_destroy(struct olmo_sdpa *sd) { free(sd); }
+extern "C" void olmo_sdpa_destroy(struct olmo_sdpa *sd) { delete sd; }
 extern "C" long olmo_sdpa_version(const struct olmo_sdpa *sd) { return sd ? 90000 : 0; }
 extern "C" const char *olmo_sdpa_library(const struct olmo_sdpa *sd) {
     return sd ? "emulated stand-in, tests/c/cuda_emu" : "";
@@ -64,6 +69,9 @@ static int check(const struct olmo_sdpa *sd, const struct olmo_sdpa_shape *s) {
 extern "C" int olmo_sdpa_prepare(struct olmo_sdpa *sd, const struct olmo_sdpa_shape *s, int backward,
                                  size_t *workspace) {
     if (check(sd, s)) return -1;
+    const auto key = std::make_tuple(s->batch, s->seq, s->n_heads, s->n_kv_heads, s->head_dim, s->window, backward);
+    if (sd->refused.count(key) || (cuda_emu_injected(CUDA_EMU_FAIL_CUDNN) && sd->refused.insert(key).second))
+        return olmo_error("cuDNN SDPA: check_support: no engine for this graph (injected refusal)");
     *workspace = backward ? sizeof(float) * (size_t)s->batch * s->n_heads * s->seq : 0;
     return 0;
 }
