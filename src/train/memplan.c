@@ -213,7 +213,7 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
     const struct shapes s = {.N = (double)t->micro_batch * t->seq_len, .T = t->seq_len, .B = t->micro_batch,
                              .D = c->d_model, .Q = c->n_heads * hd, .K = c->n_kv_heads * hd, .F = c->mlp_hidden,
                              .V = c->vocab_size, .H = c->n_heads, .HK = c->n_kv_heads, .hd = hd, .L = c->n_layers};
-    d.cudnn_attention = !strcmp(d.name, "cuda-bf16") && !t->intra_doc_masking && (int)hd % 8 == 0 && hd <= 256;
+    d.cudnn_attention = !strcmp(d.name, "cuda-bf16") && !t->intra_doc_masking && (int)hd % 16 == 0 && hd <= 128;
     const double n = (double)olmo_model_count_params(c, true); /* the flat parameter buffer's floats */
     const double cbytes = d.bf16_compute ? 2 : 4;
     double *b = p->bytes;
