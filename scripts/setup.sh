@@ -81,6 +81,29 @@ if [ ! -f "$DOLMA2" ] || ! echo "$DOLMA2_SHA256  $DOLMA2" | sha256sum -c --quiet
   mv "$DOLMA2.tmp" "$DOLMA2"
 fi
 
+# cudnn-frontend (header-only C++), the API of cuda-bf16's attention through cuDNN's fused SDPA
+# (src/backend/cuda/cudnn_sdpa.cpp): its include/ ships inside the nvidia-cudnn-frontend wheel, fetched
+# (--no-deps, not installed; this platform tag: the headers are the same in every wheel of a version)
+# and unpacked into third_party/cudnn_frontend; not committed (.gitignore).
+CUDNN_FE_WHEEL=nvidia_cudnn_frontend-1.32.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl
+CUDNN_FE_SHA256=c6006556017a4d1c914c52a556c71b1267f2d6a0500f742e7b4edef539878df0
+if [ ! -f third_party/cudnn_frontend/include/cudnn_frontend.h ]; then
+  echo "setup: fetching the cudnn-frontend 1.32.0 headers (nvidia-cudnn-frontend wheel) into third_party/cudnn_frontend"
+  tmp=$(mktemp -d)
+  .venv/bin/pip download -q --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
+    --platform manylinux_2_28_x86_64 nvidia-cudnn-frontend==1.32.0 -d "$tmp"
+  if ! echo "$CUDNN_FE_SHA256  $tmp/$CUDNN_FE_WHEEL" | sha256sum -c --quiet -; then
+    rm -rf "$tmp"
+    echo "setup: $CUDNN_FE_WHEEL does not have the expected sha256" >&2
+    exit 1
+  fi
+  rm -rf third_party/cudnn_frontend
+  mkdir -p third_party/cudnn_frontend
+  .venv/bin/python -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); z.extractall(sys.argv[2],
+    [n for n in z.namelist() if n.startswith('include/')])" "$tmp/$CUDNN_FE_WHEEL" third_party/cudnn_frontend
+  rm -rf "$tmp"
+fi
+
 echo "setup: building build/ (Release, with the CUDA backend when nvcc is found), build-asan/ (sanitizers)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"

@@ -35,6 +35,8 @@ struct backend_desc {
     bool bf16_attention;       /* CPU attention's products in bf16 */
     bool bf16_gemm_operands;   /* GEMMs round fp32 activation operands into bf16 scratch */
     bool bf16_dlogits;         /* cross_entropy_bf16: the logits' gradient reaches the GEMMs as bf16 */
+    bool cudnn_attention;      /* cuda-bf16's attention through cuDNN (cuda_attention_cudnn.cu), as on a device
+                                  that has it: bf16 copies of its operands instead of the kernels' delta */
     enum scratch_kind scratch;
     size_t align;
 };
@@ -140,7 +142,9 @@ static double scratch(const struct backend_desc *d, const struct shapes *s, enum
     const double b_weights = max2(s->V * s->D, s->D * max2(s->F, s->Q));
     if (d->scratch == SCRATCH_CUDA) {
         const double rows = ceil(N / ceil(N / 256)); /* rmsnorm backward's chunks */
-        double total = cuda_slot(4 * B * T * H)                          /* attention backward's delta */
+        /* attention backward's delta (the kernels), or cuDNN's workspace (the emulated one's size: its
+         * rowsum(dO * O); a device's cuDNN chooses its own) and its bf16 q, k, v, o, dO, dq, dk, dv */
+        double total = cuda_slot(4 * B * T * H) + (d->cudnn_attention ? cuda_slot(2 * N * (4 * s->Q + 4 * s->K)) : 0)
                        + cuda_slot(max2(16 * N, 1024 * 8)) + cuda_slot(16) /* loss rows / sum of squares, result */
                        + cuda_slot(8 * rows * max2(s->D, max2(s->Q, s->K)))  /* rmsnorm dw partials */
                        + cuda_slot(4 * (N + 2 * fmin(N, s->V) + 1));       /* embedding backward's index */
@@ -212,6 +216,7 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
     const struct shapes s = {.N = (double)t->micro_batch * t->seq_len, .T = t->seq_len, .B = t->micro_batch,
                              .D = c->d_model, .Q = c->n_heads * hd, .K = c->n_kv_heads * hd, .F = c->mlp_hidden,
                              .V = c->vocab_size, .H = c->n_heads, .HK = c->n_kv_heads, .hd = hd, .L = c->n_layers};
+    d.cudnn_attention = !strcmp(d.name, "cuda-bf16") && !t->intra_doc_masking && (int)hd % 16 == 0 && hd <= 128;
     const double n = (double)olmo_model_count_params(c, true); /* the flat parameter buffer's floats */
     const double cbytes = d.bf16_compute ? 2 : 4;
     double *b = p->bytes;

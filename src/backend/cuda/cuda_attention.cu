@@ -608,6 +608,8 @@ int olmo_cuda_attention_bwd(OLMO_BE, float *dq, float *dk, float *dv, const floa
 /* cuda-bf16: tensor cores (cuda_attention_tc.cu) where head_dim allows, else the fp32 kernels. */
 int olmo_cuda_attention_fwd_bf16(OLMO_BE, float *out, float *lse, const float *q, const float *k, const float *v,
                                   const int32_t *doc_ids, const struct olmo_attn_shape *s) {
+    const int cudnn = olmo_cuda_cudnn_fwd(be, out, lse, q, k, v, doc_ids, s);
+    if (cudnn <= 0) return cudnn; /* cuDNN ran it, or failed */
     if (!olmo_cuda_attention_tc_supported(s)) {
         return olmo_cuda_attention_fwd(be, out, lse, q, k, v, doc_ids, s);
     }
@@ -617,6 +619,8 @@ int olmo_cuda_attention_fwd_bf16(OLMO_BE, float *out, float *lse, const float *q
 int olmo_cuda_attention_bwd_bf16(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *out,
                                   const float *lse, const float *q, const float *k, const float *v,
                                   const int32_t *doc_ids, const struct olmo_attn_shape *s) {
+    const int cudnn = olmo_cuda_cudnn_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
+    if (cudnn <= 0) return cudnn;
     if (!olmo_cuda_attention_tc_supported(s)) {
         return olmo_cuda_attention_bwd(be, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
     }

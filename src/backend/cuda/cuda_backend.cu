@@ -362,6 +362,7 @@ static void cu_destroy(struct olmo_backend *be) {
 #ifdef OLMOC_HAVE_NCCL
     olmo_cuda_comm_destroy(be);
 #endif
+    olmo_cuda_cudnn_destroy(be);
     for (int i = 0; i < SCRATCH_SLOTS; i++)
         if (st->scratch[i]) cudaFree(st->scratch[i]);
     if (st->side) {
@@ -449,6 +450,10 @@ extern "C" struct olmo_backend *olmo_backend_cuda_create(enum olmo_cuda_gemm_pre
     be->scale = olmo_cuda_scale;
     be->adamw = olmo_cuda_adamw;
     be->attention_cached = olmo_cuda_attention_cached;
+    if (precision == OLMO_CUDA_BF16) { /* attention through cuDNN where it is found (cuda_attention_cudnn.cu) */
+        olmo_cuda_cudnn_init(be);
+        be->describe = olmo_cuda_describe;
+    }
 #ifdef OLMOC_HAVE_NCCL
     be->comm_init = olmo_cuda_comm_init;
     be->comm_allreduce_sum = olmo_cuda_comm_allreduce_sum;

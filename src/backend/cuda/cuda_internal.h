@@ -95,6 +95,8 @@ enum olmo_cuda_scratch_slot {
     SCRATCH_EMBED_INDEX, /* embedding backward: sorted token order and segments (int32) */
     SCRATCH_GEMM_A,      /* bf16 copies of GEMM operands */
     SCRATCH_GEMM_B,
+    SCRATCH_ATTN_BF16,   /* cuDNN attention: bf16 q, k, v, o (and dO, dq, dk, dv in the backward) */
+    SCRATCH_ATTN_WORK,   /* cuDNN attention: the graph's workspace */
     SCRATCH_SLOTS
 };
 
@@ -111,6 +113,10 @@ struct olmo_cuda_state {
     cudaStream_t side;
     cudaEvent_t main_mark, side_mark[2];
     bool on_side; /* between side_begin and side_end */
+    /* cuda-bf16's attention through cuDNN (cuda_attention_cudnn.cu): NULL when the kernels run */
+    struct olmo_sdpa *sdpa;
+    char attn_line[512];              /* which attention runs and why (describe) */
+    bool noted_doc, noted_refused, noted_dim; /* the one-line fallback messages, once per instance */
 };
 #define CUDA_STATE(be) ((struct olmo_cuda_state *)(be)->state)
 /* The stream that zero, copy, convert and comm_group_allgather enqueue on (0: the legacy default stream). */
@@ -195,6 +201,19 @@ int olmo_cuda_attention_tc_fwd(OLMO_BE, float *out, float *lse, const float *q, 
 int olmo_cuda_attention_tc_bwd(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *lse,
                                 const float *delta, const float *q, const float *k, const float *v,
                                 const int32_t *doc_ids, const struct olmo_attn_shape *shape);
+
+/* cuda_attention_cudnn.cu: cuda-bf16's attention through cuDNN's fused SDPA (cudnn_sdpa.h).
+ * init loads cuDNN unless OLMOC_CUDNN=0 and says which attention runs (st->attn_line);
+ * fwd/bwd return 0 (done), -1 (error set), or 1: not taken, the kernels run (intra-document
+ * masking, a shape cuDNN refuses, no cuDNN). */
+void olmo_cuda_cudnn_init(OLMO_BE);
+void olmo_cuda_cudnn_destroy(OLMO_BE);
+const char *olmo_cuda_describe(OLMO_BE);
+int olmo_cuda_cudnn_fwd(OLMO_BE, float *out, float *lse, const float *q, const float *k, const float *v,
+                        const int32_t *doc_ids, const struct olmo_attn_shape *shape);
+int olmo_cuda_cudnn_bwd(OLMO_BE, float *dq, float *dk, float *dv, const float *dout, const float *out,
+                        const float *lse, const float *q, const float *k, const float *v, const int32_t *doc_ids,
+                        const struct olmo_attn_shape *shape);
 
 /* cuda_comm.cu, in builds with NCCL (OLMOC_HAVE_NCCL) */
 struct olmo_dist;

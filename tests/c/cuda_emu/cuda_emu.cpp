@@ -478,6 +478,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 
 /* ---- runtime ---- */
 
+bool cuda_emu_injected(enum cuda_emu_fault kind) { return injected(kind); }
+
 void cuda_emu_inject(enum cuda_emu_fault kind, int nth) {
     if ((int)kind < 0 || kind >= CUDA_EMU_FAULTS || nth < 0) emu_abort("cuda_emu_inject: no such fault");
     inject_countdown[kind] = nth;

@@ -62,6 +62,8 @@
 #include <type_traits>
 
 #include "cuda_emu_inject.h"
+/* Whether this call of the kind is the one cuda_emu_inject chose to fail (for stand-ins of libraries). */
+bool cuda_emu_injected(enum cuda_emu_fault kind);
 
 #define __global__
 #define __device__

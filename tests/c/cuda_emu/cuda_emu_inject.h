@@ -4,7 +4,9 @@
  *   CUDA_EMU_FAIL_MALLOC  cudaMalloc: cudaErrorMemoryAllocation (not sticky)
  *   CUDA_EMU_FAIL_LAUNCH  a kernel launch: cudaErrorLaunchOutOfResources,
  *                         reported by the next cudaGetLastError; the kernel does not run
- *   CUDA_EMU_FAIL_BLAS    cublasSgemm / cublasGemmEx: CUBLAS_STATUS_EXECUTION_FAILED */
+ *   CUDA_EMU_FAIL_BLAS    cublasSgemm / cublasGemmEx: CUBLAS_STATUS_EXECUTION_FAILED
+ *   CUDA_EMU_FAIL_CUDNN   emulated cuDNN (emu_cudnn_sdpa.cpp): building a graph fails as cuDNN
+ *                         refuses a shape (check_support); the refusal is cached per shape */
 #ifndef OLMOC_CUDA_EMU_INJECT_H
 #define OLMOC_CUDA_EMU_INJECT_H
 
@@ -12,7 +14,7 @@
 extern "C" {
 #endif
 
-enum cuda_emu_fault { CUDA_EMU_FAIL_MALLOC, CUDA_EMU_FAIL_LAUNCH, CUDA_EMU_FAIL_BLAS, CUDA_EMU_FAULTS };
+enum cuda_emu_fault { CUDA_EMU_FAIL_MALLOC, CUDA_EMU_FAIL_LAUNCH, CUDA_EMU_FAIL_BLAS, CUDA_EMU_FAIL_CUDNN, CUDA_EMU_FAULTS };
 void cuda_emu_inject(enum cuda_emu_fault kind, int nth);
 
 #ifdef __cplusplus
