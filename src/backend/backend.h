@@ -122,6 +122,9 @@ struct olmo_backend {
 
     int (*embedding_fwd)(OLMO_BE, float *out, const float *table, const int32_t *tokens, int n, int dim);
     int (*embedding_bwd)(OLMO_BE, float *dtable, const float *dout, const int32_t *tokens, int n, int dim);
+    /* The same with the ids in host memory (host_tokens: the n ids of `tokens`, which a device
+     * backend would otherwise copy back to sort them).  NULL: the model calls embedding_bwd. */
+    int (*embedding_bwd_ids)(OLMO_BE, float *dtable, const float *dout, const int32_t *host_tokens, int n, int dim);
 
     /* y = x / rms(x) * w over the last dim; rstd[n] is kept for backward. */
     int (*rmsnorm_fwd)(OLMO_BE, float *y, float *rstd, const float *x, const float *w, int n, int dim, float eps);
@@ -163,6 +166,12 @@ struct olmo_backend {
      * Returns the unscaled sums of ce and of lse^2 through ce_sum / z_sum. */
     int (*cross_entropy)(OLMO_BE, float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
                          float z_mult, double *ce_sum, double *z_sum);
+    /* Where set (a device backend), cross_entropy also takes ce_sum and z_sum NULL: it then adds the
+     * sums to an accumulator in device memory instead of copying them to the host, so a micro-batch
+     * needs no copy back; loss_sums returns the accumulated sums (one copy to the host) and clears the
+     * accumulator (ce_sum and z_sum NULL: clears only).  The accumulator adds in double, in call order,
+     * as a caller adding the returned sums would.  NULL: cross_entropy always returns its sums. */
+    int (*loss_sums)(OLMO_BE, double *ce_sum, double *z_sum);
 
     int (*sum_squares)(OLMO_BE, const float *x, size_t n, double *out); /* *out = sum of x[i]^2 */
     int (*scale)(OLMO_BE, float *x, size_t n, float s);
@@ -219,6 +228,14 @@ struct olmo_backend {
     int (*side_begin)(OLMO_BE);
     int (*side_end)(OLMO_BE, int slot);
     int (*side_wait)(OLMO_BE, int slot);
+    /* A third queue with the same contract, for the gradients' reduce-scatters (fully sharded
+     * training reduce-scatters a block's gradients there while the next block's backward pass
+     * runs; CUDA: a third stream): between grad_begin and grad_end only zero, copy, add and
+     * comm_group_reduce_scatter may be called.  A communicator is used from one queue only
+     * (NCCL's rule): the caller gives the reduce-scatters their own.  NULL where ops run in order. */
+    int (*grad_begin)(OLMO_BE);
+    int (*grad_end)(OLMO_BE, int slot);
+    int (*grad_wait)(OLMO_BE, int slot);
 };
 
 /* The CPU backend.  Its variants differ in where the GEMMs come from:

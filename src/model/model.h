@@ -129,6 +129,9 @@ struct olmo_model {
     float *rope_cos, *rope_sin;
     int32_t *tokens, *targets, *doc_ids;
     bool use_doc_ids;
+    /* a host copy of the forward pass's ids, for a backend with embedding_bwd_ids (no copy back) */
+    int32_t *host_tokens;
+    size_t host_tokens_cap;
     /* backward scratch */
     float *dx, *dh, *dtmp, *dq, *dk, *dv, *datt, *dg, *du, *ds;
 
@@ -201,7 +204,9 @@ const struct olmo_param *olmo_model_find_param(const struct olmo_model *m, const
  * doc_masking: attention does not cross EOS boundaries (the EOS closes its document). */
 int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_masking);
 /* Cross-entropy (+ z-loss) against targets [batch*seq_len] (host; <0 ignored).
- * Replaces m->logits with the gradient of grad_scale * sum(ce + z_mult * lse^2). */
+ * Replaces m->logits with the gradient of grad_scale * sum(ce + z_mult * lse^2).
+ * ce_sum and z_sum NULL (only where the backend has loss_sums): the sums stay in the backend's
+ * accumulator, read once for all micro-batches with be->loss_sums. */
 int olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_scale, float z_mult,
                     double *ce_sum, double *z_sum);
 /* Backpropagates from the gradient left in m->logits; accumulates into m->grads (or sets them: see

@@ -165,6 +165,9 @@ def test_fully_sharded_through_nccl(build_dir, tiny, tmp_path):  # noqa: F811
     """The CUDA backend's path (build/tests/olmoc_emu: the CUDA backend's source on an emulated runtime, NCCL
     done with MPI): shard and replica groups get NCCL communicators; all-gather, reduce-scatter and the
     replicas' all-reduce run on device buffers.  2 ranks fully sharded and 2 x 2 HSDP match one rank.
+    The emulated NCCL refuses an operation on a communicator whose previous one, on another stream, is not
+    ordered before it by an event: the all-gathers (main and side stream) and the reduce-scatters (gradient
+    stream) must keep to communicators of their own, or these runs fail.
     3 steps: the emulation runs a step in ~4 s."""
     emu = build_dir / "tests" / "olmoc_emu"
     if not emu.exists():
@@ -187,8 +190,8 @@ def test_fully_sharded_through_nccl(build_dir, tiny, tmp_path):  # noqa: F811
                                         (4, 1, ("--set", "train.shard_degree=2"), "groups of 2 ranks, 2 replicas")):
         out = tmp_path / f"r{ranks}"
         many, stdout = run(out, ranks, accum, "--set", "train.sharding=fsdp", *extra)
-        assert f"fully sharded (FSDP) in {groups}; through NCCL; the next block gathered on a second stream" \
-            in stdout, stdout
+        assert f"fully sharded (FSDP) in {groups}; through NCCL; the next block gathered on a second stream; " \
+            "gradients reduce-scattered on a third stream" in stdout, stdout
         # the side stream, 4 layers: per step block 0 is gathered when needed (the weights changed), every
         # other block ahead, except those the two buffers still hold: the last two blocks of a forward pass
         # are the first two of the backward pass, and its last two the next micro-batch's first two.  So

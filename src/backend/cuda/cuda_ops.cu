@@ -84,18 +84,12 @@ static __global__ void embedding_bwd_kernel(float *dtable, const float *dout, co
     *dst = acc;
 }
 
-int olmo_cuda_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int32_t *tokens, int n, int dim) {
-    if (n <= 0 || dim <= 0) return 0;
-    int32_t *tok = (int32_t *)olmo_malloc(sizeof(int32_t) * (size_t)n, "CUDA embedding backward: token ids");
+/* The ids sorted on the host (tok: host memory), then the kernel. */
+static int embedding_bwd_sorted(OLMO_BE, float *dtable, const float *dout, const int32_t *tok, int n, int dim) {
     int32_t *start = NULL, *packed = NULL, *dev = NULL;
     int rc = -1, n_valid = 0, n_seg = 0;
     do { /* the host's part, with one exit that frees its buffers */
-        if (!tok) break;
-        cudaError_t err = cudaMemcpy(tok, tokens, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost);
-        if (err != cudaSuccess) {
-            olmo_cuda_failed("cudaMemcpy of the token ids to the host", __FILE__, __LINE__, cudaGetErrorString(err));
-            break;
-        }
+        cudaError_t err;
         int32_t max_tok = -1;
         for (int i = 0; i < n; i++)
             if (tok[i] > max_tok) max_tok = tok[i];
@@ -131,7 +125,6 @@ int olmo_cuda_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int
         }
         rc = 0;
     } while (0);
-    free(tok);
     free(start);
     free(packed);
     if (rc || !n_seg) return rc;
@@ -140,6 +133,25 @@ int olmo_cuda_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int
                 dev + n_valid + n_seg + 1, dim);
     OLMO_CUDA_LAUNCHED("embedding_bwd_kernel");
     return 0;
+}
+
+/* The ids copied back to the host first (a synchronisation): embedding_bwd_ids avoids it. */
+int olmo_cuda_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int32_t *tokens, int n, int dim) {
+    if (n <= 0 || dim <= 0) return 0;
+    int32_t *tok = (int32_t *)olmo_malloc(sizeof(int32_t) * (size_t)n, "CUDA embedding backward: token ids");
+    if (!tok) return -1;
+    cudaError_t err = cudaMemcpy(tok, tokens, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost);
+    const int rc = err != cudaSuccess ? olmo_cuda_failed("cudaMemcpy of the token ids to the host", __FILE__, __LINE__,
+                                                         cudaGetErrorString(err))
+                                      : embedding_bwd_sorted(be, dtable, dout, tok, n, dim);
+    free(tok);
+    return rc;
+}
+
+int olmo_cuda_embedding_bwd_ids(OLMO_BE, float *dtable, const float *dout, const int32_t *host_tokens, int n,
+                                int dim) {
+    if (n <= 0 || dim <= 0) return 0;
+    return embedding_bwd_sorted(be, dtable, dout, host_tokens, n, dim);
 }
 
 /* ---------------------------------------------------------------- RMSNorm */
@@ -308,10 +320,10 @@ static __global__ void add_kernel(float *y, const float *a, const float *b, size
         y[i] = a[i] + b[i];
 }
 
+/* on the gradient stream when it is selected (a reduce-scattered shard added to the gradients) */
 int olmo_cuda_add(OLMO_BE, float *y, const float *a, const float *b, size_t n) {
-    (void)be;
     if (!n) return 0;
-    OLMO_LAUNCH(add_kernel, olmo_cuda_ew_blocks(n), EW_THREADS, 0, y, a, b, n);
+    OLMO_LAUNCH_ON(olmo_cuda_current_stream(be), add_kernel, olmo_cuda_ew_blocks(n), EW_THREADS, 0, y, a, b, n);
     OLMO_CUDA_LAUNCHED("add_kernel");
     return 0;
 }
@@ -368,9 +380,34 @@ static __global__ void cross_entropy_kernel(float *logits, const int32_t *target
     }
 }
 
+/* The deferred loss sums (backend.h, loss_sums): two doubles in device memory, zero when first made. */
+static double *loss_accumulator(OLMO_BE) {
+    const bool fresh = !CUDA_STATE(be)->scratch[SCRATCH_LOSS_SUMS];
+    double *acc = (double *)olmo_cuda_scratch(be, SCRATCH_LOSS_SUMS, 2 * sizeof(double));
+    cudaError_t err;
+    if (acc && fresh && (err = cudaMemsetAsync(acc, 0, 2 * sizeof(double), 0)) != cudaSuccess) {
+        olmo_cuda_failed("cudaMemsetAsync of the loss sums", __FILE__, __LINE__, cudaGetErrorString(err));
+        return NULL;
+    }
+    return acc;
+}
+
+/* acc[i] += sums[i]: the order and rounding of a host loop adding the micro-batches' sums */
+static __global__ void add_loss_sums_kernel(double *acc, const double *sums) {
+    if (threadIdx.x < 2) acc[threadIdx.x] += sums[threadIdx.x];
+}
+
+static int loss_accumulate(OLMO_BE, const double *sums) {
+    double *acc = loss_accumulator(be);
+    if (!acc) return -1;
+    OLMO_LAUNCH(add_loss_sums_kernel, 1, 32, 0, acc, sums);
+    OLMO_CUDA_LAUNCHED("add_loss_sums_kernel");
+    return 0;
+}
+
 int olmo_cuda_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
                              float z_mult, double *ce_sum, double *z_sum) {
-    *ce_sum = *z_sum = 0.0;
+    if (ce_sum && z_sum) *ce_sum = *z_sum = 0.0; /* NULL: deferred (olmo_cuda_loss_sums) */
     if (n <= 0 || vocab <= 0) return 0;
     double *rows = (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE, 2 * sizeof(double) * (size_t)n);
     double *out = rows ? (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE_OUT, 2 * sizeof(double)) : NULL;
@@ -381,10 +418,24 @@ int olmo_cuda_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int 
     OLMO_CUDA_LAUNCHED("sum_doubles_kernel");
     OLMO_LAUNCH(sum_doubles_kernel, 1, 1024, 0, out + 1, rows + n, (size_t)n);
     OLMO_CUDA_LAUNCHED("sum_doubles_kernel");
+    if (!ce_sum || !z_sum) return loss_accumulate(be, out);
     double host[2];
     OLMO_CUDA_TRY(cudaMemcpy(host, out, sizeof host, cudaMemcpyDeviceToHost));
     *ce_sum = host[0];
     *z_sum = host[1];
+    return 0;
+}
+
+int olmo_cuda_loss_sums(OLMO_BE, double *ce_sum, double *z_sum) {
+    double *acc = loss_accumulator(be);
+    if (!acc) return -1;
+    if (ce_sum && z_sum) {
+        double host[2];
+        OLMO_CUDA_TRY(cudaMemcpy(host, acc, sizeof host, cudaMemcpyDeviceToHost));
+        *ce_sum = host[0];
+        *z_sum = host[1];
+    }
+    OLMO_CUDA_TRY(cudaMemsetAsync(acc, 0, 2 * sizeof(double), 0));
     return 0;
 }
 
