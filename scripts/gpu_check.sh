@@ -222,6 +222,28 @@ PY
   fi
 fi
 
+# ---- one-rank NCCL (gpu_bundle.sh's olmoc-nccl) ----
+# Fully sharded training on this one GPU with its all-gathers (main and side stream) and reduce-scatters
+# (gradient stream) through one-rank NCCL communicators (OLMOC_FSDP_COMM=1) instead of skipped; the
+# weights must be those of the run that skips the collectives, byte for byte.
+if [ -x "$BUILD/olmoc-nccl" ] && [ -f data/demo/validation.npy ]; then
+  RUNS="${TMPDIR:-/tmp}/olmoc-gpu-check"
+  for c in 0 1; do
+    rm -rf "$RUNS/nccl1-$c"
+    stage "nccl-one-rank-$c" 300 env OLMOC_FSDP_COMM=$c "$BUILD/olmoc-nccl" train configs/olmo3-1m-8k.yaml \
+      --backend cuda-bf16 --set train.sharding=fsdp --set train.steps=3 --set train.grad_accum=2 \
+      --set train.eval_every=0 --set train.save_every=0 --set train.peak_flops=1e12 \
+      --set "data.out_dir=$RUNS/nccl1-$c" --set data.train_path=data/demo/validation.npy
+  done
+  if grep -q "its collectives through NCCL" "$LOGS/nccl-one-rank-1.log" &&
+    cmp -s "$RUNS/nccl1-0/model.safetensors" "$RUNS/nccl1-1/model.safetensors"; then
+    note "PASS  nccl-one-rank: fsdp weights through one-rank NCCL equal the run without collectives"
+  else note "FAIL  nccl-one-rank: no NCCL line or the weights differ (logs: $LOGS/nccl-one-rank-*.log)"; status=1
+  fi
+elif [ ! -x "$BUILD/olmoc-nccl" ]; then
+  note "SKIP  nccl-one-rank: no $BUILD/olmoc-nccl (scripts/gpu_bundle.sh builds it)"
+fi
+
 if [ $BENCH -eq 1 ]; then
   # Olmo 3 1B at its pre-training sequence length; one micro-batch of 8192 tokens per step
   # (about 55 GB of device memory in fp32 activations + weights, grads and AdamW state).

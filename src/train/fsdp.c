@@ -17,13 +17,13 @@ static bool has_compute_copy(const struct olmo_backend *be) { return be->compute
 
 /* The three collectives on shard buffers, through MPI or the backend's communicators. */
 static int group_allgather(struct olmo_fsdp *fs, void *buf, size_t bytes) {
-    if (fs->shard_group.world == 1) return 0;
+    if (fs->shard_group.world == 1 && !fs->shard_comm) return 0;
     return fs->device ? fs->m->be->comm_group_allgather(fs->m->be, fs->shard_comm, buf, bytes)
                       : olmo_dist_allgather_equal_bytes(&fs->shard_group, buf, bytes);
 }
 
 static int group_reduce_scatter(struct olmo_fsdp *fs, const float *in, float *out, size_t n) {
-    if (fs->shard_group.world == 1) return fs->m->be->copy(fs->m->be, out, in, n * sizeof(float));
+    if (fs->shard_group.world == 1 && !fs->rs_comm) return fs->m->be->copy(fs->m->be, out, in, n * sizeof(float));
     return fs->device ? fs->m->be->comm_group_reduce_scatter(fs->m->be, fs->rs_comm, in, out, n)
                       : olmo_dist_reduce_scatter_f32(&fs->shard_group, in, out, n);
 }
@@ -261,16 +261,19 @@ int olmo_fsdp_create(struct olmo_fsdp *fs, struct olmo_model *m, struct olmo_opt
         /* shard groups: consecutive ranks; replica groups: the same position in every shard group */
         TRY(olmo_dist_split(dist, rank / G, rank, &fs->shard_group));
         TRY(olmo_dist_split(dist, rank % G, rank, &fs->replica_group));
-        /* every rank creates its shard group's communicator, then its replica group's (group sizes are
-         * the same on every rank, so all skip or all create) */
-        if (fs->device && fs->shard_group.world > 1 &&
-            (!(fs->shard_comm = be->comm_group_create(be, &fs->shard_group)) ||
-             !(fs->rs_comm = fs->shard_comm)))
-            return olmo_error_context("the shard group's communicators");
-        if (fs->device && fs->replica_group.world > 1 &&
-            !(fs->replica_comm = be->comm_group_create(be, &fs->replica_group)))
-            return olmo_error_context("the replica group's communicator");
     }
+    /* every rank creates its shard group's communicators, then its replica group's (group sizes are
+     * the same on every rank, so all skip or all create).  OLMOC_FSDP_COMM=1: a group of one rank gets
+     * them too, so one GPU runs the collectives (NCCL with one rank) instead of skipping them */
+    const char *force = getenv("OLMOC_FSDP_COMM");
+    const bool one = force && !strcmp(force, "1") && fs->device && be->comm_group_create;
+    if (fs->device && (fs->shard_group.world > 1 || one) &&
+        (!(fs->shard_comm = be->comm_group_create(be, &fs->shard_group)) ||
+         !(fs->rs_comm = be->comm_group_create(be, &fs->shard_group))))
+        return olmo_error_context("the shard group's communicators");
+    if (fs->device && fs->replica_group.world > 1 &&
+        !(fs->replica_comm = be->comm_group_create(be, &fs->replica_group)))
+        return olmo_error_context("the replica group's communicator");
     const int g = fs->shard_group.rank;
     const int L = m->cfg.n_layers;
     /* regions: the embeddings, each block, the final norm + LM head; each cut into units of one kind */
@@ -377,6 +380,7 @@ void olmo_fsdp_destroy(struct olmo_fsdp *fs, struct olmo_optimizer *opt) {
     free(fs->units);
     free(fs->regions);
     if (fs->shard_comm) be->comm_group_destroy(be, fs->shard_comm);
+    if (fs->rs_comm) be->comm_group_destroy(be, fs->rs_comm);
 
     if (fs->replica_comm) be->comm_group_destroy(be, fs->replica_comm);
     olmo_dist_free_group(&fs->shard_group);

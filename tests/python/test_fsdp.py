@@ -216,6 +216,28 @@ def test_fully_sharded_through_nccl(build_dir, tiny, tmp_path):  # noqa: F811
     assert loss <= 1e-6 and gnorm <= 1e-6 and weights <= 1e-6
 
 
+def test_one_rank_collectives_through_nccl(build_dir, tiny, tmp_path):  # noqa: F811
+    """OLMOC_FSDP_COMM=1: one rank fully sharded still runs its all-gathers and reduce-scatters through
+    (one-rank) NCCL communicators instead of skipping them, which is how one GPU exercises the collective
+    path (scripts/gpu_check.sh); the weights are those of the run that skips them, bit for bit."""
+    emu = build_dir / "tests" / "olmoc_emu"
+    if not emu.exists():
+        pytest.skip("olmoc_emu not built (needs a C++ compiler: OLMOC_CUDA_EMULATION_TEST)")
+    cfg, data = tiny
+    outs = []
+    for force in ("0", "1"):
+        out = tmp_path / f"comm{force}"
+        env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive", OLMOC_FSDP_COMM=force)
+        r = subprocess.run([str(emu), "train", str(cfg), "--set", f"data.train_path={data}", "--set",
+                            f"data.out_dir={out}", "--set", "train.steps=2", "--set", "train.grad_accum=2",
+                            "--set", "train.peak_flops=1e12", "--set", "train.sharding=fsdp",
+                            "--backend", "cuda-bf16"], capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert ("its collectives through NCCL" in r.stdout) == (force == "1"), r.stdout
+        outs.append((out / "model.safetensors").read_bytes())
+    assert outs[0] == outs[1]
+
+
 def test_hsdp_checkpoint_saves_one_replica_and_resumes(build_dir, tiny, tmp_path):  # noqa: F811
     """HSDP 2 x 2: the second replica group holds copies of the first group's shards, so only the
     first group's pieces are saved (the manifest's pieces tile the parameters once); the checkpoint
