@@ -58,6 +58,7 @@ struct olmo_mem_stats {
 };
 
 struct olmo_dist;
+struct olmo_adamw_flat;
 struct olmo_backend;
 /* Every op takes the backend instance first (its state: scratch memory,
  * library handles, communicator, counters) and returns 0, or -1 with the error
@@ -179,6 +180,14 @@ struct olmo_backend {
     /* One decoupled-weight-decay Adam step (PyTorch AdamW semantics), step >= 1. */
     int (*adamw)(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr, float beta1,
                  float beta2, float eps, double weight_decay, long step);
+    /* Optional: the same step over n contiguous elements of several tensors in one pass (a
+     * multi-tensor AdamW): weight decay f->weight_decay, except elements [f->wd2_lo, f->wd2_hi) (the
+     * embeddings), which use f->weight_decay2; each gradient multiplied by f->grad_scale first, as
+     * scale(grad, grad_scale) then adamw would (1: no clipping; grad itself is not written); and,
+     * when f->compute is not NULL, the updated values rounded to bf16 there (the compute copy, as
+     * convert would).  The same results as those calls one after another.  NULL: adamw per tensor. */
+    int (*adamw_flat)(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr,
+                      float beta1, float beta2, float eps, const struct olmo_adamw_flat *f, long step);
 
     /* Inference attention (batch 1) of n new query rows over a KV cache.
      * q/out: [n, n_heads*head_dim], rows at absolute positions pos0..pos0+n-1
@@ -236,6 +245,14 @@ struct olmo_backend {
     int (*grad_begin)(OLMO_BE);
     int (*grad_end)(OLMO_BE, int slot);
     int (*grad_wait)(OLMO_BE, int slot);
+};
+
+/* adamw_flat's per-call settings. */
+struct olmo_adamw_flat {
+    double weight_decay, weight_decay2;
+    size_t wd2_lo, wd2_hi;
+    float grad_scale;
+    void *compute; /* bf16, n elements, or NULL */
 };
 
 /* The CPU backend.  Its variants differ in where the GEMMs come from:

@@ -231,6 +231,11 @@ static void p_comm_group_destroy(OLMO_BE, void *comm) { PROF(be)->in->comm_group
 static int p_side_begin(OLMO_BE) { return PROF(be)->in->side_begin(PROF(be)->in); }
 static int p_side_end(OLMO_BE, int slot) { return PROF(be)->in->side_end(PROF(be)->in, slot); }
 static int p_side_wait(OLMO_BE, int slot) { return PROF(be)->in->side_wait(PROF(be)->in, slot); }
+static int p_adamw_flat(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr,
+                        float beta1, float beta2, float eps, const struct olmo_adamw_flat *f, long step) {
+    TIMED(P_OPTIM, in->adamw_flat(in, param, grad, m, v, n, lr, beta1, beta2, eps, f, step));
+    return rc;
+}
 static int p_loss_sums(OLMO_BE, double *ce_sum, double *z_sum) {
     return PROF(be)->in->loss_sums(PROF(be)->in, ce_sum, z_sum);
 }
@@ -283,7 +288,8 @@ struct olmo_backend *olmo_backend_profiled(const struct olmo_backend *inner) {
         .grad_begin = inner->grad_begin ? p_grad_begin : NULL, .grad_end = inner->grad_end ? p_grad_end : NULL,
         .grad_wait = inner->grad_wait ? p_grad_wait : NULL,
         .embedding_bwd_ids = inner->embedding_bwd_ids ? p_embedding_bwd_ids : NULL,
-        .loss_sums = inner->loss_sums ? p_loss_sums : NULL};
+        .loss_sums = inner->loss_sums ? p_loss_sums : NULL,
+        .adamw_flat = inner->adamw_flat ? p_adamw_flat : NULL};
     return be;
 }
 

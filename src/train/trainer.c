@@ -69,14 +69,16 @@ static int device_sync_grads(struct olmo_trainer *tr, double sums[2]) {
 
 static int replicated_grad_norm(struct olmo_trainer *tr, double *norm) { return olmo_grad_norm_of(&tr->model, norm); }
 
+static int none_weights_updated(struct olmo_trainer *tr) { return olmo_model_sync_weights(&tr->model); }
+
+/* one rank: the optimizer's pass writes the compute copy too (none_weights_updated's conversion) */
 static int replicated_clip_step(struct olmo_trainer *tr, double norm, double lr) {
     const struct olmo_train_config *t = &tr->cfg.train;
-    if (olmo_clip_grads(&tr->model, norm, t->clip_grad_norm) || olmo_optimizer_step(&tr->opt, &tr->model, t, lr))
-        return -1;
-    return tr->dp->weights_updated(tr);
+    const bool one = tr->dp->weights_updated == none_weights_updated;
+    bool synced;
+    if (olmo_optimizer_clip_step(&tr->opt, &tr->model, t, lr, norm, one, &synced)) return -1;
+    return synced ? 0 : tr->dp->weights_updated(tr);
 }
-
-static int none_weights_updated(struct olmo_trainer *tr) { return olmo_model_sync_weights(&tr->model); }
 
 /* every rank updated its own shard: share them (through MPI, or the backend's collectives) */
 static int share_shards(struct olmo_trainer *tr, bool device) {

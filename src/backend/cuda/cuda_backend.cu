@@ -478,6 +478,7 @@ extern "C" struct olmo_backend *olmo_backend_cuda_create(enum olmo_cuda_gemm_pre
     be->sum_squares = olmo_cuda_sum_squares;
     be->scale = olmo_cuda_scale;
     be->adamw = olmo_cuda_adamw;
+    be->adamw_flat = olmo_cuda_adamw_flat;
     be->attention_cached = olmo_cuda_attention_cached;
 #ifdef OLMOC_HAVE_NCCL
     be->comm_init = olmo_cuda_comm_init;

@@ -147,6 +147,8 @@ int olmo_cuda_scale(OLMO_BE, float *x, size_t n, float s);
 int olmo_cuda_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
                             float z_mult, double *ce_sum, double *z_sum);
 int olmo_cuda_loss_sums(OLMO_BE, double *ce_sum, double *z_sum);
+int olmo_cuda_adamw_flat(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr,
+                         float beta1, float beta2, float eps, const struct olmo_adamw_flat *f, long step);
 int olmo_cuda_sum_squares(OLMO_BE, const float *x, size_t n, double *result);
 int olmo_cuda_adamw(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr, float beta1,
                     float beta2, float eps, double weight_decay, long step);

@@ -500,3 +500,40 @@ int olmo_cuda_adamw(OLMO_BE, float *param, const float *grad, float *m, float *v
     OLMO_CUDA_LAUNCHED("adamw_kernel");
     return 0;
 }
+
+/* adamw_kernel's arithmetic over several tensors at once: the decay of the element's range, the gradient
+ * scaled first (scale_kernel's product), the bf16 compute copy written (f32_to_bf16's rounding). */
+static __global__ void adamw_flat_kernel(float *param, const float *grad, float *m, float *v, size_t n, float beta1,
+                                         float beta2, float eps, float bc2_sqrt, float step_size, float decay,
+                                         float decay2, size_t lo2, size_t hi2, float grad_scale,
+                                         __nv_bfloat16 *compute) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float gi = grad[i] * grad_scale;
+        float p = param[i] * (i >= lo2 && i < hi2 ? decay2 : decay);
+        float mi = m[i];
+        mi += (gi - mi) * (1.0f - beta1);
+        const float vi = v[i] * beta2 + (1.0f - beta2) * gi * gi;
+        const float denom = sqrtf(vi) / bc2_sqrt + eps;
+        p -= step_size * mi / denom;
+        m[i] = mi;
+        v[i] = vi;
+        param[i] = p;
+        if (compute) compute[i] = __float2bfloat16(p);
+    }
+}
+
+int olmo_cuda_adamw_flat(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr,
+                         float beta1, float beta2, float eps, const struct olmo_adamw_flat *f, long step) {
+    if (!n) return 0;
+    if (f->compute && be->compute_dtype != OLMO_BF16)
+        return olmo_error("CUDA backend: adamw_flat writes a bf16 compute copy; this variant computes in fp32");
+    const double bc1 = 1.0 - pow(beta1, (double)step);
+    const float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step));
+    const float step_size = (float)(lr / bc1);
+    const float decay = (float)(1.0 - lr * f->weight_decay), decay2 = (float)(1.0 - lr * f->weight_decay2);
+    OLMO_LAUNCH(adamw_flat_kernel, olmo_cuda_ew_blocks(n), EW_THREADS, 0, param, grad, m, v, n, beta1, beta2, eps,
+                bc2_sqrt, step_size, decay, decay2, f->wd2_lo, f->wd2_hi, f->grad_scale,
+                (__nv_bfloat16 *)f->compute);
+    OLMO_CUDA_LAUNCHED("adamw_flat_kernel");
+    return 0;
+}
