@@ -10,12 +10,17 @@
 #                         (OpenBLAS, libyaml, cJSON, PCRE2, libgomp, libgfortran, ...);
 #                         the C library, libstdc++ and CUDA's own libraries come from there
 #                         (cuDNN and NCCL from PyTorch's wheel: gpu_check.sh finds them)
+#   gpu-bundle/olmoc-nccl olmoc again with NCCL (no MPI: one rank), in build-gpu-nccl/: gpu_check.sh
+#                         trains fully sharded through one-rank NCCL communicators with it
+#                         (OLMOC_FSDP_COMM=1); libnccl itself (~210 MB) is not carried: PyTorch's
+#                         wheel on the GPU machine has it (nvidia/nccl/lib)
 #   gpu-bundle/wheels/    the anchor's Python packages that the device's PyTorch image lacks:
 #                         ai2-olmo-core 3.0.0 and the small pure-Python packages it imports
 #                         (dataclass-extensions, bettermap, dill); gpu_check.sh installs them
 #                         there with pip --no-index (bench/olmo_core_anchor.py stands in for
 #                         cached_path, which pulls in cloud clients and is only used for remote files)
-#   gpu-bundle/env.sh     puts gpu-bundle/lib on LD_LIBRARY_PATH (gpu_check.sh sources it)
+#   gpu-bundle/env.sh     puts gpu-bundle/lib (and PyTorch's NCCL, when found) on LD_LIBRARY_PATH
+#                         (gpu_check.sh sources it)
 # The wheels are downloaded once (pip download, into build-gpu/wheels) and reused.
 # Everything the device tool sends along (the working tree and the bundle) must stay
 # within 64 MiB: the script prints both sizes and fails above 63 MiB.
@@ -30,7 +35,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --arch) ARCH="$2"; shift 2 ;;
     --no-wheels) WHEELS=0; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "gpu_bundle: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -41,12 +46,19 @@ cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DOLMOC_CUDA=ON -DCMAKE_CUDA_
   -DOLMOC_ONEDNN=OFF \
   >/dev/null
 cmake --build build-gpu -j"$(nproc)" --target olmoc test_backend_parity bench_train
+# the one-rank NCCL build (olmoc-nccl): the same with NCCL linked, so one GPU runs the collectives
+cmake -S . -B build-gpu-nccl -DCMAKE_BUILD_TYPE=Release -DOLMOC_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
+  -DOLMOC_CUDA_EMULATION_TEST=OFF -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON -DOLMOC_BENCH=OFF -DOLMOC_MARCH=x86-64-v3 \
+  -DOLMOC_ONEDNN=OFF -DOLMOC_NCCL_WITHOUT_MPI=ON \
+  >/dev/null
+cmake --build build-gpu-nccl -j"$(nproc)" --target olmoc
 BUILD=gpu-bundle
 rm -rf "$BUILD"
 mkdir -p "$BUILD/tests" "$BUILD/lib"
 cp build-gpu/olmoc "$BUILD/"
+cp build-gpu-nccl/olmoc "$BUILD/olmoc-nccl"
 cp build-gpu/tests/test_backend_parity build-gpu/tests/bench_train "$BUILD/tests/"
-BINS="$BUILD/olmoc $BUILD/tests/test_backend_parity $BUILD/tests/bench_train"
+BINS="$BUILD/olmoc $BUILD/olmoc-nccl $BUILD/tests/test_backend_parity $BUILD/tests/bench_train"
 
 # Libraries the device image provides itself: glibc, the C++ runtime, CUDA's; cuDNN and NCCL come from
 # PyTorch's wheel there (gpu_check.sh's facts step puts them on LD_LIBRARY_PATH).
@@ -60,6 +72,9 @@ cat >"$BUILD/env.sh" <<'EOF'
 # Sourced by scripts/gpu_check.sh: the bundled libraries first, then CUDA's.
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+# olmoc-nccl's libnccl.so.2: PyTorch's (the nvidia-nccl wheel), where python3 finds it
+nccl_lib=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null) &&
+  [ -d "$nccl_lib" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nccl_lib"
 EOF
 
 # The anchor's wheels (pure Python: one wheel serves any Python 3).

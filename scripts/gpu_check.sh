@@ -69,9 +69,9 @@ if [ -z "${PYTHON:-}" ]; then
   if [ "$DRY" = 1 ] && [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
 if [ -z "$STEPS" ]; then
-  if [ $QUICK -eq 1 ]; then STEPS="facts parity bench sdpa anchor table"
-  elif [ $SKIP_BUILD -eq 1 ]; then STEPS="facts parity sanitize cli memplan bench table"
-  else STEPS="facts build parity sanitize cli memplan bench table"; fi
+  if [ $QUICK -eq 1 ]; then STEPS="facts parity nccl1 bench sdpa anchor table"
+  elif [ $SKIP_BUILD -eq 1 ]; then STEPS="facts parity nccl1 sanitize cli memplan bench table"
+  else STEPS="facts build parity nccl1 sanitize cli memplan bench table"; fi
 fi
 STEPS=${STEPS//,/ }
 
@@ -338,6 +338,36 @@ PY
     then note "PASS  memplan-fsdp losses match memplan-none"
     else note "FAIL  memplan-fsdp losses differ from memplan-none"; status=1
     fi
+  fi
+}
+
+# one-rank NCCL (gpu_bundle.sh's olmoc-nccl):
+# Fully sharded training on this one GPU with its all-gathers (main and side stream) and reduce-scatters
+# (gradient stream) through one-rank NCCL communicators (OLMOC_FSDP_COMM=1) instead of skipped; the
+# weights must be those of the run that skips the collectives, byte for byte.
+step_nccl1() {
+  local c
+  if [ -x "$BUILD/olmoc-nccl" ]; then
+    RUNS="${TMPDIR:-/tmp}/olmoc-gpu-check"
+    mkdir -p "$RUNS"
+    # 64k tokens of the 8192-id vocabulary (data/ is not carried to the GPU machine)
+    "$PYTHON" -c "import sys, numpy as np; np.save(sys.argv[1], (np.arange(65536) * 7919 % 8190 + 2).astype(np.uint16))" \
+      "$RUNS/nccl1-tokens.npy" || { note "FAIL  nccl-one-rank: cannot write its token file"; status=1; return 0; }
+    for c in 0 1; do
+      rm -rf "$RUNS/nccl1-$c"
+      stage "nccl-one-rank-$c" "$(limit 120)" env OLMOC_FSDP_COMM=$c "$BUILD/olmoc-nccl" train configs/olmo3-1m-8k.yaml \
+        --backend cuda-bf16 --set train.sharding=fsdp --set train.steps=3 --set train.grad_accum=2 \
+        --set train.eval_every=0 --set train.save_every=0 --set train.peak_flops=1e12 \
+        --set "data.out_dir=$RUNS/nccl1-$c" --set "data.train_path=$RUNS/nccl1-tokens.npy" --set data.val_paths= \
+        --set data.eval_tasks=
+    done
+    if grep -q "its collectives through NCCL" "$LOGS/nccl-one-rank-1.log" &&
+      cmp -s "$RUNS/nccl1-0/model.safetensors" "$RUNS/nccl1-1/model.safetensors"; then
+      note "PASS  nccl-one-rank: fsdp weights through one-rank NCCL equal the run without collectives"
+    else note "FAIL  nccl-one-rank: no NCCL line or the weights differ (logs: $LOGS/nccl-one-rank-*.log)"; status=1
+    fi
+  else
+    note "SKIP  nccl-one-rank: no $BUILD/olmoc-nccl (scripts/gpu_bundle.sh builds it)"
   fi
 }
 

@@ -58,6 +58,7 @@ struct olmo_mem_stats {
 };
 
 struct olmo_dist;
+struct olmo_adamw_flat;
 struct olmo_backend;
 /* Every op takes the backend instance first (its state: scratch memory,
  * library handles, communicator, counters) and returns 0, or -1 with the error
@@ -122,6 +123,9 @@ struct olmo_backend {
 
     int (*embedding_fwd)(OLMO_BE, float *out, const float *table, const int32_t *tokens, int n, int dim);
     int (*embedding_bwd)(OLMO_BE, float *dtable, const float *dout, const int32_t *tokens, int n, int dim);
+    /* The same with the ids in host memory (host_tokens: the n ids of `tokens`, which a device
+     * backend would otherwise copy back to sort them).  NULL: the model calls embedding_bwd. */
+    int (*embedding_bwd_ids)(OLMO_BE, float *dtable, const float *dout, const int32_t *host_tokens, int n, int dim);
 
     /* y = x / rms(x) * w over the last dim; rstd[n] is kept for backward. */
     int (*rmsnorm_fwd)(OLMO_BE, float *y, float *rstd, const float *x, const float *w, int n, int dim, float eps);
@@ -163,6 +167,12 @@ struct olmo_backend {
      * Returns the unscaled sums of ce and of lse^2 through ce_sum / z_sum. */
     int (*cross_entropy)(OLMO_BE, float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
                          float z_mult, double *ce_sum, double *z_sum);
+    /* Where set (a device backend), cross_entropy also takes ce_sum and z_sum NULL: it then adds the
+     * sums to an accumulator in device memory instead of copying them to the host, so a micro-batch
+     * needs no copy back; loss_sums returns the accumulated sums (one copy to the host) and clears the
+     * accumulator (ce_sum and z_sum NULL: clears only).  The accumulator adds in double, in call order,
+     * as a caller adding the returned sums would.  NULL: cross_entropy always returns its sums. */
+    int (*loss_sums)(OLMO_BE, double *ce_sum, double *z_sum);
 
     /* Fused variants for a backend that multiplies in bf16 (NULL where a backend has none: the model
      * then calls the ops above).  Each computes what the unfused ops compute, in the same fp32
@@ -187,6 +197,14 @@ struct olmo_backend {
     /* One decoupled-weight-decay Adam step (PyTorch AdamW semantics), step >= 1. */
     int (*adamw)(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr, float beta1,
                  float beta2, float eps, double weight_decay, long step);
+    /* Optional: the same step over n contiguous elements of several tensors in one pass (a
+     * multi-tensor AdamW): weight decay f->weight_decay, except elements [f->wd2_lo, f->wd2_hi) (the
+     * embeddings), which use f->weight_decay2; each gradient multiplied by f->grad_scale first, as
+     * scale(grad, grad_scale) then adamw would (1: no clipping; grad itself is not written); and,
+     * when f->compute is not NULL, the updated values rounded to bf16 there (the compute copy, as
+     * convert would).  The same results as those calls one after another.  NULL: adamw per tensor. */
+    int (*adamw_flat)(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr,
+                      float beta1, float beta2, float eps, const struct olmo_adamw_flat *f, long step);
 
     /* Inference attention (batch 1) of n new query rows over a KV cache.
      * q/out: [n, n_heads*head_dim], rows at absolute positions pos0..pos0+n-1
@@ -236,6 +254,22 @@ struct olmo_backend {
     int (*side_begin)(OLMO_BE);
     int (*side_end)(OLMO_BE, int slot);
     int (*side_wait)(OLMO_BE, int slot);
+    /* A third queue with the same contract, for the gradients' reduce-scatters (fully sharded
+     * training reduce-scatters a block's gradients there while the next block's backward pass
+     * runs; CUDA: a third stream): between grad_begin and grad_end only zero, copy, add and
+     * comm_group_reduce_scatter may be called.  A communicator is used from one queue only
+     * (NCCL's rule): the caller gives the reduce-scatters their own.  NULL where ops run in order. */
+    int (*grad_begin)(OLMO_BE);
+    int (*grad_end)(OLMO_BE, int slot);
+    int (*grad_wait)(OLMO_BE, int slot);
+};
+
+/* adamw_flat's per-call settings. */
+struct olmo_adamw_flat {
+    double weight_decay, weight_decay2;
+    size_t wd2_lo, wd2_hi;
+    float grad_scale;
+    void *compute; /* bf16, n elements, or NULL */
 };
 
 /* The CPU backend.  Its variants differ in where the GEMMs come from:

@@ -102,6 +102,11 @@ static int p_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int3
     TIMED(P_EMBED, in->embedding_bwd(in, dtable, dout, tokens, n, dim));
     return rc;
 }
+static int p_embedding_bwd_ids(OLMO_BE, float *dtable, const float *dout, const int32_t *host_tokens, int n,
+                               int dim) {
+    TIMED(P_EMBED, in->embedding_bwd_ids(in, dtable, dout, host_tokens, n, dim));
+    return rc;
+}
 static int p_rmsnorm_fwd(OLMO_BE, float *y, float *rstd, const float *x, const float *w, int n, int dim, float eps) {
     TIMED(P_RMSNORM_FWD, in->rmsnorm_fwd(in, y, rstd, x, w, n, dim, eps));
     return rc;
@@ -241,6 +246,17 @@ static void p_comm_group_destroy(OLMO_BE, void *comm) { PROF(be)->in->comm_group
 static int p_side_begin(OLMO_BE) { return PROF(be)->in->side_begin(PROF(be)->in); }
 static int p_side_end(OLMO_BE, int slot) { return PROF(be)->in->side_end(PROF(be)->in, slot); }
 static int p_side_wait(OLMO_BE, int slot) { return PROF(be)->in->side_wait(PROF(be)->in, slot); }
+static int p_adamw_flat(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr,
+                        float beta1, float beta2, float eps, const struct olmo_adamw_flat *f, long step) {
+    TIMED(P_OPTIM, in->adamw_flat(in, param, grad, m, v, n, lr, beta1, beta2, eps, f, step));
+    return rc;
+}
+static int p_loss_sums(OLMO_BE, double *ce_sum, double *z_sum) {
+    return PROF(be)->in->loss_sums(PROF(be)->in, ce_sum, z_sum);
+}
+static int p_grad_begin(OLMO_BE) { return PROF(be)->in->grad_begin(PROF(be)->in); }
+static int p_grad_end(OLMO_BE, int slot) { return PROF(be)->in->grad_end(PROF(be)->in, slot); }
+static int p_grad_wait(OLMO_BE, int slot) { return PROF(be)->in->grad_wait(PROF(be)->in, slot); }
 
 static void p_destroy(struct olmo_backend *be) {
     free(be->state);
@@ -286,7 +302,12 @@ struct olmo_backend *olmo_backend_profiled(const struct olmo_backend *inner) {
         .comm_group_allreduce_sum = inner->comm_group_allreduce_sum ? p_comm_group_allreduce_sum : NULL,
         .comm_group_destroy = inner->comm_group_destroy ? p_comm_group_destroy : NULL,
         .side_begin = inner->side_begin ? p_side_begin : NULL, .side_end = inner->side_end ? p_side_end : NULL,
-        .side_wait = inner->side_wait ? p_side_wait : NULL};
+        .side_wait = inner->side_wait ? p_side_wait : NULL,
+        .grad_begin = inner->grad_begin ? p_grad_begin : NULL, .grad_end = inner->grad_end ? p_grad_end : NULL,
+        .grad_wait = inner->grad_wait ? p_grad_wait : NULL,
+        .embedding_bwd_ids = inner->embedding_bwd_ids ? p_embedding_bwd_ids : NULL,
+        .loss_sums = inner->loss_sums ? p_loss_sums : NULL,
+        .adamw_flat = inner->adamw_flat ? p_adamw_flat : NULL};
     return be;
 }
 

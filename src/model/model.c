@@ -229,6 +229,7 @@ void olmo_model_destroy(struct olmo_model *m) {
     olmo_buf_free(m->be, &m->compute);
     m->be->free(m->be, m->weights);
     m->be->free(m->be, m->grads);
+    free(m->host_tokens);
     free(m->params);
     free(m->lw);
     free(m->lg);
@@ -573,6 +574,15 @@ int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_mas
         if (tokens[i] < 0 || tokens[i] >= V)
             return olmo_error("token id %d at position %d is outside the vocabulary [0, %d)", tokens[i], i, V);
     TRY(be->to_device(be, m->tokens, tokens, sizeof(int32_t) * (size_t)N));
+    if (be->embedding_bwd_ids) { /* the backward pass sorts the ids on the host: keep them there */
+        if (m->host_tokens_cap < (size_t)N) {
+            free(m->host_tokens);
+            m->host_tokens_cap = 0;
+            if (!(m->host_tokens = olmo_malloc(sizeof(int32_t) * (size_t)N, "host copy of the token ids"))) return -1;
+            m->host_tokens_cap = (size_t)N;
+        }
+        memcpy(m->host_tokens, tokens, sizeof(int32_t) * (size_t)N);
+    }
     m->use_doc_ids = doc_masking;
     if (doc_masking) {
         int32_t *docs = malloc(sizeof(int32_t) * (size_t)N);
@@ -711,7 +721,10 @@ int olmo_model_backward(struct olmo_model *m) {
         TRY(olmo_model_block_backward(m, l));
         HOOK(release, l, true);
     }
-    TRY(be->embedding_bwd(be, m->d_embed, m->dx, m->tokens, N, D));
+    if (be->embedding_bwd_ids && m->host_tokens)
+        TRY(be->embedding_bwd_ids(be, m->d_embed, m->dx, m->host_tokens, N, D));
+    else
+        TRY(be->embedding_bwd(be, m->d_embed, m->dx, m->tokens, N, D));
     HOOK(release, OLMO_UNIT_ROOT, true);
     m->overwrite_grads = false;
     return 0;

@@ -132,6 +132,9 @@ struct olmo_model {
     float *rope_cos, *rope_sin;
     int32_t *tokens, *targets, *doc_ids;
     bool use_doc_ids;
+    /* a host copy of the forward pass's ids, for a backend with embedding_bwd_ids (no copy back) */
+    int32_t *host_tokens;
+    size_t host_tokens_cap;
     /* backward scratch */
     float *dx, *dh, *dtmp, *dq, *dk, *dv, *datt, *dg, *du, *ds;
 
@@ -205,7 +208,9 @@ const struct olmo_param *olmo_model_find_param(const struct olmo_model *m, const
 int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_masking);
 /* Cross-entropy (+ z-loss) against targets [batch*seq_len] (host; <0 ignored).
  * Replaces m->logits with the gradient of grad_scale * sum(ce + z_mult * lse^2): fp32, or as bf16 in
- * place (m->dlogits_bf16) where the backend has cross_entropy_bf16. */
+ * place (m->dlogits_bf16) where the backend has cross_entropy_bf16.
+ * ce_sum and z_sum NULL (only where the backend has loss_sums): the sums stay in the backend's
+ * accumulator, read once for all micro-batches with be->loss_sums. */
 int olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_scale, float z_mult,
                     double *ce_sum, double *z_sum);
 /* Backpropagates from the gradient left in m->logits; accumulates into m->grads (or sets them: see

@@ -156,6 +156,40 @@ int olmo_optimizer_step(struct olmo_optimizer *opt, struct olmo_model *m, const 
     return 0;
 }
 
+int olmo_optimizer_clip_step(struct olmo_optimizer *opt, struct olmo_model *m, const struct olmo_train_config *t,
+                             double lr, double norm, bool with_compute, bool *synced) {
+    const struct olmo_backend *be = m->be;
+    *synced = false;
+    /* the one range of the other weight decay: the embedding tensor */
+    const struct olmo_param *emb = NULL;
+    int n_emb = 0;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->params[i].is_embedding) emb = &m->params[i], n_emb++;
+    if (!be->adamw_flat || opt->master || n_emb > 1 || opt->hi <= opt->lo)
+        return olmo_clip_grads(m, norm, t->clip_grad_norm) || olmo_optimizer_step(opt, m, t, lr) ? -1 : 0;
+    float scale = 1.0f; /* x * 1.0f == x: no clipping */
+    if (t->clip_grad_norm > 0) {
+        const double coef = t->clip_grad_norm / (norm + 1e-6);
+        if (coef < 1.0) scale = (float)coef;
+    }
+    opt->step++;
+    const long bias_step = olmo_optimizer_bias_step(opt, t);
+    struct olmo_adamw_flat f = {.weight_decay = t->weight_decay, .weight_decay2 = t->embedding_weight_decay,
+                                .grad_scale = scale};
+    if (emb) { /* its part of the shard, shard-relative */
+        const size_t lo = emb->offset > opt->lo ? emb->offset : opt->lo;
+        const size_t hi = emb->offset + emb->numel < opt->hi ? emb->offset + emb->numel : opt->hi;
+        if (lo < hi) f.wd2_lo = lo - opt->lo, f.wd2_hi = hi - opt->lo;
+    }
+    if (with_compute && m->compute.numel && m->compute.dtype == OLMO_BF16)
+        f.compute = (char *)m->compute.data + opt->lo * olmo_float_type_size(OLMO_BF16);
+    if (be->adamw_flat(be, m->weights + opt->lo, m->grads + opt->lo, opt->m, opt->v, opt->hi - opt->lo, lr,
+                       (float)t->beta1, (float)t->beta2, (float)t->eps, &f, bias_step))
+        return -1;
+    *synced = f.compute != NULL;
+    return 0;
+}
+
 int olmo_optimizer_gather(const struct olmo_optimizer *opt, const struct olmo_model *m, const struct olmo_dist *dist,
                           float *m_host, float *v_host) {
     if (opt->master) { /* any layout: every element has one primary owner, the others add zeros (exact) */

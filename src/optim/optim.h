@@ -86,6 +86,12 @@ int olmo_clip_grads(struct olmo_model *m, double norm, double max_norm);
 /* Updates this rank's shard of the parameters (no communication). */
 int olmo_optimizer_step(struct olmo_optimizer *opt, struct olmo_model *m, const struct olmo_train_config *t,
                          double lr);
+/* olmo_clip_grads then olmo_optimizer_step, in one pass over this rank's shard where the backend has
+ * adamw_flat (a multi-tensor AdamW: the clipping coefficient applied inside, the weight decays by range;
+ * ZeRO-1 layouts, not a fully sharded one).  with_compute: write the compute copy of the updated shard
+ * in the same pass, where there is one; *synced says whether it was (else the caller refreshes it). */
+int olmo_optimizer_clip_step(struct olmo_optimizer *opt, struct olmo_model *m, const struct olmo_train_config *t,
+                             double lr, double norm, bool with_compute, bool *synced);
 /* Collective (every rank of dist): full-size host copies of both moments, assembled from every rank's shard
  * (any layout of opt->ranges). */
 int olmo_optimizer_gather(const struct olmo_optimizer *opt, const struct olmo_model *m, const struct olmo_dist *dist,

@@ -17,14 +17,14 @@ static bool has_compute_copy(const struct olmo_backend *be) { return be->compute
 
 /* The three collectives on shard buffers, through MPI or the backend's communicators. */
 static int group_allgather(struct olmo_fsdp *fs, void *buf, size_t bytes) {
-    if (fs->shard_group.world == 1) return 0;
+    if (fs->shard_group.world == 1 && !fs->shard_comm) return 0;
     return fs->device ? fs->m->be->comm_group_allgather(fs->m->be, fs->shard_comm, buf, bytes)
                       : olmo_dist_allgather_equal_bytes(&fs->shard_group, buf, bytes);
 }
 
 static int group_reduce_scatter(struct olmo_fsdp *fs, const float *in, float *out, size_t n) {
-    if (fs->shard_group.world == 1) return fs->m->be->copy(fs->m->be, out, in, n * sizeof(float));
-    return fs->device ? fs->m->be->comm_group_reduce_scatter(fs->m->be, fs->shard_comm, in, out, n)
+    if (fs->shard_group.world == 1 && !fs->rs_comm) return fs->m->be->copy(fs->m->be, out, in, n * sizeof(float));
+    return fs->device ? fs->m->be->comm_group_reduce_scatter(fs->m->be, fs->rs_comm, in, out, n)
                       : olmo_dist_reduce_scatter_f32(&fs->shard_group, in, out, n);
 }
 
@@ -71,7 +71,7 @@ static int gather_region(struct olmo_fsdp *fs, int region, float *w, void *c) {
 /* Reduce-scatters the gradients of a region's units (g: the region's gradient buffer, summed over the
  * group; a unit's padding reads the next unit's gradients or the buffer's zeroed spare, which land past
  * the last rank's piece and are dropped) and adds this rank's pieces to its gradient shard. */
-static int reduce_scatter_region(struct olmo_fsdp *fs, int region, const float *g) {
+static int reduce_scatter_units(struct olmo_fsdp *fs, int region, const float *g) {
     const struct olmo_backend *be = fs->m->be;
     const struct olmo_fsdp_region *rg = &fs->regions[region];
     for (int u = rg->first; u < rg->first + rg->n_units; u++) {
@@ -79,6 +79,31 @@ static int reduce_scatter_region(struct olmo_fsdp *fs, int region, const float *
         TRY(group_reduce_scatter(fs, g + (un->start - rg->start), fs->rs_out, un->shard));
         if (un->my_len) TRY(be->add(be, fs->grad + un->local, fs->grad + un->local, fs->rs_out, un->my_len));
     }
+    return 0;
+}
+
+/* The same on the gradient queue where there is one, after everything queued so far; the work is marked
+ * `slot` (grad_wait(slot) orders the main queue after it). */
+static int reduce_scatter_region(struct olmo_fsdp *fs, int region, const float *g, int slot) {
+    const struct olmo_backend *be = fs->m->be;
+    if (!fs->grad_queue) return reduce_scatter_units(fs, region, g);
+    TRY(be->grad_begin(be));
+    fs->grad_pending[slot] = true; /* queued work may read blk_g[slot] from here on, even if a call fails */
+    const int rc = reduce_scatter_units(fs, region, g);
+    TRY(be->grad_end(be, slot)); /* back on the main queue even when a call failed */
+    return rc;
+}
+
+/* The main queue waits for the gradient-queue work marked `slot` (it reads blk_g[slot]). */
+static int grads_settle(struct olmo_fsdp *fs, int slot) {
+    if (!fs->grad_pending[slot]) return 0;
+    fs->grad_pending[slot] = false;
+    return fs->m->be->grad_wait(fs->m->be, slot);
+}
+
+/* ... and for all of it: the gradient shard is complete. */
+static int grads_settle_all(struct olmo_fsdp *fs) {
+    for (int i = 0; i < 2; i++) TRY(grads_settle(fs, i));
     return 0;
 }
 
@@ -157,6 +182,7 @@ static int acquire(void *ctx, struct olmo_model *m, int unit, bool backward) {
         set_window(m, 0, fs->root_w[0], fs->regions[0].len, fs->root_c[0]);
         set_window(m, 1, fs->root_w[1], fs->regions[last].len, fs->root_c[1]);
         if (backward) {
+            TRY(grads_settle_all(fs)); /* the previous backward pass's reduce-scatters read root_g */
             TRY(be->zero(be, fs->root_g[0], region_alloc(fs, 0) * sizeof(float)));
             TRY(be->zero(be, fs->root_g[1], region_alloc(fs, last) * sizeof(float)));
         }
@@ -172,9 +198,15 @@ static int acquire(void *ctx, struct olmo_model *m, int unit, bool backward) {
     }
     fs->next_slot = (s + 1) % fs->n_slots; /* the other buffer: the one not in use */
     struct olmo_fsdp_slot *sl = &fs->slot[s];
-    olmo_model_bind_layer(m, unit, sl->w, fs->blk_g);
+    float *g = NULL;
+    if (backward) { /* a gradient buffer no reduce-scatter still reads: the one not used by the last block */
+        fs->grad_buf = (fs->grad_buf + 1) % fs->n_grad_bufs;
+        TRY(grads_settle(fs, fs->grad_buf));
+        g = fs->blk_g[fs->grad_buf];
+        TRY(be->zero(be, g, region_alloc(fs, 1 + unit) * sizeof(float)));
+    }
+    olmo_model_bind_layer(m, unit, sl->w, backward ? g : fs->blk_g[fs->grad_buf]);
     set_window(m, 2, sl->w, fs->regions[1 + unit].len, sl->c);
-    if (backward) TRY(be->zero(be, fs->blk_g, region_alloc(fs, 1 + unit) * sizeof(float)));
     /* the block this pass needs next, into the other buffer on the side queue: it is gathered while
      * this one computes (the side queue starts after everything queued so far, the last use of that
      * buffer included) */
@@ -187,13 +219,14 @@ static int acquire(void *ctx, struct olmo_model *m, int unit, bool backward) {
 static int release(void *ctx, struct olmo_model *m, int unit, bool backward) {
     struct olmo_fsdp *fs = ctx;
     if (unit == OLMO_UNIT_ROOT) { /* stays gathered (until the next optimizer step) */
-        if (backward) {
-            TRY(reduce_scatter_region(fs, 0, fs->root_g[0]));
-            TRY(reduce_scatter_region(fs, fs->n_regions - 1, fs->root_g[1]));
+        if (backward) { /* the end of the backward pass: the gradient shard is complete after these */
+            TRY(reduce_scatter_region(fs, 0, fs->root_g[0], 0));
+            TRY(reduce_scatter_region(fs, fs->n_regions - 1, fs->root_g[1], 1));
+            TRY(grads_settle_all(fs));
         }
         return 0;
     }
-    if (backward) TRY(reduce_scatter_region(fs, 1 + unit, fs->blk_g));
+    if (backward) TRY(reduce_scatter_region(fs, 1 + unit, fs->blk_g[fs->grad_buf], fs->grad_buf));
     /* the buffer belongs to the next block now: nothing may reach this one through stale pointers */
     olmo_model_bind_layer(m, unit, NULL, NULL);
     m->win[2] = (struct olmo_weight_window){0};
@@ -228,15 +261,19 @@ int olmo_fsdp_create(struct olmo_fsdp *fs, struct olmo_model *m, struct olmo_opt
         /* shard groups: consecutive ranks; replica groups: the same position in every shard group */
         TRY(olmo_dist_split(dist, rank / G, rank, &fs->shard_group));
         TRY(olmo_dist_split(dist, rank % G, rank, &fs->replica_group));
-        /* every rank creates its shard group's communicator, then its replica group's (group sizes are
-         * the same on every rank, so all skip or all create) */
-        if (fs->device && fs->shard_group.world > 1 &&
-            !(fs->shard_comm = be->comm_group_create(be, &fs->shard_group)))
-            return olmo_error_context("the shard group's communicator");
-        if (fs->device && fs->replica_group.world > 1 &&
-            !(fs->replica_comm = be->comm_group_create(be, &fs->replica_group)))
-            return olmo_error_context("the replica group's communicator");
     }
+    /* every rank creates its shard group's communicators, then its replica group's (group sizes are
+     * the same on every rank, so all skip or all create).  OLMOC_FSDP_COMM=1: a group of one rank gets
+     * them too, so one GPU runs the collectives (NCCL with one rank) instead of skipping them */
+    const char *force = getenv("OLMOC_FSDP_COMM");
+    const bool one = force && !strcmp(force, "1") && fs->device && be->comm_group_create;
+    if (fs->device && (fs->shard_group.world > 1 || one) &&
+        (!(fs->shard_comm = be->comm_group_create(be, &fs->shard_group)) ||
+         !(fs->rs_comm = be->comm_group_create(be, &fs->shard_group))))
+        return olmo_error_context("the shard group's communicators");
+    if (fs->device && fs->replica_group.world > 1 &&
+        !(fs->replica_comm = be->comm_group_create(be, &fs->replica_group)))
+        return olmo_error_context("the replica group's communicator");
     const int g = fs->shard_group.rank;
     const int L = m->cfg.n_layers;
     /* regions: the embeddings, each block, the final norm + LM head; each cut into units of one kind */
@@ -291,8 +328,12 @@ int olmo_fsdp_create(struct olmo_fsdp *fs, struct olmo_model *m, struct olmo_opt
     opt->v = be->alloc(be, n_alloc * sizeof(float));
     if (!max_block) max_block = 1;
     fs->rs_out = be->alloc(be, max_shard * sizeof(float));
-    fs->blk_g = be->alloc(be, max_block * sizeof(float));
-    if (!fs->master || !fs->grad || !opt->m || !opt->v || !fs->rs_out || !fs->blk_g)
+    /* two block-gradient buffers where the backend can reduce-scatter on a gradient queue */
+    fs->grad_queue = be->grad_begin && be->grad_end && be->grad_wait;
+    fs->n_grad_bufs = fs->grad_queue ? 2 : 1;
+    for (int i = 0; i < fs->n_grad_bufs; i++)
+        if (!(fs->blk_g[i] = be->alloc(be, max_block * sizeof(float)))) return olmo_error_context("block gradients");
+    if (!fs->master || !fs->grad || !opt->m || !opt->v || !fs->rs_out)
         return olmo_error_context("fully sharded buffers");
     /* two block buffers where the backend can gather the next block on a side queue */
     fs->n_slots = be->side_begin && be->side_end && be->side_wait ? 2 : 1;
@@ -323,8 +364,8 @@ int olmo_fsdp_create(struct olmo_fsdp *fs, struct olmo_model *m, struct olmo_opt
 void olmo_fsdp_destroy(struct olmo_fsdp *fs, struct olmo_optimizer *opt) {
     if (!fs->m) return;
     const struct olmo_backend *be = fs->m->be;
-    if (be->synchronize) be->synchronize(be); /* no side-queue gather still writes a buffer */
-    float *bufs[] = {fs->master, fs->grad, fs->rs_out, fs->blk_g,
+    if (be->synchronize) be->synchronize(be); /* no side- or gradient-queue work still uses a buffer */
+    float *bufs[] = {fs->master, fs->grad, fs->rs_out, fs->blk_g[0], fs->blk_g[1],
                      fs->root_w[0], fs->root_w[1], fs->root_g[0], fs->root_g[1]};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
     be->free(be, fs->root_c[0]);
@@ -339,6 +380,8 @@ void olmo_fsdp_destroy(struct olmo_fsdp *fs, struct olmo_optimizer *opt) {
     free(fs->units);
     free(fs->regions);
     if (fs->shard_comm) be->comm_group_destroy(be, fs->shard_comm);
+    if (fs->rs_comm) be->comm_group_destroy(be, fs->rs_comm);
+
     if (fs->replica_comm) be->comm_group_destroy(be, fs->replica_comm);
     olmo_dist_free_group(&fs->shard_group);
     olmo_dist_free_group(&fs->replica_group);
@@ -346,10 +389,14 @@ void olmo_fsdp_destroy(struct olmo_fsdp *fs, struct olmo_optimizer *opt) {
 }
 
 int olmo_fsdp_zero_grads(struct olmo_fsdp *fs) {
+    TRY(grads_settle_all(fs)); /* a failed step's reduce-scatters may still add to the shard */
     return fs->n_local ? fs->m->be->zero(fs->m->be, fs->grad, fs->n_local * sizeof(float)) : 0;
 }
 
-int olmo_fsdp_sync_replicas(struct olmo_fsdp *fs) { return replica_allreduce(fs, fs->grad, fs->n_local); }
+int olmo_fsdp_sync_replicas(struct olmo_fsdp *fs) {
+    TRY(grads_settle_all(fs));
+    return replica_allreduce(fs, fs->grad, fs->n_local);
+}
 
 int olmo_fsdp_grad_norm(struct olmo_fsdp *fs, double *norm) {
     double ss = 0.0;

@@ -23,6 +23,16 @@
  * pass).  Backends without a side queue keep one buffer, gathered when a
  * block is acquired (the same reuse applies).
  *
+ * Gradient queue (backends with one, CUDA: a third stream): a block's
+ * reduce-scatter and the addition to the gradient shard are queued there when
+ * its backward pass ends, after an event, and run while the next block's
+ * backward pass computes into the other of two block-gradient buffers; the
+ * main stream waits for that work only before it writes the buffer again (two
+ * blocks later) and at the end of the backward pass (the root's
+ * reduce-scatter, after which the gradient shard is complete).  All-gathers
+ * and reduce-scatters use separate communicators (NCCL gives no progress
+ * guarantee to concurrent operations on one communicator from two streams).
+ *
  * Regions, in flat-parameter order: 0 = the embeddings, 1 .. n_layers = the
  * blocks, n_layers + 1 = final norm + LM head, each contiguous in the flat
  * parameter vector and cut into units of one kind: on a bf16 backend the GEMM
@@ -63,7 +73,10 @@ struct olmo_fsdp {
     struct olmo_model *m;
     struct olmo_dist shard_group, replica_group;
     bool device;                     /* collectives through the backend (comm_group_*), not MPI */
-    void *shard_comm, *replica_comm; /* the backend's communicators (device; groups of more than one rank) */
+    /* the backend's communicators (device; groups of more than one rank): the shard group's all-gathers
+     * (main and side queue), its reduce-scatters (the gradient queue), the replicas' all-reduce --
+     * one per queue, as NCCL asks of operations that may be in flight at the same time */
+    void *shard_comm, *rs_comm, *replica_comm;
     int n_regions, n_units;
     struct olmo_fsdp_region *regions;
     struct olmo_fsdp_unit *units;
@@ -81,7 +94,12 @@ struct olmo_fsdp {
     int n_slots;   /* 2 with prefetch (the backend has a side queue), else 1 */
     int next_slot; /* where the next gather on demand goes */
     unsigned long version; /* the master weights' version: bumped whenever they change */
-    float *blk_g;  /* the acquired block's gradients (+ G spare elements) */
+    float *blk_g[2]; /* block gradients (+ G spare elements): the acquired block's, and (with a gradient
+                      * queue) the previous one's, still being reduce-scattered */
+    int n_grad_bufs; /* 2 where the backend has a gradient queue, else 1 */
+    int grad_buf;    /* the acquired block's gradient buffer */
+    bool grad_pending[2]; /* gradient-queue work reads blk_g[i]: grad_wait(i) before it is written */
+    bool grad_queue;      /* the reduce-scatters go to the backend's gradient queue */
     long gathers, prefetches; /* blocks gathered on demand and on the side queue (counters for tests) */
     float *rs_out; /* a reduce-scatter's result (the largest shard) */
     bool root_valid; /* root_w holds the current master weights */

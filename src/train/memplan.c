@@ -232,7 +232,8 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
          * gradients and moments; the root regions (embedding, final norm + LM head) stay gathered in
          * fp32 with their gradients (and their compute copy on bf16 backends); a block is gathered
          * into a block buffer (fp32, plus its compute copy), two of them on a device (CUDA prefetches
-         * the next block on a second stream), with one block gradient buffer;
+         * the next block on a second stream), and as many block gradient buffers (CUDA reduce-scatters
+         * the last block's gradients on a third stream while the next block's backward pass runs);
          * the reduce-scatter's output is one unit's slice.  Each region buffer has S spare floats. */
         const double S = p->shard_degree, per_layer = (n - 2 * s.V * s.D - s.D) / s.L;
         const double emb = s.V * s.D + S, head = s.V * s.D + s.D + S, block = per_layer + S;
@@ -252,7 +253,8 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
         const double shard =
             s.L * unit_slices(layer_units, 4, S, &max_slice) + unit_slices(root_units, 3, S, &max_slice);
         b[OLMO_MEM_WEIGHTS] = buf(&d, 4 * shard) + buf(&d, 4 * emb) + buf(&d, 4 * head);
-        b[OLMO_MEM_GRADS] = buf(&d, 4 * shard) + buf(&d, 4 * emb) + buf(&d, 4 * head) + buf(&d, 4 * block);
+        b[OLMO_MEM_GRADS] =
+            buf(&d, 4 * shard) + buf(&d, 4 * emb) + buf(&d, 4 * head) + (d.device ? 2 : 1) * buf(&d, 4 * block);
         b[OLMO_MEM_OPTIM] = 2 * buf(&d, 4 * shard);
         b[OLMO_MEM_COMPUTE] = d.bf16_compute ? buf(&d, cbytes * emb) + buf(&d, cbytes * head) : 0;
         b[OLMO_MEM_GATHERED] = (d.device ? 2 : 1) * (buf(&d, 4 * block) + (d.bf16_compute ? buf(&d, cbytes * block) : 0));

@@ -237,15 +237,19 @@ static void print_header(const struct olmo_run *run) {
     if (world > 1 && run->tr.fully_sharded)
         fprintf(log,
                 "data parallel: %d ranks x %d micro-batches of %d; fully sharded (FSDP) in groups of %d ranks, "
-                "%d replicas; through %s%s\n",
+                "%d replicas; through %s%s%s\n",
                 world, cfg->train.grad_accum, cfg->train.micro_batch, run->tr.fsdp.shard_group.world,
                 run->tr.fsdp.replica_group.world, run->tr.fsdp.device ? "NCCL" : "MPI",
-                run->tr.fsdp.n_slots == 2 ? "; the next block gathered on a second stream" : "");
+                run->tr.fsdp.n_slots == 2 ? "; the next block gathered on a second stream" : "",
+                run->tr.fsdp.grad_queue ? "; gradients reduce-scattered on a third stream" : "");
     else if (world > 1)
         fprintf(log,
                 "data parallel: %d ranks x %d micro-batches of %d; optimizer state sharded (ZeRO-1); gradients "
                 "through %s\n",
                 world, cfg->train.grad_accum, cfg->train.micro_batch, run->tr.device_comm ? "NCCL" : "MPI");
+    else if (run->tr.fully_sharded && run->tr.fsdp.shard_comm)
+        fprintf(log, "fully sharded (FSDP) on one rank; its collectives through NCCL (OLMOC_FSDP_COMM=1)%s\n",
+                run->tr.fsdp.grad_queue ? "; gradients reduce-scattered on a third stream" : "");
     fprintf(log, "backend %s", be->name);
     if (be->describe) fprintf(log, " (%s)", be->describe(be));
     fprintf(log, " | MFU: %.4g FLOPs/token, peak %.4g FLOP/s (%s), raised by a faster step\n",

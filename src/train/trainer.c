@@ -69,14 +69,16 @@ static int device_sync_grads(struct olmo_trainer *tr, double sums[2]) {
 
 static int replicated_grad_norm(struct olmo_trainer *tr, double *norm) { return olmo_grad_norm_of(&tr->model, norm); }
 
+static int none_weights_updated(struct olmo_trainer *tr) { return olmo_model_sync_weights(&tr->model); }
+
+/* one rank: the optimizer's pass writes the compute copy too (none_weights_updated's conversion) */
 static int replicated_clip_step(struct olmo_trainer *tr, double norm, double lr) {
     const struct olmo_train_config *t = &tr->cfg.train;
-    if (olmo_clip_grads(&tr->model, norm, t->clip_grad_norm) || olmo_optimizer_step(&tr->opt, &tr->model, t, lr))
-        return -1;
-    return tr->dp->weights_updated(tr);
+    const bool one = tr->dp->weights_updated == none_weights_updated;
+    bool synced;
+    if (olmo_optimizer_clip_step(&tr->opt, &tr->model, t, lr, norm, one, &synced)) return -1;
+    return synced ? 0 : tr->dp->weights_updated(tr);
 }
-
-static int none_weights_updated(struct olmo_trainer *tr) { return olmo_model_sync_weights(&tr->model); }
 
 /* every rank updated its own shard: share them (through MPI, or the backend's collectives) */
 static int share_shards(struct olmo_trainer *tr, bool device) {
@@ -241,16 +243,22 @@ int olmo_trainer_accumulate(struct olmo_trainer *tr, const int32_t *instances, s
     const int32_t *mine = instances + (size_t)(tr->dist ? tr->dist->rank : 0) * t->grad_accum * micro * T;
     double sums[2] = {0.0, 0.0}; /* cross-entropy, lse^2 */
     if (tr->dp->zero_grads(tr)) return -1;
+    /* a device backend keeps the sums on the device until the last micro-batch: no copy back, and so no
+     * wait for the device, inside a micro-batch (the accumulator adds as the loop below would) */
+    const bool defer = m->be->loss_sums != NULL;
+    if (defer && m->be->loss_sums(m->be, NULL, NULL)) return -1; /* cleared (an earlier step may have failed) */
     for (int a = 0; a < t->grad_accum; a++) {
         stage_micro_batch(tr, mine + (size_t)a * micro * T, micro);
         if (olmo_model_forward(m, tr->inputs, t->intra_doc_masking)) return -1;
-        double ce_sum, z_sum;
-        if (olmo_model_loss(m, tr->targets, (float)(1.0 / (double)total_labels), (float)t->z_loss, &ce_sum, &z_sum) ||
+        double ce_sum = 0.0, z_sum = 0.0;
+        if (olmo_model_loss(m, tr->targets, (float)(1.0 / (double)total_labels), (float)t->z_loss,
+                            defer ? NULL : &ce_sum, defer ? NULL : &z_sum) ||
             olmo_model_backward(m))
             return -1;
         sums[0] += ce_sum;
         sums[1] += z_sum;
     }
+    if (defer && m->be->loss_sums(m->be, &sums[0], &sums[1])) return -1;
     if (tr->dp->sync_grads(tr, sums)) return -1;
     res->ce_loss = sums[0] / (double)total_labels;
     res->z_loss = t->z_loss * sums[1] / (double)total_labels;

@@ -696,6 +696,65 @@ static void test_sum_squares(void) {
     dual_free(&x);
 }
 
+/* true when the dut's n bytes at a and b are the same */
+static bool dut_same_bytes(const void *a, const void *b, size_t bytes) {
+    char *ha = xmalloc(bytes), *hb = xmalloc(bytes);
+    dut->to_host(dut, ha, a, bytes);
+    dut->to_host(dut, hb, b, bytes);
+    const bool same = memcmp(ha, hb, bytes) == 0;
+    free(ha);
+    free(hb);
+    return same;
+}
+
+/* The multi-tensor step (adamw_flat) against what it replaces on the same backend: scale (the clipping
+ * coefficient), one adamw per tensor with its weight decay, convert to the bf16 compute copy -- bitwise. */
+static void test_adamw_flat(void) {
+    if (!dut->adamw_flat) {
+        printf("skip adamw_flat: backend '%s' has none (the optimizer calls adamw per tensor)\n", dut->name);
+        return;
+    }
+    const size_t n = 10007, emb = 3001; /* an "embedding" of 3001 elements, then the other tensors */
+    struct dual pa = dual_rand(n, 0.5), ma = dual_zero(n), va = dual_zero(n);
+    float *pb = be_alloc(dut, n * sizeof(float)), *mb = be_alloc(dut, n * sizeof(float)),
+          *vb = be_alloc(dut, n * sizeof(float)), *ga = be_alloc(dut, n * sizeof(float));
+    void *ca = be_alloc(dut, n * 2), *cb = be_alloc(dut, n * 2);
+    dut->copy(dut, pb, pa.d, n * sizeof(float));
+    dut->zero(dut, ma.d, n * sizeof(float));
+    dut->zero(dut, va.d, n * sizeof(float));
+    dut->zero(dut, mb, n * sizeof(float));
+    dut->zero(dut, vb, n * sizeof(float));
+    int rc = 0;
+    for (long step = 1; step <= 3; step++) {
+        struct dual g = dual_rand(n, step == 2 ? 1e-3 : 1.0);
+        const float coef = step == 3 ? 1.0f : 0.37f; /* step 3: no clipping */
+        dut->copy(dut, ga, g.d, n * sizeof(float));
+        rc |= dut->scale(dut, ga, n, coef);
+        rc |= dut->adamw(dut, pa.d, ga, ma.d, va.d, emb, 1e-2, 0.9f, 0.95f, 1e-8f, 0.0, step);
+        rc |= dut->adamw(dut, pa.d + emb, ga + emb, ma.d + emb, va.d + emb, n - emb, 1e-2, 0.9f, 0.95f, 1e-8f, 0.1,
+                         step);
+        const bool bf16 = dut->compute_dtype == OLMO_BF16; /* the compute copy: bf16 variants only */
+        if (bf16) rc |= dut->convert(dut, ca, OLMO_BF16, pa.d, OLMO_F32, n);
+        else rc |= dut->zero(dut, ca, n * 2) | dut->zero(dut, cb, n * 2);
+        const struct olmo_adamw_flat f = {.weight_decay = 0.1, .weight_decay2 = 0.0, .wd2_lo = 0, .wd2_hi = emb,
+                                          .grad_scale = coef, .compute = bf16 ? cb : NULL};
+        rc |= dut->adamw_flat(dut, pb, g.d, mb, vb, n, 1e-2, 0.9f, 0.95f, 1e-8f, &f, step);
+        dual_free(&g);
+    }
+    const bool same = !rc && dut_same_bytes(pa.d, pb, n * sizeof(float)) &&
+                      dut_same_bytes(ma.d, mb, n * sizeof(float)) && dut_same_bytes(va.d, vb, n * sizeof(float)) &&
+                      dut_same_bytes(ca, cb, n * 2);
+    checks++;
+    if (!same) failures++;
+    printf("%s %-44s %s\n", same ? "ok  " : "FAIL", "adamw_flat vs scale + adamw + convert",
+           same ? "bitwise equal (params, moments, bf16 copy)" : "differs");
+    dual_free(&pa);
+    dual_free(&ma);
+    dual_free(&va);
+    void *bufs[] = {pb, mb, vb, ga, ca, cb};
+    for (int i = 0; i < 6; i++) dut->free(dut, bufs[i]);
+}
+
 static void test_adamw(void) {
     const size_t n = 10007;
     struct dual p = dual_rand(n, 0.5), m = dual_zero(n), v = dual_zero(n);
@@ -965,6 +1024,7 @@ int main(int argc, char **argv) {
     test_cross_entropy_bf16(4, 50001);
     test_sum_squares();
     test_adamw();
+    test_adamw_flat();
 
     struct olmo_config a;
     base_config(&a);

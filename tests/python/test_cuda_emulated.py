@@ -8,6 +8,7 @@ backends, and data parallelism through the NCCL path with ZeRO-1 shards.
 The kernels themselves are checked op by op in tests/c/test_backend_parity.c."""
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -168,3 +169,27 @@ def test_unsupported_head_dim_refused_at_model_creation(build_dir, emu, tiny, tm
     assert "head_dim 256: the CUDA attention kernels support head_dim 1..128" in r.stderr, r.stderr
     assert not (out / "metrics.jsonl").exists() or not [
         line for line in (out / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
+
+
+def test_no_copy_back_inside_a_micro_batch(emu, tiny, tmp_path):  # noqa: F811
+    """A micro-batch queues its work without waiting for the device: no copy to the host and no
+    synchronisation (the embedding backward sorts the host's ids, the loss sums stay on the device until
+    the step's last micro-batch).  The emulation counts the copies back and the synchronisations
+    (OLMOC_EMU_COUNTS=1); a run of 2 steps of 3 micro-batches must count as many as 2 steps of 1."""
+    cfg, data = tiny
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive", OLMOC_EMU_COUNTS="1")
+
+    def counts(accum):
+        out = tmp_path / f"accum{accum}"
+        r = subprocess.run([str(emu), "train", str(cfg), "--set", f"data.train_path={data}",
+                            "--set", f"data.out_dir={out}", "--set", "train.peak_flops=1e12",
+                            "--set", "train.steps=2", "--set", f"train.grad_accum={accum}",
+                            "--backend", "cuda-bf16"], capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        m = re.search(r"cuda_emu: counts: (\d+) D2H copies, (\d+) H2D copies, (\d+) synchronisations", r.stderr)
+        assert m, r.stderr
+        return int(m.group(1)), int(m.group(3))
+
+    one, three = counts(1), counts(3)
+    print(f"2 steps: (D2H copies, synchronisations) with 1 micro-batch {one}, with 3 {three}")
+    assert one == three, (one, three)

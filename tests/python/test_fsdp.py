@@ -165,6 +165,9 @@ def test_fully_sharded_through_nccl(build_dir, tiny, tmp_path):  # noqa: F811
     """The CUDA backend's path (build/tests/olmoc_emu: the CUDA backend's source on an emulated runtime, NCCL
     done with MPI): shard and replica groups get NCCL communicators; all-gather, reduce-scatter and the
     replicas' all-reduce run on device buffers.  2 ranks fully sharded and 2 x 2 HSDP match one rank.
+    The emulated NCCL refuses an operation on a communicator whose previous one, on another stream, is not
+    ordered before it by an event: the all-gathers (main and side stream) and the reduce-scatters (gradient
+    stream) must keep to communicators of their own, or these runs fail.
     3 steps: the emulation runs a step in ~4 s."""
     emu = build_dir / "tests" / "olmoc_emu"
     if not emu.exists():
@@ -187,8 +190,8 @@ def test_fully_sharded_through_nccl(build_dir, tiny, tmp_path):  # noqa: F811
                                         (4, 1, ("--set", "train.shard_degree=2"), "groups of 2 ranks, 2 replicas")):
         out = tmp_path / f"r{ranks}"
         many, stdout = run(out, ranks, accum, "--set", "train.sharding=fsdp", *extra)
-        assert f"fully sharded (FSDP) in {groups}; through NCCL; the next block gathered on a second stream" \
-            in stdout, stdout
+        assert f"fully sharded (FSDP) in {groups}; through NCCL; the next block gathered on a second stream; " \
+            "gradients reduce-scattered on a third stream" in stdout, stdout
         # the side stream, 4 layers: per step block 0 is gathered when needed (the weights changed), every
         # other block ahead, except those the two buffers still hold: the last two blocks of a forward pass
         # are the first two of the backward pass, and its last two the next micro-batch's first two.  So
@@ -211,6 +214,28 @@ def test_fully_sharded_through_nccl(build_dir, tiny, tmp_path):  # noqa: F811
     weights = max_weight_diff(tmp_path / "bf-zero1", tmp_path / "bf-fsdp")
     print(f"emulated cuda-bf16, 2 ranks fsdp vs zero1: loss {loss:.2e} grad norm {gnorm:.2e} weights {weights:.2e}")
     assert loss <= 1e-6 and gnorm <= 1e-6 and weights <= 1e-6
+
+
+def test_one_rank_collectives_through_nccl(build_dir, tiny, tmp_path):  # noqa: F811
+    """OLMOC_FSDP_COMM=1: one rank fully sharded still runs its all-gathers and reduce-scatters through
+    (one-rank) NCCL communicators instead of skipping them, which is how one GPU exercises the collective
+    path (scripts/gpu_check.sh); the weights are those of the run that skips them, bit for bit."""
+    emu = build_dir / "tests" / "olmoc_emu"
+    if not emu.exists():
+        pytest.skip("olmoc_emu not built (needs a C++ compiler: OLMOC_CUDA_EMULATION_TEST)")
+    cfg, data = tiny
+    outs = []
+    for force in ("0", "1"):
+        out = tmp_path / f"comm{force}"
+        env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive", OLMOC_FSDP_COMM=force)
+        r = subprocess.run([str(emu), "train", str(cfg), "--set", f"data.train_path={data}", "--set",
+                            f"data.out_dir={out}", "--set", "train.steps=2", "--set", "train.grad_accum=2",
+                            "--set", "train.peak_flops=1e12", "--set", "train.sharding=fsdp",
+                            "--backend", "cuda-bf16"], capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert ("its collectives through NCCL" in r.stdout) == (force == "1"), r.stdout
+        outs.append((out / "model.safetensors").read_bytes())
+    assert outs[0] == outs[1]
 
 
 def test_hsdp_checkpoint_saves_one_replica_and_resumes(build_dir, tiny, tmp_path):  # noqa: F811

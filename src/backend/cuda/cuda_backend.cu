@@ -1,5 +1,5 @@
 /* CUDA backend: device memory (cudaMalloc, never managed memory), the side
- * stream, cuBLAS GEMMs and the op table; the other ops' kernels are in
+ * and gradient streams, cuBLAS GEMMs and the op table; the other ops' kernels are in
  * cuda_ops.cu, attention's in cuda_attention.cu and cuda_attention_tc.cu.
  * See cuda_internal.h for the execution and error model, backend.h for the
  * GEMM precision variants.
@@ -145,55 +145,91 @@ static int cu_copy(OLMO_BE, void *dst, const void *src, size_t bytes) {
     return 0;
 }
 
-/* ---- the side stream ---- */
+/* ---- the side and gradient streams ---- */
 
-/* The stream and its three events, all or none (st->side stays NULL on failure). */
-static int side_create(struct olmo_cuda_state *st) {
-    cudaStream_t side = NULL;
+/* A stream and its three events (the main stream's mark, two slot marks), all or none. */
+static int queue_create(cudaStream_t *stream, cudaEvent_t ev_out[3], const char *what) {
+    cudaStream_t s = NULL;
     cudaEvent_t ev[3] = {NULL, NULL, NULL};
     /* non-blocking: no implicit ordering against the legacy default stream, only the events */
-    cudaError_t err = cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+    cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     for (int i = 0; i < 3 && err == cudaSuccess; i++) err = cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming);
     if (err != cudaSuccess) {
         for (int i = 0; i < 3; i++)
             if (ev[i]) cudaEventDestroy(ev[i]);
-        if (side) cudaStreamDestroy(side);
-        return olmo_cuda_failed("creating the side stream", __FILE__, __LINE__, cudaGetErrorString(err));
+        if (s) cudaStreamDestroy(s);
+        return olmo_cuda_failed(what, __FILE__, __LINE__, cudaGetErrorString(err));
     }
-    st->side = side, st->main_mark = ev[0], st->side_mark[0] = ev[1], st->side_mark[1] = ev[2];
+    *stream = s;
+    for (int i = 0; i < 3; i++) ev_out[i] = ev[i];
     return 0;
 }
 
-static int cu_side_begin(OLMO_BE) {
+static void queue_destroy(cudaStream_t s, cudaEvent_t main_mark, cudaEvent_t marks[2]) {
+    if (!s) return;
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    cudaEventDestroy(main_mark);
+    for (int i = 0; i < 2; i++) cudaEventDestroy(marks[i]);
+}
+
+/* One of the two queues (grad: the gradient stream, else the side stream). */
+struct queue_ref {
+    cudaStream_t *stream;
+    cudaEvent_t *main_mark, *marks;
+    bool *on;
+    const char *name;
+};
+static struct queue_ref queue_of(struct olmo_cuda_state *st, bool grad) {
+    if (grad) return (struct queue_ref){&st->grad, &st->grad_main_mark, st->grad_mark, &st->on_grad, "grad"};
+    return (struct queue_ref){&st->side, &st->main_mark, st->side_mark, &st->on_side, "side"};
+}
+
+static int queue_begin(OLMO_BE, bool grad) {
     struct olmo_cuda_state *st = CUDA_STATE(be);
-    if (st->on_side) return olmo_error("CUDA backend: side_begin twice without side_end");
-    if (!st->side && side_create(st)) return -1;
-    OLMO_CUDA_TRY(cudaEventRecord(st->main_mark, 0));
-    OLMO_CUDA_TRY(cudaStreamWaitEvent(st->side, st->main_mark, 0));
-    st->on_side = true;
+    struct queue_ref q = queue_of(st, grad);
+    if (st->on_side || st->on_grad)
+        return olmo_error("CUDA backend: %s_begin while the %s stream is selected", q.name, st->on_side ? "side" : "grad");
+    if (!*q.stream) {
+        cudaEvent_t ev[3] = {NULL, NULL, NULL};
+        if (queue_create(q.stream, ev, grad ? "creating the gradient stream" : "creating the side stream")) return -1;
+        *q.main_mark = ev[0], q.marks[0] = ev[1], q.marks[1] = ev[2];
+    }
+    OLMO_CUDA_TRY(cudaEventRecord(*q.main_mark, 0));
+    OLMO_CUDA_TRY(cudaStreamWaitEvent(*q.stream, *q.main_mark, 0));
+    *q.on = true;
     return 0;
 }
 
-static int cu_side_end(OLMO_BE, int slot) {
-    struct olmo_cuda_state *st = CUDA_STATE(be);
-    if (!st->on_side) return olmo_error("CUDA backend: side_end(%d) without side_begin", slot);
-    st->on_side = false; /* back on the default stream, whatever follows */
+static int queue_end(OLMO_BE, bool grad, int slot) {
+    struct queue_ref q = queue_of(CUDA_STATE(be), grad);
+    if (!*q.on) return olmo_error("CUDA backend: %s_end(%d) without %s_begin", q.name, slot, q.name);
+    *q.on = false; /* back on the default stream, whatever follows */
     if (slot < 0 || slot > 1) {
-        /* nothing can wait for the side work now: finish it here */
-        OLMO_CUDA_TRY(cudaStreamSynchronize(st->side));
-        return olmo_error("CUDA backend: side_end(%d): the slots are 0 and 1", slot);
+        /* nothing can wait for the queued work now: finish it here */
+        OLMO_CUDA_TRY(cudaStreamSynchronize(*q.stream));
+        return olmo_error("CUDA backend: %s_end(%d): the slots are 0 and 1", q.name, slot);
     }
-    OLMO_CUDA_TRY(cudaEventRecord(st->side_mark[slot], st->side));
+    OLMO_CUDA_TRY(cudaEventRecord(q.marks[slot], *q.stream));
     return 0;
 }
 
-static int cu_side_wait(OLMO_BE, int slot) {
+static int queue_wait(OLMO_BE, bool grad, int slot) {
     struct olmo_cuda_state *st = CUDA_STATE(be);
-    if (st->on_side || slot < 0 || slot > 1 || !st->side)
-        return olmo_error("CUDA backend: side_wait(%d) on the side stream or before any side work", slot);
-    OLMO_CUDA_TRY(cudaStreamWaitEvent(0, st->side_mark[slot], 0));
+    struct queue_ref q = queue_of(st, grad);
+    if (st->on_side || st->on_grad || slot < 0 || slot > 1 || !*q.stream)
+        return olmo_error("CUDA backend: %s_wait(%d) off the default stream or before any %s work", q.name, slot,
+                          q.name);
+    OLMO_CUDA_TRY(cudaStreamWaitEvent(0, q.marks[slot], 0));
     return 0;
 }
+
+static int cu_side_begin(OLMO_BE) { return queue_begin(be, false); }
+static int cu_side_end(OLMO_BE, int slot) { return queue_end(be, false, slot); }
+static int cu_side_wait(OLMO_BE, int slot) { return queue_wait(be, false, slot); }
+static int cu_grad_begin(OLMO_BE) { return queue_begin(be, true); }
+static int cu_grad_end(OLMO_BE, int slot) { return queue_end(be, true, slot); }
+static int cu_grad_wait(OLMO_BE, int slot) { return queue_wait(be, true, slot); }
 
 static int cu_synchronize(OLMO_BE) {
     (void)be;
@@ -365,12 +401,8 @@ static void cu_destroy(struct olmo_backend *be) {
     olmo_cuda_cudnn_destroy(be);
     for (int i = 0; i < SCRATCH_SLOTS; i++)
         if (st->scratch[i]) cudaFree(st->scratch[i]);
-    if (st->side) {
-        cudaStreamSynchronize(st->side);
-        cudaStreamDestroy(st->side);
-        cudaEventDestroy(st->main_mark);
-        for (int i = 0; i < 2; i++) cudaEventDestroy(st->side_mark[i]);
-    }
+    queue_destroy(st->side, st->main_mark, st->side_mark);
+    queue_destroy(st->grad, st->grad_main_mark, st->grad_mark);
     olmo_memcount_free(&st->mem);
     if (st->blas) cublasDestroy(st->blas);
     free(st);
@@ -422,12 +454,16 @@ extern "C" struct olmo_backend *olmo_backend_cuda_create(enum olmo_cuda_gemm_pre
     be->side_begin = cu_side_begin;
     be->side_end = cu_side_end;
     be->side_wait = cu_side_wait;
+    be->grad_begin = cu_grad_begin;
+    be->grad_end = cu_grad_end;
+    be->grad_wait = cu_grad_wait;
     /* cuda-bf16 multiplies a bf16 compute copy of the weights; cuda-bf16-cublas rounds inside cuBLAS */
     be->compute_dtype = precision == OLMO_CUDA_BF16 ? OLMO_BF16 : OLMO_F32;
     be->check_attention = olmo_cuda_check_attention;
     be->gemm = cu_gemm;
     be->embedding_fwd = olmo_cuda_embedding_fwd;
     be->embedding_bwd = olmo_cuda_embedding_bwd;
+    be->embedding_bwd_ids = olmo_cuda_embedding_bwd_ids;
     be->rmsnorm_fwd = olmo_cuda_rmsnorm_fwd;
     be->rmsnorm_bwd = olmo_cuda_rmsnorm_bwd;
     be->rope_fwd = olmo_cuda_rope_fwd;
@@ -446,9 +482,11 @@ extern "C" struct olmo_backend *olmo_backend_cuda_create(enum olmo_cuda_gemm_pre
         be->swiglu_fwd_bf16 = olmo_cuda_swiglu_fwd_bf16;
         be->rmsnorm_add_fwd = olmo_cuda_rmsnorm_add_fwd;
     }
+    be->loss_sums = olmo_cuda_loss_sums;
     be->sum_squares = olmo_cuda_sum_squares;
     be->scale = olmo_cuda_scale;
     be->adamw = olmo_cuda_adamw;
+    be->adamw_flat = olmo_cuda_adamw_flat;
     be->attention_cached = olmo_cuda_attention_cached;
     if (precision == OLMO_CUDA_BF16) { /* attention through cuDNN where it is found (cuda_attention_cudnn.cu) */
         olmo_cuda_cudnn_init(be);

@@ -1,13 +1,17 @@
 /* Data-parallel collectives of the CUDA backend: NCCL on device memory, one
  * communicator over the MPI ranks (mpirun launches, MPI broadcasts the NCCL id).
  * Everything runs on the legacy default stream, like the rest of the backend,
- * so a collective is ordered after the kernels that produced its buffer;
- * the group all-gather runs on the side stream when that is selected
- * (cuda_internal.h), ordered by the events of side_begin / side_wait.  It uses
- * the shard group's one communicator, as the reduce-scatters on the default
- * stream do: every rank issues all of them in the same order, which is what
- * NCCL asks of operations on one communicator from several streams.  (Not yet
- * run on a GPU: the emulation checks the events' ordering, not NCCL's.) */
+ * so a collective is ordered after the kernels that produced its buffer; the
+ * exceptions are fully sharded training's: the group all-gather runs on the
+ * side stream and the group reduce-scatter on the gradient stream when those
+ * are selected (cuda_internal.h), ordered by their events.  NCCL gives no
+ * progress guarantee to two operations in flight on one communicator from
+ * different streams, so the caller (train/fsdp.c) keeps them apart: one
+ * communicator for the all-gathers, another for the reduce-scatters, a third
+ * for the replicas' all-reduce; the all-gathers of the main and side streams
+ * on their shared communicator are ordered by the side stream's events.
+ * tests/c/cuda_emu/nccl_emu.cpp refuses an operation on a communicator whose
+ * previous one, on another stream, is not ordered before it. */
 #include "backend/cuda/cuda_internal.h"
 
 #ifndef OLMOC_CUDA_EMULATION
@@ -115,9 +119,10 @@ int olmo_cuda_comm_group_allgather(OLMO_BE, void *comm, void *buf, size_t n) {
     return 0;
 }
 
+/* on the gradient stream when it is selected (fully sharded training's gradients) */
 int olmo_cuda_comm_group_reduce_scatter(OLMO_BE, void *comm, const float *in, float *out, size_t n) {
-    (void)be;
-    NCCL_WAIT(ncclReduceScatter(in, out, n, ncclFloat32, ncclSum, (ncclComm_t)comm, 0), "reduce-scatter");
+    NCCL_WAIT(ncclReduceScatter(in, out, n, ncclFloat32, ncclSum, (ncclComm_t)comm, olmo_cuda_current_stream(be)),
+              "reduce-scatter");
     return 0;
 }
 

@@ -3,10 +3,14 @@
  * Execution model: every op is enqueued on the legacy default stream, in
  * program order; ops that return values to the host (cross_entropy,
  * sum_squares) and to_host synchronise.  cuBLAS uses the same stream.  The
- * one exception is the side stream (side_begin .. side_end: a non-blocking
+ * exceptions are the side stream (side_begin .. side_end: a non-blocking
  * stream created on first use, ordered against the default stream by events
  * only), where zero, copy, convert and comm_group_allgather go while it is
- * selected: fully sharded training gathers the next block there.
+ * selected: fully sharded training gathers the next block there; and the
+ * gradient stream (grad_begin .. grad_end, the same kind of stream), where
+ * zero, copy, add and comm_group_reduce_scatter go while it is selected:
+ * fully sharded training reduce-scatters a block's gradients there while the
+ * next block's backward pass runs.
  *
  * Errors: every op returns 0, or -1 with the error set (util/error.h), as
  * the CPU backend does: a failed CUDA runtime or cuBLAS call (a launch, a
@@ -97,6 +101,7 @@ enum olmo_cuda_scratch_slot {
     SCRATCH_GEMM_B,
     SCRATCH_ATTN_BF16,   /* cuDNN attention: bf16 q, k, v, o (and dO, dq, dk, dv in the backward) */
     SCRATCH_ATTN_WORK,   /* cuDNN attention: the graph's workspace */
+    SCRATCH_LOSS_SUMS,   /* cross-entropy's deferred sums (loss_sums): ce, lse^2 (double) */
     SCRATCH_SLOTS
 };
 
@@ -117,12 +122,18 @@ struct olmo_cuda_state {
     struct olmo_sdpa *sdpa;
     char attn_line[512];              /* which attention runs and why (describe) */
     bool noted_doc, noted_refused, noted_dim; /* the one-line fallback messages, once per instance */
+    /* the gradient stream (grad_begin / grad_end / grad_wait: fully sharded training's
+     * reduce-scatters), NULL until first used */
+    cudaStream_t grad;
+    cudaEvent_t grad_main_mark, grad_mark[2];
+    bool on_grad; /* between grad_begin and grad_end */
 };
 #define CUDA_STATE(be) ((struct olmo_cuda_state *)(be)->state)
-/* The stream that zero, copy, convert and comm_group_allgather enqueue on (0: the legacy default stream). */
+/* The stream that zero, copy, convert, add and the group collectives enqueue on (0: the legacy
+ * default stream). */
 static inline cudaStream_t olmo_cuda_current_stream(const struct olmo_backend *be) {
     const struct olmo_cuda_state *st = (const struct olmo_cuda_state *)be->state;
-    return st->on_side ? st->side : (cudaStream_t)0;
+    return st->on_side ? st->side : st->on_grad ? st->grad : (cudaStream_t)0;
 }
 /* The slot's buffer of at least `bytes`, or NULL with the error set. */
 void *olmo_cuda_scratch(OLMO_BE, enum olmo_cuda_scratch_slot slot, size_t bytes);
@@ -138,6 +149,8 @@ static inline unsigned olmo_cuda_ew_blocks(size_t n) {
 /* cuda_ops.cu: the ops of backend.h but memory, GEMM and attention */
 int olmo_cuda_embedding_fwd(OLMO_BE, float *out, const float *table, const int32_t *tokens, int n, int dim);
 int olmo_cuda_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int32_t *tokens, int n, int dim);
+int olmo_cuda_embedding_bwd_ids(OLMO_BE, float *dtable, const float *dout, const int32_t *host_tokens, int n,
+                                int dim);
 int olmo_cuda_rmsnorm_fwd(OLMO_BE, float *y, float *rstd, const float *x, const float *w, int n, int dim, float eps);
 int olmo_cuda_rmsnorm_bwd(OLMO_BE, float *dx, float *dw, const float *dy, const float *x, const float *w,
                           const float *rstd, int n, int dim);
@@ -156,6 +169,9 @@ int olmo_cuda_cross_entropy_bf16(OLMO_BE, float *logits, void *dlogits, size_t l
 int olmo_cuda_scale(OLMO_BE, float *x, size_t n, float s);
 int olmo_cuda_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
                             float z_mult, double *ce_sum, double *z_sum);
+int olmo_cuda_loss_sums(OLMO_BE, double *ce_sum, double *z_sum);
+int olmo_cuda_adamw_flat(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr,
+                         float beta1, float beta2, float eps, const struct olmo_adamw_flat *f, long step);
 int olmo_cuda_sum_squares(OLMO_BE, const float *x, size_t n, double *result);
 int olmo_cuda_adamw(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr, float beta1,
                     float beta2, float eps, double weight_decay, long step);

@@ -86,18 +86,12 @@ static __global__ void embedding_bwd_kernel(float *dtable, const float *dout, co
     *dst = acc;
 }
 
-int olmo_cuda_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int32_t *tokens, int n, int dim) {
-    if (n <= 0 || dim <= 0) return 0;
-    int32_t *tok = (int32_t *)olmo_malloc(sizeof(int32_t) * (size_t)n, "CUDA embedding backward: token ids");
+/* The ids sorted on the host (tok: host memory), then the kernel. */
+static int embedding_bwd_sorted(OLMO_BE, float *dtable, const float *dout, const int32_t *tok, int n, int dim) {
     int32_t *start = NULL, *packed = NULL, *dev = NULL;
     int rc = -1, n_valid = 0, n_seg = 0;
     do { /* the host's part, with one exit that frees its buffers */
-        if (!tok) break;
-        cudaError_t err = cudaMemcpy(tok, tokens, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost);
-        if (err != cudaSuccess) {
-            olmo_cuda_failed("cudaMemcpy of the token ids to the host", __FILE__, __LINE__, cudaGetErrorString(err));
-            break;
-        }
+        cudaError_t err;
         int32_t max_tok = -1;
         for (int i = 0; i < n; i++)
             if (tok[i] > max_tok) max_tok = tok[i];
@@ -133,7 +127,6 @@ int olmo_cuda_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int
         }
         rc = 0;
     } while (0);
-    free(tok);
     free(start);
     free(packed);
     if (rc || !n_seg) return rc;
@@ -142,6 +135,25 @@ int olmo_cuda_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int
                 dev + n_valid + n_seg + 1, dim);
     OLMO_CUDA_LAUNCHED("embedding_bwd_kernel");
     return 0;
+}
+
+/* The ids copied back to the host first (a synchronisation): embedding_bwd_ids avoids it. */
+int olmo_cuda_embedding_bwd(OLMO_BE, float *dtable, const float *dout, const int32_t *tokens, int n, int dim) {
+    if (n <= 0 || dim <= 0) return 0;
+    int32_t *tok = (int32_t *)olmo_malloc(sizeof(int32_t) * (size_t)n, "CUDA embedding backward: token ids");
+    if (!tok) return -1;
+    cudaError_t err = cudaMemcpy(tok, tokens, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost);
+    const int rc = err != cudaSuccess ? olmo_cuda_failed("cudaMemcpy of the token ids to the host", __FILE__, __LINE__,
+                                                         cudaGetErrorString(err))
+                                      : embedding_bwd_sorted(be, dtable, dout, tok, n, dim);
+    free(tok);
+    return rc;
+}
+
+int olmo_cuda_embedding_bwd_ids(OLMO_BE, float *dtable, const float *dout, const int32_t *host_tokens, int n,
+                                int dim) {
+    if (n <= 0 || dim <= 0) return 0;
+    return embedding_bwd_sorted(be, dtable, dout, host_tokens, n, dim);
 }
 
 /* ---------------------------------------------------------------- RMSNorm */
@@ -436,13 +448,14 @@ static __global__ void add_kernel(float *y, const float *a, const float *b, size
     }
 }
 
+/* on the gradient stream when it is selected (a reduce-scattered shard added to the gradients) */
 int olmo_cuda_add(OLMO_BE, float *y, const float *a, const float *b, size_t n) {
-    (void)be;
     if (!n) return 0;
+    const cudaStream_t stream = olmo_cuda_current_stream(be);
     if (aligned16(y) && aligned16(a) && aligned16(b))
-        OLMO_LAUNCH(add_kernel<true>, ew4_blocks(n), EW_THREADS, 0, y, a, b, n);
+        OLMO_LAUNCH_ON(stream, add_kernel<true>, ew4_blocks(n), EW_THREADS, 0, y, a, b, n);
     else
-        OLMO_LAUNCH(add_kernel<false>, olmo_cuda_ew_blocks(n), EW_THREADS, 0, y, a, b, n);
+        OLMO_LAUNCH_ON(stream, add_kernel<false>, olmo_cuda_ew_blocks(n), EW_THREADS, 0, y, a, b, n);
     OLMO_CUDA_LAUNCHED("add_kernel");
     return 0;
 }
@@ -534,10 +547,36 @@ static __global__ void cross_entropy_kernel(float *logits, __nv_bfloat16 *d16, s
     }
 }
 
-/* Both variants: the row kernel, then the two sums copied to the host. */
+/* The deferred loss sums (backend.h, loss_sums): two doubles in device memory, zero when first made. */
+static double *loss_accumulator(OLMO_BE) {
+    const bool fresh = !CUDA_STATE(be)->scratch[SCRATCH_LOSS_SUMS];
+    double *acc = (double *)olmo_cuda_scratch(be, SCRATCH_LOSS_SUMS, 2 * sizeof(double));
+    cudaError_t err;
+    if (acc && fresh && (err = cudaMemsetAsync(acc, 0, 2 * sizeof(double), 0)) != cudaSuccess) {
+        olmo_cuda_failed("cudaMemsetAsync of the loss sums", __FILE__, __LINE__, cudaGetErrorString(err));
+        return NULL;
+    }
+    return acc;
+}
+
+/* acc[i] += sums[i]: the order and rounding of a host loop adding the micro-batches' sums */
+static __global__ void add_loss_sums_kernel(double *acc, const double *sums) {
+    if (threadIdx.x < 2) acc[threadIdx.x] += sums[threadIdx.x];
+}
+
+static int loss_accumulate(OLMO_BE, const double *sums) {
+    double *acc = loss_accumulator(be);
+    if (!acc) return -1;
+    OLMO_LAUNCH(add_loss_sums_kernel, 1, 32, 0, acc, sums);
+    OLMO_CUDA_LAUNCHED("add_loss_sums_kernel");
+    return 0;
+}
+
+/* Both variants: the row kernel, then the two sums copied to the host (or, with ce_sum / z_sum NULL,
+ * added to the deferred accumulator that olmo_cuda_loss_sums reads). */
 static int cross_entropy_launch(OLMO_BE, float *logits, __nv_bfloat16 *d16, size_t ld16, const int32_t *targets, int n,
                                 int vocab, float grad_scale, float z_mult, double *ce_sum, double *z_sum) {
-    *ce_sum = *z_sum = 0.0;
+    if (ce_sum && z_sum) *ce_sum = *z_sum = 0.0; /* NULL: deferred (olmo_cuda_loss_sums) */
     if (n <= 0 || vocab <= 0) return 0;
     double *rows = (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE, 2 * sizeof(double) * (size_t)n);
     double *out = rows ? (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE_OUT, 2 * sizeof(double)) : NULL;
@@ -554,6 +593,7 @@ static int cross_entropy_launch(OLMO_BE, float *logits, __nv_bfloat16 *d16, size
     OLMO_CUDA_LAUNCHED("sum_doubles_kernel");
     OLMO_LAUNCH(sum_doubles_kernel, 1, 1024, 0, out + 1, rows + n, (size_t)n);
     OLMO_CUDA_LAUNCHED("sum_doubles_kernel");
+    if (!ce_sum || !z_sum) return loss_accumulate(be, out);
     double host[2];
     OLMO_CUDA_WAIT(cudaMemcpy(host, out, sizeof host, cudaMemcpyDeviceToHost));
     *ce_sum = host[0];
@@ -568,7 +608,7 @@ int olmo_cuda_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int 
 
 int olmo_cuda_cross_entropy_bf16(OLMO_BE, float *logits, void *dlogits, size_t ld, const int32_t *targets, int n,
                                   int vocab, float grad_scale, float z_mult, double *ce_sum, double *z_sum) {
-    *ce_sum = *z_sum = 0.0;
+    if (ce_sum && z_sum) *ce_sum = *z_sum = 0.0;
     if (ld < (size_t)(vocab > 0 ? vocab : 0))
         return olmo_error("CUDA cross_entropy_bf16: leading dimension %zu is less than the vocabulary %d", ld, vocab);
     /* in place: each row's gradient must fall inside its own logits row (ld 2 * vocab) */
@@ -580,6 +620,19 @@ int olmo_cuda_cross_entropy_bf16(OLMO_BE, float *logits, void *dlogits, size_t l
                           2 * vocab, d - lo, ld);
     return cross_entropy_launch(be, logits, (__nv_bfloat16 *)dlogits, ld, targets, n, vocab, grad_scale, z_mult,
                                 ce_sum, z_sum);
+}
+
+int olmo_cuda_loss_sums(OLMO_BE, double *ce_sum, double *z_sum) {
+    double *acc = loss_accumulator(be);
+    if (!acc) return -1;
+    if (ce_sum && z_sum) {
+        double host[2];
+        OLMO_CUDA_WAIT(cudaMemcpy(host, acc, sizeof host, cudaMemcpyDeviceToHost));
+        *ce_sum = host[0];
+        *z_sum = host[1];
+    }
+    OLMO_CUDA_TRY(cudaMemsetAsync(acc, 0, 2 * sizeof(double), 0));
+    return 0;
 }
 
 /* ------------------------------------------------------------ sum_squares */
@@ -641,5 +694,42 @@ int olmo_cuda_adamw(OLMO_BE, float *param, const float *grad, float *m, float *v
     OLMO_LAUNCH(adamw_kernel, olmo_cuda_ew_blocks(n), EW_THREADS, 0, param, grad, m, v, n, beta1, beta2, eps, bc2_sqrt,
                 step_size, decay);
     OLMO_CUDA_LAUNCHED("adamw_kernel");
+    return 0;
+}
+
+/* adamw_kernel's arithmetic over several tensors at once: the decay of the element's range, the gradient
+ * scaled first (scale_kernel's product), the bf16 compute copy written (f32_to_bf16's rounding). */
+static __global__ void adamw_flat_kernel(float *param, const float *grad, float *m, float *v, size_t n, float beta1,
+                                         float beta2, float eps, float bc2_sqrt, float step_size, float decay,
+                                         float decay2, size_t lo2, size_t hi2, float grad_scale,
+                                         __nv_bfloat16 *compute) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float gi = grad[i] * grad_scale;
+        float p = param[i] * (i >= lo2 && i < hi2 ? decay2 : decay);
+        float mi = m[i];
+        mi += (gi - mi) * (1.0f - beta1);
+        const float vi = v[i] * beta2 + (1.0f - beta2) * gi * gi;
+        const float denom = sqrtf(vi) / bc2_sqrt + eps;
+        p -= step_size * mi / denom;
+        m[i] = mi;
+        v[i] = vi;
+        param[i] = p;
+        if (compute) compute[i] = __float2bfloat16(p);
+    }
+}
+
+int olmo_cuda_adamw_flat(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr,
+                         float beta1, float beta2, float eps, const struct olmo_adamw_flat *f, long step) {
+    if (!n) return 0;
+    if (f->compute && be->compute_dtype != OLMO_BF16)
+        return olmo_error("CUDA backend: adamw_flat writes a bf16 compute copy; this variant computes in fp32");
+    const double bc1 = 1.0 - pow(beta1, (double)step);
+    const float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step));
+    const float step_size = (float)(lr / bc1);
+    const float decay = (float)(1.0 - lr * f->weight_decay), decay2 = (float)(1.0 - lr * f->weight_decay2);
+    OLMO_LAUNCH(adamw_flat_kernel, olmo_cuda_ew_blocks(n), EW_THREADS, 0, param, grad, m, v, n, beta1, beta2, eps,
+                bc2_sqrt, step_size, decay, decay2, f->wd2_lo, f->wd2_hi, f->grad_scale,
+                (__nv_bfloat16 *)f->compute);
+    OLMO_CUDA_LAUNCHED("adamw_flat_kernel");
     return 0;
 }

@@ -374,13 +374,20 @@ void emu_launch(const void *kernel, const char *name, dim3 grid, dim3 block, siz
 
 /* ---- streams and events ---- */
 
+/* Ordering, as on the device: work on stream A is ordered after the first n items of stream B when A
+ * waited for an event recorded on B after them (directly or through a chain of events), or when the
+ * host synchronised with B after them.  A vector clock per stream holds, for every other stream, how
+ * many of its items are known to come before what is queued on it now (nullptr: the default stream). */
+typedef std::map<cudaStream_t, unsigned long long> emu_clock;
 struct emu_stream {
     std::deque<std::function<void()>> queue;
     unsigned long long queued = 0, done = 0; /* work items queued and run so far */
+    emu_clock seen;
 };
 struct emu_event {
     cudaStream_t stream = nullptr; /* where it was last recorded (nullptr: the default stream, complete) */
     unsigned long long upto = 0;   /* complete once stream->done reaches this */
+    emu_clock clock;               /* what the recording stream had seen, itself included */
 };
 
 namespace {
@@ -401,10 +408,51 @@ void run_until(cudaStream_t s, unsigned long long upto) {
 void run_all_streams() {
     for (cudaStream_t s : streams) run_until(s, s->queued);
 }
+
+unsigned long long default_queued = 0; /* items submitted to the default stream (they run at once) */
+emu_clock default_seen, host_seen;     /* the default stream's clock; what the host synchronised with */
+emu_clock &seen_of(cudaStream_t s) { return s ? s->seen : default_seen; }
+void merge(emu_clock &into, const emu_clock &from) {
+    for (const auto &kv : from)
+        if (into[kv.first] < kv.second) into[kv.first] = kv.second;
+}
+/* the host waited for everything queued on s so far */
+void host_synced(cudaStream_t s) {
+    merge(host_seen, seen_of(s));
+    unsigned long long &v = host_seen[s];
+    v = std::max(v, emu_stream_seq(s));
+}
+emu_counts_t counts;
+} // namespace
+
+unsigned long long emu_stream_seq(cudaStream_t s) { return s ? s->queued : default_queued; }
+
+bool emu_stream_ordered(cudaStream_t s, cudaStream_t other, unsigned long long n) {
+    if (s == other || n == 0) return true;
+    const emu_clock &c = seen_of(s);
+    const emu_clock &host = host_seen;
+    auto a = c.find(other), h = host.find(other);
+    return (a != c.end() && a->second >= n) || (h != host.end() && h->second >= n);
+}
+
+void cuda_emu_get_counts(struct cuda_emu_counts *out) { *out = counts; }
+
+namespace {
+void print_counts() {
+    fprintf(stderr, "cuda_emu: counts: %llu D2H copies, %llu H2D copies, %llu synchronisations\n", counts.d2h_copies,
+            counts.h2d_copies, counts.syncs);
+}
+struct counts_at_exit {
+    counts_at_exit() {
+        const char *e = getenv("OLMOC_EMU_COUNTS");
+        if (e && !strcmp(e, "1")) atexit(print_counts);
+    }
+} counts_at_exit_;
 } // namespace
 
 void emu_stream_submit(cudaStream_t stream, std::function<void()> fn) {
     if (!stream) {
+        default_queued++;
         fn();
         return;
     }
@@ -433,6 +481,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags) {
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     if (!is_stream(stream)) return last_error = cudaErrorInvalidValue;
     run_until(stream, stream->queued); /* CUDA finishes a destroyed stream's work */
+    host_synced(stream);
     streams.erase(std::find(streams.begin(), streams.end(), stream));
     delete stream;
     return cudaSuccess;
@@ -441,6 +490,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     if (stream && !is_stream(stream)) return last_error = cudaErrorInvalidValue;
     if (stream) run_until(stream, stream->queued);
+    host_synced(stream);
+    counts.syncs++;
     return last_error;
 }
 
@@ -459,6 +510,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     if (stream && !is_stream(stream)) return last_error = cudaErrorInvalidValue;
     event->stream = stream;
     event->upto = stream ? stream->queued : 0;
+    event->clock = seen_of(stream);
+    event->clock[stream] = emu_stream_seq(stream);
     return cudaSuccess;
 }
 
@@ -466,6 +519,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     if (flags) return last_error = cudaErrorInvalidValue;
     if (stream && !is_stream(stream)) return last_error = cudaErrorInvalidValue;
     cudaStream_t from = event->stream;
+    merge(seen_of(stream), event->clock);
     if (!from || from == stream) return cudaSuccess; /* the default stream's work is done; a stream is in order */
     if (!is_stream(from)) return last_error = cudaErrorInvalidValue;
     if (!stream) {
@@ -497,6 +551,8 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
 
 cudaError_t cudaFree(void *p) {
     run_all_streams(); /* cudaFree synchronises the device */
+    host_synced(nullptr);
+    for (cudaStream_t s : streams) host_synced(s);
     free(p);
     return cudaSuccess;
 }
@@ -506,8 +562,14 @@ static bool overlaps(const void *a, const void *b, size_t n) {
     return n && x < y + n && y < x + n;
 }
 
+/* Counted as the host's copies (cudaMemcpyAsync's queued copies come here too, with their kind). */
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind) {
-    (void)kind;
+    if (kind == cudaMemcpyDeviceToHost) {
+        counts.d2h_copies++;
+        host_synced(nullptr); /* a copy to pageable host memory returns once the default stream is done */
+    } else if (kind == cudaMemcpyHostToDevice) {
+        counts.h2d_copies++;
+    }
     if (overlaps(dst, src, bytes)) emu_abort("cudaMemcpy between overlapping buffers");
     if (bytes) memcpy(dst, src, bytes);
     return cudaSuccess;
@@ -537,6 +599,9 @@ cudaError_t cudaGetLastError(void) {
 
 cudaError_t cudaDeviceSynchronize(void) {
     run_all_streams();
+    host_synced(nullptr);
+    for (cudaStream_t s : streams) host_synced(s);
+    counts.syncs++;
     return last_error;
 }
 

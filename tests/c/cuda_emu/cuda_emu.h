@@ -138,6 +138,11 @@ void emu_launch_on(cudaStream_t stream, const void *kernel, const char *name, di
                    size_t smem_bytes, const std::function<void()> &body);
 /* Runs fn now on the default stream, else queues it on `stream`. */
 void emu_stream_submit(cudaStream_t stream, std::function<void()> fn);
+/* Work items submitted to `stream` so far (NCCL's check of one communicator used from several streams). */
+unsigned long long emu_stream_seq(cudaStream_t stream);
+/* Whether work queued on s from now on is ordered after the first n items of `other`: through events
+ * (cudaStreamWaitEvent, transitively) or because the host synchronised with them. */
+bool emu_stream_ordered(cudaStream_t s, cudaStream_t other, unsigned long long n);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);

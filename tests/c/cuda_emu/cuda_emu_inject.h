@@ -17,6 +17,16 @@ extern "C" {
 enum cuda_emu_fault { CUDA_EMU_FAIL_MALLOC, CUDA_EMU_FAIL_LAUNCH, CUDA_EMU_FAIL_BLAS, CUDA_EMU_FAIL_CUDNN, CUDA_EMU_FAULTS };
 void cuda_emu_inject(enum cuda_emu_fault kind, int nth);
 
+/* Counters since the start: copies to the host (cudaMemcpy / cudaMemcpyAsync device to host), copies
+ * to the device, and explicit synchronisations (cudaDeviceSynchronize, cudaStreamSynchronize).  With
+ * OLMOC_EMU_COUNTS=1 in the environment the emulation prints them to stderr at exit:
+ * "cuda_emu: counts: D D2H copies, H H2D copies, S synchronisations". */
+struct cuda_emu_counts {
+    unsigned long long d2h_copies, h2d_copies, syncs;
+};
+typedef struct cuda_emu_counts emu_counts_t;
+void cuda_emu_get_counts(struct cuda_emu_counts *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -17,6 +17,9 @@
 struct emu_nccl_comm {
     int rank, nranks;
     bool live;
+    bool used;               /* an operation was issued on it */
+    cudaStream_t last;       /* the stream of its last operation */
+    unsigned long long upto; /* that operation's place in its stream (emu_stream_seq after it) */
 #ifdef OLMOC_HAVE_MPI
     MPI_Comm mpi; /* the ranks of this communicator */
 #endif
@@ -35,6 +38,26 @@ ncclResult_t usage(const char *what) {
 }
 
 bool known(ncclComm_t comm) { return comm >= comms && comm < comms + MAX_COMMS && comm->live; }
+
+/* NCCL gives no progress guarantee to two operations in flight on one communicator from different
+ * streams (each can wait for the other's peers: a hang on the device).  An operation on `stream` is
+ * refused unless the communicator's previous one, when on another stream, is ordered before it (an
+ * event the stream waited for, or a host synchronisation). */
+ncclResult_t check_stream(ncclComm_t comm, cudaStream_t stream, const char *what) {
+    if (!comm->used || comm->last == stream || emu_stream_ordered(stream, comm->last, comm->upto))
+        return ncclSuccess;
+    fprintf(stderr, "nccl_emu: %s on a communicator whose previous operation, on another stream, may still be in "
+            "flight (no event orders it first): NCCL gives no progress guarantee to concurrent operations on one "
+            "communicator from several streams\n", what);
+    return ncclInvalidUsage;
+}
+
+/* after the operation was submitted on `stream` */
+void issued(ncclComm_t comm, cudaStream_t stream) {
+    comm->used = true;
+    comm->last = stream;
+    comm->upto = emu_stream_seq(stream);
+}
 
 } // namespace
 
@@ -106,6 +129,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
     c->rank = rank;
     c->nranks = nranks;
     c->live = true;
+    c->used = false;
     *comm = c;
     return ncclSuccess;
 }
@@ -133,6 +157,7 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) {
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     if (!known(comm)) return usage("ncclAllReduce on an unknown communicator");
+    if (ncclResult_t r = check_stream(comm, stream, "ncclAllReduce")) return r;
     if (datatype != ncclFloat32 || op != ncclSum) return ncclInvalidArgument;
     emu_stream_submit(stream, [=]() {
         if (sendbuff != recvbuff && count) memcpy(recvbuff, sendbuff, count * sizeof(float));
@@ -143,12 +168,14 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, n
         }
 #endif
     });
+    issued(comm, stream);
     return ncclSuccess;
 }
 
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
     if (!known(comm)) return usage("ncclBroadcast on an unknown communicator");
+    if (ncclResult_t r = check_stream(comm, stream, "ncclBroadcast")) return r;
     if (datatype != ncclFloat32 || root < 0 || root >= comm->nranks) return ncclInvalidArgument;
     emu_stream_submit(stream, [=]() {
         if (comm->rank == root && sendbuff != recvbuff && count) memcpy(recvbuff, sendbuff, count * sizeof(float));
@@ -159,6 +186,7 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, n
         }
 #endif
     });
+    issued(comm, stream);
     return ncclSuccess;
 }
 
@@ -166,6 +194,7 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, n
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
     if (!known(comm)) return usage("ncclAllGather on an unknown communicator");
+    if (ncclResult_t r = check_stream(comm, stream, "ncclAllGather")) return r;
     if (datatype != ncclFloat32 && datatype != ncclInt8) return ncclInvalidArgument;
     const size_t bytes = sendcount * (datatype == ncclFloat32 ? sizeof(float) : 1);
     if (comm->nranks > 1 && bytes > ((size_t)1 << 30)) return usage("ncclAllGather: count too large for the emulation");
@@ -177,12 +206,14 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
             MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recvbuff, (int)bytes, MPI_BYTE, comm->mpi);
 #endif
     });
+    issued(comm, stream);
     return ncclSuccess;
 }
 
 ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
     if (!known(comm)) return usage("ncclReduceScatter on an unknown communicator");
+    if (ncclResult_t r = check_stream(comm, stream, "ncclReduceScatter")) return r;
     if (datatype != ncclFloat32 || op != ncclSum) return ncclInvalidArgument;
     if (comm->nranks > 1 && recvcount > ((size_t)1 << 30))
         return usage("ncclReduceScatter: count too large for the emulation");
@@ -195,6 +226,7 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
         MPI_Reduce_scatter_block(sendbuff, recvbuff, (int)recvcount, MPI_FLOAT, MPI_SUM, comm->mpi);
 #endif
     });
+    issued(comm, stream);
     return ncclSuccess;
 }
 
