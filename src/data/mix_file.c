@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "io/remote.h"
 #include "util/error.h"
 
 void olmo_mix_file_free(char **paths, int n_paths) {
@@ -49,10 +50,45 @@ static char *trim(char *s) {
 #define MIX_FILE_MAX ((size_t)16 << 20)
 #define MIX_LINE_MAX 8190
 
-/* The whole file, NUL-terminated: a regular file only (opened without
- * blocking, so a FIFO is refused instead of waiting for a writer), text
- * without NUL bytes. */
+/* An http(s):// or s3:// mix file, whole (io/remote.h: retries, the error names the URL and status). */
+static int read_remote_mix_file(const char *url, char **buf, size_t *n) {
+    struct olmo_remote *r = NULL;
+    if (olmo_remote_open(&r, url)) return olmo_error_context("data mix file");
+    const uint64_t size = olmo_remote_size(r);
+    int rc = 0;
+    if (size > MIX_FILE_MAX)
+        rc = olmo_error("data mix file '%s' has %llu bytes, more than the %zu MiB a list of paths needs", url,
+                        (unsigned long long)size, MIX_FILE_MAX >> 20);
+    if (!rc && !(*buf = malloc((size_t)size + 1))) rc = olmo_error("out of memory reading '%s'", url);
+    if (!rc && size && olmo_remote_read(r, 0, (size_t)size, *buf)) rc = olmo_error_context("data mix file");
+    olmo_remote_close(r);
+    if (rc) {
+        free(*buf);
+        *buf = NULL;
+        return -1;
+    }
+    *n = (size_t)size;
+    return 0;
+}
+
+/* The whole file, NUL-terminated: a URL (io/remote.h), or a regular file only (opened without
+ * blocking, so a FIFO is refused instead of waiting for a writer); text without NUL bytes. */
 static int read_mix_file(const char *file, char **text, size_t *len) {
+    if (olmo_remote_is_url(file)) {
+        char *buf = NULL;
+        size_t n = 0;
+        if (read_remote_mix_file(file, &buf, &n)) return -1;
+        buf[n] = 0;
+        const char *nul = memchr(buf, 0, n);
+        if (nul) {
+            const size_t at = (size_t)(nul - buf);
+            free(buf);
+            return olmo_error("data mix file '%s' has a NUL byte at offset %zu: not a text file", file, at);
+        }
+        *text = buf;
+        *len = n;
+        return 0;
+    }
     const int fd = open(file, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return olmo_error("cannot open data mix file '%s': %s", file, strerror(errno));
     struct stat sb;

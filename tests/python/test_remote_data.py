@@ -290,6 +290,13 @@ def test_s3_batches_equal_local(build_dir, s3, tmp_path):
     mixed = ["--set", f"data.mix_file={mix}", "--set", "data.mix_base_dir=s3://tokens/base",
              "--set", "data.mix_tokenizer=tok", "--set", "data.dtype=uint16"]
     assert batches(build_dir, tmp_path, "s3mix", mixed, s3_env(s3)) == local
+    # ... and the mix file itself in the bucket
+    put_files(s3, tmp_path, "manifests", ["mix.txt"])
+    mixed[1] = "data.mix_file=s3://tokens/manifests/mix.txt"
+    assert batches(build_dir, tmp_path, "s3mixfile", mixed, s3_env(s3)) == local
+    mixed[1] = "data.mix_file=s3://tokens/manifests/none.txt"
+    r = order_tool(build_dir, tmp_path / "y.bin", 1, 2, mixed, s3_env(s3))
+    assert r.returncode == 1 and "HEAD 's3://tokens/manifests/none.txt': HTTP 404" in r.stderr, r.stderr
     # a weighted mix (olmoc order) of S3 and local sources
     wmix = f"s3://tokens/mix/v1/{names[0]}:0.7,{tmp_path / names[1]}+s3://tokens/mix/v1/{names[2]}:0.3"
     lmix = f"{tmp_path / names[0]}:0.7,{tmp_path / names[1]}+{tmp_path / names[2]}:0.3"
