@@ -666,20 +666,27 @@ int olmo_cuda_sum_squares(OLMO_BE, const float *x, size_t n, double *result) {
 
 /* ------------------------------------------------------------------ AdamW */
 
+/* One element's AdamW update (torch's single-tensor arithmetic, as cpu.c): m, v and the parameter,
+ * which it returns. */
+static __device__ __forceinline__ float adamw_element(float *param, float gi, float *m, float *v, float beta1,
+                                                      float beta2, float eps, float bc2_sqrt, float step_size,
+                                                      float decay) {
+    float p = *param * decay;
+    float mi = *m;
+    mi += (gi - mi) * (1.0f - beta1);
+    const float vi = *v * beta2 + (1.0f - beta2) * gi * gi;
+    const float denom = sqrtf(vi) / bc2_sqrt + eps;
+    p -= step_size * mi / denom;
+    *m = mi;
+    *v = vi;
+    *param = p;
+    return p;
+}
+
 static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, size_t n, float beta1,
                                     float beta2, float eps, float bc2_sqrt, float step_size, float decay) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const float gi = grad[i];
-        float p = param[i] * decay;
-        float mi = m[i];
-        mi += (gi - mi) * (1.0f - beta1);
-        const float vi = v[i] * beta2 + (1.0f - beta2) * gi * gi;
-        const float denom = sqrtf(vi) / bc2_sqrt + eps;
-        p -= step_size * mi / denom;
-        m[i] = mi;
-        v[i] = vi;
-        param[i] = p;
-    }
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        adamw_element(param + i, grad[i], m + i, v + i, beta1, beta2, eps, bc2_sqrt, step_size, decay);
 }
 
 int olmo_cuda_adamw(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr, float beta1,
@@ -704,16 +711,8 @@ static __global__ void adamw_flat_kernel(float *param, const float *grad, float 
                                          float decay2, size_t lo2, size_t hi2, float grad_scale,
                                          __nv_bfloat16 *compute) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const float gi = grad[i] * grad_scale;
-        float p = param[i] * (i >= lo2 && i < hi2 ? decay2 : decay);
-        float mi = m[i];
-        mi += (gi - mi) * (1.0f - beta1);
-        const float vi = v[i] * beta2 + (1.0f - beta2) * gi * gi;
-        const float denom = sqrtf(vi) / bc2_sqrt + eps;
-        p -= step_size * mi / denom;
-        m[i] = mi;
-        v[i] = vi;
-        param[i] = p;
+        const float p = adamw_element(param + i, grad[i] * grad_scale, m + i, v + i, beta1, beta2, eps, bc2_sqrt,
+                                      step_size, i >= lo2 && i < hi2 ? decay2 : decay);
         if (compute) compute[i] = __float2bfloat16(p);
     }
 }
