@@ -216,7 +216,8 @@ static size_t on_header(char *b, size_t sz, size_t n, void *arg) {
         while (*v == ' ') v++;
         size_t vl = strlen(v);
         while (vl && (v[vl - 1] == '\r' || v[vl - 1] == '\n' || v[vl - 1] == ' ')) v[--vl] = 0;
-        snprintf(x->etag, sizeof x->etag, "%s", v);
+        if (vl < sizeof x->etag) memcpy(x->etag, v, vl + 1);
+        else x->etag[0] = 0; /* longer than any store's: no If-Match (the size is still checked) */
     }
     return len;
 }
