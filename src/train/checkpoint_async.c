@@ -23,12 +23,14 @@
  * main thread's mask), so no signal handler runs on it. */
 #include "train/checkpoint.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "train/checkpoint_internal.h"
 #include "util/clock.h"
@@ -50,6 +52,7 @@ struct olmo_ckpt_async {
     int rc;
     char err[2048]; /* the thread's error (olmo_last_error is per thread) */
     double copy_s, write_s;
+    double delay_s; /* OLMOC_DEBUG_SAVE_DELAY */
 };
 
 static float *host_q(const struct olmo_ckpt_async *a, int q) { return a->host + (size_t)q * a->cap; }
@@ -67,9 +70,25 @@ static int write_files(struct olmo_ckpt_async *a) {
            ckpt_write_whole_host(m, mv, q_mv, 2, &a->sv.st, a->sv.opt.step, path, &a->files[1]);
 }
 
+/* OLMOC_DEBUG_SAVE_DELAY=SECONDS: the writer sleeps that long before it writes (a slow file system:
+ * what the tests use to hold a save in flight).  Read on the main thread (getenv is not safe beside
+ * a setenv elsewhere). */
+static double debug_delay_seconds(void) {
+    const char *e = getenv("OLMOC_DEBUG_SAVE_DELAY");
+    const double s = e ? strtod(e, NULL) : 0.0;
+    return s > 0 && s < 3600 ? s : 0.0;
+}
+
+static void sleep_seconds(double s) {
+    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+    while (s > 0 && nanosleep(&ts, &ts) && errno == EINTR) {
+    }
+}
+
 static void *writer(void *arg) {
     struct olmo_ckpt_async *a = arg;
     const double t0 = olmo_now_seconds();
+    sleep_seconds(a->delay_s);
     a->rc = write_files(a) ? -1 : 0;
     if (a->rc) snprintf(a->err, sizeof a->err, "%s", olmo_last_error());
     a->write_s = olmo_now_seconds() - t0;
@@ -134,6 +153,7 @@ int olmo_ckpt_save_async(struct olmo_ckpt_async **ap, const char *out_dir, const
     if (ckpt_save_begin(a ? &a->sv : &(struct ckpt_save){0}, out_dir, tr, st, rc)) return -1;
     a->copy_s = olmo_now_seconds() - t0;
     a->tr = tr;
+    a->delay_s = debug_delay_seconds();
     a->rc = 0;
     a->err[0] = 0;
     memset(a->files, 0, sizeof a->files);
