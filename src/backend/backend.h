@@ -94,6 +94,12 @@ struct olmo_backend {
      * libraries it calls allocate for themselves (oneDNN, OpenBLAS, cuBLAS workspaces, NCCL),
      * the CUDA context, and an op's short-lived per-call host buffers.  NULL: no counters. */
     void (*mem_stats)(OLMO_BE, struct olmo_mem_stats *out);
+    /* Host memory that to_host copies into at full speed and that outlives an op (an asynchronous
+     * checkpoint's snapshot of the weights and optimizer state): page-locked on a device (CUDA:
+     * cudaHostAlloc, so the copy is one DMA, no staging).  Not zero-filled; NULL on failure (error
+     * set).  Host memory, so not in mem_stats.  NULL entries: malloc and free (olmo_host_alloc). */
+    void *(*host_alloc)(OLMO_BE, size_t bytes);
+    void (*host_free)(OLMO_BE, void *p);
     int (*to_device)(OLMO_BE, void *dst, const void *src, size_t bytes);
     int (*to_host)(OLMO_BE, void *dst, const void *src, size_t bytes);
     int (*zero)(OLMO_BE, void *p, size_t bytes);
@@ -341,6 +347,11 @@ int olmo_backend_mem_stats(const struct olmo_backend *be, struct olmo_mem_stats 
 int olmo_buf_alloc(const struct olmo_backend *be, struct olmo_buf *buf, size_t numel, enum olmo_float_type dtype,
                    enum olmo_buf_role role);
 void olmo_buf_free(const struct olmo_backend *be, struct olmo_buf *buf);
+
+/* bytes of host memory from be's host_alloc (page-locked on a device), else malloc: NULL on failure
+ * (error set); olmo_host_free(be, p) frees it (NULL: nothing). */
+void *olmo_host_alloc(const struct olmo_backend *be, size_t bytes);
+void olmo_host_free(const struct olmo_backend *be, void *p);
 
 /* A new instance of the backend named "cpu", "cpu-openblas", "cpu-onednn",
  * "cpu-bf16", and when built with CUDA "cuda" (fp32), "cuda-tf32", "cuda-bf16",

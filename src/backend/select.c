@@ -61,6 +61,19 @@ void olmo_buf_free(const struct olmo_backend *be, struct olmo_buf *buf) {
     *buf = (struct olmo_buf){0};
 }
 
+void *olmo_host_alloc(const struct olmo_backend *be, size_t bytes) {
+    if (be->host_alloc) return be->host_alloc(be, bytes);
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) olmo_error("out of memory: cannot allocate %zu bytes of host memory", bytes);
+    return p;
+}
+
+void olmo_host_free(const struct olmo_backend *be, void *p) {
+    if (!p) return;
+    if (be->host_free) be->host_free(be, p);
+    else free(p);
+}
+
 int olmo_backend_mem_stats(const struct olmo_backend *be, struct olmo_mem_stats *out) {
     *out = (struct olmo_mem_stats){0};
     if (!be->mem_stats) return olmo_error("backend '%s' does not count its memory", be->name);

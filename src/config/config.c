@@ -106,6 +106,7 @@ static const struct field fields[] = {
     F(train.log_every, F_INT, 1, IMAX, 0),
     F(train.save_every, F_LONG, 0, LMAX, 0),
     F(train.keep_last, F_INT, 0, IMAX, 0),
+    F(train.async_save, F_BOOL, 0, 0, 0),
     F(train.eval_every, F_LONG, 0, LMAX, 0),
     F(train.eval_batches, F_INT, 1, IMAX, 0),
     F(train.peak_flops, F_DOUBLE, 0, DMAX, 0),

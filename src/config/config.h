@@ -97,6 +97,7 @@ struct olmo_train_config {
     /* checkpoints and in-loop evaluation (olmoc train) */
     long save_every;   /* checkpoint every N steps and at the end; 0 = no checkpoints */
     int keep_last;     /* checkpoints kept on disk; 0 = all */
+    bool async_save;   /* copy to host memory, then write in a thread while training goes on */
     long eval_every;   /* validation loss / downstream tasks every N steps and at the end; 0 = off */
     int eval_batches;  /* micro-batches of each validation set per evaluation */
     double peak_flops; /* FLOP/s for MFU; 0 = measure with an SGEMM at startup */

@@ -63,15 +63,16 @@ int ckpt_master_loaded(struct olmo_trainer *tr, int rc) {
 
 /* ---- saving ---- */
 
-/* This rank's shard file: its master weights and both moments, local
- * indexing, streamed from the backend a chunk at a time; its __metadata__
- * records its name, rank, pieces and the run state (checkpoint_internal.h). */
-static int write_shard(const struct olmo_trainer *tr, const struct olmo_ckpt_state *st, const char *dir,
-                       const char *name, struct written *out) {
+/* A shard file: the master weights and both moments in local indexing,
+ * streamed from the backend a chunk at a time (or written from host memory);
+ * its __metadata__ records its name, rank, pieces and the run state
+ * (checkpoint_internal.h). */
+int ckpt_write_shard(const struct ckpt_shard_src *src, const struct olmo_ckpt_state *st, const char *dir,
+                     const char *name, struct written *out) {
     char path[4096];
     if (path_join(path, sizeof path, dir, name)) return -1;
-    const struct olmo_backend *be = tr->model.be;
-    const size_t n = saved_local(tr);
+    const struct olmo_backend *be = src->be;
+    const size_t n = src->n_local;
     struct olmo_st_writer w = {0};
     struct olmo_st_stream s = {0};
     struct ckpt_hash hs = {0};
@@ -79,9 +80,9 @@ static int write_shard(const struct olmo_trainer *tr, const struct olmo_ckpt_sta
     int64_t shape = (int64_t)n;
     int rc = 0;
     char rank[32], n_local[32];
-    snprintf(rank, sizeof rank, "%d", rank_of(tr->dist));
+    snprintf(rank, sizeof rank, "%d", src->rank);
     snprintf(n_local, sizeof n_local, "%zu", n);
-    char *pieces = ckpt_pieces_record(tr->opt.ranges, saved_ranges(tr)), *state = ckpt_state_record(st);
+    char *pieces = ckpt_pieces_record(src->ranges, src->n_ranges), *state = ckpt_state_record(st);
     rc = !pieces || !state || olmo_st_writer_set_metadata(&w, "format", "olmoc-shard") ||
          olmo_st_writer_set_metadata(&w, "rank", rank) || olmo_st_writer_set_metadata(&w, "file", name) ||
          olmo_st_writer_set_metadata(&w, "n_local", n_local) || olmo_st_writer_set_metadata(&w, "pieces", pieces) ||
@@ -91,17 +92,18 @@ static int write_shard(const struct olmo_trainer *tr, const struct olmo_ckpt_sta
     for (int q = 0; q < N_Q && !rc; q++) rc = olmo_st_writer_declare(&w, q_shard_tensor[q], OLMO_ST_F32, 1, &shape);
     int64_t one = 1;
     if (!rc) rc = olmo_st_writer_declare(&w, "step", OLMO_ST_I64, 1, &one); /* Adam's step count, under the hash */
-    float *buf = malloc(CHUNK_FLOATS * sizeof(float));
-    if (!buf) rc = olmo_error("out of memory writing '%s'", path);
+    float *buf = be ? malloc(CHUNK_FLOATS * sizeof(float)) : NULL;
+    if (be && !buf) rc = olmo_error("out of memory writing '%s'", path);
     if (!rc) rc = ckpt_stream_begin_hashed(&s, &w, &hs, path, &out->bytes);
     for (int q = 0; q < N_Q && !rc; q++) {
-        const float *src = q_buffer(tr, q);
+        const float *from = src->q[q];
         for (size_t c = 0; c < n && !rc; c += CHUNK_FLOATS) {
             const size_t k = n - c < CHUNK_FLOATS ? n - c : CHUNK_FLOATS;
-            rc = be->to_host(be, buf, src + c, k * sizeof(float)) || olmo_st_stream_write(&s, buf, k * sizeof(float));
+            if (be) rc = be->to_host(be, buf, from + c, k * sizeof(float));
+            if (!rc) rc = olmo_st_stream_write(&s, be ? buf : from + c, k * sizeof(float));
         }
     }
-    const int64_t step = tr->opt.step;
+    const int64_t step = src->step;
     if (!rc) rc = olmo_st_stream_write(&s, &step, sizeof step);
     if (!rc) rc = olmo_st_stream_finish(&s);
     else olmo_st_stream_abort(&s);
@@ -113,60 +115,64 @@ static int write_shard(const struct olmo_trainer *tr, const struct olmo_ckpt_sta
 }
 
 /* Rank 0 only: config.yaml, state.json, then the rename into place. */
-static int finish_save(const char *out_dir, const char *tmp, const char *final, const char *old,
-                       const struct olmo_trainer *tr, const struct olmo_ckpt_state *st, const char *const *names,
+static int finish_save(const struct ckpt_save *sv, const struct olmo_trainer *tr, const char *const *names,
                        struct written *files, int n_files, const uint64_t *shards, const size_t *words, int world) {
     char path[4096];
-    if (path_join(path, sizeof path, tmp, "config.yaml") || olmo_config_write(&tr->cfg, path) ||
+    if (path_join(path, sizeof path, sv->tmp, "config.yaml") || olmo_config_write(&tr->cfg, path) ||
         olmo_fsync_path(path) ||
         ckpt_hash_file(path, CKPT_HASH_XXH3_64, &files[n_files - 1].hash, &files[n_files - 1].bytes))
         return -1;
-    if (ckpt_write_state(tmp, st, tr, names, files, n_files, shards, words, world) || olmo_fsync_path(tmp)) return -1;
+    if (ckpt_write_state(sv->tmp, &sv->st, tr, &sv->opt, names, files, n_files, shards, words, world) ||
+        olmo_fsync_path(sv->tmp))
+        return -1;
     /* A checkpoint of the same step already there (a rerun from an earlier
      * checkpoint): move it aside, put the new one in place, then delete it. */
     bool replaced = false;
-    if (olmo_is_dir(final)) {
-        if (olmo_remove_tree(old) || rename(final, old))
-            return olmo_error("cannot move the old '%s' aside: %s", final, strerror(errno));
+    if (olmo_is_dir(sv->final)) {
+        if (olmo_remove_tree(sv->old) || rename(sv->final, sv->old))
+            return olmo_error("cannot move the old '%s' aside: %s", sv->final, strerror(errno));
         replaced = true;
     }
-    if (rename(tmp, final)) return olmo_error("cannot rename '%s' to '%s': %s", tmp, final, strerror(errno));
-    if (olmo_fsync_path(out_dir)) return -1;
-    if (replaced && olmo_remove_tree(old)) return olmo_error_context("removing the replaced checkpoint");
+    if (rename(sv->tmp, sv->final))
+        return olmo_error("cannot rename '%s' to '%s': %s", sv->tmp, sv->final, strerror(errno));
+    if (olmo_fsync_path(sv->out_dir)) return -1;
+    if (replaced && olmo_remove_tree(sv->old)) return olmo_error_context("removing the replaced checkpoint");
     return 0;
 }
 
-int olmo_ckpt_save(const char *out_dir, const struct olmo_trainer *tr, const struct olmo_ckpt_state *st,
-                   char *path_out, size_t n) {
-    char tmp[4096], final[4096], old[4096], path[4096];
+int ckpt_save_begin(struct ckpt_save *sv, const char *out_dir, const struct olmo_trainer *tr,
+                    const struct olmo_ckpt_state *st, int rc) {
+    memset(sv, 0, sizeof *sv);
+    snprintf(sv->out_dir, sizeof sv->out_dir, "%s", out_dir);
+    snprintf(sv->tmp, sizeof sv->tmp, "%s/" CKPT_TMP_PREFIX "%06ld", out_dir, st->step);
+    snprintf(sv->final, sizeof sv->final, "%s/" CKPT_PREFIX "%06ld", out_dir, st->step);
+    snprintf(sv->old, sizeof sv->old, "%s/" CKPT_OLD_PREFIX "%06ld", out_dir, st->step);
+    sv->st = *st;
+    if (!rc) rc = ckpt_opt_state_get(tr, &sv->opt);
+    if (!rc && rank_of(tr->dist) == 0 && (olmo_remove_tree(sv->tmp) || olmo_make_dirs(sv->tmp))) rc = -1;
+    if ((rc = ckpt_agree(tr->dist, rc, "starting the checkpoint"))) {
+        olmo_error_context("saving checkpoint '%s'", sv->final);
+        ckpt_opt_state_free(&sv->opt);
+    }
+    return rc;
+}
+
+int ckpt_save_commit(struct ckpt_save *sv, const struct olmo_trainer *tr, int rc, const struct written *files,
+                     char *path_out, size_t n) {
     const struct olmo_dist *d = tr->dist;
     const int world = world_of(d), rank = rank_of(d);
-    snprintf(tmp, sizeof tmp, "%s/" CKPT_TMP_PREFIX "%06ld", out_dir, st->step);
-    snprintf(final, sizeof final, "%s/" CKPT_PREFIX "%06ld", out_dir, st->step);
-    snprintf(old, sizeof old, "%s/" CKPT_OLD_PREFIX "%06ld", out_dir, st->step);
-    int rc = rank == 0 && (olmo_remove_tree(tmp) || olmo_make_dirs(tmp)) ? -1 : 0;
-    if ((rc = ckpt_agree(d, rc, "creating the checkpoint directory"))) goto fail;
     if (world == 1) {
-        /* One rank: whole tensors under Hugging Face names (version 1). */
-        static const char *const names[] = {"model.safetensors", "optim.safetensors", "config.yaml"};
-        struct written files[3] = {{0}};
-        const int q_w = Q_MASTER, q_mv[2] = {Q_M, Q_V};
-        rc = path_join(path, sizeof path, tmp, names[0]) || ckpt_write_gathered(tr, &q_w, 1, NULL, path, &files[0]) ||
-             path_join(path, sizeof path, tmp, names[1]) || ckpt_write_gathered(tr, q_mv, 2, st, path, &files[1]) ||
-             finish_save(out_dir, tmp, final, old, tr, st, names, files, 3, NULL, NULL, 1);
-        if (rc) goto fail;
+        static const char *const names[] = {CKPT_V1_MODEL, CKPT_V1_OPTIM, "config.yaml"};
+        struct written all[3] = {files[0], files[1], {0}};
+        if (!rc) rc = finish_save(sv, tr, names, all, 3, NULL, NULL, 1);
     } else {
-        /* Every rank writes its own shard; rank 0 the manifest. */
-        struct written mine = {0};
-        char name[64];
-        shard_name(name, sizeof name, rank, world);
-        rc = write_shard(tr, st, tmp, name, &mine);
+        /* Every rank wrote its own shard; rank 0 the manifest. */
         const size_t words = 4 + 3 * (size_t)saved_ranges(tr);
         uint64_t *rec = malloc(words * sizeof *rec);
         if (!rec) rc = olmo_error("out of memory");
         else {
-            rec[0] = mine.bytes;
-            rec[1] = mine.hash;
+            rec[0] = files[0].bytes;
+            rec[1] = files[0].hash;
             rec[2] = saved_local(tr);
             rec[3] = (uint64_t)saved_ranges(tr);
             for (int i = 0; i < saved_ranges(tr); i++) {
@@ -184,19 +190,53 @@ int olmo_ckpt_save(const char *out_dir, const struct olmo_trainer *tr, const str
         if (!rc && rank == 0) {
             for (int r = 0; r < world; r++) counts[r] /= sizeof(uint64_t);
             static const char *const names[] = {"config.yaml"};
-            struct written files[1] = {{0}};
-            rc = finish_save(out_dir, tmp, final, old, tr, st, names, files, 1, all, counts, world);
+            struct written cfg_file[1] = {{0}};
+            rc = finish_save(sv, tr, names, cfg_file, 1, all, counts, world);
         }
         free(all);
         free(counts);
-        if (rc) goto fail;
+    }
+    ckpt_opt_state_free(&sv->opt);
+    if (rc) {
+        olmo_error_context("saving checkpoint '%s'", sv->final);
+        return ckpt_agree(d, -1, "saving the checkpoint");
     }
     if ((rc = ckpt_agree(d, rc, "saving the checkpoint"))) return rc;
-    if (path_out) snprintf(path_out, n, "%s", final);
+    if (path_out) snprintf(path_out, n, "%s", sv->final);
     return 0;
-fail:
-    olmo_error_context("saving checkpoint '%s'", final);
-    return ckpt_agree(d, -1, "saving the checkpoint");
+}
+
+int olmo_ckpt_save(const char *out_dir, const struct olmo_trainer *tr, const struct olmo_ckpt_state *st,
+                   char *path_out, size_t n) {
+    struct ckpt_save sv;
+    if (ckpt_save_begin(&sv, out_dir, tr, st, 0)) return -1;
+    const struct olmo_dist *d = tr->dist;
+    const int world = world_of(d), rank = rank_of(d);
+    struct written files[2] = {{0}};
+    char path[4096];
+    int rc;
+    if (world == 1) {
+        /* One rank: whole tensors under Hugging Face names (version 1). */
+        const int q_w = Q_MASTER, q_mv[2] = {Q_M, Q_V};
+        rc = path_join(path, sizeof path, sv.tmp, CKPT_V1_MODEL) ||
+             ckpt_write_gathered(tr, &q_w, 1, NULL, path, &files[0]) ||
+             path_join(path, sizeof path, sv.tmp, CKPT_V1_OPTIM) ||
+             ckpt_write_gathered(tr, q_mv, 2, st, path, &files[1]);
+    } else {
+        const struct ckpt_shard_src src = {
+            .q = {q_buffer(tr, Q_MASTER), q_buffer(tr, Q_M), q_buffer(tr, Q_V)},
+            .be = tr->model.be,
+            .ranges = tr->opt.ranges,
+            .n_ranges = saved_ranges(tr),
+            .n_local = saved_local(tr),
+            .rank = rank,
+            .step = tr->opt.step,
+        };
+        char name[64];
+        shard_name(name, sizeof name, rank, world);
+        rc = ckpt_write_shard(&src, st, sv.tmp, name, &files[0]);
+    }
+    return ckpt_save_commit(&sv, tr, rc, files, path_out, n);
 }
 
 /* ---- finding and retention ---- */

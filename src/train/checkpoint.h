@@ -63,6 +63,35 @@ struct olmo_ckpt_state {
 /* Writes out_dir/step-<step>; its path goes to path_out. */
 int olmo_ckpt_save(const char *out_dir, const struct olmo_trainer *tr, const struct olmo_ckpt_state *st,
                    char *path_out, size_t n);
+/* Asynchronous saves (train.async_save; checkpoint_async.c).  olmo_ckpt_save_async
+ * (collective) makes the temporary directory, copies this rank's shard of the master weights and
+ * of both moments to host memory (one rank: every flat parameter; page-locked on a device,
+ * allocated at the first save and kept) and returns; a thread then writes the files from that copy,
+ * with the same hashes, fsyncs and names as olmo_ckpt_save.  olmo_ckpt_async_complete (collective)
+ * finishes it on the calling thread: the ranks agree that every shard is written, then rank 0
+ * writes config.yaml and state.json and renames the directory into place (olmo_ckpt_save's last
+ * steps), so the checkpoint appears complete or not at all, as a synchronous one.  At most one save
+ * is in flight: olmo_ckpt_save_async refuses a second. */
+struct olmo_ckpt_async;
+/* *a: NULL the first time (created here); freed by olmo_ckpt_async_destroy. */
+int olmo_ckpt_save_async(struct olmo_ckpt_async **a, const char *out_dir, const struct olmo_trainer *tr,
+                         const struct olmo_ckpt_state *st);
+/* Collective (every rank at the same point, with the same save in flight): wait, the save in
+ * flight is finished once this rank's thread is done; !wait, only when every rank's thread is done
+ * already (an all-reduce of one number while a save is in flight; nothing without one).  1: a save
+ * was finished (its directory in path_out; its step in *step), 0: none in flight, or (!wait) not
+ * done yet, -1: it failed (on every rank; the temporary directory stays for the next start to
+ * remove). */
+int olmo_ckpt_async_complete(struct olmo_ckpt_async *a, bool wait, long *step, char *path_out, size_t n);
+/* Whether a save is in flight; the host memory held for the copy (bytes; 0 before the first save). */
+bool olmo_ckpt_async_in_flight(const struct olmo_ckpt_async *a);
+size_t olmo_ckpt_async_host_bytes(const struct olmo_ckpt_async *a);
+/* Seconds the last save took: copying to host memory, and writing in the thread. */
+void olmo_ckpt_async_times(const struct olmo_ckpt_async *a, double *copy_s, double *write_s);
+/* Waits for the thread (no collective: after a failure, or when the run ends early) and frees
+ * everything; a save not completed leaves its temporary directory.  NULL: nothing. */
+void olmo_ckpt_async_destroy(struct olmo_ckpt_async *a);
+
 /* Finds the newest checkpoint directory in out_dir: 1 found (path in buf), 0 none, -1 error. */
 int olmo_ckpt_find_latest(const char *out_dir, char *buf, size_t n);
 /* Checks state.json and the size and hash of every file; fills st (may be NULL). */

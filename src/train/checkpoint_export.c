@@ -181,6 +181,34 @@ int ckpt_write_gathered(const struct olmo_trainer *tr, const int *q_list, int n_
     return rc;
 }
 
+int ckpt_write_whole_host(const struct olmo_model *m, const float *const *host, const int *q_list, int n_q,
+                          const struct olmo_ckpt_state *st, int64_t step, const char *path, struct written *out) {
+    struct olmo_st_writer w = {0};
+    struct olmo_st_stream s = {0};
+    struct ckpt_hash hs = {0};
+    s.fd = -1;
+    int rc = 0;
+    if (st) { /* the run state, under the content hash, as ckpt_write_gathered records it */
+        char *state = ckpt_state_record(st);
+        rc = !state || olmo_st_writer_set_metadata(&w, "state", state);
+        free(state);
+    }
+    for (int k = 0; k < n_q && !rc; k++) rc = declare_quantity(&w, m, q_list[k]);
+    int64_t one = 1;
+    if (!rc && st) rc = olmo_st_writer_declare(&w, "step", OLMO_ST_I64, 1, &one);
+    if (!rc) rc = ckpt_stream_begin_hashed(&s, &w, &hs, path, &out->bytes);
+    for (int k = 0; k < n_q && !rc; k++)
+        for (int i = 0; i < m->n_tensors && !rc; i++)
+            rc = olmo_st_stream_write(&s, host[k] + m->params[i].offset, m->params[i].numel * sizeof(float));
+    if (!rc && st) rc = olmo_st_stream_write(&s, &step, sizeof step);
+    if (!rc) rc = olmo_st_stream_finish(&s);
+    else olmo_st_stream_abort(&s);
+    if (!rc) out->hash = ckpt_hash_end(&hs);
+    ckpt_hash_free(&hs);
+    olmo_st_writer_free(&w);
+    return rc;
+}
+
 int olmo_ckpt_export_weights(const struct olmo_trainer *tr, const char *path) {
     const int q = Q_MASTER;
     struct written wr;

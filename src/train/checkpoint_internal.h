@@ -1,6 +1,7 @@
 /* Shared between the checkpoint's files (src/train/):
  *   checkpoint.c         saving a checkpoint directory, finding the newest, retention,
  *                        the ranks' agreement on a result;
+ *   checkpoint_async.c   saving with the files written by a thread from a host copy;
  *   checkpoint_hash.c    the content hash of the files (streamed while writing; of a file on disk);
  *   checkpoint_state.c   state.json: writing it, reading it into a manifest, checking files against it;
  *   checkpoint_export.c  whole tensors under Hugging Face names, gathered to rank 0;
@@ -121,7 +122,53 @@ struct written {
     uint64_t hash;
 };
 
-/* ---- writing (checkpoint_export.c, checkpoint_state.c) ---- */
+/* ---- writing (checkpoint.c, checkpoint_export.c, checkpoint_state.c) ---- */
+
+/* The optimizer's state beyond the moments as of a save (state.json's "optimizer"): Adam's step
+ * count and SkipStepAdamW's window (olmo_optimizer_extra_get's layout; NULL when it has none). */
+struct ckpt_opt_state {
+    long step;
+    double *extra;
+    size_t n_extra;
+};
+int ckpt_opt_state_get(const struct olmo_trainer *tr, struct ckpt_opt_state *o);
+void ckpt_opt_state_free(struct ckpt_opt_state *o);
+
+/* A rank's shard as a save writes it: its quantities in local indexing (be: backend memory, read a
+ * chunk at a time through be->to_host; be NULL: host memory, written as it is), the pieces it saves
+ * and Adam's step count.  Nothing in it changes while a writer thread reads it. */
+struct ckpt_shard_src {
+    const float *q[N_Q];
+    const struct olmo_backend *be;
+    const struct olmo_shard_range *ranges;
+    int n_ranges;
+    size_t n_local;
+    int rank;
+    int64_t step;
+};
+/* The shard of src as rank's shard file `name` in dir (no collective: any thread). */
+int ckpt_write_shard(const struct ckpt_shard_src *src, const struct olmo_ckpt_state *st, const char *dir,
+                     const char *name, struct written *out);
+
+/* A save in phases: begin (collective: the temporary directory, made by rank 0), the files (every
+ * rank its shard, or one rank's two whole-tensor files), commit (collective: every rank wrote its
+ * files, then rank 0's config.yaml, state.json and the rename).  olmo_ckpt_save runs them in a row;
+ * checkpoint_async.c writes the files in a thread in between. */
+struct ckpt_save {
+    char out_dir[4096], tmp[4096], final[4096], old[4096];
+    struct olmo_ckpt_state st;
+    struct ckpt_opt_state opt; /* as of begin */
+};
+/* rc: this rank's status so far (a failure on any rank fails every rank's begin). */
+int ckpt_save_begin(struct ckpt_save *sv, const char *out_dir, const struct olmo_trainer *tr,
+                    const struct olmo_ckpt_state *st, int rc);
+/* The files' names in the temporary directory: one rank's whole-tensor files (version 1). */
+#define CKPT_V1_MODEL "model.safetensors"
+#define CKPT_V1_OPTIM "optim.safetensors"
+/* rc: this rank's status writing its files: one rank: files[0..1] the weights and optimizer files;
+ * several: files[0] this rank's shard.  Frees sv's allocations whatever the result. */
+int ckpt_save_commit(struct ckpt_save *sv, const struct olmo_trainer *tr, int rc, const struct written *files,
+                     char *path_out, size_t n);
 
 /* A safetensors file of whole tensors (Hugging Face names) gathered from every
  * rank's shard: the weights (q_list {Q_MASTER}; st NULL) or the optimizer
@@ -129,12 +176,18 @@ struct written {
  * __metadata__ as a shard records it).  Collective; root writes path. */
 int ckpt_write_gathered(const struct olmo_trainer *tr, const int *q_list, int n_q, const struct olmo_ckpt_state *st,
                         const char *path, struct written *out);
+/* The same file of one rank's host copies: host[k] holds quantity q_list[k] of every flat parameter
+ * (global indexing); with st, Adam's `step`.  No collective, nothing of the trainer but the model's
+ * tensor names and shapes (m): a writer thread's. */
+int ckpt_write_whole_host(const struct olmo_model *m, const float *const *host, const int *q_list, int n_q,
+                          const struct olmo_ckpt_state *st, int64_t step, const char *path, struct written *out);
 /* state.json.  files: the whole-tensor files (version 1) and config.yaml;
  * shards (version 2, NULL otherwise): one record per rank, as gathered:
- * bytes, hash, n_local, n_ranges, then n_ranges x (global, local, len). */
+ * bytes, hash, n_local, n_ranges, then n_ranges x (global, local, len).
+ * opt: the optimizer's state as of the save. */
 int ckpt_write_state(const char *dir, const struct olmo_ckpt_state *st, const struct olmo_trainer *tr,
-                     const char *const *names, const struct written *files, int n_files, const uint64_t *shards,
-                     const size_t *shard_words, int world);
+                     const struct ckpt_opt_state *opt, const char *const *names, const struct written *files,
+                     int n_files, const uint64_t *shards, const size_t *shard_words, int world);
 
 /* ---- the shards' own records (checkpoint_state.c) ----
  * Each shard file (version 2) holds in its "__metadata__", under its content

@@ -24,12 +24,25 @@ static void add_file(cJSON *obj, const char *name, const struct written *wr) {
     cJSON_AddStringToObject(f, "hash64", hex);
 }
 
+int ckpt_opt_state_get(const struct olmo_trainer *tr, struct ckpt_opt_state *o) {
+    *o = (struct ckpt_opt_state){.step = tr->opt.step, .n_extra = olmo_optimizer_extra_count(&tr->opt)};
+    if (!o->n_extra) return 0;
+    if (!(o->extra = olmo_malloc(sizeof(double) * o->n_extra, "skip-step window"))) return -1;
+    olmo_optimizer_extra_get(&tr->opt, o->extra);
+    return 0;
+}
+
+void ckpt_opt_state_free(struct ckpt_opt_state *o) {
+    free(o->extra);
+    *o = (struct ckpt_opt_state){0};
+}
+
 /* state.json.  files: the whole-tensor files (version 1) and config.yaml;
  * shards (version 2, NULL otherwise): one record per rank, as gathered:
  * bytes, hash, n_local, n_ranges, then n_ranges x (global, local, len). */
 int ckpt_write_state(const char *dir, const struct olmo_ckpt_state *st, const struct olmo_trainer *tr,
-                     const char *const *names, const struct written *files, int n_files, const uint64_t *shards,
-                     const size_t *shard_words, int world) {
+                     const struct ckpt_opt_state *o, const char *const *names, const struct written *files,
+                     int n_files, const uint64_t *shards, const size_t *shard_words, int world) {
     const struct olmo_config *cfg = &tr->cfg;
     cJSON *root = cJSON_CreateObject();
     char buf[64];
@@ -55,19 +68,9 @@ int ckpt_write_state(const char *dir, const struct olmo_ckpt_state *st, const st
      * read back exactly), the same on every rank. */
     cJSON *opt = cJSON_AddObjectToObject(root, "optimizer");
     cJSON_AddStringToObject(opt, "name", tr->cfg.train.optimizer == OLMO_OPTIM_SKIP_STEP_ADAMW ? "SkipStepAdamW" : "AdamW");
-    cJSON_AddNumberToObject(opt, "step", (double)tr->opt.step);
+    cJSON_AddNumberToObject(opt, "step", (double)o->step);
     if (tr->adam_step_base) cJSON_AddNumberToObject(opt, "step_base", (double)tr->adam_step_base);
-    const size_t n_extra = olmo_optimizer_extra_count(&tr->opt);
-    if (n_extra) {
-        double *extra = olmo_malloc(sizeof(double) * n_extra, "skip-step window");
-        if (!extra) {
-            cJSON_Delete(root);
-            return -1;
-        }
-        olmo_optimizer_extra_get(&tr->opt, extra);
-        cJSON_AddItemToObject(opt, "skip_step", cJSON_CreateDoubleArray(extra, (int)n_extra));
-        free(extra);
-    }
+    if (o->n_extra) cJSON_AddItemToObject(opt, "skip_step", cJSON_CreateDoubleArray(o->extra, (int)o->n_extra));
     cJSON *fobj = cJSON_AddObjectToObject(root, "files");
     for (int i = 0; i < n_files; i++) add_file(fobj, names[i], &files[i]);
     if (shards) {

@@ -355,7 +355,37 @@ static int run_evals(struct olmo_run *run) {
     return rc;
 }
 
-static int save_checkpoint(struct olmo_run *run) {
+/* After a checkpoint is complete (rank 0): retention, and the log line. */
+static int saved(struct olmo_run *run, long step, const char *path, const char *how) {
+    if (run->leader && olmo_ckpt_retain(run->cfg.data.out_dir, run->cfg.train.keep_last)) return -1;
+    if (run->o.log) {
+        fprintf(run->o.log, "checkpoint step %ld: %s (%s)\n", step, path, how);
+        fflush(run->o.log);
+    }
+    return 0;
+}
+
+/* train.async_save: finishes the save in flight, if any (collective: every rank calls it at the same
+ * point): wait, whenever this rank's writer is done; else only if every rank's writer is done already.
+ * Retention runs only here, between saves, so it never meets a save's temporary directory. */
+static int complete_save(struct olmo_run *run, bool wait) {
+    if (!olmo_ckpt_async_in_flight(run->async)) return 0;
+    char path[4096], how[128];
+    long step = 0;
+    const double t0 = olmo_now_seconds();
+    const int rc = olmo_ckpt_async_complete(run->async, wait, &step, path, sizeof path);
+    if (rc <= 0) return rc;
+    double copy_s, write_s;
+    olmo_ckpt_async_times(run->async, &copy_s, &write_s);
+    snprintf(how, sizeof how, "copied in %.2fs, written in the background in %.2fs%s", copy_s, write_s,
+             wait && olmo_now_seconds() - t0 > 0.01 ? ", waited for" : "");
+    return saved(run, step, path, how);
+}
+
+/* A checkpoint of this step: written here (train.async_save false), or copied to host memory and
+ * written by a thread while training goes on (true; after the save in flight is finished: at most
+ * one is), then finished here too when wait. */
+static int save_checkpoint(struct olmo_run *run, bool wait) {
     const double t0 = olmo_now_seconds();
     long hwm_before = 0;
     const bool debug_mem = debug_mem_begin(&hwm_before);
@@ -371,21 +401,26 @@ static int save_checkpoint(struct olmo_run *run) {
         .loader_fingerprint = run->loader.fingerprint,
         .skipped = run->tr.skipped,
     };
-    char saved[4096];
-    if (olmo_ckpt_save(run->cfg.data.out_dir, &run->tr, &cs, saved, sizeof saved) ||
-        (run->leader && olmo_ckpt_retain(run->cfg.data.out_dir, run->cfg.train.keep_last)))
+    char path[4096], how[64];
+    const bool async = run->cfg.train.async_save;
+    if (async) {
+        if (complete_save(run, true) || olmo_ckpt_save_async(&run->async, run->cfg.data.out_dir, &run->tr, &cs))
+            return -1;
+    } else if (olmo_ckpt_save(run->cfg.data.out_dir, &run->tr, &cs, path, sizeof path)) {
         return -1;
+    }
     if (debug_mem) {
-        char what[64];
-        snprintf(what, sizeof what, "checkpoint step %ld", run->step);
+        char what[160];
+        snprintf(what, sizeof what, "checkpoint step %ld%s", run->step, async ? " (the copy to host memory)" : "");
         debug_mem_end(run, what, hwm_before, rss_before);
+        if (async)
+            fprintf(stderr, "mem: rank %d asynchronous checkpoint: %zu bytes of host memory for the copy\n",
+                    run->o.dist ? run->o.dist->rank : 0, olmo_ckpt_async_host_bytes(run->async));
     }
     run->saved_step = run->step;
-    if (run->o.log) {
-        fprintf(run->o.log, "checkpoint step %ld: %s (%.2fs)\n", run->step, saved, olmo_now_seconds() - t0);
-        fflush(run->o.log);
-    }
-    return 0;
+    if (async) return wait ? complete_save(run, true) : 0;
+    snprintf(how, sizeof how, "%.2fs", olmo_now_seconds() - t0);
+    return saved(run, run->step, path, how);
 }
 
 /* In-loop evaluations still to come at the progress line of step, its own included (train.eval_every, and
@@ -470,6 +505,7 @@ static int report_step(struct olmo_run *run, const struct olmo_run_step *s, doub
 /* A step whose loss or gradient norm is not finite, under train.nonfinite: stop. */
 static int stop_nonfinite(struct olmo_run *run, const char *why) {
     char last[4096] = "";
+    if (complete_save(run, true)) return -1; /* an earlier step's save in flight */
     if (run->o.write_files && olmo_ckpt_find_latest(run->cfg.data.out_dir, last, sizeof last) < 0) return -1;
     olmo_error("step %ld: %s: stopping the run (train.nonfinite: stop; train.nonfinite: skip would skip such steps "
                "instead); nothing of this step was applied or saved; %s%s%s",
@@ -490,7 +526,7 @@ static int stop_on_signal(struct olmo_run *run, long limit) {
         olmo_error("stopped by %s after step %ld (this run writes no checkpoints)", name, run->step);
         return OLMO_RUN_STOPPED;
     }
-    if (run->saved_step != run->step && save_checkpoint(run)) return -1;
+    if (complete_save(run, true) || (run->saved_step != run->step && save_checkpoint(run, true))) return -1;
     olmo_error("stopped by %s after step %ld: checkpoint '%s/step-%06ld' written; continue with --resume", name,
                run->step, run->cfg.data.out_dir, run->step);
     return OLMO_RUN_STOPPED;
@@ -557,7 +593,9 @@ int olmo_run_step(struct olmo_run *run, struct olmo_run_step *out) {
     if (t->eval_every > 0 && (s.step % t->eval_every == 0 || last_step) &&
         (run->ev.n_val || run->ev.n_tasks || run->ev.n_olmo_tasks) && run_evals(run))
         return -1;
-    if (o->write_files && t->save_every > 0 && (s.step % t->save_every == 0 || last_step) && save_checkpoint(run))
+    if (complete_save(run, false)) return -1; /* a save in flight that every rank has written by now */
+    if (o->write_files && t->save_every > 0 && (s.step % t->save_every == 0 || last_step) &&
+        save_checkpoint(run, false))
         return -1;
     if (o->profile && s.step == run->st.step + 1) olmo_profile_reset(o->be); /* the first step pays for page faults */
     run->last = olmo_now_seconds(); /* evaluation and checkpoint time do not count as step time */
@@ -568,6 +606,7 @@ int olmo_run_step(struct olmo_run *run, struct olmo_run_step *out) {
 
 int olmo_run_finish(struct olmo_run *run) {
     const struct olmo_run_options *o = &run->o;
+    if (complete_save(run, true)) return -1; /* the run's end waits for the save in flight */
     if (olmo_metrics_close(&run->metrics)) return -1;
     if (run->dump) {
         const int rc = fclose(run->dump);
@@ -593,6 +632,7 @@ int olmo_run_finish(struct olmo_run *run) {
 }
 
 void olmo_run_close(struct olmo_run *run) {
+    olmo_ckpt_async_destroy(run->async); /* a writer thread still going reads the trainer: first */
     if (run->metrics.f) fclose(run->metrics.f);
     if (run->dump) fclose(run->dump);
     free(run->batch);

@@ -91,7 +91,8 @@ struct olmo_run {
     int32_t *batch;
     size_t rows;
     long tokens_per_step, tokens, step, steps_since_log;
-    long saved_step; /* the step of the last checkpoint this run wrote (0: none) */
+    long saved_step; /* the step of the last checkpoint this run wrote or has in flight (0: none) */
+    struct olmo_ckpt_async *async; /* train.async_save: the writer of checkpoints (NULL until the first) */
     bool signals_installed;
     double flops_per_token, peak; /* peak over all ranks */
     const char *peak_source;

@@ -61,13 +61,17 @@ def test_metrics_log(build_dir, tiny, tmp_path):
     assert "peak 1e+12 FLOP/s (train.peak_flops)" in r.stdout
 
 
-def test_kill_and_resume_is_bit_identical(build_dir, tiny, tmp_path):
+@pytest.mark.parametrize("save", ["sync", "async"])
+def test_kill_and_resume_is_bit_identical(build_dir, tiny, tmp_path, save):
     """An uninterrupted run vs runs killed with SIGKILL (right after a
     checkpoint, and at random moments) then resumed: every logged loss, grad
     norm, LR and validation loss, and the final weights and optimizer state,
-    are bit-identical."""
+    are bit-identical.  With train.async_save the killed runs save from a
+    writer thread (a kill may land while a save is in flight) and are held
+    to the synchronous reference."""
     cfg, data = tiny
     val = ["--set", f"data.val_paths={data}", "--set", "train.eval_batches=2"]
+    mode = ["--set", f"train.async_save={str(save == 'async').lower()}"]
     ref = tmp_path / "ref"
     t0 = time.monotonic()
     r = olmoc(build_dir, *train_args(cfg, data, ref, *RESUME, *val))
@@ -83,7 +87,7 @@ def test_kill_and_resume_is_bit_identical(build_dir, tiny, tmp_path):
     killed_mid_run = 0
     for label, when in trials:
         out = tmp_path / label.replace(" ", "_")
-        cmd = [str(build_dir / "olmoc"), *map(str, train_args(cfg, data, out, *RESUME, *val))]
+        cmd = [str(build_dir / "olmoc"), *map(str, train_args(cfg, data, out, *RESUME, *val, *mode))]
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if isinstance(when, str):
             for line in p.stdout:
@@ -95,7 +99,7 @@ def test_kill_and_resume_is_bit_identical(build_dir, tiny, tmp_path):
             killed_mid_run += 1
         p.send_signal(signal.SIGKILL)
         p.communicate()
-        resumed = olmoc(build_dir, *train_args(cfg, data, out, *RESUME, *val, "--resume"))
+        resumed = olmoc(build_dir, *train_args(cfg, data, out, *RESUME, *val, *mode, "--resume"))
         assert resumed.returncode == 0, (label, resumed.stderr)
         got = deterministic(metrics(out))
         assert got == expected, f"{label}: resumed run differs from the uninterrupted one"
@@ -105,7 +109,8 @@ def test_kill_and_resume_is_bit_identical(build_dir, tiny, tmp_path):
         # keep_last = 2, no temporaries left behind
         assert sorted(p.name for p in out.iterdir() if "step" in p.name) == ["step-000056", "step-000060"], label
     assert killed_mid_run >= 1, "no trial killed the run before it finished"
-    print(f"\nresume: {len(trials)} SIGKILL trials ({killed_mid_run} mid-run), all bit-identical over 60 steps")
+    print(f"\nresume ({save}): {len(trials)} SIGKILL trials ({killed_mid_run} mid-run), all bit-identical over 60 "
+          "steps")
 
 
 def test_resume_rules_and_errors(build_dir, tiny, tmp_path):

@@ -243,15 +243,18 @@ def no_sanitizer_report(stderr):
 CONSTANT = ["--set", "train.schedule=constant", "--set", "train.save_every=1000", "--set", "train.keep_last=0"]
 
 
+@pytest.mark.parametrize("save", ["sync", "async"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])
-def test_signal_stops_after_the_step_with_a_checkpoint(build_dir, tiny, tmp_path, sig):  # noqa: F811
+def test_signal_stops_after_the_step_with_a_checkpoint(build_dir, tiny, tmp_path, sig, save):  # noqa: F811
     """A signal mid-run: the run finishes its step, writes a checkpoint of it
     (here the only one: train.save_every is far away) and exits 128 + signal;
-    resumed, it ends bit-identical to a run never interrupted."""
+    resumed, it ends bit-identical to a run never interrupted (train.async_save
+    or not: the stop waits for its save)."""
     cfg, data = tiny
     out = tmp_path / "run"
+    mode = ["--set", f"train.async_save={str(save == 'async').lower()}"]
     cmd = [str(build_dir / "olmoc"), *map(str, train_args(cfg, data, out, "--set", "train.steps=1000000",
-                                                           *CONSTANT))]
+                                                           *CONSTANT, *mode))]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in p.stdout:
         if line.startswith("step 5/"):
@@ -269,7 +272,7 @@ def test_signal_stops_after_the_step_with_a_checkpoint(build_dir, tiny, tmp_path
     assert f"checkpoint step {n}: {out}/step-{n:06d}" in stdout
     assert checkpoints(out) == [f"step-{n:06d}"] and not (out / "model.safetensors").exists()
     total = n + 3
-    r = olmoc(build_dir, *train_args(cfg, data, out, "--set", f"train.steps={total}", *CONSTANT, "--resume"))
+    r = olmoc(build_dir, *train_args(cfg, data, out, "--set", f"train.steps={total}", *CONSTANT, *mode, "--resume"))
     assert r.returncode == 0 and f"resumed from {out}/step-{n:06d}" in r.stdout, r.stderr
     ref = tmp_path / "ref"
     r = olmoc(build_dir, *train_args(cfg, data, ref, "--set", f"train.steps={total}", *CONSTANT))

@@ -67,10 +67,12 @@ STEPS = ["--set", "train.steps=6", "--set", "train.save_every=3", "--set", "trai
 
 @pytest.mark.slow
 @needs_mpi
-def test_save_on_4_ranks_resumes_on_1_2_3_and_4(build_dir, tiny, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("save", ["sync", "async"])
+def test_save_on_4_ranks_resumes_on_1_2_3_and_4(build_dir, tiny, tmp_path, save):  # noqa: F811
     cfg, data = tiny
     full = tmp_path / "full"
-    run(build_dir, cfg, data, full, 4, *STEPS)
+    mode = ["--set", f"train.async_save={str(save == 'async').lower()}"]
+    run(build_dir, cfg, data, full, 4, *STEPS, *mode)
     ck = full / "step-000003"
     state = json.loads((ck / "state.json").read_text())
     assert state["version"] == 2 and state["world"] == 4 and state["optimizer"]["step"] == 3
@@ -89,7 +91,7 @@ def test_save_on_4_ranks_resumes_on_1_2_3_and_4(build_dir, tiny, tmp_path):  # n
         out = tmp_path / f"resume{ranks}"
         shutil.copytree(full, out)
         shutil.rmtree(out / "step-000006")
-        r = run(build_dir, cfg, data, out, ranks, *STEPS, "--resume")
+        r = run(build_dir, cfg, data, out, ranks, *STEPS, *mode, "--resume")
         assert "resumed from" in r.stdout
         assert_continues(ref_records, train_records(out)[3:], exact=ranks == 4)
         if ranks == 4:  # the same rank count: every byte of the final checkpoint and export

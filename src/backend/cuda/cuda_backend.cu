@@ -114,6 +114,26 @@ static void cu_free(OLMO_BE, void *p) {
     if (err != cudaSuccess) olmo_cuda_fatal("cudaFree", __FILE__, __LINE__, cudaGetErrorString(err));
 }
 
+/* Page-locked host memory: cudaMemcpy from the device into it is one DMA (pageable memory goes
+ * through the driver's staging buffer in pieces). */
+static void *cu_host_alloc(OLMO_BE, size_t bytes) {
+    (void)be;
+    void *p = NULL;
+    cudaError_t err = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        olmo_error("CUDA: cannot allocate %zu bytes of page-locked host memory (%s)", bytes, cudaGetErrorString(err));
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_host_free(OLMO_BE, void *p) {
+    (void)be;
+    cudaError_t err = p ? cudaFreeHost(p) : cudaSuccess;
+    if (err != cudaSuccess) olmo_cuda_fatal("cudaFreeHost", __FILE__, __LINE__, cudaGetErrorString(err));
+}
+
 static void cu_mem_stats(OLMO_BE, struct olmo_mem_stats *out) {
     const struct olmo_memcount *c = &CUDA_STATE(be)->mem;
     out->live = c->live;
@@ -445,6 +465,8 @@ extern "C" struct olmo_backend *olmo_backend_cuda_create(enum olmo_cuda_gemm_pre
     be->alloc = cu_alloc;
     be->free = cu_free;
     be->mem_stats = cu_mem_stats;
+    be->host_alloc = cu_host_alloc;
+    be->host_free = cu_host_free;
     be->to_device = cu_to_device;
     be->to_host = cu_to_host;
     be->zero = cu_zero;

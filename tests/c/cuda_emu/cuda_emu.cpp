@@ -557,6 +557,22 @@ cudaError_t cudaFree(void *p) {
     return cudaSuccess;
 }
 
+/* Page-locked host memory is host memory; cudaHostAlloc fails as cudaMalloc does when injected. */
+cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags) {
+    (void)flags;
+    if (injected(CUDA_EMU_FAIL_MALLOC) || !(*p = malloc(bytes ? bytes : 1))) {
+        *p = NULL;
+        return last_error = cudaErrorMemoryAllocation;
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void *p) {
+    run_all_streams(); /* cudaFreeHost synchronises the device */
+    free(p);
+    return cudaSuccess;
+}
+
 static bool overlaps(const void *a, const void *b, size_t n) {
     const char *x = (const char *)a, *y = (const char *)b;
     return n && x < y + n && y < x + n;
