@@ -158,17 +158,23 @@ int olmo_cuda_embedding_bwd_ids(OLMO_BE, float *dtable, const float *dout, const
 
 /* ---------------------------------------------------------------- RMSNorm */
 
-static __global__ void rmsnorm_fwd_kernel(float *y, float *rstd, const float *x, const float *w, int dim,
-                                          float eps) {
+/* The block's row: 1 / sqrt(mean(x^2) + eps), summed in double, also stored in rstd[row]. */
+static __device__ __forceinline__ float row_rstd(const float *xi, int dim, float eps, float *rstd, size_t row) {
     __shared__ double red[32];
-    const size_t row = blockIdx.x;
-    const float *xi = x + row * dim;
-    float *yi = y + row * dim;
     double ss = 0.0;
     for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += (double)xi[j] * xi[j];
     ss = block_sum(ss, red);
     const float r = (float)(1.0 / sqrt(ss / dim + eps));
     if (threadIdx.x == 0) rstd[row] = r;
+    return r;
+}
+
+static __global__ void rmsnorm_fwd_kernel(float *y, float *rstd, const float *x, const float *w, int dim,
+                                          float eps) {
+    const size_t row = blockIdx.x;
+    const float *xi = x + row * dim;
+    float *yi = y + row * dim;
+    const float r = row_rstd(xi, dim, eps, rstd, row);
     for (int j = threadIdx.x; j < dim; j += blockDim.x) yi[j] = w[j] * (xi[j] * r);
 }
 
@@ -184,15 +190,10 @@ int olmo_cuda_rmsnorm_fwd(OLMO_BE, float *y, float *rstd, const float *x, const 
  * resid: each element is read and then written by the same thread). */
 static __global__ void rmsnorm_add_fwd_kernel(float *y, float *rstd, const float *resid, const float *x,
                                               const float *w, int dim, float eps) {
-    __shared__ double red[32];
     const size_t row = blockIdx.x;
     const float *xi = x + row * dim, *ri = resid + row * dim;
     float *yi = y + row * dim;
-    double ss = 0.0;
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += (double)xi[j] * xi[j];
-    ss = block_sum(ss, red);
-    const float r = (float)(1.0 / sqrt(ss / dim + eps));
-    if (threadIdx.x == 0) rstd[row] = r;
+    const float r = row_rstd(xi, dim, eps, rstd, row);
     for (int j = threadIdx.x; j < dim; j += blockDim.x) {
         const float normed = w[j] * (xi[j] * r);
         yi[j] = ri[j] + normed;
