@@ -134,23 +134,28 @@ def http_server(tmp_path):
 S3_KEYS = dict(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_REGION="us-east-1")
 
 
-@pytest.fixture(scope="module")
-def s3():
+def start_moto(env):
+    """moto's S3 server on a free port, once it accepts connections: (process, endpoint URL)."""
     exe = ROOT / ".venv" / "bin" / "moto_server"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]
     port = free_port()
-    log = open(os.devnull, "w")
-    proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log, env=clean_env())
-    endpoint = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env)
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            if proc.poll() is not None:
+                pytest.fail("moto_server exited at start")
+            time.sleep(0.1)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    proc, endpoint = start_moto(clean_env())
     try:
-        for _ in range(300):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    pytest.fail("moto_server exited at start")
-                time.sleep(0.1)
         import boto3
         for k in PROXY_VARS:
             os.environ.pop(k, None)
@@ -163,7 +168,6 @@ def s3():
     finally:
         proc.terminate()
         proc.wait(timeout=20)
-        log.close()
 
 
 def s3_env(client, **extra):
@@ -313,19 +317,9 @@ def test_s3_signatures_verified(build_dir, tmp_path):
     """moto with its access control on (INITIAL_NO_AUTH_ACTION_COUNT: the first 4 requests set up an
     IAM user, the rest are checked) verifies each request's SigV4 signature as AWS does: the right
     key reads, a wrong secret is refused with 403, at once.  The key has characters SigV4 encodes."""
-    exe = ROOT / ".venv" / "bin" / "moto_server"
-    port = free_port()
-    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=clean_env(INITIAL_NO_AUTH_ACTION_COUNT="4"))
+    proc, ep = start_moto(clean_env(INITIAL_NO_AUTH_ACTION_COUNT="4"))
     try:
-        for _ in range(300):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
         import boto3
-        ep = f"http://127.0.0.1:{port}"
         iam = boto3.client("iam", endpoint_url=ep, aws_access_key_id="setup", aws_secret_access_key="setup",
                            region_name="us-east-1")
         iam.create_user(UserName="reader")
