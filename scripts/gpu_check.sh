@@ -19,6 +19,9 @@
 #                  model TFLOP/s, MFU, then one step with every op timed (the per-op profile, GEMM and
 #                  attention TFLOP/s); with --quick on cuda-bf16 only, and its counted peak is checked
 #                  against the memory plan (the memplan step's check on the measured run itself)
+#   gemms          PyTorch's cuBLAS on the projection GEMMs of the 1B and 7B widths (8192 tokens):
+#                  separate q/k/v and gate/up GEMMs against one GEMM over stacked weights, and their
+#                  TFLOP/s, the ceiling of the step's projections (bench/projection_gemms.py)
 #   sdpa           PyTorch SDPA (cuDNN, flash, memory-efficient backends) forward + backward at the 1B's
 #                  attention shape: the attention ceiling (bench/sdpa_ceiling.py)
 #   anchor         OLMo-core 3.0.0 training its Olmo 3 1B on the same GPU, seq_len 8192, micro-batch 1,
@@ -29,8 +32,9 @@
 #
 # usage: scripts/gpu_check.sh [--quick] [--dry-run] [--steps a,b,...] [--build-dir DIR] [--skip-build]
 #                             [--bench-steps N] [--no-bench] [--sanitize]
-#   (no flag)      the full check: facts build parity cli memplan bench table (about 8 minutes on an H200)
-#   --quick        facts parity(cuda-bf16) bench(cuda-bf16, + memory plan) sdpa anchor table, within
+#   (no flag)      the full check: facts build parity nccl1 sanitize cli memplan bench gemms table
+#                  (about 8 minutes on an H200)
+#   --quick        facts parity(cuda-bf16) nccl1 bench(cuda-bf16, + memory plan) gemms sdpa anchor table, within
 #                  QUICK_BUDGET seconds (default 280): each step has its own time limit, the anchor
 #                  (last) gets what is left; implies --skip-build
 #   --steps LIST   these steps only, in this order
@@ -59,7 +63,7 @@ while [ $# -gt 0 ]; do
     --quick) QUICK=1; SKIP_BUILD=1; shift ;;
     --dry-run) DRY=1; shift ;;
     --steps) STEPS="$2"; shift 2 ;;
-    -h|--help) sed -n '2,47p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,51p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -69,9 +73,9 @@ if [ -z "${PYTHON:-}" ]; then
   if [ "$DRY" = 1 ] && [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
 if [ -z "$STEPS" ]; then
-  if [ $QUICK -eq 1 ]; then STEPS="facts parity nccl1 bench sdpa anchor table"
-  elif [ $SKIP_BUILD -eq 1 ]; then STEPS="facts parity nccl1 sanitize cli memplan bench table"
-  else STEPS="facts build parity nccl1 sanitize cli memplan bench table"; fi
+  if [ $QUICK -eq 1 ]; then STEPS="facts parity nccl1 bench gemms sdpa anchor table"
+  elif [ $SKIP_BUILD -eq 1 ]; then STEPS="facts parity nccl1 sanitize cli memplan bench gemms table"
+  else STEPS="facts build parity nccl1 sanitize cli memplan bench gemms table"; fi
 fi
 STEPS=${STEPS//,/ }
 
@@ -79,11 +83,11 @@ STEPS=${STEPS//,/ }
 if [ "$DRY" = 1 ]; then
   PARITY_BIN="$BUILD/tests/test_backend_parity_emu" PARITY_VARIANTS="cuda-bf16" PARITY_ARGS=(--quick)
   BENCH_CFG=configs/olmo3-1m-8k.yaml BENCH_VARIANTS="cpu-bf16" PLAN_BACKEND=cpu-bf16
-  ANCHOR_ARGS=(--tiny --device cpu --steps 1 --warmup 1) SDPA_ARGS=(--tiny)
+  ANCHOR_ARGS=(--tiny --device cpu --steps 1 --warmup 1) SDPA_ARGS=(--tiny) GEMMS_ARGS=(--tiny)
 else
   PARITY_BIN="$BUILD/tests/test_backend_parity" PARITY_VARIANTS="cuda cuda-tf32 cuda-bf16 cuda-bf16-cublas"
   PARITY_ARGS=() BENCH_CFG=configs/olmo3-1b.yaml BENCH_VARIANTS="cuda-bf16 cuda-bf16-cublas cuda-tf32 cuda"
-  PLAN_BACKEND=cuda-bf16 ANCHOR_ARGS=(--device cuda --steps 3 --warmup 1) SDPA_ARGS=()
+  PLAN_BACKEND=cuda-bf16 ANCHOR_ARGS=(--device cuda --steps 3 --warmup 1) SDPA_ARGS=() GEMMS_ARGS=()
 fi
 PARITY_LIMIT=300 BENCH_LIMIT=300
 [ $QUICK -eq 1 ] && { PARITY_VARIANTS="cuda-bf16"; BENCH_VARIANTS="${BENCH_VARIANTS%% *}"; BENCH_STEPS=3; PARITY_LIMIT=90
@@ -388,6 +392,11 @@ step_bench() {
     # bench_train sets train.peak_flops itself (no start-up GEMM): the plan of that run
     [ "$b" = "$PLAN_BACKEND" ] && plan_check "memplan-bench-$b" "$LOGS/bench-$b.log" --set train.peak_flops=1e15
   done
+}
+
+step_gemms() {
+  stage gemms "$(limit 40)" "$PYTHON" bench/projection_gemms.py ${GEMMS_ARGS[@]+"${GEMMS_ARGS[@]}"}
+  grep -E "^(gemms:|GEMMS )" "$LOGS/gemms.log" | while read -r line; do note "$line"; done
 }
 
 step_sdpa() {

@@ -7,7 +7,7 @@
   train_batch / optim_step, FSDP on one gloo rank) and writes its result line.
 * scripts/gpu_check.sh --quick --dry-run goes through the quick check's steps on this machine (parity
   on the emulated CUDA backend, bench_train and the memory plan on cpu-bf16 with a tiny config, the
-  anchor and PyTorch SDPA in their tiny sizes): $OUT/summary.txt must grow while the run goes on (a
+  anchor, the projection GEMMs and PyTorch SDPA in their tiny sizes): $OUT/summary.txt must grow while the run goes on (a
   stopped run keeps what it measured) and end with a table that parses.
 """
 import os
@@ -103,10 +103,14 @@ def test_gpu_check_quick_dry_run(build_dir, tmp_path):
     assert max(seen_while_running, default=0) >= 3, seen_while_running
     assert len(set(seen_while_running)) >= 3, seen_while_running  # it grew step by step
     assert not any(l.startswith("INFO  gpu_check: done") for l in summary[: min(seen_while_running)])
-    for step in ("parity-cuda-bf16", "bench-cpu-bf16", "sdpa", "anchor"):
+    for step in ("parity-cuda-bf16", "bench-cpu-bf16", "gemms", "sdpa", "anchor"):
         assert f"PASS  {step} (" in "\n".join(summary), (step, log[-4000:])
     assert any(l.startswith("ANCHOR mode=eager") for l in summary)
     assert any(l.startswith("SDPA best=math") for l in summary)
+    # the projection GEMMs: six cases (q|k|v and gate|up, three passes) and the total, each timed
+    gemms = [kv(l) for l in summary if l.startswith("GEMMS width=64:256 ")]
+    assert len(gemms) == 6 and all(float(g["separate_ms"]) > 0 and float(g["fused_ms"]) > 0 for g in gemms), gemms
+    assert any(l.startswith("GEMMS total width=64:256 ") for l in summary)
     assert (out_dir / "steps.log").stat().st_size > 0 and (out_dir / "logs.tar.gz").exists()
     # the table: header, separator, one row of 7 cells
     table = [l[len("TABLE "):] for l in summary if l.startswith("TABLE ")]
