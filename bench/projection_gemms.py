@@ -19,14 +19,8 @@ the step's projection GEMMs on this device, to compare with olmoc's profile (`pr
 """
 import argparse
 import sys
-import time
 
-
-def emit(out, line):
-    print(line, flush=True)
-    if out:
-        with open(out, "a") as f:
-            f.write(line + "\n")
+from device_timing import emit, timed
 
 
 def main(argv=None):
@@ -56,15 +50,6 @@ def main(argv=None):
     emit(args.out, f"gemms: torch {torch.__version__} on {name}, {args.tokens} tokens, "
                    f"{str(dtype).replace('torch.', '')}, {args.reps} repetitions")
 
-    def timed(fn):
-        fn()  # warm-up: cuBLAS's heuristics and workspace
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(args.reps):
-            fn()
-        sync()
-        return (time.perf_counter() - t0) / args.reps
-
     N = args.tokens
     gen = torch.Generator(device=device).manual_seed(0)
     for D, F in widths:
@@ -88,7 +73,7 @@ def main(argv=None):
             }
             flops = 2.0 * N * D * P * parts
             for label, (sep, fused) in cases.items():
-                ts, tf = timed(sep), timed(fused)
+                ts, tf = timed(sep, args.reps, sync), timed(fused, args.reps, sync)
                 tot_sep += ts
                 tot_fused += tf
                 emit(args.out, f"GEMMS width={D}:{F} group={group} pass={label} separate_ms={ts * 1e3:.3f} "

@@ -14,15 +14,8 @@ produced and appended to --out when given; a backend that refuses the shape prin
 """
 import argparse
 import sys
-import time
 
-
-def emit(out, line):
-    print(line, flush=True)
-    if out:
-        with open(out, "a") as f:
-            f.write(line + "\n")
-            f.flush()
+from device_timing import emit, timed
 
 
 def main(argv=None):
@@ -57,15 +50,6 @@ def main(argv=None):
     dout = torch.randn(B, H, T, D, device=device, dtype=dtype, generator=gen)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
-    def timed(fn):
-        fn()  # warm-up: graph build / autotuning
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(args.reps):
-            fn()
-        sync()
-        return (time.perf_counter() - t0) / args.reps
-
     def fwd():
         with torch.no_grad():
             F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -78,7 +62,7 @@ def main(argv=None):
     for label, backend in backends:
         try:
             with sdpa_kernel([backend]):
-                tf, tfb = timed(fwd), timed(fwd_bwd)
+                tf, tfb = timed(fwd, args.reps, sync), timed(fwd_bwd, args.reps, sync)
         except Exception as e:  # the backend refuses the shape, or is not built in
             emit(args.out, f"SDPA backend={label} unavailable: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
             continue
