@@ -132,10 +132,15 @@ int olmo_grad_norm_of(const struct olmo_model *m, double *norm) {
     return 0;
 }
 
+float olmo_clip_scale(double norm, double max_norm) {
+    if (max_norm <= 0) return 1.0f;
+    const double coef = max_norm / (norm + 1e-6);
+    return coef < 1.0 ? (float)coef : 1.0f;
+}
+
 int olmo_clip_grads(struct olmo_model *m, double norm, double max_norm) {
-    if (max_norm <= 0) return 0;
-    double coef = max_norm / (norm + 1e-6);
-    return coef < 1.0 ? m->be->scale(m->be, m->grads, m->n_floats, (float)coef) : 0;
+    const float scale = olmo_clip_scale(norm, max_norm);
+    return scale != 1.0f ? m->be->scale(m->be, m->grads, m->n_floats, scale) : 0;
 }
 
 int olmo_optimizer_step(struct olmo_optimizer *opt, struct olmo_model *m, const struct olmo_train_config *t,
@@ -167,11 +172,7 @@ int olmo_optimizer_clip_step(struct olmo_optimizer *opt, struct olmo_model *m, c
         if (m->params[i].is_embedding) emb = &m->params[i], n_emb++;
     if (!be->adamw_flat || opt->master || n_emb > 1 || opt->hi <= opt->lo)
         return olmo_clip_grads(m, norm, t->clip_grad_norm) || olmo_optimizer_step(opt, m, t, lr) ? -1 : 0;
-    float scale = 1.0f; /* x * 1.0f == x: no clipping */
-    if (t->clip_grad_norm > 0) {
-        const double coef = t->clip_grad_norm / (norm + 1e-6);
-        if (coef < 1.0) scale = (float)coef;
-    }
+    const float scale = olmo_clip_scale(norm, t->clip_grad_norm); /* x * 1.0f == x: no clipping */
     opt->step++;
     const long bias_step = olmo_optimizer_bias_step(opt, t);
     struct olmo_adamw_flat f = {.weight_decay = t->weight_decay, .weight_decay2 = t->embedding_weight_decay,

@@ -81,7 +81,10 @@ void olmo_optimizer_extra_get(const struct olmo_optimizer *opt, double *out); /*
 int olmo_optimizer_extra_set(struct olmo_optimizer *opt, const double *in, size_t n);
 
 int olmo_grad_norm_of(const struct olmo_model *m, double *norm); /* 0, or -1 with the error set */
-/* torch.nn.utils.clip_grad_norm_: scales grads by max_norm / (norm + 1e-6) when that is < 1. */
+/* torch.nn.utils.clip_grad_norm_'s factor: max_norm / (norm + 1e-6) as a float when that is < 1 (and
+ * max_norm > 0), else 1 (no clipping). */
+float olmo_clip_scale(double norm, double max_norm);
+/* torch.nn.utils.clip_grad_norm_: scales grads by olmo_clip_scale when that is not 1. */
 int olmo_clip_grads(struct olmo_model *m, double norm, double max_norm);
 /* Updates this rank's shard of the parameters (no communication). */
 int olmo_optimizer_step(struct olmo_optimizer *opt, struct olmo_model *m, const struct olmo_train_config *t,

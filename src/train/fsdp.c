@@ -407,13 +407,13 @@ int olmo_fsdp_grad_norm(struct olmo_fsdp *fs, double *norm) {
     return 0;
 }
 
-int olmo_fsdp_clip(struct olmo_fsdp *fs, double norm, double max_norm) {
-    if (max_norm <= 0 || !fs->n_local) return 0;
-    const double coef = max_norm / (norm + 1e-6);
-    return coef < 1.0 ? fs->m->be->scale(fs->m->be, fs->grad, fs->n_local, (float)coef) : 0;
+static int clip(struct olmo_fsdp *fs, double norm, double max_norm) {
+    if (!fs->n_local) return 0;
+    const float scale = olmo_clip_scale(norm, max_norm);
+    return scale != 1.0f ? fs->m->be->scale(fs->m->be, fs->grad, fs->n_local, scale) : 0;
 }
 
-int olmo_fsdp_step(struct olmo_fsdp *fs, struct olmo_optimizer *opt, const struct olmo_train_config *t, double lr) {
+static int step(struct olmo_fsdp *fs, struct olmo_optimizer *opt, const struct olmo_train_config *t, double lr) {
     const struct olmo_backend *be = fs->m->be;
     TRY(weights_changed(fs));
     opt->step++;
@@ -427,6 +427,37 @@ int olmo_fsdp_step(struct olmo_fsdp *fs, struct olmo_optimizer *opt, const struc
                       un->my_len, lr, (float)t->beta1, (float)t->beta2, (float)t->eps, wd, bias_step));
     }
     return 0;
+}
+
+/* The local pieces of the embedding's units (region 0) as one range of the local shard: true, with
+ * [*lo, *hi) (empty when this rank holds none of it), when they are contiguous there. */
+static bool embedding_range(const struct olmo_fsdp *fs, size_t *lo, size_t *hi) {
+    *lo = *hi = 0;
+    bool any = false;
+    for (int u = 0; u < fs->n_units; u++) {
+        const struct olmo_fsdp_unit *un = &fs->units[u];
+        if (un->region != 0 || !un->my_len) continue;
+        if (any && un->local != *hi) return false;
+        if (!any) *lo = un->local;
+        *hi = un->local + un->my_len;
+        any = true;
+    }
+    return true;
+}
+
+int olmo_fsdp_clip_step(struct olmo_fsdp *fs, struct olmo_optimizer *opt, const struct olmo_train_config *t,
+                        double lr, double norm) {
+    const struct olmo_backend *be = fs->m->be;
+    size_t lo, hi;
+    if (!be->adamw_flat || !fs->n_local || !embedding_range(fs, &lo, &hi))
+        return clip(fs, norm, t->clip_grad_norm) || step(fs, opt, t, lr) ? -1 : 0;
+    TRY(weights_changed(fs));
+    opt->step++;
+    /* the units' pieces are consecutive in the local shard (olmo_fsdp_create): one pass over all of them */
+    const struct olmo_adamw_flat f = {.weight_decay = t->weight_decay, .weight_decay2 = t->embedding_weight_decay,
+                                      .wd2_lo = lo, .wd2_hi = hi, .grad_scale = olmo_clip_scale(norm, t->clip_grad_norm)};
+    return be->adamw_flat(be, fs->master, fs->grad, opt->m, opt->v, fs->n_local, lr, (float)t->beta1,
+                          (float)t->beta2, (float)t->eps, &f, olmo_optimizer_bias_step(opt, t));
 }
 
 int olmo_fsdp_master_updated(struct olmo_fsdp *fs) { return weights_changed(fs); }

@@ -119,10 +119,12 @@ int olmo_fsdp_zero_grads(struct olmo_fsdp *fs);
 int olmo_fsdp_sync_replicas(struct olmo_fsdp *fs);
 /* Global gradient L2 norm (collective over the shard group). */
 int olmo_fsdp_grad_norm(struct olmo_fsdp *fs, double *norm);
-/* clip_grad_norm_ on the shards. */
-int olmo_fsdp_clip(struct olmo_fsdp *fs, double norm, double max_norm);
-/* AdamW on this rank's shard (opt's moments); the gathered root is stale afterwards. */
-int olmo_fsdp_step(struct olmo_fsdp *fs, struct olmo_optimizer *opt, const struct olmo_train_config *t, double lr);
+/* clip_grad_norm_ on the shards, then AdamW on this rank's shard (opt's moments): one pass over the local
+ * shard where the backend has adamw_flat (the clip coefficient applied inside; the same results), else a
+ * scaling pass and an AdamW call per unit.  norm: olmo_fsdp_grad_norm's.  The gathered root is stale
+ * afterwards. */
+int olmo_fsdp_clip_step(struct olmo_fsdp *fs, struct olmo_optimizer *opt, const struct olmo_train_config *t,
+                        double lr, double norm);
 /* The master shard was written from outside (a checkpoint): the gathered root and blocks are stale. */
 int olmo_fsdp_master_updated(struct olmo_fsdp *fs);
 /* OLMo-core's initialisation (olmo_model_init_weights), a tensor at a time: no full-size copy. */

@@ -131,7 +131,7 @@ static int fsdp_grad_norm(struct olmo_trainer *tr, double *norm) { return olmo_f
 /* each rank updates its shard; the next forward pass gathers the blocks */
 static int fsdp_clip_step(struct olmo_trainer *tr, double norm, double lr) {
     const struct olmo_train_config *t = &tr->cfg.train;
-    return olmo_fsdp_clip(&tr->fsdp, norm, t->clip_grad_norm) || olmo_fsdp_step(&tr->fsdp, &tr->opt, t, lr) ? -1 : 0;
+    return olmo_fsdp_clip_step(&tr->fsdp, &tr->opt, t, lr, norm);
 }
 
 static int fsdp_weights_updated(struct olmo_trainer *tr) { return olmo_fsdp_master_updated(&tr->fsdp); }

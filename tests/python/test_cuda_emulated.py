@@ -92,6 +92,14 @@ def test_profile_on_cuda(build_dir, emu, tiny, tmp_path):  # noqa: F811
     assert [c for c in calls[0] if c[0] != "optimizer"] == [c for c in calls[1] if c[0] != "optimizer"], \
         reports["cuda"]
     assert dict(calls[1])["optimizer"] == "2" and int(dict(calls[0])["optimizer"]) > 2, reports["cuda"]
+    # fully sharded: the same one pass over the local shard (the clip inside), not a scaling pass and an
+    # AdamW call per unit; the losses those of the unsharded run (within 1e-6: other summation orders)
+    fsdp_rows, fsdp = train(emu, cfg, data, tmp_path / "fsdp", "--set", "train.steps=2", "--set",
+                            "train.sharding=fsdp", "--backend", "cuda", env={"OLMOC_PROFILE": "1"})
+    optim = [line.split()[-3] for line in fsdp.splitlines() if line.startswith("profile: optimizer")]
+    assert optim == ["2"], fsdp
+    unsharded = [json.loads(line) for line in (tmp_path / "cuda" / "metrics.jsonl").read_text().splitlines()]
+    assert_same_trajectory([r for r in unsharded if r["type"] == "train"], fsdp_rows, loss_tol=1e-6, norm_tol=1e-5)
 
 
 @pytest.mark.slow
