@@ -190,12 +190,19 @@ struct olmo_backend {
      *     own fp32 row), and the logits are undefined afterwards;
      *   swiglu_fwd_bf16: s = bf16(silu(g) * u), the down projection's operand;
      *   rmsnorm_add_fwd: y = resid + w * (x * rstd) (rmsnorm_fwd then add, without the normed tensor
-     *     in memory); y may alias resid. */
+     *     in memory); y may alias resid;
+     *   swiglu_bwd_bf16: swiglu_bwd with dg and du written as bf16 (the gate and up projections'
+     *     backward GEMMs are all that read them);
+     *   rmsnorm_bwd_bf16: rmsnorm_bwd with dx written as bf16 (where only GEMMs read it); dx must not
+     *     overlap dy. */
     int (*cross_entropy_bf16)(OLMO_BE, float *logits, void *dlogits, size_t ld, const int32_t *targets, int n,
                               int vocab, float grad_scale, float z_mult, double *ce_sum, double *z_sum);
     int (*swiglu_fwd_bf16)(OLMO_BE, void *s, const float *g, const float *u, size_t n);
     int (*rmsnorm_add_fwd)(OLMO_BE, float *y, float *rstd, const float *resid, const float *x, const float *w,
                            int n, int dim, float eps);
+    int (*swiglu_bwd_bf16)(OLMO_BE, void *dg, void *du, const float *ds, const float *g, const float *u, size_t n);
+    int (*rmsnorm_bwd_bf16)(OLMO_BE, void *dx, float *dw, const float *dy, const float *x, const float *w,
+                            const float *rstd, int n, int dim);
 
     int (*sum_squares)(OLMO_BE, const float *x, size_t n, double *out); /* *out = sum of x[i]^2 */
     int (*scale)(OLMO_BE, float *x, size_t n, float s);

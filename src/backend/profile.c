@@ -183,6 +183,15 @@ static int p_swiglu_fwd_bf16(OLMO_BE, void *s, const float *g, const float *u, s
     TIMED(P_SWIGLU_FWD, in->swiglu_fwd_bf16(in, s, g, u, n));
     return rc;
 }
+static int p_swiglu_bwd_bf16(OLMO_BE, void *dg, void *du, const float *ds, const float *g, const float *u, size_t n) {
+    TIMED(P_SWIGLU_BWD, in->swiglu_bwd_bf16(in, dg, du, ds, g, u, n));
+    return rc;
+}
+static int p_rmsnorm_bwd_bf16(OLMO_BE, void *dx, float *dw, const float *dy, const float *x, const float *w,
+                              const float *rstd, int n, int dim) {
+    TIMED(P_RMSNORM_BWD, in->rmsnorm_bwd_bf16(in, dx, dw, dy, x, w, rstd, n, dim));
+    return rc;
+}
 /* counted as a norm: the add is a pass over what the norm writes */
 static int p_rmsnorm_add_fwd(OLMO_BE, float *y, float *rstd, const float *resid, const float *x, const float *w, int n,
                              int dim, float eps) {
@@ -291,6 +300,8 @@ struct olmo_backend *olmo_backend_profiled(const struct olmo_backend *inner) {
         .cross_entropy_bf16 = inner->cross_entropy_bf16 ? p_cross_entropy_bf16 : NULL,
         .swiglu_fwd_bf16 = inner->swiglu_fwd_bf16 ? p_swiglu_fwd_bf16 : NULL,
         .rmsnorm_add_fwd = inner->rmsnorm_add_fwd ? p_rmsnorm_add_fwd : NULL,
+        .swiglu_bwd_bf16 = inner->swiglu_bwd_bf16 ? p_swiglu_bwd_bf16 : NULL,
+        .rmsnorm_bwd_bf16 = inner->rmsnorm_bwd_bf16 ? p_rmsnorm_bwd_bf16 : NULL,
         .attention_cached = inner->attention_cached ? p_attention_cached : NULL,
         .comm_init = inner->comm_init ? p_comm_init : NULL,
         .comm_allreduce_sum = inner->comm_allreduce_sum ? p_comm_allreduce_sum : NULL,

@@ -136,6 +136,8 @@ struct olmo_act_alloc olmo_act_model(const struct olmo_act_layout *lo, enum olmo
     switch (slot) {
     case OLMO_ACT_RESID: a.keep = lo->any_x16; break;
     case OLMO_ACT_XN_FINAL: a.dtype = lo->bf16 ? OLMO_BF16 : OLMO_F32; break;
+    case OLMO_ACT_DG:
+    case OLMO_ACT_DU: a.dtype = lo->grads16 ? OLMO_BF16 : OLMO_F32; break;
     case OLMO_ACT_ROUND16:
         a.keep = lo->all16 && lo->any_checkpointed;
         a.dtype = OLMO_BF16;

@@ -53,7 +53,7 @@ enum olmo_act_model_slot {
     OLMO_ACT_DK,
     OLMO_ACT_DV,
     OLMO_ACT_DATT,
-    OLMO_ACT_DG,
+    OLMO_ACT_DG,         /* bf16 where the layout says grads16 */
     OLMO_ACT_DU,
     OLMO_ACT_DS,
     OLMO_ACT_TOKENS,     /* int32 [N] */
@@ -127,6 +127,9 @@ struct olmo_act_layout {
     int every;
     bool bf16;  /* OPERAND tensors (and the final norm's output) in bf16 */
     bool all16; /* LARGE tensors in bf16 too (implies bf16) */
+    /* dg and du in bf16: the backend writes them so (swiglu_bwd_bf16), as its GEMMs read them; set by
+     * the caller after olmo_act_layout_init (false there) */
+    bool grads16;
     bool any_checkpointed, any_x16;
 };
 

@@ -366,6 +366,7 @@ static size_t rope_offset(const struct olmo_model *m, int l) {
 void olmo_model_act_layout(const struct olmo_model *m, int batch, int seq_len, struct olmo_act_layout *lo) {
     olmo_act_layout_init(lo, &m->cfg, batch, seq_len, m->ckpt_mode, m->ckpt_every, m->saved_type == OLMO_BF16,
                          m->saved_all_bf16);
+    lo->grads16 = m->be->compute_dtype == OLMO_BF16 && m->be->swiglu_bwd_bf16;
 }
 
 int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len) {
@@ -643,6 +644,13 @@ static int block_recompute(struct olmo_model *m, int l, const struct olmo_layer_
                               m->use_doc_ids ? m->doc_ids : NULL, NULL);
 }
 
+/* rmsnorm_bwd, or with bf16 its fused variant writing dx as bf16 (dx16 then does not overlap dy). */
+static int norm_bwd(const struct olmo_backend *be, bool bf16, void *dx, float *dw, const float *dy, const float *x,
+                    const float *w, const float *rstd, int n, int dim) {
+    if (bf16) return be->rmsnorm_bwd_bf16(be, dx, dw, dy, x, w, rstd, n, dim);
+    return be->rmsnorm_bwd(be, (float *)dx, dw, dy, x, w, rstd, n, dim);
+}
+
 int olmo_model_block_backward(struct olmo_model *m, int l) {
     const struct olmo_backend *be = m->be;
     const struct olmo_model_config *c = &m->cfg;
@@ -666,32 +674,45 @@ int olmo_model_block_backward(struct olmo_model *m, int l) {
     /* m->dx holds the gradient of the layer's output; the input-gradient GEMMs add into it in place, so that
      * it becomes that of h (the residual's term plus the MLP's), then that of the layer's input (a copy to
      * m->dh and back before each block's GEMMs gave the same values: the copies were exact) */
+    /* On a backend whose GEMMs multiply in bf16 and that has the fused backward ops (backend.h), each
+     * activation gradient that only GEMMs read is rounded to bf16 once, where it is made, instead of by
+     * each of the two GEMMs that read it: the norms' dx (dtmp; dq and dk, written into datt, which
+     * attention_bwd has read), dg and du (typed bf16 in the table), and dv converted once into dtmp
+     * (which the o_proj GEMMs have read).  The GEMMs would round the same fp32 values to the same bf16. */
+    const bool n16 = be->compute_dtype == OLMO_BF16 && be->rmsnorm_bwd_bf16;
+    const enum olmo_float_type nt = n16 ? OLMO_BF16 : OLMO_F32;
+    const struct olmo_buf *dg = &m->bufs[OLMO_ACT_DG], *du = &m->bufs[OLMO_ACT_DU];
     /* MLP block */
-    TRY(be->rmsnorm_bwd(be, m->dtmp, g->ff_norm, m->dx, a->m, w->ff_norm, a->rstd_m, N, D));
-    TRY(be->gemm(be, false, false, N, F, D, 1.0f, m->dtmp, OLMO_F32, D, WEIGHT(w->down), F, 0.0f, m->ds, F));
-    TRY(be->gemm(be, true, false, D, F, N, 1.0f, m->dtmp, OLMO_F32, D, SAVED(a, OLMO_ACT_S, s), F, gb, g->down, F));
-    TRY(be->swiglu_bwd(be, m->dg, m->du, m->ds, a->g, a->u, (size_t)N * F));
-    TRY(be->gemm(be, false, false, N, D, F, 1.0f, m->dg, OLMO_F32, F, WEIGHT(w->gate), D, 1.0f, m->dx, D));
-    TRY(be->gemm(be, false, false, N, D, F, 1.0f, m->du, OLMO_F32, F, WEIGHT(w->up), D, 1.0f, m->dx, D));
-    TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->dg, OLMO_F32, F, SAVED(a, OLMO_ACT_H, h), D, gb, g->gate, D));
-    TRY(be->gemm(be, true, false, F, D, N, 1.0f, m->du, OLMO_F32, F, SAVED(a, OLMO_ACT_H, h), D, gb, g->up, D));
+    TRY(norm_bwd(be, n16, m->dtmp, g->ff_norm, m->dx, a->m, w->ff_norm, a->rstd_m, N, D));
+    TRY(be->gemm(be, false, false, N, F, D, 1.0f, m->dtmp, nt, D, WEIGHT(w->down), F, 0.0f, m->ds, F));
+    TRY(be->gemm(be, true, false, D, F, N, 1.0f, m->dtmp, nt, D, SAVED(a, OLMO_ACT_S, s), F, gb, g->down, F));
+    if (dg->dtype == OLMO_BF16) TRY(be->swiglu_bwd_bf16(be, dg->data, du->data, m->ds, a->g, a->u, (size_t)N * F));
+    else TRY(be->swiglu_bwd(be, m->dg, m->du, m->ds, a->g, a->u, (size_t)N * F));
+    TRY(be->gemm(be, false, false, N, D, F, 1.0f, dg->data, dg->dtype, F, WEIGHT(w->gate), D, 1.0f, m->dx, D));
+    TRY(be->gemm(be, false, false, N, D, F, 1.0f, du->data, du->dtype, F, WEIGHT(w->up), D, 1.0f, m->dx, D));
+    TRY(be->gemm(be, true, false, F, D, N, 1.0f, dg->data, dg->dtype, F, SAVED(a, OLMO_ACT_H, h), D, gb, g->gate, D));
+    TRY(be->gemm(be, true, false, F, D, N, 1.0f, du->data, du->dtype, F, SAVED(a, OLMO_ACT_H, h), D, gb, g->up, D));
     /* attention block */
-    TRY(be->rmsnorm_bwd(be, m->dtmp, g->attn_norm, m->dx, a->o, w->attn_norm, a->rstd_o, N, D));
-    TRY(be->gemm(be, false, false, N, Q, D, 1.0f, m->dtmp, OLMO_F32, D, WEIGHT(w->wo), Q, 0.0f, m->datt, Q));
-    TRY(be->gemm(be, true, false, D, Q, N, 1.0f, m->dtmp, OLMO_F32, D, a->att, OLMO_F32, Q, gb, g->wo, Q));
+    TRY(norm_bwd(be, n16, m->dtmp, g->attn_norm, m->dx, a->o, w->attn_norm, a->rstd_o, N, D));
+    TRY(be->gemm(be, false, false, N, Q, D, 1.0f, m->dtmp, nt, D, WEIGHT(w->wo), Q, 0.0f, m->datt, Q));
+    TRY(be->gemm(be, true, false, D, Q, N, 1.0f, m->dtmp, nt, D, a->att, OLMO_F32, Q, gb, g->wo, Q));
     TRY(be->attention_bwd(be, m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v,
                       m->use_doc_ids ? m->doc_ids : NULL, &shape));
     const float *rope_cos = m->rope_cos + rope_offset(m, l), *rope_sin = m->rope_sin + rope_offset(m, l);
     TRY(be->rope_bwd(be, m->dq, rope_cos, rope_sin, N, m->seq_len, c->n_heads, m->head_dim));
     TRY(be->rope_bwd(be, m->dk, rope_cos, rope_sin, N, m->seq_len, c->n_kv_heads, m->head_dim));
-    TRY(be->rmsnorm_bwd(be, m->dq, g->q_norm, m->dq, a->q_raw, w->q_norm, a->rstd_q, N, Q));
-    TRY(be->rmsnorm_bwd(be, m->dk, g->k_norm, m->dk, a->k_raw, w->k_norm, a->rstd_k, N, K));
-    TRY(be->gemm(be, false, false, N, D, Q, 1.0f, m->dq, OLMO_F32, Q, WEIGHT(w->wq), D, 1.0f, m->dx, D));
-    TRY(be->gemm(be, false, false, N, D, K, 1.0f, m->dk, OLMO_F32, K, WEIGHT(w->wk), D, 1.0f, m->dx, D));
-    TRY(be->gemm(be, false, false, N, D, K, 1.0f, m->dv, OLMO_F32, K, WEIGHT(w->wv), D, 1.0f, m->dx, D));
-    TRY(be->gemm(be, true, false, Q, D, N, 1.0f, m->dq, OLMO_F32, Q, SAVED(a, OLMO_ACT_X, x), D, gb, g->wq, D));
-    TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dk, OLMO_F32, K, SAVED(a, OLMO_ACT_X, x), D, gb, g->wk, D));
-    TRY(be->gemm(be, true, false, K, D, N, 1.0f, m->dv, OLMO_F32, K, SAVED(a, OLMO_ACT_X, x), D, gb, g->wv, D));
+    /* bf16: dq and dk in datt ([N, Q] fp32 holds [N, Q + K] bf16, K <= Q), dv in dtmp ([N, D] fp32) */
+    void *dq = n16 ? (void *)m->datt : m->dq, *dk = n16 ? (void *)((uint16_t *)m->datt + (size_t)N * Q) : m->dk;
+    void *dv = n16 ? (void *)m->dtmp : m->dv;
+    TRY(norm_bwd(be, n16, dq, g->q_norm, m->dq, a->q_raw, w->q_norm, a->rstd_q, N, Q));
+    TRY(norm_bwd(be, n16, dk, g->k_norm, m->dk, a->k_raw, w->k_norm, a->rstd_k, N, K));
+    if (n16) TRY(be->convert(be, dv, OLMO_BF16, m->dv, OLMO_F32, (size_t)N * K));
+    TRY(be->gemm(be, false, false, N, D, Q, 1.0f, dq, nt, Q, WEIGHT(w->wq), D, 1.0f, m->dx, D));
+    TRY(be->gemm(be, false, false, N, D, K, 1.0f, dk, nt, K, WEIGHT(w->wk), D, 1.0f, m->dx, D));
+    TRY(be->gemm(be, false, false, N, D, K, 1.0f, dv, nt, K, WEIGHT(w->wv), D, 1.0f, m->dx, D));
+    TRY(be->gemm(be, true, false, Q, D, N, 1.0f, dq, nt, Q, SAVED(a, OLMO_ACT_X, x), D, gb, g->wq, D));
+    TRY(be->gemm(be, true, false, K, D, N, 1.0f, dk, nt, K, SAVED(a, OLMO_ACT_X, x), D, gb, g->wk, D));
+    TRY(be->gemm(be, true, false, K, D, N, 1.0f, dv, nt, K, SAVED(a, OLMO_ACT_X, x), D, gb, g->wv, D));
     return 0;
 }
 

@@ -35,6 +35,8 @@ struct backend_desc {
     bool bf16_attention;       /* CPU attention's products in bf16 */
     bool bf16_gemm_operands;   /* GEMMs round fp32 activation operands into bf16 scratch */
     bool bf16_dlogits;         /* cross_entropy_bf16: the logits' gradient reaches the GEMMs as bf16 */
+    bool bf16_act_grads;       /* swiglu_bwd_bf16, rmsnorm_bwd_bf16: the backward's activation gradients reach
+                                  the GEMMs as bf16 (dg and du held as bf16) */
     bool cudnn_attention;      /* cuda-bf16's attention through cuDNN (cuda_attention_cudnn.cu), as on a device
                                   that has it: bf16 copies of its operands instead of the kernels' delta */
     enum scratch_kind scratch;
@@ -69,7 +71,7 @@ static int describe_backend(const char *name, struct backend_desc *d) {
     for (size_t i = 0; i < sizeof cuda_fp32 / sizeof *cuda_fp32; i++)
         if (!strcmp(name, cuda_fp32[i])) return 0;
     if (!strcmp(name, "cuda-bf16")) {
-        d->bf16_compute = d->bf16_gemm_operands = d->bf16_dlogits = true;
+        d->bf16_compute = d->bf16_gemm_operands = d->bf16_dlogits = d->bf16_act_grads = true;
         return 0;
     }
     return olmo_error("unknown backend '%s' for the memory plan (cpu, cpu-openblas, cpu-onednn, cpu-bf16, cuda, "
@@ -125,7 +127,9 @@ static double scratch(const struct backend_desc *d, const struct shapes *s, enum
                       int threads) {
     const double N = s->N, B = s->B, T = s->T, H = s->H, HK = s->HK, hd = s->hd;
     /* GEMM operands: A is [tokens x max(V, F, D, Q)] at most (the logits' gradient in the LM head's
-     * backward; [tokens x max(F, D, Q)] where that gradient is bf16 already: dg, du, s);
+     * backward; [tokens x max(F, D, Q)] where that gradient is bf16 already: dg, du, s; where every
+     * activation gradient is bf16 too, the forward's fp32 A operands: att [N x Q], the final norm's
+     * output and a block-checkpointed layer's x and h [N x D], a checkpointed layer's s [N x F]);
      * an activation B operand is a weight gradient's (model.c's backward) and the weights are the bf16
      * compute copy.  Rounding every operand (the CPU fallback), the widest B is [tokens x max(D, F, Q)];
      * packing only the fp32 ones (oneDNN's bf16 matmul, cuda-bf16), the bf16 saved s, h and x are read
@@ -133,6 +137,7 @@ static double scratch(const struct backend_desc *d, const struct shapes *s, enum
      * recomputes into the shared fp32 set: s [N x F] (feed_forward, block), h and x [N x D] (block). */
     double a_max = N * max2(max2(d->bf16_dlogits ? 0 : s->V, s->F), max2(s->D, s->Q)),
            b_max = N * max2(s->F, max2(s->D, s->Q));
+    if (d->bf16_act_grads) a_max = N * max2(max2(s->Q, s->D), mode != OLMO_ACT_CKPT_NONE ? s->F : 0);
     if (d->bf16_gemm_operands)
         b_max = N * max2(s->Q, max2(mode == OLMO_ACT_CKPT_BLOCK ? s->D : 0, mode != OLMO_ACT_CKPT_NONE ? s->F : 0));
     if (probe) {
@@ -270,6 +275,7 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
     struct olmo_act_layout lo;
     olmo_act_layout_init(&lo, c, t->micro_batch, t->seq_len, t->activation_checkpointing, t->block_every,
                          d.bf16_compute, all16);
+    lo.grads16 = d.bf16_act_grads;
     b[OLMO_MEM_ACTIVATIONS] = olmo_act_group_bytes(&lo, OLMO_ACT_SAVED, buf_of, &d);
     b[OLMO_MEM_LOGITS] = olmo_act_group_bytes(&lo, OLMO_ACT_OUTPUT, buf_of, &d);
     b[OLMO_MEM_WORK] = olmo_act_group_bytes(&lo, OLMO_ACT_WORK, buf_of, &d);

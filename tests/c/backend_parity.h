@@ -65,6 +65,8 @@ void expect_same_bits(const char *what, const float *a, const float *b, size_t n
 void test_elementwise_unaligned(void);
 void test_rmsnorm_add(int n, int dim);
 void test_swiglu_bf16(size_t n);
+void test_swiglu_bwd_bf16(size_t n);
+void test_rmsnorm_bwd_bf16(int n, int dim);
 void test_cross_entropy_bf16(int n, int V);
 void test_adamw_flat(void);
 

@@ -1,6 +1,7 @@
 /* Backend parity, the fused and flat ops of backend.h (cross_entropy_bf16, swiglu_fwd_bf16,
- * rmsnorm_add_fwd, adamw_flat) and the vectorised elementwise kernels on unaligned pointers: each against
- * the unfused ops of the same backend, bit for bit (test_backend_parity.c runs the rest). */
+ * rmsnorm_add_fwd, swiglu_bwd_bf16, rmsnorm_bwd_bf16, adamw_flat) and the vectorised elementwise kernels
+ * on unaligned pointers: each against the unfused ops of the same backend, bit for bit
+ * (test_backend_parity.c runs the rest). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,6 +107,65 @@ void test_swiglu_bf16(size_t n) {
     dut->free(dut, want);
     dut->free(dut, got);
     struct dual *all[] = {&g, &u, &s};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dual_free(all[i]);
+}
+
+/* swiglu_bwd_bf16 against swiglu_bwd then convert of dg and du, aligned and one element off. */
+void test_swiglu_bwd_bf16(size_t n) {
+    char name[96];
+    if (!dut->swiglu_bwd_bf16) {
+        printf("note: %s has no swiglu_bwd_bf16 (the model runs swiglu_bwd; a bf16 GEMM rounds dg, du)\n",
+               dut->name);
+        return;
+    }
+    struct dual g = dual_rand(n + 1, 3.0), u = dual_rand(n + 1, 1.0), ds = dual_rand(n + 1, 1.0);
+    struct dual dg = dual_zero(n + 1), du = dual_zero(n + 1);
+    uint16_t *want_g = be_alloc(dut, (n + 1) * 2), *want_u = be_alloc(dut, (n + 1) * 2);
+    uint16_t *got_g = be_alloc(dut, (n + 1) * 2), *got_u = be_alloc(dut, (n + 1) * 2);
+    for (int off = 0; off < 2; off++) {
+        int rc = dut->swiglu_bwd(dut, dg.d + off, du.d + off, ds.d + off, g.d + off, u.d + off, n);
+        rc = rc || dut->convert(dut, want_g, OLMO_BF16, dg.d + off, OLMO_F32, n);
+        rc = rc || dut->convert(dut, want_u, OLMO_BF16, du.d + off, OLMO_F32, n);
+        if (rc || dut->swiglu_bwd_bf16(dut, got_g + off, got_u + off, ds.d + off, g.d + off, u.d + off, n)) {
+            fprintf(stderr, "test_backend_parity: swiglu_bwd_bf16: %s\n", olmo_last_error());
+            exit(1);
+        }
+        snprintf(name, sizeof name, "swiglu bwd to bf16 [%zu]%s", n, off ? " (unaligned)" : "");
+        report_same(name, dut_same(want_g, got_g + off, n * 2) && dut_same(want_u, got_u + off, n * 2));
+    }
+    uint16_t *bufs[] = {want_g, want_u, got_g, got_u};
+    for (int i = 0; i < 4; i++) dut->free(dut, bufs[i]);
+    struct dual *all[] = {&g, &u, &ds, &dg, &du};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dual_free(all[i]);
+}
+
+/* rmsnorm_bwd_bf16 against rmsnorm_bwd then convert of dx; dw must accumulate the same bits; a dx
+ * overlapping dy is refused. */
+void test_rmsnorm_bwd_bf16(int n, int dim) {
+    char name[96];
+    if (!dut->rmsnorm_bwd_bf16) {
+        printf("note: %s has no rmsnorm_bwd_bf16 (the model runs rmsnorm_bwd; a bf16 GEMM rounds dx)\n", dut->name);
+        return;
+    }
+    const size_t nd = (size_t)n * dim;
+    struct dual x = dual_rand(nd, 2.0), w = dual_rand((size_t)dim, 1.0), dy = dual_rand(nd, 1.0);
+    struct dual y = dual_zero(nd), rstd = dual_zero((size_t)n), dx = dual_zero(nd);
+    struct dual dw = dual_rand((size_t)dim, 1.0), dw2 = dual_clone(dw);
+    uint16_t *want = be_alloc(dut, nd * 2), *got = be_alloc(dut, nd * 2);
+    int rc = dut->rmsnorm_fwd(dut, y.d, rstd.d, x.d, w.d, n, dim, 1e-6f);
+    rc = rc || dut->rmsnorm_bwd(dut, dx.d, dw.d, dy.d, x.d, w.d, rstd.d, n, dim);
+    rc = rc || dut->convert(dut, want, OLMO_BF16, dx.d, OLMO_F32, nd);
+    if (rc || dut->rmsnorm_bwd_bf16(dut, got, dw2.d, dy.d, x.d, w.d, rstd.d, n, dim)) {
+        fprintf(stderr, "test_backend_parity: rmsnorm_bwd_bf16: %s\n", olmo_last_error());
+        exit(1);
+    }
+    snprintf(name, sizeof name, "rmsnorm bwd to bf16 [%d x %d]", n, dim);
+    report_same(name, dut_same(want, got, nd * 2) && dut_same(dw.d, dw2.d, (size_t)dim * sizeof(float)));
+    const bool refused = dut->rmsnorm_bwd_bf16(dut, dy.d, dw2.d, dy.d, x.d, w.d, rstd.d, n, dim) != 0;
+    report("rmsnorm bwd to bf16: dx overlapping dy refused", refused ? 0.0 : 1.0, 0.0);
+    dut->free(dut, want);
+    dut->free(dut, got);
+    struct dual *all[] = {&x, &w, &dy, &y, &rstd, &dx, &dw, &dw2};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dual_free(all[i]);
 }
 

@@ -417,7 +417,8 @@ static void test_elementwise(void) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dual_free(all[i]);
 }
 
-/* ---- fused ops (backend.h: cross_entropy_bf16, swiglu_fwd_bf16, rmsnorm_add_fwd) ----
+/* ---- fused ops (backend.h: cross_entropy_bf16, swiglu_fwd_bf16, rmsnorm_add_fwd, swiglu_bwd_bf16,
+ * rmsnorm_bwd_bf16) ----
  * Each must give the bits of the unfused ops of the same backend, rounded to bf16 by the backend's own
  * convert where the fused op writes bf16 (what its bf16 GEMMs do to an fp32 operand); the unfused ops are
  * compared with the CPU above.  A backend without one is told, not tested. */
@@ -622,6 +623,9 @@ int main(int argc, char **argv) {
     test_rmsnorm_add(33, 300);
     test_rmsnorm_add(70, 2048);
     test_swiglu_bf16(10007);
+    test_swiglu_bwd_bf16(10007);
+    test_rmsnorm_bwd_bf16(33, 300);
+    test_rmsnorm_bwd_bf16(70, 2048);
     test_cross_entropy_bf16(19, 1000);
     test_cross_entropy_bf16(4, 50001);
     test_sum_squares();

@@ -503,6 +503,8 @@ extern "C" struct olmo_backend *olmo_backend_cuda_create(enum olmo_cuda_gemm_pre
         be->cross_entropy_bf16 = olmo_cuda_cross_entropy_bf16;
         be->swiglu_fwd_bf16 = olmo_cuda_swiglu_fwd_bf16;
         be->rmsnorm_add_fwd = olmo_cuda_rmsnorm_add_fwd;
+        be->swiglu_bwd_bf16 = olmo_cuda_swiglu_bwd_bf16;
+        be->rmsnorm_bwd_bf16 = olmo_cuda_rmsnorm_bwd_bf16;
     }
     be->loss_sums = olmo_cuda_loss_sums;
     be->sum_squares = olmo_cuda_sum_squares;

@@ -164,6 +164,9 @@ int olmo_cuda_add(OLMO_BE, float *y, const float *a, const float *b, size_t n);
 int olmo_cuda_rmsnorm_add_fwd(OLMO_BE, float *y, float *rstd, const float *resid, const float *x, const float *w,
                               int n, int dim, float eps);
 int olmo_cuda_swiglu_fwd_bf16(OLMO_BE, void *s, const float *g, const float *u, size_t n);
+int olmo_cuda_swiglu_bwd_bf16(OLMO_BE, void *dg, void *du, const float *ds, const float *g, const float *u, size_t n);
+int olmo_cuda_rmsnorm_bwd_bf16(OLMO_BE, void *dx, float *dw, const float *dy, const float *x, const float *w,
+                               const float *rstd, int n, int dim);
 int olmo_cuda_cross_entropy_bf16(OLMO_BE, float *logits, void *dlogits, size_t ld, const int32_t *targets, int n,
                                  int vocab, float grad_scale, float z_mult, double *ce_sum, double *z_sum);
 int olmo_cuda_scale(OLMO_BE, float *x, size_t n, float s);

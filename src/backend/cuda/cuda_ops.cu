@@ -1,8 +1,8 @@
 /* The CUDA backend's elementwise, normalisation and reduction ops (one kernel
  * or a few per op of backend.h): embedding, RMSNorm, RoPE, SwiGLU, add,
  * scale, cross-entropy, sum of squares, AdamW, and the fused ops of a
- * backend that multiplies in bf16 (rmsnorm + add, SwiGLU to bf16,
- * cross-entropy to bf16 gradients).  Fidelity and determinism
+ * backend that multiplies in bf16 (rmsnorm + add, SwiGLU and its backward
+ * to bf16, RMSNorm backward to bf16, cross-entropy to bf16 gradients).  Fidelity and determinism
  * rules are at the top of cuda_backend.cu; errors as in cuda_internal.h. */
 #include <math.h>
 #include <stdlib.h>
@@ -231,13 +231,18 @@ static __global__ void rmsnorm_dw_finish_kernel(float *dw, const double *partial
     dw[j] += (float)acc;
 }
 
-/* dx may alias dy: each element is read and then written by the same thread. */
-static __global__ void rmsnorm_dx_kernel(float *dx, const float *dy, const float *x, const float *w,
-                                         const float *rstd, int dim) {
+/* An element stored as fp32, or rounded to bf16 (nearest even, as f32_to_bf16_kernel rounds). */
+static __device__ __forceinline__ void store_as(float *p, float v) { *p = v; }
+static __device__ __forceinline__ void store_as(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }
+
+/* dx (fp32 or bf16) may alias dy when it is fp32: each element is read and then written by the same thread. */
+template <typename T>
+static __global__ void rmsnorm_dx_kernel(T *dx, const float *dy, const float *x, const float *w, const float *rstd,
+                                         int dim) {
     __shared__ double red[32];
     const size_t row = blockIdx.x;
     const float *xi = x + row * dim, *dyi = dy + row * dim;
-    float *dxi = dx + row * dim;
+    T *dxi = dx + row * dim;
     const float r = rstd[row];
     double dot = 0.0;
     for (int j = threadIdx.x; j < dim; j += blockDim.x) {
@@ -246,11 +251,12 @@ static __global__ void rmsnorm_dx_kernel(float *dx, const float *dy, const float
     }
     dot = block_sum(dot, red);
     const float mean = (float)(dot / dim);
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) dxi[j] = r * (dyi[j] * w[j] - xi[j] * r * mean);
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) store_as(&dxi[j], r * (dyi[j] * w[j] - xi[j] * r * mean));
 }
 
-int olmo_cuda_rmsnorm_bwd(OLMO_BE, float *dx, float *dw, const float *dy, const float *x, const float *w,
-                           const float *rstd, int n, int dim) {
+template <typename T>
+static int rmsnorm_bwd_launch(OLMO_BE, T *dx, float *dw, const float *dy, const float *x, const float *w,
+                              const float *rstd, int n, int dim) {
     if (n <= 0 || dim <= 0) return 0;
     /* dw first: it reads dy, which dx may overwrite. */
     const int max_chunks = 256;
@@ -264,9 +270,25 @@ int olmo_cuda_rmsnorm_bwd(OLMO_BE, float *dx, float *dw, const float *dy, const 
     OLMO_CUDA_LAUNCHED("rmsnorm_dw_partial_kernel");
     OLMO_LAUNCH(rmsnorm_dw_finish_kernel, col_blocks, ROW_THREADS, 0, dw, partial, chunks, dim);
     OLMO_CUDA_LAUNCHED("rmsnorm_dw_finish_kernel");
-    OLMO_LAUNCH(rmsnorm_dx_kernel, n, ROW_THREADS, 0, dx, dy, x, w, rstd, dim);
+    OLMO_LAUNCH(rmsnorm_dx_kernel<T>, n, ROW_THREADS, 0, dx, dy, x, w, rstd, dim);
     OLMO_CUDA_LAUNCHED("rmsnorm_dx_kernel");
     return 0;
+}
+
+int olmo_cuda_rmsnorm_bwd(OLMO_BE, float *dx, float *dw, const float *dy, const float *x, const float *w,
+                           const float *rstd, int n, int dim) {
+    return rmsnorm_bwd_launch(be, dx, dw, dy, x, w, rstd, n, dim);
+}
+
+/* dx as bf16 (only GEMMs read it): the same values rounded once, no fp32 dx in memory.  dx must not
+ * overlap dy (a bf16 row is not where its fp32 row was). */
+int olmo_cuda_rmsnorm_bwd_bf16(OLMO_BE, void *dx, float *dw, const float *dy, const float *x, const float *w,
+                               const float *rstd, int n, int dim) {
+    const size_t nd = n > 0 && dim > 0 ? (size_t)n * dim : 0;
+    const uintptr_t d = (uintptr_t)dx, y = (uintptr_t)dy;
+    if (nd && d < y + nd * sizeof(float) && y < d + nd * sizeof(__nv_bfloat16))
+        return olmo_error("CUDA rmsnorm_bwd_bf16: dx overlaps dy");
+    return rmsnorm_bwd_launch(be, (__nv_bfloat16 *)dx, dw, dy, x, w, rstd, n, dim);
 }
 
 /* ------------------------------------------------------------------- RoPE */
@@ -396,6 +418,33 @@ static __global__ void swiglu_bwd_kernel(float *dg, float *du, const float *ds, 
     }
 }
 
+/* swiglu_bwd_kernel's values rounded to bf16: four of each through one 8-byte store. */
+static __device__ __forceinline__ void swiglu_grad16(float gi, float ui, float dsi, __nv_bfloat16 *dg,
+                                                     __nv_bfloat16 *du) {
+    float rg, ru;
+    swiglu_grad(gi, ui, dsi, &rg, &ru);
+    *dg = __float2bfloat16(rg);
+    *du = __float2bfloat16(ru);
+}
+
+template <bool VEC>
+static __global__ void swiglu_bwd_bf16_kernel(__nv_bfloat16 *dg, __nv_bfloat16 *du, const float *ds, const float *g,
+                                              const float *u, size_t n) {
+    const size_t tail = VEC ? n / 4 * 4 : 0;
+    if (VEC)
+        for (size_t v = EW_TID; v < n / 4; v += EW_STRIDE) {
+            const float4 a = ((const float4 *)g)[v], b = ((const float4 *)u)[v], d = ((const float4 *)ds)[v];
+            olmo_bf16x4 og, ou;
+            swiglu_grad16(a.x, b.x, d.x, &og.v[0], &ou.v[0]);
+            swiglu_grad16(a.y, b.y, d.y, &og.v[1], &ou.v[1]);
+            swiglu_grad16(a.z, b.z, d.z, &og.v[2], &ou.v[2]);
+            swiglu_grad16(a.w, b.w, d.w, &og.v[3], &ou.v[3]);
+            ((olmo_bf16x4 *)dg)[v] = og;
+            ((olmo_bf16x4 *)du)[v] = ou;
+        }
+    for (size_t i = tail + EW_TID; i < n; i += EW_STRIDE) swiglu_grad16(g[i], u[i], ds[i], &dg[i], &du[i]);
+}
+
 int olmo_cuda_swiglu_fwd(OLMO_BE, float *out, const float *g, const float *u, size_t n) {
     (void)be;
     if (!n) return 0;
@@ -427,6 +476,19 @@ int olmo_cuda_swiglu_bwd(OLMO_BE, float *dg, float *du, const float *ds, const f
     else
         OLMO_LAUNCH(swiglu_bwd_kernel<false>, olmo_cuda_ew_blocks(n), EW_THREADS, 0, dg, du, ds, g, u, n);
     OLMO_CUDA_LAUNCHED("swiglu_bwd_kernel");
+    return 0;
+}
+
+int olmo_cuda_swiglu_bwd_bf16(OLMO_BE, void *dg, void *du, const float *ds, const float *g, const float *u,
+                              size_t n) {
+    (void)be;
+    if (!n) return 0;
+    __nv_bfloat16 *g16 = (__nv_bfloat16 *)dg, *u16 = (__nv_bfloat16 *)du;
+    if (((uintptr_t)dg & 7u) == 0 && ((uintptr_t)du & 7u) == 0 && aligned16(ds) && aligned16(g) && aligned16(u))
+        OLMO_LAUNCH(swiglu_bwd_bf16_kernel<true>, ew4_blocks(n), EW_THREADS, 0, g16, u16, ds, g, u, n);
+    else
+        OLMO_LAUNCH(swiglu_bwd_bf16_kernel<false>, olmo_cuda_ew_blocks(n), EW_THREADS, 0, g16, u16, ds, g, u, n);
+    OLMO_CUDA_LAUNCHED("swiglu_bwd_bf16_kernel");
     return 0;
 }
 
