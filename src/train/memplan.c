@@ -269,7 +269,8 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
      * olmo_model_reserve allocates (on a backend that multiplies in bf16 the GEMM operands are saved as bf16) */
     struct olmo_act_layout lo;
     olmo_act_layout_init(&lo, c, t->micro_batch, t->seq_len, t->activation_checkpointing, t->block_every,
-                         d.bf16_compute, all16);
+                         d.bf16_compute, all16,
+                         d.bf16_dlogits ? olmo_act_logits_chunk(c->vocab_size, t->micro_batch, t->seq_len) : 0);
     b[OLMO_MEM_ACTIVATIONS] = olmo_act_group_bytes(&lo, OLMO_ACT_SAVED, buf_of, &d);
     b[OLMO_MEM_LOGITS] = olmo_act_group_bytes(&lo, OLMO_ACT_OUTPUT, buf_of, &d);
     b[OLMO_MEM_WORK] = olmo_act_group_bytes(&lo, OLMO_ACT_WORK, buf_of, &d);
