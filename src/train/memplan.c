@@ -6,7 +6,8 @@
  *     bf16 backends;
  *   - olmo_model_reserve: the activation table (model/activations.h): per
  *     layer up to 18 saved activations, the recompute set, the final norm's
- *     input and output, logits, 10 backward work buffers, RoPE tables, token,
+ *     input and output, logits (cuda-bf16: a chunk of them and their bf16
+ *     gradient), 10 backward work buffers, RoPE tables, token,
  *     target and document ids, summed here from the same table;
  *   - olmo_optimizer_create: two moments over the rank's ZeRO-1 shard
  *     (olmo_dist_shard: rank 0 holds the most);
