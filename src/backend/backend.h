@@ -187,7 +187,13 @@ struct olmo_backend {
      *   cross_entropy_bf16: cross_entropy, writing the gradient as bf16 into dlogits (row i at
      *     dlogits + i * ld, ld >= vocab, in bf16 elements) instead of over the logits; dlogits may be
      *     the logits buffer itself with ld = 2 * vocab (each row's gradient in the first half of its
-     *     own fp32 row), and the logits are undefined afterwards;
+     *     own fp32 row), and the logits are undefined afterwards.  It may run over a micro-batch of
+     *     n_total rows in runs of consecutive rows (the model's logits chunks): this call is rows
+     *     [row0, row0 + n) (logits, dlogits and targets point at row row0), runs go in row order from
+     *     row 0, and each row's sums are kept until the run that ends at n_total, which returns (or
+     *     accumulates) the sums of all n_total rows added in the order one call over them adds them,
+     *     so the loss has the same bits however the rows are cut; the earlier runs return 0 (and add
+     *     nothing to the accumulator).  row0 0 and n_total n: the whole micro-batch in one call;
      *   swiglu_fwd_bf16: s = bf16(silu(g) * u), the down projection's operand;
      *   rmsnorm_add_fwd: y = resid + w * (x * rstd) (rmsnorm_fwd then add, without the normed tensor
      *     in memory); y may alias resid;
@@ -196,7 +202,8 @@ struct olmo_backend {
      *   rmsnorm_bwd_bf16: rmsnorm_bwd with dx written as bf16 (where only GEMMs read it); dx must not
      *     overlap dy. */
     int (*cross_entropy_bf16)(OLMO_BE, float *logits, void *dlogits, size_t ld, const int32_t *targets, int n,
-                              int vocab, float grad_scale, float z_mult, double *ce_sum, double *z_sum);
+                              int vocab, float grad_scale, float z_mult, int row0, int n_total, double *ce_sum,
+                              double *z_sum);
     int (*swiglu_fwd_bf16)(OLMO_BE, void *s, const float *g, const float *u, size_t n);
     int (*rmsnorm_add_fwd)(OLMO_BE, float *y, float *rstd, const float *resid, const float *x, const float *w,
                            int n, int dim, float eps);

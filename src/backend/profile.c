@@ -175,8 +175,10 @@ static int p_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int n
     return rc;
 }
 static int p_cross_entropy_bf16(OLMO_BE, float *logits, void *dlogits, size_t ld, const int32_t *targets, int n,
-                                int vocab, float grad_scale, float z_mult, double *ce_sum, double *z_sum) {
-    TIMED(P_CE, in->cross_entropy_bf16(in, logits, dlogits, ld, targets, n, vocab, grad_scale, z_mult, ce_sum, z_sum));
+                                int vocab, float grad_scale, float z_mult, int row0, int n_total, double *ce_sum,
+                                double *z_sum) {
+    TIMED(P_CE, in->cross_entropy_bf16(in, logits, dlogits, ld, targets, n, vocab, grad_scale, z_mult, row0, n_total,
+                                       ce_sum, z_sum));
     return rc;
 }
 static int p_swiglu_fwd_bf16(OLMO_BE, void *s, const float *g, const float *u, size_t n) {

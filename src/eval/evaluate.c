@@ -532,7 +532,7 @@ int olmo_mc_eval(struct olmo_model *m, const struct olmo_mc_task *t, int pad_id,
             for (int j = 0; j < row->len; j++) {
                 /* logits at position p-1 predict the token at position p */
                 size_t pos = (size_t)b * T + (size_t)(row->start + j - 1);
-                if ((rc = m->be->to_host(m->be, logit_row, m->logits + pos * V, sizeof(float) * (size_t)V))) break;
+                if ((rc = olmo_model_logits_rows(m, (int)pos, 1, logit_row))) break;
                 double mx = -INFINITY, s = 0.0;
                 for (int v = 0; v < V; v++)
                     if (logit_row[v] > mx) mx = logit_row[v];

@@ -40,7 +40,7 @@ static int cmp_query(const void *a, const void *b) {
 /* *lp += log p(target | row position), from the logits on the device. */
 static int add_token_logprob(struct olmo_model *m, size_t pos, int32_t target, float *row, double *lp) {
     const int V = m->cfg.vocab_size;
-    if (m->be->to_host(m->be, row, m->logits + pos * (size_t)V, sizeof(float) * (size_t)V)) return -1;
+    if (olmo_model_logits_rows(m, (int)pos, 1, row)) return -1;
     double mx = -INFINITY, s = 0.0;
     for (int v = 0; v < V; v++)
         if (row[v] > mx) mx = row[v];

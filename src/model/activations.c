@@ -2,6 +2,7 @@
  * buffers allocated from it (olmo_model_reserve's storage, model/model.h). */
 #include "model/activations.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +40,8 @@ const struct olmo_act_model_spec olmo_act_model_specs[OLMO_ACT_MODEL_SLOTS] = {
     [OLMO_ACT_XN_FINAL] = {"xn_final", OLMO_DIM_N, OLMO_DIM_D, OLMO_ACT_SAVED},
     [OLMO_ACT_RSTD_FINAL] = {"rstd_final", OLMO_DIM_N, OLMO_DIM_1, OLMO_ACT_SAVED},
     [OLMO_ACT_ROUND16] = {"round16", OLMO_DIM_N, OLMO_DIM_MAX_DQF, OLMO_ACT_WORK},
-    [OLMO_ACT_LOGITS] = {"logits", OLMO_DIM_N, OLMO_DIM_V, OLMO_ACT_OUTPUT},
+    [OLMO_ACT_LOGITS] = {"logits", OLMO_DIM_LOGIT_ROWS, OLMO_DIM_V, OLMO_ACT_OUTPUT},
+    [OLMO_ACT_DLOGITS] = {"dlogits", OLMO_DIM_N, OLMO_DIM_V, OLMO_ACT_OUTPUT},
     [OLMO_ACT_ROPE_COS] = {"rope_cos", OLMO_DIM_ROPE_T, OLMO_DIM_HALF_HD, OLMO_ACT_WORK},
     [OLMO_ACT_ROPE_SIN] = {"rope_sin", OLMO_DIM_ROPE_T, OLMO_DIM_HALF_HD, OLMO_ACT_WORK},
     [OLMO_ACT_DX] = {"dx", OLMO_DIM_N, OLMO_DIM_D, OLMO_ACT_WORK},
@@ -84,8 +86,15 @@ bool olmo_act_checkpointed(const struct olmo_act_layout *lo, int l) {
     return l >= 0 && lo->mode != OLMO_ACT_CKPT_NONE && lo->every > 0 && l % lo->every == 0;
 }
 
+int olmo_act_logits_chunk(int vocab, int batch, int seq_len) {
+    const double n = (double)batch * seq_len, row = 4.0 * (vocab > 0 ? vocab : 1);
+    double rows = floor(OLMO_LOGITS_CHUNK_BYTES / row / 64) * 64;
+    if (rows < 64) rows = 64;
+    return 2 * rows <= n ? (int)rows : 0;
+}
+
 void olmo_act_layout_init(struct olmo_act_layout *lo, const struct olmo_model_config *cfg, int batch, int seq_len,
-                          enum olmo_act_ckpt mode, int every, bool bf16, bool all16) {
+                          enum olmo_act_ckpt mode, int every, bool bf16, bool all16, int logits_chunk) {
     memset(lo, 0, sizeof *lo);
     const size_t hd = (size_t)(cfg->d_model / cfg->n_heads), D = (size_t)cfg->d_model, Q = (size_t)cfg->n_heads * hd,
                  F = (size_t)cfg->mlp_hidden;
@@ -102,6 +111,8 @@ void olmo_act_layout_init(struct olmo_act_layout *lo, const struct olmo_model_co
     d[OLMO_DIM_H] = (size_t)cfg->n_heads;
     d[OLMO_DIM_HALF_HD] = hd / 2;
     d[OLMO_DIM_MAX_DQF] = F > Q ? (F > D ? F : D) : (Q > D ? Q : D);
+    lo->logits_chunk = logits_chunk > 0 ? logits_chunk : 0;
+    d[OLMO_DIM_LOGIT_ROWS] = lo->logits_chunk ? (size_t)lo->logits_chunk : d[OLMO_DIM_N];
     lo->n_layers = cfg->n_layers;
     lo->mode = mode;
     lo->every = every < 1 ? 1 : every;
@@ -138,6 +149,10 @@ struct olmo_act_alloc olmo_act_model(const struct olmo_act_layout *lo, enum olmo
     case OLMO_ACT_XN_FINAL: a.dtype = lo->bf16 ? OLMO_BF16 : OLMO_F32; break;
     case OLMO_ACT_DG:
     case OLMO_ACT_DU: a.dtype = lo->grads16 ? OLMO_BF16 : OLMO_F32; break;
+    case OLMO_ACT_DLOGITS:
+        a.keep = lo->logits_chunk > 0;
+        a.dtype = OLMO_BF16;
+        break;
     case OLMO_ACT_ROUND16:
         a.keep = lo->all16 && lo->any_checkpointed;
         a.dtype = OLMO_BF16;
@@ -179,6 +194,7 @@ static void **model_view(struct olmo_model *m, enum olmo_act_model_slot slot) {
     case OLMO_ACT_RSTD_FINAL: return (void **)&m->rstd_final;
     case OLMO_ACT_ROUND16: return &m->round16;
     case OLMO_ACT_LOGITS: return (void **)&m->logits;
+    case OLMO_ACT_DLOGITS: return &m->dlogits;
     case OLMO_ACT_ROPE_COS: return (void **)&m->rope_cos;
     case OLMO_ACT_ROPE_SIN: return (void **)&m->rope_sin;
     case OLMO_ACT_DX: return (void **)&m->dx;
@@ -213,6 +229,8 @@ void olmo_model_free_acts(struct olmo_model *m) {
         if (view) *view = NULL;
     }
     m->batch = m->seq_len = 0;
+    m->logits_chunk = 0;
+    m->logits_row0 = -1;
     m->act_bytes = 0;
 }
 

@@ -43,7 +43,8 @@ enum olmo_act_model_slot {
     OLMO_ACT_XN_FINAL,   /* the final norm's output [N, D] (the LM head's weight-gradient operand) */
     OLMO_ACT_RSTD_FINAL, /* its statistics [N] */
     OLMO_ACT_ROUND16,    /* bf16 rounding of what the backward recomputes [N, max(D, Q, F)] */
-    OLMO_ACT_LOGITS,     /* [N, V], overwritten by their gradient */
+    OLMO_ACT_LOGITS,     /* fp32 [N, V], overwritten by their gradient; a chunk of them [C, V] with a chunked loss */
+    OLMO_ACT_DLOGITS,    /* a chunked loss's gradient of the logits, bf16 [N, V] (logits_chunk > 0 only) */
     OLMO_ACT_ROPE_COS,   /* [T, head_dim / 2] */
     OLMO_ACT_ROPE_SIN,
     OLMO_ACT_DX,         /* the backward's activation gradients and scratch */
@@ -65,7 +66,7 @@ enum olmo_act_model_slot {
 /* What a tensor's bytes count as (the memory plan's lines). */
 enum olmo_act_group {
     OLMO_ACT_SAVED,  /* saved for the backward pass, and the recompute set */
-    OLMO_ACT_OUTPUT, /* the logits */
+    OLMO_ACT_OUTPUT, /* the logits (and a chunked loss's bf16 gradient of them) */
     OLMO_ACT_WORK    /* the backward's work buffers, RoPE tables, ids */
 };
 
@@ -100,6 +101,7 @@ enum olmo_act_dim {
     OLMO_DIM_H,       /* n_heads */
     OLMO_DIM_HALF_HD, /* head_dim / 2 */
     OLMO_DIM_MAX_DQF, /* max(D, Q, F) */
+    OLMO_DIM_LOGIT_ROWS, /* rows of the fp32 logits: N, or a chunked loss's chunk */
     OLMO_DIM_COUNT
 };
 
@@ -131,6 +133,7 @@ struct olmo_act_layout {
      * the caller after olmo_act_layout_init (false there) */
     bool grads16;
     bool any_checkpointed, any_x16;
+    int logits_chunk; /* rows of a chunked loss's fp32 logits; 0: the logits of all N rows */
 };
 
 /* One tensor of the layout: kept (allocated) or not, its element type and element count. */
@@ -145,7 +148,15 @@ struct olmo_act_alloc {
 #define OLMO_ACT_SHARED (-1)
 
 void olmo_act_layout_init(struct olmo_act_layout *lo, const struct olmo_model_config *cfg, int batch, int seq_len,
-                          enum olmo_act_ckpt mode, int every, bool bf16, bool all16);
+                          enum olmo_act_ckpt mode, int every, bool bf16, bool all16, int logits_chunk);
+
+/* The chunked loss (a backend with cross_entropy_bf16, model.h: olmo_model_loss): the logits of
+ * logits_chunk rows at a time in fp32, their bf16 gradient for all N rows.  The fp32 chunk stays within
+ * OLMO_LOGITS_CHUNK_BYTES: the largest multiple of 64 rows (the GEMM's row tiles) that fits, at least 64;
+ * 0 (all N rows' fp32 logits, the gradient in place as bf16) where that holds less, i.e. unless two chunks
+ * fit in the micro-batch (4 C V + 2 N V bytes against 4 N V). */
+#define OLMO_LOGITS_CHUNK_BYTES (256.0 * 1024 * 1024)
+int olmo_act_logits_chunk(int vocab, int batch, int seq_len);
 /* Whether layer l is checkpointed (recomputes in its backward what it did not keep). */
 bool olmo_act_checkpointed(const struct olmo_act_layout *lo, int l);
 /* Layer l's (or OLMO_ACT_SHARED's) tensor `slot`. */

@@ -110,6 +110,7 @@ static int create(struct olmo_model *m, const struct olmo_model_config *cfg, con
     m->cfg = *cfg;
     m->be = be;
     m->ckpt_every = 1;
+    m->logits_row0 = -1;
     m->saved_type = be->compute_dtype == OLMO_BF16 ? OLMO_BF16 : OLMO_F32;
     m->head_dim = cfg->d_model / cfg->n_heads;
     m->q_dim = cfg->n_heads * m->head_dim;
@@ -364,8 +365,13 @@ static size_t rope_offset(const struct olmo_model *m, int l) {
 }
 
 void olmo_model_act_layout(const struct olmo_model *m, int batch, int seq_len, struct olmo_act_layout *lo) {
+    /* the chunked loss where the backend writes the logits' gradient as bf16 (model/head.c) */
+    const int N = batch * seq_len, asked = m->logits_chunk_rows;
+    const int chunk = !m->be->cross_entropy_bf16 ? 0
+                      : asked > 0              ? (asked < N ? asked : N)
+                                               : olmo_act_logits_chunk(m->cfg.vocab_size, batch, seq_len);
     olmo_act_layout_init(lo, &m->cfg, batch, seq_len, m->ckpt_mode, m->ckpt_every, m->saved_type == OLMO_BF16,
-                         m->saved_all_bf16);
+                         m->saved_all_bf16, chunk);
     lo->grads16 = m->be->compute_dtype == OLMO_BF16 && m->be->swiglu_bwd_bf16;
 }
 
@@ -399,6 +405,7 @@ int olmo_model_reserve(struct olmo_model *m, int batch, int seq_len) {
     }
     m->batch = batch;
     m->seq_len = seq_len;
+    m->logits_chunk = lo.logits_chunk;
     m->act_bytes = (size_t)olmo_act_group_bytes(&lo, OLMO_ACT_SAVED, NULL, NULL);
     const size_t table = sizeof(float) * (size_t)seq_len * (size_t)(m->head_dim / 2) * olmo_rope_n_tables(&m->cfg);
     float *cos_t = malloc(table), *sin_t = malloc(table);
@@ -570,7 +577,6 @@ int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_mas
     const struct olmo_backend *be = m->be;
     const struct olmo_model_config *c = &m->cfg;
     const int N = m->batch * m->seq_len, D = c->d_model, V = c->vocab_size;
-    const float eps = (float)c->rms_norm_eps;
     for (int i = 0; i < N; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
             return olmo_error("token id %d at position %d is outside the vocabulary [0, %d)", tokens[i], i, V);
@@ -606,29 +612,7 @@ int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_mas
         TRY(olmo_model_block_forward(m, l));
         HOOK(release, l, false);
     }
-    const struct olmo_buf *xn_saved = &m->bufs[OLMO_ACT_XN_FINAL];
-    const bool xn16 = xn_saved->dtype == OLMO_BF16;
-    float *xn = xn16 ? m->dtmp : xn_saved->data; /* saved as bf16: computed in fp32 scratch first */
-    TRY(be->rmsnorm_fwd(be, xn, m->rstd_final, m->x_final, m->final_norm, N, D, eps));
-    TRY(be->gemm(be, false, true, N, V, D, 1.0f, xn, OLMO_F32, D, WEIGHT(m->lm_head), D, 0.0f, m->logits, V));
-    m->dlogits_bf16 = false;
-    if (xn16) TRY(be->convert(be, xn_saved->data, OLMO_BF16, xn, OLMO_F32, (size_t)N * D));
-    return 0;
-}
-
-int olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_scale, float z_mult,
-                     double *ce_sum, double *z_sum) {
-    const int N = m->batch * m->seq_len;
-    TRY(m->be->to_device(m->be, m->targets, targets, sizeof(int32_t) * (size_t)N));
-    const int V = m->cfg.vocab_size;
-    if (m->be->cross_entropy_bf16) { /* the gradient as the LM head's bf16 GEMMs read it, in place */
-        TRY(m->be->cross_entropy_bf16(m->be, m->logits, m->logits, 2 * (size_t)V, m->targets, N, V, grad_scale,
-                                      z_mult, ce_sum, z_sum));
-        m->dlogits_bf16 = true;
-        return 0;
-    }
-    TRY(m->be->cross_entropy(m->be, m->logits, m->targets, N, V, grad_scale, z_mult, ce_sum, z_sum));
-    return 0;
+    return olmo_model_head_forward(m); /* the final norm and the logits (model/head.c) */
 }
 
 /* What a checkpointed layer did not keep, recomputed from what it kept with the same ops and weights. */
@@ -728,14 +712,7 @@ int olmo_model_backward(struct olmo_model *m) {
         TRY(be->zero(be, m->d_embed, sizeof(float) * (size_t)V * D));
         TRY(be->zero(be, m->d_final_norm, sizeof(float) * (size_t)D));
     }
-    /* LM head and final norm; m->logits holds dL/dlogits. */
-    const enum olmo_float_type dl_type = m->dlogits_bf16 ? OLMO_BF16 : OLMO_F32;
-    const int ld_dl = m->dlogits_bf16 ? 2 * V : V;
-    TRY(be->gemm(be, false, false, N, D, V, 1.0f, m->logits, dl_type, ld_dl, WEIGHT(m->lm_head), D, 0.0f, m->dtmp, D));
-    const struct olmo_buf *xn = &m->bufs[OLMO_ACT_XN_FINAL];
-    TRY(be->gemm(be, true, false, V, D, N, 1.0f, m->logits, dl_type, ld_dl, xn->data, xn->dtype, D, gb, m->d_lm_head,
-                 D));
-    TRY(be->rmsnorm_bwd(be, m->dx, m->d_final_norm, m->dtmp, m->x_final, m->final_norm, m->rstd_final, N, D));
+    TRY(olmo_model_head_backward(m, gb)); /* LM head and final norm, from the loss's gradient (model/head.c) */
     /* m->dx: gradient w.r.t. the current layer's output. */
     for (int l = c->n_layers - 1; l >= 0; l--) {
         HOOK(acquire, l, true); /* a checkpointed block recomputes with these weights */

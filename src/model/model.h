@@ -125,6 +125,16 @@ struct olmo_model {
     size_t act_bytes;
     float *resid; /* the fp32 input of the layers that save x as bf16 (NULL when none does) */
     float *x_final, *rstd_final, *logits;
+    /* The chunked loss (a backend with cross_entropy_bf16; model/activations.h: olmo_act_logits_chunk):
+     * logits_chunk > 0 rows of fp32 logits at a time in `logits` ([logits_chunk, V]), their gradient as
+     * bf16 in `dlogits` ([N, V]); the forward pass stops at the final norm and olmo_model_loss computes
+     * the logits chunk by chunk.  0: the forward pass computes all N rows into `logits` ([N, V]).
+     * logits_chunk_rows: the chunk asked for by olmo_model_set_logits_chunk (0: the automatic one). */
+    int logits_chunk, logits_chunk_rows;
+    void *dlogits;
+    /* The rows whose logits `logits` holds: [logits_row0, logits_row0 + rows), -1 when none (the loss
+     * overwrites them); olmo_model_logits_rows reads and, chunked, fills it. */
+    int logits_row0;
     /* olmo_model_loss left the logits' gradient as bf16 in the first half of each logits row (the
      * backend's cross_entropy_bf16; bf16 leading dimension 2 * vocab), not as fp32 over the row */
     bool dlogits_bf16;
@@ -203,12 +213,22 @@ int olmo_model_block_forward(struct olmo_model *m, int l);
 int olmo_model_block_backward(struct olmo_model *m, int l);
 const struct olmo_param *olmo_model_find_param(const struct olmo_model *m, const char *name);
 
-/* Forward pass over tokens [batch*seq_len] (host memory); logits end up in m->logits.
- * doc_masking: attention does not cross EOS boundaries (the EOS closes its document). */
+/* Forward pass over tokens [batch*seq_len] (host memory), through the final norm and, unless the loss
+ * is chunked (m->logits_chunk), the logits of every row into m->logits; olmo_model_logits_rows reads
+ * them either way.  doc_masking: attention does not cross EOS boundaries (the EOS closes its document). */
 int olmo_model_forward(struct olmo_model *m, const int32_t *tokens, bool doc_masking);
+/* Rows [row, row + n) of the last forward pass's logits, fp32 [n, V], copied to host memory (before
+ * olmo_model_loss, which overwrites them): from m->logits, or, with a chunked loss, computed into it a
+ * chunk at a time (the chunk of the loss's GEMM, the same values). */
+int olmo_model_logits_rows(struct olmo_model *m, int row, int n, float *host);
+/* The rows of the chunked loss's fp32 logits (tests: any chunk, to check that it changes nothing); 0:
+ * the automatic choice.  Only where the backend has cross_entropy_bf16; re-reserves the activations. */
+int olmo_model_set_logits_chunk(struct olmo_model *m, int rows);
 /* Cross-entropy (+ z-loss) against targets [batch*seq_len] (host; <0 ignored).
- * Replaces m->logits with the gradient of grad_scale * sum(ce + z_mult * lse^2): fp32, or as bf16 in
- * place (m->dlogits_bf16) where the backend has cross_entropy_bf16.
+ * Leaves the gradient of grad_scale * sum(ce + z_mult * lse^2) for olmo_model_backward: over m->logits
+ * in fp32, or as bf16 in place (m->dlogits_bf16) where the backend has cross_entropy_bf16, or, chunked
+ * (m->logits_chunk), as bf16 in m->dlogits, the logits computed and consumed a chunk of rows at a time
+ * (the loss's sums and the gradient have the same bits as in one pass).
  * ce_sum and z_sum NULL (only where the backend has loss_sums): the sums stay in the backend's
  * accumulator, read once for all micro-batches with be->loss_sums. */
 int olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_scale, float z_mult,
@@ -217,6 +237,10 @@ int olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_sca
  * overwrite_grads).
  * These and the forward pass return 0, or -1 with the backend's error set. */
 int olmo_model_backward(struct olmo_model *m);
+/* The LM head's parts of the passes (model/head.c): forward from the final norm's input m->x_final,
+ * backward (gb: the LM head gradient GEMM's beta) into m->dx. */
+int olmo_model_head_forward(struct olmo_model *m);
+int olmo_model_head_backward(struct olmo_model *m, float gb);
 
 /* Layer `layer`'s attention shape for micro-batches of batch x seq_len. */
 void olmo_model_attn_shape(const struct olmo_model *m, int layer, int batch, int seq_len, struct olmo_attn_shape *s);

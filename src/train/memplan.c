@@ -6,7 +6,8 @@
  *     bf16 backends;
  *   - olmo_model_reserve: the activation table (model/activations.h): per
  *     layer up to 18 saved activations, the recompute set, the final norm's
- *     input and output, logits, 10 backward work buffers, RoPE tables, token,
+ *     input and output, logits (cuda-bf16: a chunk of them and their bf16
+ *     gradient), 10 backward work buffers, RoPE tables, token,
  *     target and document ids, summed here from the same table;
  *   - olmo_optimizer_create: two moments over the rank's ZeRO-1 shard
  *     (olmo_dist_shard: rank 0 holds the most);
@@ -274,7 +275,8 @@ int olmo_mem_plan(const struct olmo_config *cfg, const struct olmo_mem_plan_opti
      * olmo_model_reserve allocates (on a backend that multiplies in bf16 the GEMM operands are saved as bf16) */
     struct olmo_act_layout lo;
     olmo_act_layout_init(&lo, c, t->micro_batch, t->seq_len, t->activation_checkpointing, t->block_every,
-                         d.bf16_compute, all16);
+                         d.bf16_compute, all16,
+                         d.bf16_dlogits ? olmo_act_logits_chunk(c->vocab_size, t->micro_batch, t->seq_len) : 0);
     lo.grads16 = d.bf16_act_grads;
     b[OLMO_MEM_ACTIVATIONS] = olmo_act_group_bytes(&lo, OLMO_ACT_SAVED, buf_of, &d);
     b[OLMO_MEM_LOGITS] = olmo_act_group_bytes(&lo, OLMO_ACT_OUTPUT, buf_of, &d);

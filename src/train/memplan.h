@@ -20,7 +20,8 @@ enum olmo_mem_item {
     OLMO_MEM_COMPUTE,     /* the weights in the compute dtype (bf16 backends; fsdp: of the shard) */
     OLMO_MEM_GATHERED,    /* fsdp: gathered block weights (two blocks on a device: the next one is prefetched) */
     OLMO_MEM_ACTIVATIONS, /* saved for the backward pass (by checkpointing mode), recompute buffers */
-    OLMO_MEM_LOGITS,      /* [tokens, vocab] fp32, overwritten by their gradient */
+    OLMO_MEM_LOGITS,      /* [tokens, vocab] fp32, overwritten by their gradient; cuda-bf16's chunked loss: a
+                             [chunk, vocab] fp32 chunk and the [tokens, vocab] bf16 gradient */
     OLMO_MEM_WORK,        /* the backward pass's activation gradients, token ids, RoPE tables */
     OLMO_MEM_SCRATCH,     /* the backend's grow-only scratch (attention, GEMM operand packing, loss) */
     OLMO_MEM_COMM,        /* communication buffers (fsdp: a unit's gradient before reduce-scatter) */

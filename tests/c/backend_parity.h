@@ -73,6 +73,7 @@ void test_adamw_flat(void);
 /* backend_parity_model.c: two tiny models trained on both backends */
 void test_model(const char *label, const struct olmo_config *cfg, int steps);
 void test_model_vs_cpu_bf16(const char *label, const struct olmo_config *cfg, int steps);
+void test_model_logits_chunks(const char *label, const struct olmo_config *cfg, int steps, int rows);
 void base_config(struct olmo_config *c);
 
 #endif

@@ -190,8 +190,8 @@ void test_cross_entropy_bf16(int n, int V) {
     double ce[3], zs[3];
     int rc = dut->cross_entropy(dut, a.d, tg.d, n, V, grad_scale, z, &ce[0], &zs[0]);
     rc = rc || dut->convert(dut, want, OLMO_BF16, a.d, OLMO_F32, nv);
-    rc = rc || dut->cross_entropy_bf16(dut, b.d, b.d, 2 * (size_t)V, tg.d, n, V, grad_scale, z, &ce[1], &zs[1]);
-    rc = rc || dut->cross_entropy_bf16(dut, logits.d, sep, ld, tg.d, n, V, grad_scale, z, &ce[2], &zs[2]);
+    rc = rc || dut->cross_entropy_bf16(dut, b.d, b.d, 2 * (size_t)V, tg.d, n, V, grad_scale, z, 0, n, &ce[1], &zs[1]);
+    rc = rc || dut->cross_entropy_bf16(dut, logits.d, sep, ld, tg.d, n, V, grad_scale, z, 0, n, &ce[2], &zs[2]);
     if (rc) {
         fprintf(stderr, "test_backend_parity: cross_entropy_bf16: %s\n", olmo_last_error());
         exit(1);
@@ -209,9 +209,49 @@ void test_cross_entropy_bf16(int n, int V) {
     report_same(name, separate && ce[2] == ce[0] && zs[2] == zs[0]);
     /* a gradient inside the logits anywhere but over its own rows is refused */
     double c, zz;
-    const bool refused = dut->cross_entropy_bf16(dut, b.d, b.d, (size_t)V, tg.d, n, V, 1.0f, 0.0f, &c, &zz) != 0 &&
-                         dut->cross_entropy_bf16(dut, b.d, sep, (size_t)V - 1, tg.d, n, V, 1.0f, 0.0f, &c, &zz) != 0;
+    const bool refused = dut->cross_entropy_bf16(dut, b.d, b.d, (size_t)V, tg.d, n, V, 1.0f, 0.0f, 0, n, &c, &zz) != 0 &&
+                         dut->cross_entropy_bf16(dut, b.d, sep, (size_t)V - 1, tg.d, n, V, 1.0f, 0.0f, 0, n, &c, &zz) != 0;
     report("cross-entropy bf16: overlapping or short ld refused", refused ? 0.0 : 1.0, 0.0);
+    /* in runs of rows (the chunked loss): runs of 3 rows, the last shorter, into a buffer of ld V; the sums
+     * (returned, then deferred) must be those of one call, bit for bit */
+    struct dual c2 = dual_clone(logits), c3 = dual_clone(logits), c4 = dual_clone(logits);
+    uint16_t *runs = be_alloc(dut, nv * 2);
+    double rce = -1, rz = -1, dce[2] = {-1, -1}, dz[2] = {-1, -1};
+    rc = 0;
+    for (int r0 = 0; r0 < n && !rc; r0 += 3) {
+        const int k = n - r0 < 3 ? n - r0 : 3;
+        rc = dut->cross_entropy_bf16(dut, c2.d + (size_t)r0 * V, runs + (size_t)r0 * V, (size_t)V, tg.d + r0, k, V,
+                                     grad_scale, z, r0, n, &rce, &rz);
+    }
+    if (dut->loss_sums) { /* deferred: one call, then the same in runs */
+        rc = rc || dut->loss_sums(dut, NULL, NULL);
+        rc = rc || dut->cross_entropy_bf16(dut, c4.d, sep, ld, tg.d, n, V, grad_scale, z, 0, n, NULL, NULL);
+        rc = rc || dut->loss_sums(dut, &dce[0], &dz[0]);
+        for (int r0 = 0; r0 < n && !rc; r0 += 3) {
+            const int k = n - r0 < 3 ? n - r0 : 3;
+            rc = dut->cross_entropy_bf16(dut, c3.d + (size_t)r0 * V, sep + (size_t)r0 * ld, ld, tg.d + r0, k, V,
+                                         grad_scale, z, r0, n, NULL, NULL);
+        }
+        rc = rc || dut->loss_sums(dut, &dce[1], &dz[1]);
+    }
+    if (rc) {
+        fprintf(stderr, "test_backend_parity: cross_entropy_bf16 in runs: %s\n", olmo_last_error());
+        exit(1);
+    }
+    uint16_t *hr = dut_to_host(runs, nv * 2);
+    snprintf(name, sizeof name, "cross-entropy bf16 in runs of 3 rows [%d x %d]", n, V);
+    report_same(name, !memcmp(hw, hr, nv * 2) && rce == ce[0] && rz == zs[0] &&
+                          (!dut->loss_sums || (dce[0] == dce[1] && dz[0] == dz[1])));
+    /* runs out of order (a gap) are refused */
+    const bool gap = n > 3 && dut->cross_entropy_bf16(dut, c2.d, runs, (size_t)V, tg.d, 1, V, 1.0f, 0.0f, 0, n, &c,
+                                                      &zz) == 0 &&
+                     dut->cross_entropy_bf16(dut, c2.d, runs, (size_t)V, tg.d, 1, V, 1.0f, 0.0f, 2, n, &c, &zz) != 0;
+    report("cross-entropy bf16: runs out of row order refused", gap || n <= 3 ? 0.0 : 1.0, 0.0);
+    free(hr);
+    dut->free(dut, runs);
+    dual_free(&c2);
+    dual_free(&c3);
+    dual_free(&c4);
     free(hw);
     free(hb);
     free(hs);

@@ -173,3 +173,68 @@ void base_config(struct olmo_config *c) {
     c->train.schedule = OLMO_SCHED_COSINE;
     c->train.alpha_f = 0.1;
 }
+
+/* The chunked loss (model/head.c) against the one-pass loss on the backend under test: the logits a
+ * chunk of `rows` rows at a time (uneven: the last chunk shorter) must leave the logits the evaluation
+ * reads, the validation loss's sums, the training losses, gradients and weights bit-identical. */
+void test_model_logits_chunks(const char *label, const struct olmo_config *cfg, int steps, int rows) {
+    if (!dut->cross_entropy_bf16) {
+        printf("note: %s has no cross_entropy_bf16: the model keeps the logits of the whole micro-batch\n",
+               dut->name);
+        return;
+    }
+    const struct olmo_train_config *t = &cfg->train;
+    const size_t N = (size_t)t->micro_batch * t->seq_len, V = (size_t)cfg->model.vocab_size;
+    const size_t per_step = (size_t)t->grad_accum * N;
+    int32_t *data = xmalloc((per_step * (size_t)steps + 1) * sizeof(int32_t));
+    for (size_t i = 0; i < per_step * (size_t)steps + 1; i++)
+        data[i] = (int32_t)(olmo_rng_next(&rng) % (uint64_t)V);
+    struct olmo_trainer one, chunked;
+    if (make_trainer(cfg, dut, &one) || make_trainer(cfg, dut, &chunked) ||
+        olmo_model_set_logits_chunk(&chunked.model, rows)) {
+        fprintf(stderr, "test_backend_parity: %s\n", olmo_last_error());
+        exit(1);
+    }
+    char name[160];
+    snprintf(name, sizeof name, "chunked loss %s: %d-row chunks of %zu rows", label, chunked.model.logits_chunk, N);
+    report(name, one.model.logits_chunk == 0 && chunked.model.logits_chunk == rows ? 0.0 : 1.0, 0.0);
+    /* the logits the evaluation reads, then the validation loss (sums returned to the host) */
+    float *la = xmalloc(N * V * sizeof(float)), *lc = xmalloc(N * V * sizeof(float));
+    double ce[2], z[2];
+    struct olmo_model *ms[2] = {&one.model, &chunked.model};
+    for (int k = 0; k < 2; k++)
+        if (olmo_model_forward(ms[k], data, false) || olmo_model_logits_rows(ms[k], 0, (int)N, k ? lc : la) ||
+            olmo_model_loss(ms[k], data + 1, 0.0f, 0.0f, &ce[k], &z[k])) {
+            fprintf(stderr, "test_backend_parity: %s\n", olmo_last_error());
+            exit(1);
+        }
+    snprintf(name, sizeof name, "chunked loss %s: logits", label);
+    report(name, memcmp(la, lc, N * V * sizeof(float)) ? 1.0 : 0.0, 0.0);
+    snprintf(name, sizeof name, "chunked loss %s: validation loss sums", label);
+    report(name, ce[0] == ce[1] && z[0] == z[1] ? 0.0 : 1.0, 0.0);
+    free(la);
+    free(lc);
+    bool same = true;
+    for (int s = 0; s < steps; s++) {
+        struct olmo_step_result ra, rc;
+        if (olmo_trainer_accumulate(&one, data + per_step * (size_t)s, &ra) ||
+            olmo_trainer_accumulate(&chunked, data + per_step * (size_t)s, &rc)) {
+            fprintf(stderr, "test_backend_parity: %s\n", olmo_last_error());
+            exit(1);
+        }
+        same = same && ra.ce_loss == rc.ce_loss && ra.z_loss == rc.z_loss && ra.grad_norm == rc.grad_norm;
+        if (s == 0) {
+            snprintf(name, sizeof name, "chunked loss %s: gradients at step 1", label);
+            expect_same_bits(name, one.model.grads, chunked.model.grads, one.model.n_floats);
+        }
+        olmo_trainer_update(&one, &ra);
+        olmo_trainer_update(&chunked, &rc);
+    }
+    snprintf(name, sizeof name, "chunked loss %s: losses, %d steps", label, steps);
+    report(name, same ? 0.0 : 1.0, 0.0);
+    snprintf(name, sizeof name, "chunked loss %s: weights after %d steps", label, steps);
+    expect_same_bits(name, one.model.weights, chunked.model.weights, one.model.n_floats);
+    olmo_trainer_destroy(&one);
+    olmo_trainer_destroy(&chunked);
+    free(data);
+}

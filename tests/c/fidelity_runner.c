@@ -44,7 +44,7 @@ static int run(const char *config_path, const char *weights_path, const char *ba
     for (size_t i = 0; i < N; i++) tr.inputs[i] = tokens[i];
     if (olmo_model_forward(m, tr.inputs, t->intra_doc_masking)) return -1;
     float *logits = malloc(N * V * sizeof(float));
-    m->be->to_host(m->be, logits, m->logits, N * V * sizeof(float));
+    if (olmo_model_logits_rows(m, 0, (int)N, logits)) return -1;
     int64_t lshape[3] = {t->micro_batch, t->seq_len, (int64_t)V};
     if (olmo_st_writer_add(&w, "logits", OLMO_ST_F32, 3, lshape, logits)) return -1;
     free(logits);

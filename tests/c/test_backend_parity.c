@@ -648,6 +648,7 @@ int main(int argc, char **argv) {
     a.train.intra_doc_masking = true;
     test_model("A (GQA, window 24, docs, head_dim 16)", &a, quick ? 2 : 4);
     test_model_vs_cpu_bf16("A (GQA, window 24, docs, head_dim 16)", &a, quick ? 2 : 4);
+    test_model_logits_chunks("A", &a, 2, 48); /* 160 rows: chunks of 48, 48, 48, 16 */
 
     struct olmo_config b;
     base_config(&b);

@@ -42,6 +42,11 @@ CONFIGS = {
     # test_cli's tiny config (4 layers, GQA 4/2 heads) and a 2-layer version of it
     "tiny4": (None, []),
     "tiny2": (None, ["--set", "model.n_layers=2"]),
+    # a vocabulary large enough for cuda-bf16's chunked loss at 192 tokens (model/activations.h:
+    # olmo_act_logits_chunk: 256 MiB of fp32 logits hold fewer than 128 rows, so 64-row chunks)
+    "bigvocab": (ROOT / "configs" / "olmo3-1m-8k.yaml",
+                 ["--set", "model.vocab_size=530000", "--set", "model.d_model=64", "--set", "model.n_layers=2",
+                  "--set", "model.mlp_hidden=256", "--set", "train.seq_len=192", "--set", "train.micro_batch=1"]),
 }
 MODES = {
     "zero1": [],
@@ -170,6 +175,20 @@ def test_plan_matches_measured_peak_emulated_cuda(build_dir, tiny, tmp_path, bac
     if not exe.exists():
         pytest.skip("olmoc_emu is not built (the emulated CUDA runtime needs a C++ compiler)")
     check(build_dir, exe, backend, "tiny2", ranks, mode, tiny, tmp_path, TOLERANCE_EMULATED_CUDA)
+
+
+@pytest.mark.slow
+def test_plan_matches_measured_peak_chunked_loss(build_dir, tiny, tmp_path):
+    """cuda-bf16's chunked loss (~1 min emulated): the fp32 logits of 64 rows at a time and the bf16
+    gradient of all 192, not the fp32 logits of the 192 rows, in the plan and in the counters."""
+    exe = build_dir / "tests" / "olmoc_emu"
+    if not exe.exists():
+        pytest.skip("olmoc_emu is not built (the emulated CUDA runtime needs a C++ compiler)")
+    check(build_dir, exe, "cuda-bf16", "bigvocab", 1, "zero1", tiny, tmp_path, TOLERANCE_EMULATED_CUDA)
+    _, table = plan_bytes(build_dir, CONFIGS["bigvocab"][0], 1, "cuda-bf16", CONFIGS["bigvocab"][1])
+    V, rounded = 530000, lambda b: -(-b // 256) * 256
+    chunked = rounded(64 * V * 4) + rounded(192 * V * 2)
+    assert re.search(rf"#   logits +{chunked / 2**30:.2f} GiB", table), (chunked, table)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "cpu-bf16"])

@@ -127,6 +127,8 @@ struct olmo_cuda_state {
     cudaStream_t grad;
     cudaEvent_t grad_main_mark, grad_mark[2];
     bool on_grad; /* between grad_begin and grad_end */
+    /* cross_entropy_bf16 over runs of rows: the next row expected and the micro-batch's rows */
+    int ce_next_row, ce_rows;
 };
 #define CUDA_STATE(be) ((struct olmo_cuda_state *)(be)->state)
 /* The stream that zero, copy, convert, add and the group collectives enqueue on (0: the legacy
@@ -168,7 +170,8 @@ int olmo_cuda_swiglu_bwd_bf16(OLMO_BE, void *dg, void *du, const float *ds, cons
 int olmo_cuda_rmsnorm_bwd_bf16(OLMO_BE, void *dx, float *dw, const float *dy, const float *x, const float *w,
                                const float *rstd, int n, int dim);
 int olmo_cuda_cross_entropy_bf16(OLMO_BE, float *logits, void *dlogits, size_t ld, const int32_t *targets, int n,
-                                 int vocab, float grad_scale, float z_mult, double *ce_sum, double *z_sum);
+                                 int vocab, float grad_scale, float z_mult, int row0, int n_total, double *ce_sum,
+                                 double *z_sum);
 int olmo_cuda_scale(OLMO_BE, float *x, size_t n, float s);
 int olmo_cuda_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
                             float z_mult, double *ce_sum, double *z_sum);

@@ -635,26 +635,31 @@ static int loss_accumulate(OLMO_BE, const double *sums) {
     return 0;
 }
 
-/* Both variants: the row kernel, then the two sums copied to the host (or, with ce_sum / z_sum NULL,
- * added to the deferred accumulator that olmo_cuda_loss_sums reads). */
+/* Both variants: the row kernel over rows [row0, row0 + n) of n_total, its per-row sums kept in
+ * SCRATCH_REDUCE (ce at [0, n_total), lse^2 after: the first run sizes the slot for all the rows, so the
+ * later runs get the same buffer, and only GEMMs run between runs); after the run that ends at n_total,
+ * the two sums over all the rows (one fixed order however the rows were cut) copied to the host (or,
+ * with ce_sum / z_sum NULL, added to the deferred accumulator that olmo_cuda_loss_sums reads). */
 static int cross_entropy_launch(OLMO_BE, float *logits, __nv_bfloat16 *d16, size_t ld16, const int32_t *targets, int n,
-                                int vocab, float grad_scale, float z_mult, double *ce_sum, double *z_sum) {
+                                int vocab, float grad_scale, float z_mult, int row0, int n_total, double *ce_sum,
+                                double *z_sum) {
     if (ce_sum && z_sum) *ce_sum = *z_sum = 0.0; /* NULL: deferred (olmo_cuda_loss_sums) */
     if (n <= 0 || vocab <= 0) return 0;
-    double *rows = (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE, 2 * sizeof(double) * (size_t)n);
+    double *rows = (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE, 2 * sizeof(double) * (size_t)n_total);
     double *out = rows ? (double *)olmo_cuda_scratch(be, SCRATCH_REDUCE_OUT, 2 * sizeof(double)) : NULL;
     if (!out) return -1;
     if (d16) {
         OLMO_LAUNCH(cross_entropy_kernel<true>, n, CE_THREADS, 0, logits, d16, ld16, targets, vocab, grad_scale,
-                    z_mult, rows, rows + n);
+                    z_mult, rows + row0, rows + n_total + row0);
     } else {
         OLMO_LAUNCH(cross_entropy_kernel<false>, n, CE_THREADS, 0, logits, d16, ld16, targets, vocab, grad_scale,
-                    z_mult, rows, rows + n);
+                    z_mult, rows + row0, rows + n_total + row0);
     }
     OLMO_CUDA_LAUNCHED("cross_entropy_kernel");
-    OLMO_LAUNCH(sum_doubles_kernel, 1, 1024, 0, out, rows, (size_t)n);
+    if (row0 + n < n_total) return 0; /* the sums after the last run */
+    OLMO_LAUNCH(sum_doubles_kernel, 1, 1024, 0, out, rows, (size_t)n_total);
     OLMO_CUDA_LAUNCHED("sum_doubles_kernel");
-    OLMO_LAUNCH(sum_doubles_kernel, 1, 1024, 0, out + 1, rows + n, (size_t)n);
+    OLMO_LAUNCH(sum_doubles_kernel, 1, 1024, 0, out + 1, rows + n_total, (size_t)n_total);
     OLMO_CUDA_LAUNCHED("sum_doubles_kernel");
     if (!ce_sum || !z_sum) return loss_accumulate(be, out);
     double host[2];
@@ -666,12 +671,21 @@ static int cross_entropy_launch(OLMO_BE, float *logits, __nv_bfloat16 *d16, size
 
 int olmo_cuda_cross_entropy(OLMO_BE, float *logits, const int32_t *targets, int n, int vocab, float grad_scale,
                              float z_mult, double *ce_sum, double *z_sum) {
-    return cross_entropy_launch(be, logits, NULL, 0, targets, n, vocab, grad_scale, z_mult, ce_sum, z_sum);
+    return cross_entropy_launch(be, logits, NULL, 0, targets, n, vocab, grad_scale, z_mult, 0, n, ce_sum, z_sum);
 }
 
 int olmo_cuda_cross_entropy_bf16(OLMO_BE, float *logits, void *dlogits, size_t ld, const int32_t *targets, int n,
-                                  int vocab, float grad_scale, float z_mult, double *ce_sum, double *z_sum) {
+                                  int vocab, float grad_scale, float z_mult, int row0, int n_total, double *ce_sum,
+                                  double *z_sum) {
     if (ce_sum && z_sum) *ce_sum = *z_sum = 0.0;
+    struct olmo_cuda_state *st = CUDA_STATE(be);
+    if (n < 0 || row0 < 0 || n_total < row0 + n)
+        return olmo_error("CUDA cross_entropy_bf16: rows [%d, %d + %d) are not within the micro-batch's %d", row0, row0,
+                          n, n_total);
+    if (row0 != 0 && (row0 != st->ce_next_row || n_total != st->ce_rows))
+        return olmo_error("CUDA cross_entropy_bf16: rows from %d of %d follow rows up to %d of %d (runs go in row "
+                          "order from row 0)",
+                          row0, n_total, st->ce_next_row, st->ce_rows);
     if (ld < (size_t)(vocab > 0 ? vocab : 0))
         return olmo_error("CUDA cross_entropy_bf16: leading dimension %zu is less than the vocabulary %d", ld, vocab);
     /* in place: each row's gradient must fall inside its own logits row (ld 2 * vocab) */
@@ -681,8 +695,15 @@ int olmo_cuda_cross_entropy_bf16(OLMO_BE, float *logits, void *dlogits, size_t l
         return olmo_error("CUDA cross_entropy_bf16: a gradient inside the logits must start at them with leading "
                           "dimension 2 * vocab (%d), got offset %td bytes and %zu",
                           2 * vocab, d - lo, ld);
-    return cross_entropy_launch(be, logits, (__nv_bfloat16 *)dlogits, ld, targets, n, vocab, grad_scale, z_mult,
-                                ce_sum, z_sum);
+    st->ce_next_row = st->ce_rows = 0; /* a failed run ends the sequence */
+    if (cross_entropy_launch(be, logits, (__nv_bfloat16 *)dlogits, ld, targets, n, vocab, grad_scale, z_mult, row0,
+                             n_total, ce_sum, z_sum))
+        return -1;
+    if (row0 + n < n_total) {
+        st->ce_next_row = row0 + n;
+        st->ce_rows = n_total;
+    }
+    return 0;
 }
 
 int olmo_cuda_loss_sums(OLMO_BE, double *ce_sum, double *z_sum) {
