@@ -33,7 +33,11 @@ static void die(void) {
 /* n floats of backend memory, filled from the host (a device backend's memory is not the host's). */
 static float *buf(size_t n) {
     float *host = malloc(n * sizeof(float)), *p = be->alloc(be, n * sizeof(float));
-    if (!host || !p) die();
+    if (!host) {
+        fprintf(stderr, "fused_projections: out of host memory for %zu floats\n", n);
+        exit(1);
+    }
+    if (!p) die();
     for (size_t i = 0; i < n; i++) host[i] = (float)((double)(i % 97) / 97.0 - 0.5);
     if (be->to_device(be, p, host, n * sizeof(float))) die();
     free(host);

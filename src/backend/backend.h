@@ -189,8 +189,8 @@ struct olmo_backend {
      *     the logits buffer itself with ld = 2 * vocab (each row's gradient in the first half of its
      *     own fp32 row), and the logits are undefined afterwards.  It may run over a micro-batch of
      *     n_total rows in runs of consecutive rows (the model's logits chunks): this call is rows
-     *     [row0, row0 + n) (logits, dlogits and targets point at row row0), runs go in row order from
-     *     row 0, and each row's sums are kept until the run that ends at n_total, which returns (or
+     *     [row0, row0 + n) (logits, dlogits and targets point at row row0), runs of n > 0 rows go in
+     *     row order from row 0, and each row's sums are kept until the run that ends at n_total, which returns (or
      *     accumulates) the sums of all n_total rows added in the order one call over them adds them,
      *     so the loss has the same bits however the rows are cut; the earlier runs return 0 (and add
      *     nothing to the accumulator).  row0 0 and n_total n: the whole micro-batch in one call;

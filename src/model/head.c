@@ -92,6 +92,9 @@ int olmo_model_loss(struct olmo_model *m, const int32_t *targets, float grad_sca
                     double *ce_sum, double *z_sum) {
     const struct olmo_backend *be = m->be;
     const int N = m->batch * m->seq_len, V = m->cfg.vocab_size, C = m->logits_chunk;
+    if (!C && m->logits_row0 != 0)
+        return olmo_error("the loss needs the logits of a forward pass; the last loss has replaced them with their "
+                          "gradient (run the forward pass again)");
     TRY(be->to_device(be, m->targets, targets, sizeof(int32_t) * (size_t)N));
     m->logits_row0 = -1; /* overwritten below */
     if (C) { /* chunked: each run's sums are kept by the backend until the last run (backend.h) */

@@ -247,6 +247,10 @@ void test_cross_entropy_bf16(int n, int V) {
                                                       &zz) == 0 &&
                      dut->cross_entropy_bf16(dut, c2.d, runs, (size_t)V, tg.d, 1, V, 1.0f, 0.0f, 2, n, &c, &zz) != 0;
     report("cross-entropy bf16: runs out of row order refused", gap || n <= 3 ? 0.0 : 1.0, 0.0);
+    /* an empty run (which would end a sequence without its sums) is refused */
+    const bool empty = dut->cross_entropy_bf16(dut, c2.d, runs, (size_t)V, tg.d, 0, V, 1.0f, 0.0f, 0, n, &c, &zz) != 0 &&
+                       dut->cross_entropy_bf16(dut, c2.d, runs, (size_t)V, tg.d, 0, V, 1.0f, 0.0f, n, n, &c, &zz) != 0;
+    report("cross-entropy bf16: an empty run of rows refused", empty || n == 0 ? 0.0 : 1.0, 0.0);
     free(hr);
     dut->free(dut, runs);
     dual_free(&c2);

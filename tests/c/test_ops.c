@@ -496,6 +496,15 @@ static void test_model(void) {
     int32_t targets[12] = {1, 7, 7, 2, 9, -100, 5, 1, 10, 1, 6, -100};
     struct model_ctx c = {&m, tokens, targets};
     model_loss(&c);
+    /* a second loss without a forward pass would read the gradient as logits: refused */
+    double ce2, z2;
+    checks++;
+    if (olmo_model_loss(&m, targets, 1.0f, 1e-2f, &ce2, &z2) == 0) {
+        failures++;
+        printf("FAIL a second loss without a forward pass was accepted\n");
+    } else {
+        printf("ok   a second loss without a forward pass refused: %s\n", olmo_last_error());
+    }
     olmo_model_backward(&m);
     for (int i = 0; i < m.n_tensors; i++) {
         const struct olmo_param *p = &m.params[i];

@@ -679,9 +679,9 @@ int olmo_cuda_cross_entropy_bf16(OLMO_BE, float *logits, void *dlogits, size_t l
                                   double *z_sum) {
     if (ce_sum && z_sum) *ce_sum = *z_sum = 0.0;
     struct olmo_cuda_state *st = CUDA_STATE(be);
-    if (n < 0 || row0 < 0 || n_total < row0 + n)
-        return olmo_error("CUDA cross_entropy_bf16: rows [%d, %d + %d) are not within the micro-batch's %d", row0, row0,
-                          n, n_total);
+    if (n < 0 || row0 < 0 || n_total < row0 + n || (n == 0 && n_total > 0))
+        return olmo_error("CUDA cross_entropy_bf16: rows [%d, %d + %d) are not a run of rows within the micro-batch's %d",
+                          row0, row0, n, n_total);
     if (row0 != 0 && (row0 != st->ce_next_row || n_total != st->ce_rows))
         return olmo_error("CUDA cross_entropy_bf16: rows from %d of %d follow rows up to %d of %d (runs go in row "
                           "order from row 0)",
