@@ -76,7 +76,10 @@ static bool rebase_one(struct sbuf *b, const char *rel, size_t n, const char *ba
     out[len] = 0;
     for (char *save = NULL, *c = strtok_r(path, "/", &save); c; c = strtok_r(NULL, "/", &save)) {
         if (!strcmp(c, ".")) continue;
-        if (!strcmp(c, "..") && depth > 0 && strcmp(out + starts[depth - 1], "..")) {
+        /* the last component kept, with its '/', is "../": a ".." after it stays */
+        const bool after_dotdot =
+            depth > 0 && len - starts[depth - 1] == 3 && !memcmp(out + starts[depth - 1], "../", 3);
+        if (!strcmp(c, "..") && depth > 0 && !after_dotdot) {
             out[len > 0 && out[len - 1] == '/' ? len - 1 : len] = 0;
             if (!is_symlink(out[0] ? out : "/")) {
                 len = starts[--depth];

@@ -48,6 +48,12 @@ def test_relative_paths_follow_the_config_file(build_dir, tmp_path):
     assert v["eval_tasks"] == ("arc_easy_rc_0shot,../exp/configs/tasks/mc.jsonl:acc,"
                                "../exp/configs/mine.jsonl,../exp/configs/sub/dir")
     assert v["eval_tasks_dir"] == "../exp/configs/oe:../exp/more"
+    # leading ".." components stay, however many
+    deeper = elsewhere / "deeper"
+    deeper.mkdir()
+    v = info_values(build_dir, "../../exp/configs/a.yaml", deeper)
+    assert v["train_path"] == "../../exp/data/train.npy"
+    assert v["eval_tasks_dir"] == "../../exp/configs/oe:../../exp/more"
     # from the config's own directory the values are as written
     v = info_values(build_dir, "a.yaml", cfgdir)
     assert v["train_path"] == "../data/train.npy" and v["tokenizer"] == "./tok.json"
