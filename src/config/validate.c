@@ -1,5 +1,4 @@
 /* Config checks: shapes, limits, the schedule, the cross-field rules. */
-#include <float.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -108,8 +107,6 @@ int olmo_config_validate(const struct olmo_config *cfg) {
     if (t->eval_every < 0) return olmo_error("train.eval_every must be >= 0 (0 = no evaluation)");
     if (t->eval_batches <= 0) return olmo_error("train.eval_batches must be positive");
     if (t->peak_flops < 0) return olmo_error("train.peak_flops must be >= 0 (0 = measure at startup)");
-    if (!(t->collective_timeout >= 0 && t->collective_timeout <= DBL_MAX))
-        return olmo_error("train.collective_timeout must be a number of seconds >= 0 (0 = no watchdog)");
     if (t->block_every < 1) return olmo_error("train.block_every must be >= 1 (1 = every block)");
     if (t->shard_degree < 0) return olmo_error("train.shard_degree must be >= 0 (0 = all ranks in one group)");
     if (t->sharding == OLMO_SHARDING_ZERO1 && t->shard_degree)
