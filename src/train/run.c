@@ -317,8 +317,8 @@ int olmo_run_open(struct olmo_run *run, const struct olmo_run_options *opts) {
     run->opened = true;
     /* from here on, a collective that waits longer than train.collective_timeout ends the job (dist/dist.h) */
     if (opts->dist) {
-        olmo_watchdog_step(run->step);
         if (olmo_watchdog_start(opts->dist, cfg->train.collective_timeout)) return -1;
+        olmo_watchdog_step(run->step); /* after start, which begins at step 0 */
     }
     return 0;
 }
