@@ -182,7 +182,7 @@ static int check_shard_record(const struct manifest *mf, int r, const struct olm
  * specific ones). */
 int ckpt_check_records(const struct manifest *mf) {
     for (int i = 0; mf->version == 1 && i < mf->n_files; i++) { /* optim.safetensors records the run state */
-        if (!mf->files[i].need || strcmp(mf->files[i].name, "optim.safetensors")) continue;
+        if (!mf->files[i].need || strcmp(mf->files[i].name, CKPT_V1_OPTIM)) continue;
         char path[4096];
         struct olmo_st_file f;
         if (file_path(mf, i, path, sizeof path) || olmo_st_open(&f, path)) return -1;
