@@ -767,29 +767,9 @@ static __device__ __forceinline__ float adamw_element(float *param, float gi, fl
     return p;
 }
 
-static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, size_t n, float beta1,
-                                    float beta2, float eps, float bc2_sqrt, float step_size, float decay) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        adamw_element(param + i, grad[i], m + i, v + i, beta1, beta2, eps, bc2_sqrt, step_size, decay);
-}
-
-int olmo_cuda_adamw(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr, float beta1,
-                     float beta2, float eps, double weight_decay, long step) {
-    (void)be;
-    if (!n) return 0;
-    /* Same scalars, computed on the host in double, as cpu.c (torch's single-tensor AdamW). */
-    const double bc1 = 1.0 - pow(beta1, (double)step);
-    const float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step));
-    const float step_size = (float)(lr / bc1);
-    const float decay = (float)(1.0 - lr * weight_decay);
-    OLMO_LAUNCH(adamw_kernel, olmo_cuda_ew_blocks(n), EW_THREADS, 0, param, grad, m, v, n, beta1, beta2, eps, bc2_sqrt,
-                step_size, decay);
-    OLMO_CUDA_LAUNCHED("adamw_kernel");
-    return 0;
-}
-
-/* adamw_kernel's arithmetic over several tensors at once: the decay of the element's range, the gradient
- * scaled first (scale_kernel's product), the bf16 compute copy written (f32_to_bf16's rounding). */
+/* The AdamW update over several tensors at once: the decay of the element's range, the gradient scaled
+ * first (scale_kernel's product; a scale of 1 leaves it as it is), the bf16 compute copy written where
+ * there is one (f32_to_bf16's rounding). */
 static __global__ void adamw_flat_kernel(float *param, const float *grad, float *m, float *v, size_t n, float beta1,
                                          float beta2, float eps, float bc2_sqrt, float step_size, float decay,
                                          float decay2, size_t lo2, size_t hi2, float grad_scale,
@@ -806,6 +786,7 @@ int olmo_cuda_adamw_flat(OLMO_BE, float *param, const float *grad, float *m, flo
     if (!n) return 0;
     if (f->compute && be->compute_dtype != OLMO_BF16)
         return olmo_error("CUDA backend: adamw_flat writes a bf16 compute copy; this variant computes in fp32");
+    /* the scalars computed on the host in double, as cpu.c (torch's single-tensor AdamW) */
     const double bc1 = 1.0 - pow(beta1, (double)step);
     const float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step));
     const float step_size = (float)(lr / bc1);
@@ -815,4 +796,12 @@ int olmo_cuda_adamw_flat(OLMO_BE, float *param, const float *grad, float *m, flo
                 (__nv_bfloat16 *)f->compute);
     OLMO_CUDA_LAUNCHED("adamw_flat_kernel");
     return 0;
+}
+
+/* One tensor: adamw_flat with one weight decay, no clipping and no compute copy (the same arithmetic). */
+int olmo_cuda_adamw(OLMO_BE, float *param, const float *grad, float *m, float *v, size_t n, double lr, float beta1,
+                    float beta2, float eps, double weight_decay, long step) {
+    const struct olmo_adamw_flat f = {.weight_decay = weight_decay, .weight_decay2 = weight_decay, .wd2_lo = 0,
+                                      .wd2_hi = 0, .grad_scale = 1.0f, .compute = NULL};
+    return olmo_cuda_adamw_flat(be, param, grad, m, v, n, lr, beta1, beta2, eps, &f, step);
 }
