@@ -219,6 +219,8 @@ static const char *p_describe(OLMO_BE) { return PROF(be)->in->describe ? PROF(be
 static void *p_alloc(OLMO_BE, size_t bytes) { return PROF(be)->in->alloc(PROF(be)->in, bytes); }
 static void p_free(OLMO_BE, void *ptr) { PROF(be)->in->free(PROF(be)->in, ptr); }
 static void p_mem_stats(OLMO_BE, struct olmo_mem_stats *out) { PROF(be)->in->mem_stats(PROF(be)->in, out); }
+static void *p_host_alloc(OLMO_BE, size_t bytes) { return PROF(be)->in->host_alloc(PROF(be)->in, bytes); }
+static void p_host_free(OLMO_BE, void *p) { PROF(be)->in->host_free(PROF(be)->in, p); }
 static int p_to_device(OLMO_BE, void *dst, const void *src, size_t bytes) {
     return PROF(be)->in->to_device(PROF(be)->in, dst, src, bytes);
 }
@@ -291,6 +293,7 @@ struct olmo_backend *olmo_backend_profiled(const struct olmo_backend *inner) {
         .convert = p_convert,
         .describe = inner->describe ? p_describe : NULL, .alloc = p_alloc, .free = p_free,
         .mem_stats = inner->mem_stats ? p_mem_stats : NULL,
+        .host_alloc = inner->host_alloc ? p_host_alloc : NULL, .host_free = inner->host_free ? p_host_free : NULL,
         .to_device = p_to_device, .to_host = p_to_host, .zero = p_zero, .copy = p_copy,
         .check_attention = inner->check_attention ? p_check_attention : NULL,
         .synchronize = inner->synchronize ? p_synchronize : NULL, .gemm = p_gemm,
