@@ -102,7 +102,7 @@ void olmo_act_layout_init(struct olmo_act_layout *lo, const struct olmo_model_co
     d[OLMO_DIM_1] = 1;
     d[OLMO_DIM_N] = (size_t)batch * (size_t)seq_len;
     d[OLMO_DIM_T] = (size_t)seq_len;
-    d[OLMO_DIM_ROPE_T] = (size_t)seq_len * (cfg->rope_scaling != OLMO_ROPE_NONE ? 2 : 1);
+    d[OLMO_DIM_ROPE_T] = (size_t)seq_len * (size_t)olmo_rope_n_tables(cfg);
     d[OLMO_DIM_D] = D;
     d[OLMO_DIM_Q] = Q;
     d[OLMO_DIM_K] = (size_t)cfg->n_kv_heads * hd;

@@ -120,7 +120,6 @@ static int gen_layers(struct olmo_gen *g, const int32_t *tokens, int n) {
     if (be->to_device(be, g->tokens, tokens, sizeof(int32_t) * (size_t)n) ||
         be->embedding_fwd(be, g->x, m->embed, g->tokens, n, D))
         return -1;
-    const size_t scaled = (size_t)g->max_len * (size_t)half; /* the YaRN table, after the unscaled one */
     /* one buffer set for every layer (olmo_layer_forward says which may alias) */
     const struct olmo_layer_acts bufs = {
         .x = g->x, .q_raw = g->att, .k_raw = g->o, .q = g->q, .k = g->k, .v = g->v, .rstd_q = g->rstd,
@@ -130,7 +129,7 @@ static int gen_layers(struct olmo_gen *g, const int32_t *tokens, int n) {
         struct olmo_attn_shape shape;
         olmo_model_attn_shape(m, l, 1, n, &shape);
         const struct olmo_kv_cache_layer cache = {g->k_cache[l], g->v_cache[l], p0, g->cap[l]};
-        const size_t at = (size_t)p0 * half + (olmo_rope_scaled_layer(c, l) ? scaled : 0);
+        const size_t at = (size_t)p0 * half + olmo_rope_table_offset(c, l, g->max_len, m->head_dim);
         if (olmo_layer_forward(m, l, &bufs, g->x, g->tmp, g->rope_cos + at, g->rope_sin + at, &shape, NULL, &cache))
             return -1;
     }

@@ -331,8 +331,9 @@ double olmo_rope_attention_factor(const struct olmo_model_config *c) {
     return c->rope_factor <= 1 ? 1.0 : 0.1 * log(c->rope_factor) + 1.0; /* get_mscale(factor) */
 }
 
-bool olmo_rope_scaled_layer(const struct olmo_model_config *c, int layer) {
-    return c->rope_scaling != OLMO_ROPE_NONE && olmo_layer_is_full_attention(c, layer);
+size_t olmo_rope_table_offset(const struct olmo_model_config *c, int layer, int n_positions, int head_dim) {
+    const bool scaled = c->rope_scaling != OLMO_ROPE_NONE && olmo_layer_is_full_attention(c, layer);
+    return scaled ? (size_t)n_positions * (size_t)(head_dim / 2) : 0;
 }
 
 int olmo_rope_n_tables(const struct olmo_model_config *c) { return c->rope_scaling != OLMO_ROPE_NONE ? 2 : 1; }
@@ -359,9 +360,9 @@ void olmo_rope_tables(float *cos_t, float *sin_t, int n_positions, int head_dim,
         rope_table(cos_t + k * table, sin_t + k * table, n_positions, head_dim, c, k == 1);
 }
 
-/* Layer l's RoPE table within m->rope_cos / m->rope_sin (the YaRN table after the unscaled one). */
+/* Layer l's RoPE table within m->rope_cos / m->rope_sin. */
 static size_t rope_offset(const struct olmo_model *m, int l) {
-    return olmo_rope_scaled_layer(&m->cfg, l) ? (size_t)m->seq_len * (size_t)(m->head_dim / 2) : 0;
+    return olmo_rope_table_offset(&m->cfg, l, m->seq_len, m->head_dim);
 }
 
 void olmo_model_act_layout(const struct olmo_model *m, int batch, int seq_len, struct olmo_act_layout *lo) {
@@ -624,8 +625,8 @@ static int block_recompute(struct olmo_model *m, int l, const struct olmo_layer_
      * which nothing reads (the backward accumulates in m->dx), and m->dtmp is the forward's scratch */
     struct olmo_attn_shape shape;
     attn_shape(m, l, &shape);
-    return olmo_layer_forward(m, l, a, m->dh, m->dtmp, m->rope_cos + rope_offset(m, l), m->rope_sin + rope_offset(m, l), &shape,
-                              m->use_doc_ids ? m->doc_ids : NULL, NULL);
+    return olmo_layer_forward(m, l, a, m->dh, m->dtmp, m->rope_cos + rope_offset(m, l),
+                              m->rope_sin + rope_offset(m, l), &shape, m->use_doc_ids ? m->doc_ids : NULL, NULL);
 }
 
 /* rmsnorm_bwd, or with bf16 its fused variant writing dx as bf16 (dx16 then does not overlap dy). */

@@ -268,8 +268,9 @@ int olmo_layer_forward(const struct olmo_model *m, int layer, const struct olmo_
  * olmo_rope_n_tables(c) tables in all. */
 void olmo_rope_tables(float *cos_t, float *sin_t, int n_positions, int head_dim, const struct olmo_model_config *c);
 int olmo_rope_n_tables(const struct olmo_model_config *c);
-/* Whether layer l uses the scaled table (YaRN applies to the full-attention layers). */
-bool olmo_rope_scaled_layer(const struct olmo_model_config *c, int layer);
+/* Where layer l's table starts in olmo_rope_tables' output of n_positions (in elements): the scaled one
+ * for the full-attention layers with model.rope_scaling (YaRN applies to them), else the unscaled one. */
+size_t olmo_rope_table_offset(const struct olmo_model_config *c, int layer, int n_positions, int head_dim);
 /* YaRN's factor on cos and sin (1 without scaling). */
 double olmo_rope_attention_factor(const struct olmo_model_config *c);
 
