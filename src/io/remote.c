@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "util/error.h"
+#include "util/fs.h"
 
 struct olmo_remote {
     char url[1024];       /* as the user wrote it: every message names it */
@@ -554,8 +555,7 @@ int olmo_remote_cached(struct olmo_remote *r, char *path, size_t cap) {
     snprintf(dir, sizeof dir, "%s", pool.cache_dir);
     pthread_mutex_unlock(&pool.mu);
     if (!dir[0]) return 0;
-    if (mkdir(dir, 0777) && errno != EEXIST)
-        return olmo_error("cannot create the remote cache directory '%s': %s", dir, strerror(errno));
+    if (olmo_make_dirs(dir)) return olmo_error_context("the remote cache directory '%s'", dir);
     /* DIR/<hash of the URL>-<file name>, with <that>.etag beside it */
     uint64_t hash = 1469598103934665603ULL;
     for (const char *p = r->url; *p; p++) hash = (hash ^ (unsigned char)*p) * 1099511628211ULL;
