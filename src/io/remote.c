@@ -473,6 +473,11 @@ void olmo_remote_prefetch(struct olmo_remote *r, uint64_t off, size_t len) {
         if (pthread_create(&pool.th[pool.n_threads], NULL, worker, NULL)) break;
         pool.n_threads++;
     }
+    if (!pool.n_threads) { /* no worker to fetch it: the read fetches the range itself */
+        unlink_entry(n);
+        free_entry(n);
+        goto out;
+    }
     pthread_cond_broadcast(&pool.cv);
 out:
     pthread_mutex_unlock(&pool.mu);
