@@ -71,24 +71,9 @@ static int read_remote_mix_file(const char *url, char **buf, size_t *n) {
     return 0;
 }
 
-/* The whole file, NUL-terminated: a URL (io/remote.h), or a regular file only (opened without
- * blocking, so a FIFO is refused instead of waiting for a writer); text without NUL bytes. */
-static int read_mix_file(const char *file, char **text, size_t *len) {
-    if (olmo_remote_is_url(file)) {
-        char *buf = NULL;
-        size_t n = 0;
-        if (read_remote_mix_file(file, &buf, &n)) return -1;
-        buf[n] = 0;
-        const char *nul = memchr(buf, 0, n);
-        if (nul) {
-            const size_t at = (size_t)(nul - buf);
-            free(buf);
-            return olmo_error("data mix file '%s' has a NUL byte at offset %zu: not a text file", file, at);
-        }
-        *text = buf;
-        *len = n;
-        return 0;
-    }
+/* A local mix file, whole: a regular file only (opened without blocking, so a FIFO is refused instead of
+ * waiting for a writer). */
+static int read_local_mix_file(const char *file, char **out, size_t *len) {
     const int fd = open(file, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return olmo_error("cannot open data mix file '%s': %s", file, strerror(errno));
     struct stat sb;
@@ -117,19 +102,30 @@ static int read_mix_file(const char *file, char **text, size_t *len) {
         n += (size_t)got;
     }
     close(fd);
-    if (!rc) {
-        buf[n] = 0;
-        const char *nul = memchr(buf, 0, n);
-        if (nul) {
-            size_t line = 1;
-            for (const char *p = buf; p < nul; p++) line += *p == '\n';
-            rc = olmo_error("data mix file '%s' has a NUL byte at offset %zu (line %zu): not a text file", file,
-                            (size_t)(nul - buf), line);
-        }
-    }
     if (rc) {
         free(buf);
         return -1;
+    }
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+/* The whole file, NUL-terminated: a URL (io/remote.h) or a local regular file; text without NUL bytes. */
+static int read_mix_file(const char *file, char **text, size_t *len) {
+    char *buf = NULL;
+    size_t n = 0;
+    if (olmo_remote_is_url(file) ? read_remote_mix_file(file, &buf, &n) : read_local_mix_file(file, &buf, &n))
+        return -1;
+    buf[n] = 0;
+    const char *nul = memchr(buf, 0, n);
+    if (nul) {
+        size_t line = 1;
+        for (const char *p = buf; p < nul; p++) line += *p == '\n';
+        const size_t at = (size_t)(nul - buf);
+        free(buf);
+        return olmo_error("data mix file '%s' has a NUL byte at offset %zu (line %zu): not a text file", file, at,
+                          line);
     }
     *text = buf;
     *len = n;
