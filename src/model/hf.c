@@ -180,12 +180,10 @@ static int read_yarn(const cJSON *r, const char *where, int max_pos, struct olmo
         return olmo_error("%s: %s.factor is %g (max_position_embeddings / original_max_position_embeddings); it "
                           "must be >= 1",
                           path, where, factor);
-    if (!get(r, "attention_factor") || cJSON_IsNull(get(r, "attention_factor"))) {
-        if (mscale != 0 && mscale_all != 0) { /* get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) */
-            attention = factor <= 1 ? 1.0 : (0.1 * mscale * log(factor) + 1.0) / (0.1 * mscale_all * log(factor) + 1.0);
-        } else {
-            attention = factor <= 1 ? 1.0 : 0.1 * log(factor) + 1.0;
-        }
+    /* absent: get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) when both are set, else 0,
+     * model.rope_attention_factor's "from rope_factor" (get_mscale(factor)) */
+    if ((!get(r, "attention_factor") || cJSON_IsNull(get(r, "attention_factor"))) && mscale != 0 && mscale_all != 0) {
+        attention = factor == 1 ? 1.0 : (0.1 * mscale * log(factor) + 1.0) / (0.1 * mscale_all * log(factor) + 1.0);
         if (!(attention > 0)) return olmo_error("%s: %s gives attention factor %g; it must be positive", path, where,
                                                 attention);
     }
