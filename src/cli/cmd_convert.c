@@ -54,7 +54,8 @@ static const struct olmo_cli_command convert_command = {
     "model.safetensors.index.json; fp32, bf16 or fp16) and writes OUTDIR/config.yaml (the model\n"
     "section filled in, train/data at their defaults, train.seq_len = min(max_position_embeddings,\n"
     "4096)) and OUTDIR/model.safetensors (fp32), usable with olmoc eval / generate, or with\n"
-    "olmoc train --init.  Refused: RoPE scaling (YaRN), tied embeddings, biases, dropout.\n"
+    "olmoc train --init.  YaRN RoPE scaling on the full-attention layers is read and written;\n"
+    "refused: other RoPE scalings, tied embeddings, biases, dropout.\n"
     "A config written by OLMo-core's exporter (max_position_embeddings -1, null eos/pad_token_id)\n"
     "is read with Olmo 3's values assumed and said so: sequence length 8192 (train.seq_len 4096),\n"
     "the dolma2 tokenizer's EOS 100257 and PAD 100277; --set model.eos_token_id=ID etc. changes them.",
