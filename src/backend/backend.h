@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 struct olmo_attn_shape {
     int batch, seq_len;
@@ -355,6 +356,9 @@ int olmo_backend_check_attention(const struct olmo_backend *be, const struct olm
 
 /* be's memory counters (the mem_stats entry): 0, or -1 with the error set when it has none. */
 int olmo_backend_mem_stats(const struct olmo_backend *be, struct olmo_mem_stats *out);
+/* With OLMOC_MEMSTATS set (and not "0"): be's counters as one line on out, "olmoc memstats: rank R of W |
+ * backend NAME | peak N bytes | ..." (scripts/gpu_check.sh reads the peak); nothing where be has none. */
+void olmo_backend_report_mem_stats(const struct olmo_backend *be, int rank, int world, FILE *out);
 
 /* numel elements of dtype in be's memory (zero-filled), labelled with role;
  * 0, or -1 with the error set.  olmo_buf_free frees it (and zeroes *buf). */

@@ -80,3 +80,13 @@ int olmo_backend_mem_stats(const struct olmo_backend *be, struct olmo_mem_stats 
     be->mem_stats(be, out);
     return 0;
 }
+
+void olmo_backend_report_mem_stats(const struct olmo_backend *be, int rank, int world, FILE *out) {
+    const char *env = getenv("OLMOC_MEMSTATS");
+    struct olmo_mem_stats mem;
+    if (!env || !*env || !strcmp(env, "0") || !be->mem_stats) return;
+    olmo_backend_mem_stats(be, &mem);
+    fprintf(out, "olmoc memstats: rank %d of %d | backend %s | peak %zu bytes | scratch %zu bytes | live at exit %zu "
+                 "bytes in %zu buffers\n",
+            rank, world > 0 ? world : 1, be->name, mem.peak, mem.scratch, mem.live, mem.n_live);
+}

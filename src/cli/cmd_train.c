@@ -209,12 +209,7 @@ int cmd_train(int argc, char **argv) {
     opts.be = opts.profile ? profiled : backend;
     opts.dist = &dist;
     const int rc = olmo_run_train(&opts);
-    const char *mem_env = getenv("OLMOC_MEMSTATS");
-    struct olmo_mem_stats mem;
-    if (rc == 0 && mem_env && *mem_env && strcmp(mem_env, "0") != 0 && !olmo_backend_mem_stats(backend, &mem))
-        fprintf(stderr, "olmoc memstats: rank %d of %d | backend %s | peak %zu bytes | scratch %zu bytes | live at "
-                        "exit %zu bytes in %zu buffers\n",
-                dist.rank, dist.world > 0 ? dist.world : 1, backend->name, mem.peak, mem.scratch, mem.live, mem.n_live);
+    if (rc == 0) olmo_backend_report_mem_stats(backend, dist.rank, dist.world, stderr);
     olmo_backend_destroy(profiled);
     olmo_backend_destroy(backend);
     profiled = backend = NULL;

@@ -252,14 +252,9 @@ int main(int argc, char **argv) {
         olmo_profile_report(be, stdout);
     }
     olmo_run_close(&run);
-    /* OLMOC_MEMSTATS=1: the backend's counted peak, in olmoc train's format (scripts/gpu_check.sh checks it
+    /* OLMOC_MEMSTATS=1: the backend's counted peak, as olmoc train prints it (scripts/gpu_check.sh checks it
      * against the memory plan of `olmoc info`) */
-    const char *mem_env = getenv("OLMOC_MEMSTATS");
-    struct olmo_mem_stats mem;
-    if (mem_env && *mem_env && strcmp(mem_env, "0") != 0 && !olmo_backend_mem_stats(backend, &mem))
-        printf("olmoc memstats: rank 0 of 1 | backend %s | peak %zu bytes | scratch %zu bytes | live at exit %zu bytes "
-               "in %zu buffers\n",
-               backend->name, mem.peak, mem.scratch, mem.live, mem.n_live);
+    olmo_backend_report_mem_stats(backend, 0, 1, stdout);
     olmo_backend_destroy(profiled);
     olmo_backend_destroy(backend);
     return 0;
