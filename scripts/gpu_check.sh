@@ -119,10 +119,18 @@ note() {
   echo "$*" | tee -a "$SUMMARY"
   [ -z "$OUTD" ] || echo "$*" >>"$OUTD/summary.txt"
 }
+# note_lines: note each line of standard input
+note_lines() {
+  local line
+  while read -r line; do note "$line"; done
+}
 # stage NAME LIMIT_SECONDS COMMAND...: runs with a time limit; output to $LOGS/NAME.log and $OUT/steps.log
 stage() {
   local name="$1" limit="$2"; shift 2
   local t0=$SECONDS rc
+  if [ "$limit" -le 0 ]; then
+    note "SKIP  $name: the ${QUICK_BUDGET}s budget of --quick is spent"; status=1; return 124
+  fi
   echo "== $name (limit ${limit}s): $*"
   [ -z "$OUTD" ] || echo "== $name (limit ${limit}s): $*" >>"$OUTD/steps.log"
   if [ -n "$OUTD" ]; then # line-buffered, so that a stopped run keeps each line printed
@@ -140,18 +148,17 @@ stage() {
   fi
   return $rc
 }
-# limit SECONDS: SECONDS, or with --quick no more than what is left of QUICK_BUDGET (at least 20)
+# limit SECONDS: SECONDS, or with --quick no more than what is left of QUICK_BUDGET; 0 (stage skips
+# the step) when less than 20 seconds are left
 limit() {
   local want=$1 left
   if [ $QUICK -eq 1 ]; then
     left=$((QUICK_BUDGET - (SECONDS - T_START)))
     [ $left -lt "$want" ] && want=$left
-    [ "$want" -lt 20 ] && want=20
+    [ "$want" -lt 20 ] && want=0
   fi
   echo "$want"
 }
-# kv FILE KEY: the value of KEY=VALUE in the last line of FILE that has it
-kv() { grep -o "\b$2=[^ ]*" "$1" 2>/dev/null | tail -n1 | cut -d= -f2-; }
 
 DEVICE_MEMORY="" GPU_NAME=""
 step_facts() {
@@ -193,7 +200,7 @@ for name, pattern in (("cudnn", "nvidia/cudnn/lib/libcudnn.so*"), ("nccl", "nvid
     path = find(pattern)
     print(f"LIB {name} {path or '-'}")
 PY
-  grep '^INFO' "$LOGS/facts-python.txt" | while read -r line; do note "$line"; done
+  grep '^INFO' "$LOGS/facts-python.txt" | note_lines
   local libdirs=""
   while read -r _ name path; do
     [ "$path" = - ] && continue
@@ -228,7 +235,7 @@ step_parity() {
   for b in $PARITY_VARIANTS; do
     stage "parity-$b" "$(limit "$PARITY_LIMIT")" \
       env OLMOC_CUDA_SYNC=1 "$PARITY_BIN" "$b" "${PARITY_ARGS[@]}"
-    grep -E "^FAIL" "$LOGS/parity-$b.log" | head -20 >>"$SUMMARY"
+    grep -E "^FAIL" "$LOGS/parity-$b.log" | head -20 | note_lines
   done
   [ $QUICK -eq 1 ] || [ "$DRY" = 1 ] || stage parity-cpu-sanity 300 "$PARITY_BIN" cpu
 }
@@ -330,7 +337,7 @@ step_memplan() {
   done
   # the side stream's gathers give the same weights as gathering in place: same losses (1e-5 relative)
   if [ -f "$RUNS/memplan-none/metrics.jsonl" ] && [ -f "$RUNS/memplan-fsdp/metrics.jsonl" ]; then
-    if "$PYTHON" - "$RUNS/memplan-none/metrics.jsonl" "$RUNS/memplan-fsdp/metrics.jsonl" >>"$SUMMARY" <<'PY'
+    if "$PYTHON" - "$RUNS/memplan-none/metrics.jsonl" "$RUNS/memplan-fsdp/metrics.jsonl" <<'PY' | note_lines
 import json, sys
 def losses(p):
     return [r["loss"] for r in map(json.loads, open(p)) if r.get("type") == "train"]
@@ -352,7 +359,6 @@ PY
 step_nccl1() {
   local c
   if [ -x "$BUILD/olmoc-nccl" ]; then
-    RUNS="${TMPDIR:-/tmp}/olmoc-gpu-check"
     mkdir -p "$RUNS"
     # 64k tokens of the 8192-id vocabulary (data/ is not carried to the GPU machine)
     "$PYTHON" -c "import sys, numpy as np; np.save(sys.argv[1], (np.arange(65536) * 7919 % 8190 + 2).astype(np.uint16))" \
@@ -388,7 +394,7 @@ step_bench() {
     smi_stop
     # the per-op table and the GEMM / attention rates; the per-shape lines stay in the log
     grep -E "^(throughput|device|RESULT|profile: [a-z].*%|profile: (gemm|attention [bf]wd) [0-9])" "$LOGS/bench-$b.log" |
-      while read -r line; do note "$line"; done
+      note_lines
     # bench_train sets train.peak_flops itself (no start-up GEMM): the plan of that run
     [ "$b" = "$PLAN_BACKEND" ] && plan_check "memplan-bench-$b" "$LOGS/bench-$b.log" --set train.peak_flops=1e15
   done
@@ -396,12 +402,12 @@ step_bench() {
 
 step_gemms() {
   stage gemms "$(limit 40)" "$PYTHON" bench/projection_gemms.py ${GEMMS_ARGS[@]+"${GEMMS_ARGS[@]}"}
-  grep -E "^(gemms:|GEMMS )" "$LOGS/gemms.log" | while read -r line; do note "$line"; done
+  grep -E "^(gemms:|GEMMS )" "$LOGS/gemms.log" | note_lines
 }
 
 step_sdpa() {
   stage sdpa "$(limit 40)" "$PYTHON" bench/sdpa_ceiling.py "${SDPA_ARGS[@]}"
-  grep -E "^(sdpa:|SDPA )" "$LOGS/sdpa.log" | while read -r line; do note "$line"; done
+  grep -E "^(sdpa:|SDPA )" "$LOGS/sdpa.log" | note_lines
 }
 
 step_anchor() {
@@ -425,7 +431,7 @@ step_anchor() {
   # each result line lands in $OUT/summary.txt as the anchor prints it (--out), a stopped run keeps them
   local out_args=()
   [ -n "$OUTD" ] && out_args=(--out "$OUTD/summary.txt")
-  stage anchor "$(limit 240)" env PYTHONUNBUFFERED=1 "$PYTHON" bench/olmo_core_anchor.py "${ANCHOR_ARGS[@]}" \
+  stage anchor "$(limit 240)" "$PYTHON" bench/olmo_core_anchor.py "${ANCHOR_ARGS[@]}" \
     "${out_args[@]}"
   grep -E "^(anchor:|ANCHOR )" "$LOGS/anchor.log" | while read -r line; do echo "$line" >>"$SUMMARY"; done
 }
@@ -472,7 +478,7 @@ PY
   echo "== table"
   cat "$LOGS/table.txt"
   [ -z "$OUTD" ] || cp "$LOGS/table.txt" "$OUTD/table.txt"
-  while read -r line; do note "TABLE $line"; done <"$LOGS/table.txt"
+  sed 's/^/TABLE /' "$LOGS/table.txt" | note_lines
   return $rc
 }
 
