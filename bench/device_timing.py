@@ -1,5 +1,6 @@
-"""What the device benchmarks (sdpa_ceiling.py, projection_gemms.py) share: result lines printed and
-appended to an --out file as they are produced, and a call's mean time after one warm-up call."""
+"""What the device benchmarks share: result lines printed and appended to an --out file as they are
+produced (sdpa_ceiling.py, projection_gemms.py, olmo_core_anchor.py), and a call's mean time after one
+warm-up call (the first two)."""
 import time
 
 

@@ -29,6 +29,7 @@ stand-in is installed first.
 import argparse
 import contextlib
 import datetime
+import functools
 import gc
 import os
 import socket
@@ -37,21 +38,9 @@ import time
 import types
 import weakref
 
+from device_timing import emit
+
 H100_H200_SXM_BF16_TFLOPS = 989.4
-
-
-class Out:
-    """Prints a line and appends it to a file, each flushed at once."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def __call__(self, line):
-        print(line, flush=True)
-        if self.path:
-            with open(self.path, "a") as f:
-                f.write(line + "\n")
-                f.flush()
 
 
 def install_cached_path_stand_in(out):
@@ -249,7 +238,7 @@ def main(argv=None):
     ap.add_argument("--count-only", action="store_true",
                     help="build the model on the meta device and print its parameters and FLOPs per token only")
     args = ap.parse_args(argv)
-    out = Out(args.out)
+    out = functools.partial(emit, args.out)
     if args.seq_len is None:
         args.seq_len = 256 if args.tiny else 8192
     args.vocab = 1024 if args.tiny else None
