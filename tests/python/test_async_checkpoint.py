@@ -10,9 +10,9 @@ import signal
 import subprocess
 
 import pytest
-import xxhash
 
 from test_cli import olmoc, tiny  # noqa: F401  (tiny is a fixture)
+from test_reliability import unverified
 
 MPIRUN = shutil.which("mpirun")
 needs_mpi = pytest.mark.skipif(MPIRUN is None, reason="OpenMPI (mpirun) is not installed")
@@ -53,12 +53,8 @@ def checkpoints(out):
 
 def verified(ck):
     """Every file state.json lists has its size and XXH3-64 hash."""
-    state = json.loads((ck / "state.json").read_text())
-    files = dict(state["files"])
-    files.update({s["file"]: s for s in state.get("shards", [])})
-    for name, f in files.items():
-        data = (ck / name).read_bytes()
-        assert len(data) == f["bytes"] and f"{xxhash.xxh3_64_intdigest(data):016x}" == f["hash64"], (ck, name)
+    state, bad = unverified(ck)
+    assert not bad, (ck, bad)
     return state
 
 

@@ -52,6 +52,19 @@ def hash64(data):
     return xxhash.xxh3_64_intdigest(data)
 
 
+def unverified(ck):
+    """state.json of checkpoint ck, and the files it lists (the shards included) whose size or XXH3-64 hash
+    is not the one it records."""
+    state = json.loads((ck / "state.json").read_text())
+    entries = list(state["files"].items()) + [(s["file"], s) for s in state.get("shards", [])]
+    bad = []
+    for name, e in entries:
+        data = (ck / name).read_bytes()
+        if len(data) != e["bytes"] or f"{hash64(data):016x}" != e["hash64"]:
+            bad.append(name)
+    return state, bad
+
+
 def rehash(ck):
     """Rewrites state.json's sizes and hashes after a file of checkpoint ck was changed."""
     state = json.loads((ck / "state.json").read_text())

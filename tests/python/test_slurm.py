@@ -11,7 +11,6 @@ checkpoints, and resuming the newest matches the uninterrupted run.
 
 When Slurm cannot start, the tests fail naming the daemon and its log: CI
 installs slurm-wlm and munge (scripts/setup.sh)."""
-import json
 import os
 import pathlib
 import re
@@ -24,9 +23,8 @@ import time
 
 import numpy as np
 import pytest
-import xxhash
 
-from test_reliability import deterministic, records
+from test_reliability import deterministic, records, unverified
 
 pytestmark = pytest.mark.slow  # a calibration, a 2-3 attempt job, a reference run and two cancelled jobs: ~5 minutes
 
@@ -280,13 +278,7 @@ def ended(info):
 
 def complete(ckpt):
     """Every file state.json lists is there with its size and XXH3-64 hash."""
-    state = json.loads((ckpt / "state.json").read_text())
-    files = [(n, f) for n, f in state["files"].items()] + [(s["file"], s) for s in state.get("shards", [])]
-    for name, f in files:
-        data = (ckpt / name).read_bytes()
-        if len(data) != f["bytes"] or f"{xxhash.xxh3_64_intdigest(data):016x}" != f["hash64"]:
-            return False
-    return True
+    return not unverified(ckpt)[1]
 
 
 @pytest.fixture(scope="module")
