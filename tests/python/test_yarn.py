@@ -16,6 +16,7 @@ import shutil
 import pytest
 import torch
 
+from olmo3_ref import layer_is_full
 from test_cli import ROOT, builds, olmoc, tiny  # noqa: F401
 from test_convert import c_logits, tokens_for
 from test_fidelity import (BASE_MODEL, BASE_TRAIN, TOL_FORWARD, TOL_GRAD, random_params, random_tokens, rel_err,
@@ -37,9 +38,7 @@ SETTINGS = {
 
 
 def layer_types(model):
-    return ["full_attention" if ((l + 1) % model["full_attention_every"] == 0 or
-                                 (model["full_attention_last"] and l == model["n_layers"] - 1))
-            else "sliding_attention" for l in range(model["n_layers"])]
+    return ["full_attention" if layer_is_full(model, l) else "sliding_attention" for l in range(model["n_layers"])]
 
 
 def hf_yarn_model(model, params, yarn):
