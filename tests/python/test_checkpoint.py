@@ -184,7 +184,7 @@ def test_resume_rules_and_errors(build_dir, tiny, tmp_path):
             assert r.returncode == 1 and message in r.stderr, (name, r.stderr)
 
     # an edit of state.json that keeps the loader's epoch, position and tokens consistent with each other
-    # (one step further on) was accepted: optim.safetensors records the run state under its content hash
+    # (one step further on) is refused too: optim.safetensors records the run state under its content hash
     def one_step_on(d):
         st = json.loads((d / "state.json").read_text())
         per_step = st["tokens"] // st["step"], st["loader"]["pos"] // st["step"]
