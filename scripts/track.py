@@ -300,6 +300,8 @@ def main(argv=None):
 
     def process(lines):
         nonlocal sent
+        if not lines:  # nothing new to send or to record (the state is saved at the end too)
+            return
         for raw in lines:
             try:
                 rec = parse_record(raw)
