@@ -99,7 +99,7 @@ static long count_nulls(const cJSON *item, const char **first_key) {
     return n;
 }
 
-/* n values of the set or task named by rec are not finite; what names the first is key */
+/* Records the first non-finite value of the set or task named by rec; key names the value */
 static void note_nonfinite(struct olmo_eval_check *check, const cJSON *rec, const char *key) {
     if (!check->values && !check->logprobs) {
         const cJSON *set = cJSON_GetObjectItemCaseSensitive(rec, "set");
