@@ -145,8 +145,8 @@ def test_tokenize_bounds_a_jsonl_line(build_dir, tok, tmp_path):
 
 def test_train_refuses_a_device_or_fifo_for_the_weights(build_dir, tiny, tmp_path):
     """--save NODE and data.out_dir/model.safetensors as a node: refused at the start, before any
-    step, and the node left as it was (before: trained, then replaced it with a regular file).
-    metrics.jsonl as a device is written in place (appended to), as before."""
+    step, and the node left as it was (not replaced by a regular file after training).
+    metrics.jsonl as a device is written in place (appended to)."""
     cfg, data = tiny
     nodes = special_outputs(tmp_path)
     for build in builds(build_dir):
@@ -205,7 +205,7 @@ def test_train_start_removes_stale_tmp(build_dir, tiny, tmp_path):
 
 def test_train_start_removes_incomplete_checkpoints(build_dir, tiny, tmp_path):
     """A save killed before its rename leaves .tmp-step-N/ (never a complete checkpoint): the next start
-    removes it, not only the next save (before, a run that saved no checkpoint kept it forever).  A
+    removes it, not only the next save, so a run that saves no checkpoint does not keep it.  A
     .old-step-N/ (a same-step checkpoint moved aside) goes once step-N/ is in place; a lone one, the only
     copy of its step, is kept with a note."""
     cfg, data = tiny
@@ -224,8 +224,8 @@ def test_train_start_removes_incomplete_checkpoints(build_dir, tiny, tmp_path):
 
 
 def test_train_refuses_a_fifo_for_its_config_or_metrics(build_dir, tiny, tmp_path):
-    """A FIFO as out_dir/config.yaml or out_dir/metrics.jsonl blocked the run forever (opening it for
-    writing waits for a reader): now refused at the start, naming it."""
+    """A FIFO as out_dir/config.yaml or out_dir/metrics.jsonl would block the run (opening it for writing
+    waits for a reader): refused at the start, naming it."""
     cfg, data = tiny
     for build in builds(build_dir):
         for name, words in (("config.yaml", "config"), ("metrics.jsonl", "metrics log")):
