@@ -37,7 +37,7 @@
 #   --quick        facts parity(cuda-bf16) nccl1 bench(cuda-bf16, + memory plan) gemms sdpa anchor table, within
 #                  QUICK_BUDGET seconds (default 280): each step has its own time limit, the anchor
 #                  (last) gets what is left; implies --skip-build
-#   --steps LIST   these steps only, in this order
+#   --steps LIST   these steps only, in this order (facts first: the later steps use what it finds)
 #   --dry-run      no GPU: the same steps on this machine's CPU build (DIR default build): parity on the
 #                  emulated CUDA backend (tests/test_backend_parity_emu), bench/memplan with
 #                  configs/olmo3-1m-8k.yaml on cpu-bf16, the anchor and SDPA in their --tiny sizes
