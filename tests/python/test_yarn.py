@@ -16,11 +16,11 @@ import shutil
 import pytest
 import torch
 
-from olmo3_ref import layer_is_full
 from test_cli import ROOT, builds, olmoc, tiny  # noqa: F401
 from test_convert import c_logits, tokens_for
 from test_fidelity import (BASE_MODEL, BASE_TRAIN, TOL_FORWARD, TOL_GRAD, random_params, random_tokens, rel_err,
                            run_c)
+from test_hf_transformers import hf_model, step_errors
 
 transformers = pytest.importorskip("transformers")
 
@@ -37,24 +37,9 @@ SETTINGS = {
 }
 
 
-def layer_types(model):
-    return ["full_attention" if layer_is_full(model, l) else "sliding_attention" for l in range(model["n_layers"])]
-
-
 def hf_yarn_model(model, params, yarn):
-    config = transformers.Olmo3Config(
-        vocab_size=model["vocab_size"], hidden_size=model["d_model"], intermediate_size=model["mlp_hidden"],
-        num_hidden_layers=model["n_layers"], num_attention_heads=model["n_heads"],
-        num_key_value_heads=model["n_kv_heads"], rms_norm_eps=model["rms_norm_eps"],
-        sliding_window=model["sliding_window"], layer_types=layer_types(model),
-        rope_parameters={"full_attention": {"rope_type": "yarn", "rope_theta": model["rope_theta"], **yarn},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": model["rope_theta"]}},
-        max_position_embeddings=64, tie_word_embeddings=False,
-        pad_token_id=model["pad_token_id"], eos_token_id=model["eos_token_id"], bos_token_id=None,
-        attn_implementation="eager")
-    hf = transformers.Olmo3ForCausalLM(config).double()
-    missing, unexpected = hf.load_state_dict({n: t.double() for n, t in params.items()}, strict=True)
-    assert not missing and not unexpected
+    hf = hf_model(model, params, {"rope_type": "yarn", "rope_theta": model["rope_theta"], **yarn},
+                  max_position_embeddings=64)
     assert hf.model.rotary_emb.rope_type == {"full_attention": "yarn", "sliding_attention": "default"}
     return hf
 
@@ -72,13 +57,7 @@ def test_training_step_against_transformers(name, build_dir, tmp_path):
     scaling = hf.model.rotary_emb.full_attention_attention_scaling
     assert scaling == pytest.approx(ours.get("rope_attention_factor", 0.1 * torch.log(torch.tensor(4.0)).item() + 1))
     assert scaling > 1.05  # the mscale multiplies cos and sin: a visible change
-    batch = tokens[0, 0]
-    result = hf(input_ids=batch, labels=batch)
-    result.loss.backward()
-    grads = {n: p.grad for n, p in hf.named_parameters()}
-    logits_err = rel_err(out["logits"], result.logits.detach())
-    loss_err = abs(out["losses"][0, 0].item() - result.loss.item()) / result.loss.item()
-    grad_err = max(rel_err(out["grad." + n], g) for n, g in grads.items())
+    result, logits_err, loss_err, grad_err = step_errors(out, hf, tokens[0, 0])
 
     # the same weights without YaRN are far from transformers' YaRN model: the comparison can fail
     (tmp_path / "plain").mkdir()
